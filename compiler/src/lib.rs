@@ -1,1 +1,12 @@
+//! neuron-pc's compiler layer: element types and host tensors, the graph IR and its passes,
+//! lowering to StableHLO text, compiler flags and cache keys, and the PJRT runtime layer that
+//! loads a plugin, compiles, serializes and executes.
+
+pub mod dtype;
+pub mod error;
+pub mod host;
 pub mod pjrt;
+
+pub use dtype::DType;
+pub use error::{Error, PjrtErrorCode, Result};
+pub use host::{Element, HostTensor};
