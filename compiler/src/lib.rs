@@ -4,6 +4,7 @@
 
 pub mod dtype;
 pub mod error;
+pub mod flags;
 pub mod host;
 pub mod pjrt;
 

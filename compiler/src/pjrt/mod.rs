@@ -1,1 +1,46 @@
-//! PJRT runtime layer.
+//! The PJRT runtime layer: load a plugin at run time, create a client, compile StableHLO text,
+//! serialize and deserialize executables, move buffers between host and device, execute.
+//!
+//! Every C call goes through [`pjrt_call!`], which checks that the plugin implements the
+//! function, fills the argument struct's size from the header, and turns a `PJRT_Error` into
+//! [`crate::Error::Pjrt`] (freeing it). Every handle type frees its object in `Drop`, and holds
+//! an `Arc` of what must outlive it (buffers and executables keep their client alive).
+
+/// Calls `PJRT_Api.$fn` with `$args` (a `*mut` args struct), checked as described above.
+macro_rules! pjrt_call {
+    ($plugin:expr, $fn:ident, $args:expr) => {{
+        let plugin: &$crate::pjrt::api::Plugin = $plugin;
+        let offset = std::mem::offset_of!($crate::pjrt::sys::PJRT_Api, $fn);
+        match plugin.raw().$fn {
+            Some(f) if plugin.has_field(offset) => {
+                // SAFETY: the plugin implements this function (its table is long enough and the
+                // pointer is set); callers pass an args struct made by `Args::new()` whose
+                // pointers are valid for the duration of the call.
+                let err = unsafe { f($args) };
+                plugin.check(stringify!($fn), err)
+            }
+            _ => Err($crate::error::Error::Pjrt {
+                api_fn: stringify!($fn),
+                code: $crate::error::PjrtErrorCode::Unimplemented,
+                message: "not implemented by this plugin".to_string(),
+            }),
+        }
+    }};
+}
+
+pub mod api;
+mod buffer;
+mod client;
+mod executable;
+mod logging;
+mod options;
+pub mod sys;
+mod target;
+
+pub use api::Plugin;
+pub use buffer::Buffer;
+pub use client::{Client, ClientOptions, Device};
+pub use executable::LoadedExecutable;
+pub use logging::plugin_logs_enabled;
+pub use options::{CompileOptions, OverrideValue};
+pub use target::{find_plugin, Target, TargetStatus};

@@ -1,0 +1,140 @@
+//! Device buffers and host transfers.
+
+use super::api::Plugin;
+use super::client::{Client, Device};
+use super::sys::{self, Args};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::host::HostTensor;
+
+/// A buffer on one device. Freed when dropped; keeps its client alive.
+pub struct Buffer {
+    client: Client,
+    pub(crate) raw: *mut sys::PJRT_Buffer,
+    dtype: DType,
+    dims: Vec<usize>,
+}
+
+// SAFETY: PJRT buffers may be used and destroyed from any thread by the C API's contract.
+unsafe impl Send for Buffer {}
+// SAFETY: as above; `&Buffer` only reads.
+unsafe impl Sync for Buffer {}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buffer({}{:?})", self.dtype, self.dims)
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let mut args = sys::PJRT_Buffer_Destroy_Args { buffer: self.raw, ..Args::new() };
+        if let Err(e) = pjrt_call!(self.client.plugin_ref(), PJRT_Buffer_Destroy, &mut args) {
+            tracing::warn!("destroying a PJRT buffer failed: {e}");
+        }
+    }
+}
+
+pub(crate) fn to_pjrt_type(d: DType) -> sys::PJRT_Buffer_Type {
+    match d {
+        DType::F32 => sys::PJRT_Buffer_Type_F32,
+        DType::F64 => sys::PJRT_Buffer_Type_F64,
+        DType::BF16 => sys::PJRT_Buffer_Type_BF16,
+        DType::F16 => sys::PJRT_Buffer_Type_F16,
+        DType::I32 => sys::PJRT_Buffer_Type_S32,
+        DType::I64 => sys::PJRT_Buffer_Type_S64,
+        DType::U32 => sys::PJRT_Buffer_Type_U32,
+        DType::U8 => sys::PJRT_Buffer_Type_U8,
+        DType::Pred => sys::PJRT_Buffer_Type_PRED,
+    }
+}
+
+pub(crate) fn from_pjrt_type(t: sys::PJRT_Buffer_Type) -> Option<DType> {
+    DType::ALL.into_iter().find(|d| to_pjrt_type(*d) == t)
+}
+
+/// Waits for `event` (if any), then destroys it.
+pub(crate) fn await_event(plugin: &Plugin, event: *mut sys::PJRT_Event) -> Result<()> {
+    if event.is_null() {
+        return Ok(());
+    }
+    let mut wait = sys::PJRT_Event_Await_Args { event, ..Args::new() };
+    let waited = pjrt_call!(plugin, PJRT_Event_Await, &mut wait);
+    let mut destroy = sys::PJRT_Event_Destroy_Args { event, ..Args::new() };
+    let destroyed = pjrt_call!(plugin, PJRT_Event_Destroy, &mut destroy);
+    waited.and(destroyed)
+}
+
+impl Client {
+    /// Copies `host` to `device`.
+    pub fn buffer_from_host(&self, host: &HostTensor, device: Device) -> Result<Buffer> {
+        let dims: Vec<i64> = host.dims().iter().map(|&d| d as i64).collect();
+        let mut args = sys::PJRT_Client_BufferFromHostBuffer_Args {
+            client: self.inner.raw,
+            data: host.bytes().as_ptr().cast(),
+            type_: to_pjrt_type(host.dtype()),
+            dims: dims.as_ptr(),
+            num_dims: dims.len(),
+            host_buffer_semantics: sys::PJRT_HostBufferSemantics_kImmutableOnlyDuringCall,
+            device: self.raw_device(device)?,
+            ..Args::new()
+        };
+        pjrt_call!(self.plugin_ref(), PJRT_Client_BufferFromHostBuffer, &mut args)?;
+        let buffer = Buffer { client: self.clone(), raw: args.buffer, dtype: host.dtype(), dims: host.dims().to_vec() };
+        await_event(self.plugin_ref(), args.done_with_host_buffer)?;
+        Ok(buffer)
+    }
+
+    /// Wraps a buffer the plugin returned (an execution output), reading its type and shape.
+    pub(crate) fn adopt_buffer(&self, raw: *mut sys::PJRT_Buffer) -> Result<Buffer> {
+        // The buffer is owned from here on, so even a failed query below frees it.
+        let mut buffer = Buffer { client: self.clone(), raw, dtype: DType::F32, dims: Vec::new() };
+        let mut ty = sys::PJRT_Buffer_ElementType_Args { buffer: raw, ..Args::new() };
+        pjrt_call!(self.plugin_ref(), PJRT_Buffer_ElementType, &mut ty)?;
+        buffer.dtype = from_pjrt_type(ty.type_).ok_or_else(|| Error::Argument {
+            message: format!("the plugin returned a buffer of unsupported element type {}", ty.type_),
+        })?;
+        let mut dims = sys::PJRT_Buffer_Dimensions_Args { buffer: raw, ..Args::new() };
+        pjrt_call!(self.plugin_ref(), PJRT_Buffer_Dimensions, &mut dims)?;
+        if !dims.dims.is_null() {
+            // SAFETY: the plugin returned `num_dims` dimensions owned by the buffer.
+            let d = unsafe { std::slice::from_raw_parts(dims.dims, dims.num_dims) };
+            buffer.dims = d.iter().map(|&x| x as usize).collect();
+        }
+        Ok(buffer)
+    }
+}
+
+impl Buffer {
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    /// Size of the buffer's data in host layout.
+    pub fn size_in_bytes(&self) -> usize {
+        self.dims.iter().product::<usize>() * self.dtype.size_in_bytes()
+    }
+
+    /// The client this buffer belongs to.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Copies the buffer to host memory (waits for pending computation first).
+    pub fn to_host(&self) -> Result<HostTensor> {
+        let mut data = vec![0u8; self.size_in_bytes()];
+        let mut args = sys::PJRT_Buffer_ToHostBuffer_Args {
+            src: self.raw,
+            dst: data.as_mut_ptr().cast(),
+            dst_size: data.len(),
+            ..Args::new()
+        };
+        pjrt_call!(self.client.plugin_ref(), PJRT_Buffer_ToHostBuffer, &mut args)?;
+        await_event(self.client.plugin_ref(), args.event)?;
+        HostTensor::from_bytes(self.dtype, &self.dims, data)
+    }
+}

@@ -1,0 +1,192 @@
+//! Compiling, serializing, loading and executing programs.
+
+use super::buffer::{await_event, Buffer};
+use super::client::{Client, Device};
+use super::options::CompileOptions;
+use super::sys::{self, Args};
+use crate::error::{Error, Result};
+use crate::host::HostTensor;
+
+/// A compiled program loaded on a client's devices. Freed when dropped.
+pub struct LoadedExecutable {
+    client: Client,
+    raw: *mut sys::PJRT_LoadedExecutable,
+    num_outputs: usize,
+}
+
+// SAFETY: loaded executables may be executed concurrently and destroyed from any thread by the
+// C API's contract.
+unsafe impl Send for LoadedExecutable {}
+// SAFETY: as above.
+unsafe impl Sync for LoadedExecutable {}
+
+impl Drop for LoadedExecutable {
+    fn drop(&mut self) {
+        let mut args = sys::PJRT_LoadedExecutable_Destroy_Args { executable: self.raw, ..Args::new() };
+        if let Err(e) = pjrt_call!(self.client.plugin_ref(), PJRT_LoadedExecutable_Destroy, &mut args) {
+            tracing::warn!("destroying a PJRT executable failed: {e}");
+        }
+    }
+}
+
+impl std::fmt::Debug for LoadedExecutable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LoadedExecutable(outputs={})", self.num_outputs)
+    }
+}
+
+/// The unloaded executable behind a loaded one; destroyed on drop.
+struct ExecutableRef<'a> {
+    client: &'a Client,
+    raw: *mut sys::PJRT_Executable,
+}
+
+impl Drop for ExecutableRef<'_> {
+    fn drop(&mut self) {
+        let mut args = sys::PJRT_Executable_Destroy_Args { executable: self.raw, ..Args::new() };
+        if let Err(e) = pjrt_call!(self.client.plugin_ref(), PJRT_Executable_Destroy, &mut args) {
+            tracing::warn!("destroying a PJRT executable view failed: {e}");
+        }
+    }
+}
+
+impl Client {
+    /// Compiles a StableHLO program given as MLIR text.
+    pub fn compile(&self, mlir: &str, options: &CompileOptions) -> Result<LoadedExecutable> {
+        let format = "mlir";
+        let program = sys::PJRT_Program {
+            code: mlir.as_ptr() as *mut _,
+            code_size: mlir.len(),
+            format: format.as_ptr().cast(),
+            format_size: format.len(),
+            ..Args::new()
+        };
+        let proto = options.to_proto();
+        let mut args = sys::PJRT_Client_Compile_Args {
+            client: self.inner.raw,
+            program: &program,
+            compile_options: proto.as_ptr().cast(),
+            compile_options_size: proto.len(),
+            ..Args::new()
+        };
+        pjrt_call!(self.plugin_ref(), PJRT_Client_Compile, &mut args)?;
+        self.wrap_executable(args.executable)
+    }
+
+    /// Loads an executable produced by [`LoadedExecutable::serialize`] with the same plugin.
+    pub fn deserialize(&self, bytes: &[u8]) -> Result<LoadedExecutable> {
+        let mut args = sys::PJRT_Executable_DeserializeAndLoad_Args {
+            client: self.inner.raw,
+            serialized_executable: bytes.as_ptr().cast(),
+            serialized_executable_size: bytes.len(),
+            ..Args::new()
+        };
+        pjrt_call!(self.plugin_ref(), PJRT_Executable_DeserializeAndLoad, &mut args)?;
+        self.wrap_executable(args.loaded_executable)
+    }
+
+    fn wrap_executable(&self, raw: *mut sys::PJRT_LoadedExecutable) -> Result<LoadedExecutable> {
+        let mut exe = LoadedExecutable { client: self.clone(), raw, num_outputs: 0 };
+        let view = exe.executable()?;
+        let mut n = sys::PJRT_Executable_NumOutputs_Args { executable: view.raw, ..Args::new() };
+        pjrt_call!(self.plugin_ref(), PJRT_Executable_NumOutputs, &mut n)?;
+        drop(view);
+        exe.num_outputs = n.num_outputs;
+        Ok(exe)
+    }
+}
+
+impl LoadedExecutable {
+    fn executable(&self) -> Result<ExecutableRef<'_>> {
+        let mut args = sys::PJRT_LoadedExecutable_GetExecutable_Args { loaded_executable: self.raw, ..Args::new() };
+        pjrt_call!(self.client.plugin_ref(), PJRT_LoadedExecutable_GetExecutable, &mut args)?;
+        Ok(ExecutableRef { client: &self.client, raw: args.executable })
+    }
+
+    /// Number of results per device.
+    pub fn num_outputs(&self) -> usize {
+        self.num_outputs
+    }
+
+    /// The client this executable is loaded on.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The plugin's serialized form of this executable, loadable with [`Client::deserialize`].
+    pub fn serialize(&self) -> Result<Vec<u8>> {
+        let view = self.executable()?;
+        let mut args = sys::PJRT_Executable_Serialize_Args { executable: view.raw, ..Args::new() };
+        pjrt_call!(self.client.plugin_ref(), PJRT_Executable_Serialize, &mut args)?;
+        let bytes = if args.serialized_bytes.is_null() {
+            Vec::new()
+        } else {
+            // SAFETY: the plugin returned `serialized_bytes_size` bytes that stay valid until the
+            // deleter below is called.
+            unsafe { std::slice::from_raw_parts(args.serialized_bytes as *const u8, args.serialized_bytes_size) }
+                .to_vec()
+        };
+        if let Some(deleter) = args.serialized_executable_deleter {
+            // SAFETY: the deleter and the object it frees come from the same call; called once.
+            unsafe { deleter(args.serialized_executable) };
+        }
+        Ok(bytes)
+    }
+
+    /// Runs on one device with `args` (which must live on that device); returns the results.
+    pub fn execute(&self, args: &[&Buffer]) -> Result<Vec<Buffer>> {
+        let mut out = self.execute_replicated(&[args.to_vec()])?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// Runs one replica per entry of `per_device` (a program compiled with that many replicas).
+    pub fn execute_replicated(&self, per_device: &[Vec<&Buffer>]) -> Result<Vec<Vec<Buffer>>> {
+        let num_args = per_device.first().map_or(0, |a| a.len());
+        if per_device.iter().any(|a| a.len() != num_args) {
+            return Err(Error::Argument { message: "every device needs the same number of arguments".into() });
+        }
+        let raw_args: Vec<Vec<*mut sys::PJRT_Buffer>> =
+            per_device.iter().map(|a| a.iter().map(|b| b.raw).collect()).collect();
+        let arg_ptrs: Vec<*const *mut sys::PJRT_Buffer> = raw_args.iter().map(|a| a.as_ptr()).collect();
+        let mut raw_out: Vec<Vec<*mut sys::PJRT_Buffer>> =
+            per_device.iter().map(|_| vec![std::ptr::null_mut(); self.num_outputs]).collect();
+        let out_ptrs: Vec<*mut *mut sys::PJRT_Buffer> = raw_out.iter_mut().map(|o| o.as_mut_ptr()).collect();
+        let mut events: Vec<*mut sys::PJRT_Event> = vec![std::ptr::null_mut(); per_device.len()];
+        let mut options = sys::PJRT_ExecuteOptions { ..Args::new() };
+        let mut args = sys::PJRT_LoadedExecutable_Execute_Args {
+            executable: self.raw,
+            options: &mut options,
+            argument_lists: arg_ptrs.as_ptr() as *const *const *mut sys::PJRT_Buffer,
+            num_devices: per_device.len(),
+            num_args,
+            output_lists: out_ptrs.as_ptr(),
+            device_complete_events: events.as_mut_ptr(),
+            ..Args::new()
+        };
+        pjrt_call!(self.client.plugin_ref(), PJRT_LoadedExecutable_Execute, &mut args)?;
+        // Adopt every output first so that all are freed even if a later step fails.
+        let adopted: Vec<Vec<Result<Buffer>>> = raw_out
+            .iter()
+            .map(|outs| outs.iter().filter(|p| !p.is_null()).map(|&p| self.client.adopt_buffer(p)).collect())
+            .collect();
+        let mut waited = Ok(());
+        for e in events {
+            let r = await_event(self.client.plugin_ref(), e);
+            if waited.is_ok() {
+                waited = r;
+            }
+        }
+        let results: Result<Vec<Vec<Buffer>>> =
+            adopted.into_iter().map(|outs| outs.into_iter().collect()).collect();
+        waited?;
+        results
+    }
+
+    /// Convenience for tests and tools: copies `inputs` to device 0, runs, copies results back.
+    pub fn execute_host(&self, inputs: &[HostTensor]) -> Result<Vec<HostTensor>> {
+        let bufs: Vec<Buffer> =
+            inputs.iter().map(|h| self.client.buffer_from_host(h, Device(0))).collect::<Result<_>>()?;
+        let refs: Vec<&Buffer> = bufs.iter().collect();
+        self.execute(&refs)?.iter().map(Buffer::to_host).collect()
+    }
+}
