@@ -3,6 +3,7 @@
 use super::buffer::{await_event, Buffer};
 use super::client::{Client, Device};
 use super::options::CompileOptions;
+use super::signature::Signature;
 use super::sys::{self, Args};
 use crate::error::{Error, Result};
 use crate::host::HostTensor;
@@ -12,6 +13,7 @@ pub struct LoadedExecutable {
     client: Client,
     raw: *mut sys::PJRT_LoadedExecutable,
     num_outputs: usize,
+    signature: Option<Signature>,
 }
 
 // SAFETY: loaded executables may be executed concurrently and destroyed from any thread by the
@@ -70,11 +72,12 @@ impl Client {
             ..Args::new()
         };
         pjrt_call!(self.plugin_ref(), PJRT_Client_Compile, &mut args)?;
-        self.wrap_executable(args.executable)
+        self.wrap_executable(args.executable, Signature::parse(mlir))
     }
 
     /// Loads an executable produced by [`LoadedExecutable::serialize`] with the same plugin.
-    pub fn deserialize(&self, bytes: &[u8]) -> Result<LoadedExecutable> {
+    /// `signature` (from the program text) lets every launch check its arguments.
+    pub fn deserialize(&self, bytes: &[u8], signature: Option<Signature>) -> Result<LoadedExecutable> {
         let mut args = sys::PJRT_Executable_DeserializeAndLoad_Args {
             client: self.inner.raw,
             serialized_executable: bytes.as_ptr().cast(),
@@ -82,11 +85,11 @@ impl Client {
             ..Args::new()
         };
         pjrt_call!(self.plugin_ref(), PJRT_Executable_DeserializeAndLoad, &mut args)?;
-        self.wrap_executable(args.loaded_executable)
+        self.wrap_executable(args.loaded_executable, signature)
     }
 
-    fn wrap_executable(&self, raw: *mut sys::PJRT_LoadedExecutable) -> Result<LoadedExecutable> {
-        let mut exe = LoadedExecutable { client: self.clone(), raw, num_outputs: 0 };
+    fn wrap_executable(&self, raw: *mut sys::PJRT_LoadedExecutable, signature: Option<Signature>) -> Result<LoadedExecutable> {
+        let mut exe = LoadedExecutable { client: self.clone(), raw, num_outputs: 0, signature };
         let view = exe.executable()?;
         let mut n = sys::PJRT_Executable_NumOutputs_Args { executable: view.raw, ..Args::new() };
         pjrt_call!(self.plugin_ref(), PJRT_Executable_NumOutputs, &mut n)?;
@@ -106,6 +109,29 @@ impl LoadedExecutable {
     /// Number of results per device.
     pub fn num_outputs(&self) -> usize {
         self.num_outputs
+    }
+
+    /// Parameter and result types, when the program text could be read.
+    pub fn signature(&self) -> Option<&Signature> {
+        self.signature.as_ref()
+    }
+
+    /// Checks one device's arguments against the signature: count, dtype and shape.
+    fn check_args(&self, args: &[&Buffer]) -> Result<()> {
+        let Some(sig) = &self.signature else { return Ok(()) };
+        if args.len() != sig.params.len() {
+            return Err(Error::Argument {
+                message: format!("the program takes {} arguments, {} given", sig.params.len(), args.len()),
+            });
+        }
+        for (i, (b, want)) in args.iter().zip(&sig.params).enumerate() {
+            if b.dtype() != want.dtype || b.dims() != want.dims.as_slice() {
+                return Err(Error::Argument {
+                    message: format!("argument {i} is {}{:?}, the program expects {want}", b.dtype(), b.dims()),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The client this executable is loaded on.
@@ -141,6 +167,9 @@ impl LoadedExecutable {
 
     /// Runs one replica per entry of `per_device` (a program compiled with that many replicas).
     pub fn execute_replicated(&self, per_device: &[Vec<&Buffer>]) -> Result<Vec<Vec<Buffer>>> {
+        for args in per_device {
+            self.check_args(args)?;
+        }
         let num_args = per_device.first().map_or(0, |a| a.len());
         if per_device.iter().any(|a| a.len() != num_args) {
             return Err(Error::Argument { message: "every device needs the same number of arguments".into() });

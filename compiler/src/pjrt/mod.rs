@@ -34,6 +34,7 @@ mod client;
 mod executable;
 mod logging;
 mod options;
+mod signature;
 pub mod sys;
 mod target;
 
@@ -43,4 +44,5 @@ pub use client::{Client, ClientOptions, Device};
 pub use executable::LoadedExecutable;
 pub use logging::plugin_logs_enabled;
 pub use options::{CompileOptions, OverrideValue};
+pub use signature::{ArgType, Signature};
 pub use target::{find_plugin, Target, TargetStatus};

@@ -1,0 +1,33 @@
+//! Plugin discovery, in its own test binary because it changes environment variables.
+
+use neuron_pc_compiler::pjrt::{find_plugin, Target, TargetStatus};
+use neuron_pc_compiler::Error;
+
+#[test]
+fn discovery_rules() {
+    // The project's .venv has the cpu plugin.
+    let cpu = find_plugin(Target::Cpu).expect("run scripts/setup");
+    assert!(cpu.ends_with("xla_cpu_pjrt.so"));
+
+    // An explicit variable wins, and a wrong one is an error naming the path and the variable.
+    std::env::set_var("NEURON_PC_CPU_PLUGIN", "/nonexistent/plugin.so");
+    let err = find_plugin(Target::Cpu).unwrap_err().to_string();
+    assert!(err.contains("/nonexistent/plugin.so") && err.contains("NEURON_PC_CPU_PLUGIN"), "{err}");
+    std::env::set_var("NEURON_PC_CPU_PLUGIN", &cpu);
+    assert_eq!(find_plugin(Target::Cpu).unwrap(), cpu);
+    std::env::remove_var("NEURON_PC_CPU_PLUGIN");
+
+    // A target whose plugin is not installed: one line naming the library and the variable.
+    let err = find_plugin(Target::Trn1).unwrap_err();
+    assert!(matches!(err, Error::PluginNotFound { .. }));
+    let line = err.to_string();
+    assert!(!line.contains('\n'));
+    assert!(line.contains("libneuronpjrt.so") && line.contains("NEURON_PC_NEURON_PLUGIN"), "{line}");
+
+    let status = TargetStatus::probe(Target::Cpu);
+    assert_eq!(status.error, None);
+    assert_eq!(status.platform_name.as_deref(), Some("cpu"));
+    assert_eq!(status.api_version.as_deref(), Some("0.81"));
+    let missing = TargetStatus::probe(Target::Cuda);
+    assert!(missing.path.is_none() && missing.error.is_some());
+}

@@ -1,0 +1,254 @@
+//! The PJRT layer against the real CPU plugin: hand-written StableHLO programs, results checked
+//! against values computed here, serialization, several devices, and bad input.
+
+use std::sync::OnceLock;
+
+use half::bf16;
+use neuron_pc_compiler::pjrt::{
+    find_plugin, Client, ClientOptions, CompileOptions, Device, OverrideValue, Plugin, Target,
+};
+use neuron_pc_compiler::{Error, HostTensor};
+
+fn client() -> &'static Client {
+    static CLIENT: OnceLock<Client> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        let plugin = Plugin::load(&find_plugin(Target::Cpu).expect("cpu plugin: run scripts/setup")).unwrap();
+        Client::new(&plugin, &ClientOptions { cpu_device_count: Some(2) }).unwrap()
+    })
+}
+
+fn run(program: &str, inputs: &[HostTensor]) -> Vec<HostTensor> {
+    let exe = client().compile(program, &CompileOptions::default()).unwrap();
+    exe.execute_host(inputs).unwrap()
+}
+
+fn f32s(v: &[f32], dims: &[usize]) -> HostTensor {
+    HostTensor::from_slice(v, dims).unwrap()
+}
+
+fn seq(n: usize, scale: f32, offset: f32) -> Vec<f32> {
+    (0..n).map(|i| i as f32 * scale + offset).collect()
+}
+
+#[test]
+fn elementwise_ops_match_host_math() {
+    let prog = r#"
+func.func @main(%a: tensor<3x4xf32>, %b: tensor<3x4xf32>) -> tensor<3x4xf32> {
+  %0 = stablehlo.multiply %a, %b : tensor<3x4xf32>
+  %1 = stablehlo.tanh %0 : tensor<3x4xf32>
+  %2 = stablehlo.subtract %1, %b : tensor<3x4xf32>
+  return %2 : tensor<3x4xf32>
+}"#;
+    let a = seq(12, 0.25, -1.5);
+    let b = seq(12, -0.125, 0.75);
+    let out = run(prog, &[f32s(&a, &[3, 4]), f32s(&b, &[3, 4])]);
+    let got = out[0].to_vec::<f32>().unwrap();
+    for i in 0..12 {
+        let want = (a[i] * b[i]).tanh() - b[i];
+        assert!((got[i] - want).abs() < 1e-6, "{i}: {} vs {want}", got[i]);
+    }
+}
+
+#[test]
+fn dot_general_matches_a_plain_matmul() {
+    let prog = r#"
+func.func @main(%a: tensor<2x3x4xf32>, %b: tensor<2x4x5xf32>) -> tensor<2x3x5xf32> {
+  %0 = stablehlo.dot_general %a, %b, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<2x3x4xf32>, tensor<2x4x5xf32>) -> tensor<2x3x5xf32>
+  return %0 : tensor<2x3x5xf32>
+}"#;
+    let a = seq(24, 0.5, -3.0);
+    let b = seq(40, -0.25, 2.0);
+    let out = run(prog, &[f32s(&a, &[2, 3, 4]), f32s(&b, &[2, 4, 5])]);
+    let got = out[0].to_vec::<f32>().unwrap();
+    for n in 0..2 {
+        for i in 0..3 {
+            for j in 0..5 {
+                let want: f32 = (0..4).map(|k| a[n * 12 + i * 4 + k] * b[n * 20 + k * 5 + j]).sum();
+                let g = got[n * 15 + i * 5 + j];
+                assert!((g - want).abs() < 1e-4, "[{n},{i},{j}] {g} vs {want}");
+            }
+        }
+    }
+}
+
+#[test]
+fn reduce_broadcast_and_two_outputs() {
+    let prog = r#"
+func.func @main(%a: tensor<4x3xf32>) -> (tensor<3xf32>, tensor<4x3xf32>) {
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %s = stablehlo.reduce(%a init: %zero) applies stablehlo.add across dimensions = [0] : (tensor<4x3xf32>, tensor<f32>) -> tensor<3xf32>
+  %b = stablehlo.broadcast_in_dim %s, dims = [1] : (tensor<3xf32>) -> tensor<4x3xf32>
+  %d = stablehlo.divide %a, %b : tensor<4x3xf32>
+  return %s, %d : tensor<3xf32>, tensor<4x3xf32>
+}"#;
+    let a = seq(12, 1.0, 1.0);
+    let out = run(prog, &[f32s(&a, &[4, 3])]);
+    assert_eq!(out.len(), 2);
+    let sums = out[0].to_vec::<f32>().unwrap();
+    let want: Vec<f32> = (0..3).map(|j| (0..4).map(|i| a[i * 3 + j]).sum()).collect();
+    assert_eq!(sums, want);
+    assert_eq!(out[1].dims(), &[4, 3]);
+    let d = out[1].to_vec::<f32>().unwrap();
+    for i in 0..12 {
+        assert!((d[i] - a[i] / want[i % 3]).abs() < 1e-6);
+    }
+}
+
+#[test]
+fn integer_and_bf16_data() {
+    let prog = r#"
+func.func @main(%a: tensor<5xi32>, %b: tensor<5xi64>, %c: tensor<4xbf16>, %d: tensor<3xui8>, %p: tensor<2xi1>) -> (tensor<5xi32>, tensor<5xi64>, tensor<4xbf16>, tensor<3xui8>, tensor<2xi1>) {
+  %0 = stablehlo.multiply %a, %a : tensor<5xi32>
+  %1 = stablehlo.negate %b : tensor<5xi64>
+  %2 = stablehlo.add %c, %c : tensor<4xbf16>
+  %3 = stablehlo.add %d, %d : tensor<3xui8>
+  %4 = stablehlo.not %p : tensor<2xi1>
+  return %0, %1, %2, %3, %4 : tensor<5xi32>, tensor<5xi64>, tensor<4xbf16>, tensor<3xui8>, tensor<2xi1>
+}"#;
+    let a = [-3i32, 0, 7, 46341, 12];
+    let b = [i64::MAX, -1, 0, 5, 1 << 40];
+    let c: Vec<bf16> = [1.5f32, -0.25, 3.0, 1e30].iter().map(|&x| bf16::from_f32(x)).collect();
+    let d = [1u8, 100, 200];
+    let p = [true, false];
+    let out = run(
+        prog,
+        &[
+            HostTensor::from_slice(&a, &[5]).unwrap(),
+            HostTensor::from_slice(&b, &[5]).unwrap(),
+            HostTensor::from_slice(&c, &[4]).unwrap(),
+            HostTensor::from_slice(&d, &[3]).unwrap(),
+            HostTensor::from_slice(&p, &[2]).unwrap(),
+        ],
+    );
+    let want_a: Vec<i32> = a.iter().map(|x| x.wrapping_mul(*x)).collect();
+    assert_eq!(out[0].to_vec::<i32>().unwrap(), want_a);
+    let want_b: Vec<i64> = b.iter().map(|x| x.wrapping_neg()).collect();
+    assert_eq!(out[1].to_vec::<i64>().unwrap(), want_b);
+    let want_c: Vec<bf16> = c.iter().map(|x| bf16::from_f32(x.to_f32() * 2.0)).collect();
+    assert_eq!(out[2].to_vec::<bf16>().unwrap(), want_c);
+    assert_eq!(out[3].to_vec::<u8>().unwrap(), vec![2, 200, 144]);
+    assert_eq!(out[4].to_vec::<bool>().unwrap(), vec![false, true]);
+}
+
+#[test]
+fn f64_and_f16_data() {
+    let prog = r#"
+func.func @main(%a: tensor<3xf64>, %b: tensor<3xf16>) -> (tensor<3xf64>, tensor<3xf16>) {
+  %0 = stablehlo.sqrt %a : tensor<3xf64>
+  %1 = stablehlo.multiply %b, %b : tensor<3xf16>
+  return %0, %1 : tensor<3xf64>, tensor<3xf16>
+}"#;
+    let a = [2.0f64, 9.0, 1e-300];
+    let b: Vec<half::f16> = [0.5f32, -3.0, 100.0].iter().map(|&x| half::f16::from_f32(x)).collect();
+    let out = run(prog, &[HostTensor::from_slice(&a, &[3]).unwrap(), HostTensor::from_slice(&b, &[3]).unwrap()]);
+    let got = out[0].to_vec::<f64>().unwrap();
+    for i in 0..3 {
+        assert!((got[i] - a[i].sqrt()).abs() <= a[i].sqrt() * 1e-15);
+    }
+    let want: Vec<f32> = vec![0.25, 9.0, 10000.0];
+    let got16: Vec<f32> = out[1].to_vec::<half::f16>().unwrap().iter().map(|x| x.to_f32()).collect();
+    assert_eq!(got16, want);
+}
+
+#[test]
+fn serialized_executables_reload_and_give_identical_results() {
+    let prog = r#"
+func.func @main(%a: tensor<16x16xf32>, %b: tensor<16x16xf32>) -> tensor<16x16xf32> {
+  %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<16x16xf32>, tensor<16x16xf32>) -> tensor<16x16xf32>
+  %1 = stablehlo.exponential %0 : tensor<16x16xf32>
+  return %1 : tensor<16x16xf32>
+}"#;
+    let a = f32s(&seq(256, 0.001, -0.1), &[16, 16]);
+    let b = f32s(&seq(256, -0.002, 0.2), &[16, 16]);
+    let exe = client().compile(prog, &CompileOptions::default()).unwrap();
+    let first = exe.execute_host(&[a.clone(), b.clone()]).unwrap();
+    let bytes = exe.serialize().unwrap();
+    assert!(bytes.len() > 100);
+    let exe_sig = exe.signature().cloned();
+    assert_eq!(exe_sig.as_ref().map(|s| s.params.len()), Some(2));
+    drop(exe);
+    let again = client().deserialize(&bytes, exe_sig).unwrap();
+    assert_eq!(again.num_outputs(), 1);
+    let second = again.execute_host(&[a, b]).unwrap();
+    assert_eq!(first[0].bytes(), second[0].bytes());
+    // Garbage is refused by the plugin, not crashed on.
+    let err = client().deserialize(b"definitely not an executable", None).unwrap_err();
+    assert!(matches!(err, Error::Pjrt { api_fn: "PJRT_Executable_DeserializeAndLoad", .. }), "{err}");
+}
+
+#[test]
+fn two_devices_run_replicas_with_an_all_reduce() {
+    assert_eq!(client().device_count(), 2);
+    let prog = r#"
+func.func @main(%a: tensor<3xf32>) -> tensor<3xf32> {
+  %0 = "stablehlo.all_reduce"(%a) ({
+    ^bb0(%x: tensor<f32>, %y: tensor<f32>):
+      %s = stablehlo.add %x, %y : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+  }) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>} : (tensor<3xf32>) -> tensor<3xf32>
+  return %0 : tensor<3xf32>
+}"#;
+    let opts = CompileOptions { num_replicas: 2, ..CompileOptions::default() };
+    let exe = client().compile(prog, &opts).unwrap();
+    let x0 = client().buffer_from_host(&f32s(&[1.0, 2.0, 3.0], &[3]), Device(0)).unwrap();
+    let x1 = client().buffer_from_host(&f32s(&[10.0, 20.0, 30.0], &[3]), Device(1)).unwrap();
+    let out = exe.execute_replicated(&[vec![&x0], vec![&x1]]).unwrap();
+    assert_eq!(out.len(), 2);
+    for replica in &out {
+        assert_eq!(replica[0].to_host().unwrap().to_vec::<f32>().unwrap(), vec![11.0, 22.0, 33.0]);
+    }
+}
+
+#[test]
+fn backend_options_apply_per_compilation() {
+    let prog = "func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  %0 = stablehlo.abs %a : tensor<4xf32>\n  return %0 : tensor<4xf32>\n}";
+    let ok = CompileOptions::default().with_override("xla_backend_optimization_level", OverrideValue::Int(0));
+    let exe = client().compile(prog, &ok).unwrap();
+    let out = exe.execute_host(&[f32s(&[-1.0, 2.0, -3.5, 0.0], &[4])]).unwrap();
+    assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.5, 0.0]);
+    let bad = CompileOptions::default().with_override("xla_not_an_option", OverrideValue::Bool(true));
+    let err = client().compile(prog, &bad).unwrap_err().to_string();
+    assert!(err.contains("xla_not_an_option"), "{err}");
+}
+
+#[test]
+fn malformed_program_reports_the_parser_message() {
+    let err = client()
+        .compile("func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n  %0 = stablehlo.frobnicate %a\n}", &CompileOptions::default())
+        .unwrap_err();
+    match &err {
+        Error::Pjrt { api_fn, message, .. } => {
+            assert_eq!(*api_fn, "PJRT_Client_Compile");
+            assert!(message.contains("error:"), "{message}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[test]
+fn wrong_inputs_are_errors_not_crashes() {
+    let prog = "func.func @main(%a: tensor<2xf32>, %b: tensor<2xf32>) -> tensor<2xf32> {\n  %0 = stablehlo.add %a, %b : tensor<2xf32>\n  return %0 : tensor<2xf32>\n}";
+    let exe = client().compile(prog, &CompileOptions::default()).unwrap();
+    let two = f32s(&[1.0, 2.0], &[2]);
+    assert!(exe.execute_host(&[two.clone()]).is_err(), "one input for two parameters");
+    let three = f32s(&[1.0, 2.0, 3.0], &[3]);
+    assert!(exe.execute_host(&[two.clone(), three]).is_err(), "wrong shape");
+    let ints = HostTensor::from_slice(&[1i32, 2], &[2]).unwrap();
+    let err = exe.execute_host(&[two.clone(), ints]).unwrap_err().to_string();
+    assert!(err.contains("argument 1 is i32[2], the program expects f32[2]"), "{err}");
+    assert_eq!(exe.execute_host(&[two.clone(), two]).unwrap()[0].to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+    let err = client().buffer_from_host(&f32s(&[1.0], &[1]), Device(7)).unwrap_err();
+    assert!(err.to_string().contains("device 7"), "{err}");
+}
+
+#[test]
+fn a_library_that_is_not_a_plugin_is_refused() {
+    let libc = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("libc");
+    let err = Plugin::load(std::path::Path::new(libc)).unwrap_err().to_string();
+    assert!(err.contains("not a PJRT plugin"), "{err}");
+    let err = Plugin::load(std::path::Path::new("/nonexistent/xla_cpu_pjrt.so")).unwrap_err().to_string();
+    assert!(err.contains("/nonexistent/xla_cpu_pjrt.so"), "{err}");
+}
