@@ -1,0 +1,255 @@
+//! The flag-string parser: shell-style word splitting, then one table of supported flags.
+
+use super::{AutoCast, AutoCastType, FlagOverrides, ModelType, OptLevel, Target};
+use crate::error::{Error, Result};
+
+/// The flags this crate implements. Names are stored with hyphens; a user's spelling is
+/// normalised (`_` to `-`) before lookup, because Neuron's compiler takes `--auto-cast` while
+/// torch-neuronx reads `--retry_failed_compilation` and `--cache_dir` from the same variable, and
+/// users mix both styles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flag {
+    Target,
+    OptLevel,
+    AutoCast,
+    AutoCastType,
+    ModelType,
+    RetryFailed,
+    CacheDir,
+}
+
+const FLAGS: &[(&str, Flag)] = &[
+    ("target", Flag::Target),
+    ("optlevel", Flag::OptLevel),
+    ("auto-cast", Flag::AutoCast),
+    ("auto-cast-type", Flag::AutoCastType),
+    ("model-type", Flag::ModelType),
+    ("retry-failed-compilation", Flag::RetryFailed),
+    ("cache-dir", Flag::CacheDir),
+];
+
+/// One line naming every supported flag and its values, appended to every unknown-flag error.
+pub(crate) fn supported_flags() -> String {
+    format!(
+        "supported flags: --target {{{}}}, --optlevel {{1, 2, 3}} (also O1-O3, -O1-O3), \
+         --auto-cast {{{}}}, --auto-cast-type {{{}}}, --model-type {{{}}}, \
+         --retry_failed_compilation, --cache_dir PATH|URL",
+        Target::supported(),
+        AutoCast::supported(),
+        AutoCastType::supported(),
+        ModelType::supported()
+    )
+}
+
+fn flag_error(source: &str, what: String) -> Error {
+    Error::Flag {
+        message: format!("{source}: {what}; {}", supported_flags()),
+    }
+}
+
+fn value_error(source: &str, flag: &str, value: &str, supported: &str) -> Error {
+    Error::Flag {
+        message: format!(
+            "{source}: {flag} {value:?} is not supported; supported values: {supported}"
+        ),
+    }
+}
+
+fn lookup(name: &str) -> Option<Flag> {
+    let norm = name.replace('_', "-");
+    FLAGS.iter().find(|(n, _)| *n == norm).map(|&(_, f)| f)
+}
+
+pub(crate) fn parse_str(flags: &str, source: &str) -> Result<FlagOverrides> {
+    let words = split_words(flags).map_err(|message| Error::Flag {
+        message: format!("{source}: {message}"),
+    })?;
+    parse_words(&words, source)
+}
+
+/// Parses split words. `--flag value` and `--flag=value` are both accepted; a flag given twice
+/// keeps its last value, as Neuron's argparse-based parser does.
+pub(crate) fn parse_words<S: AsRef<str>>(words: &[S], source: &str) -> Result<FlagOverrides> {
+    let mut out = FlagOverrides::default();
+    let mut i = 0;
+    while i < words.len() {
+        let word = words[i].as_ref();
+        i += 1;
+        // `-O2` / `-O 2`: the short form of --optlevel that neuronx-cc also accepts.
+        if let Some(rest) = word.strip_prefix("-O") {
+            let value = if rest.is_empty() {
+                let v = take_value(words, &mut i).ok_or_else(|| Error::Flag {
+                    message: format!("{source}: -O needs a level (1, 2 or 3)"),
+                })?;
+                v.to_string()
+            } else {
+                rest.trim_start_matches('=').to_string()
+            };
+            out.opt_level = Some(parse_opt_level(source, "-O", &value)?);
+            continue;
+        }
+        let Some(body) = word.strip_prefix("--") else {
+            return Err(flag_error(
+                source,
+                format!("unexpected argument {word:?} (flags start with --)"),
+            ));
+        };
+        let (name, inline) = match body.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (body, None),
+        };
+        let shown = format!("--{name}");
+        let Some(flag) = lookup(name) else {
+            return Err(flag_error(source, format!("unknown flag {shown:?}")));
+        };
+        if flag == Flag::RetryFailed {
+            out.retry_failed = Some(match inline {
+                None => true,
+                Some(v) => parse_bool(v).ok_or_else(|| {
+                    value_error(source, &shown, v, "true, false (or give the flag alone)")
+                })?,
+            });
+            continue;
+        }
+        let value = match inline {
+            Some(v) => v.to_string(),
+            None => take_value(words, &mut i)
+                .ok_or_else(|| flag_error(source, format!("{shown} needs a value")))?
+                .to_string(),
+        };
+        if value.is_empty() {
+            return Err(flag_error(
+                source,
+                format!("{shown} was given an empty value"),
+            ));
+        }
+        match flag {
+            Flag::Target => {
+                out.target = Some(
+                    Target::from_name(&value)
+                        .ok_or_else(|| value_error(source, &shown, &value, &Target::supported()))?,
+                )
+            }
+            Flag::OptLevel => out.opt_level = Some(parse_opt_level(source, &shown, &value)?),
+            Flag::AutoCast => {
+                out.auto_cast =
+                    Some(AutoCast::from_name(&value).ok_or_else(|| {
+                        value_error(source, &shown, &value, &AutoCast::supported())
+                    })?)
+            }
+            Flag::AutoCastType => {
+                out.auto_cast_type = Some(AutoCastType::from_name(&value).ok_or_else(|| {
+                    value_error(source, &shown, &value, &AutoCastType::supported())
+                })?)
+            }
+            Flag::ModelType => {
+                out.model_type =
+                    Some(ModelType::from_name(&value).ok_or_else(|| {
+                        value_error(source, &shown, &value, &ModelType::supported())
+                    })?)
+            }
+            Flag::CacheDir => out.cache_dir = Some(value),
+            Flag::RetryFailed => {}
+        }
+    }
+    Ok(out)
+}
+
+/// The next word as a flag's value, unless it is missing or is itself a flag.
+fn take_value<'a, S: AsRef<str>>(words: &'a [S], i: &mut usize) -> Option<&'a str> {
+    let w = words.get(*i)?.as_ref();
+    if w.starts_with("--") || (w.starts_with("-O") && w.len() <= 3) {
+        return None;
+    }
+    *i += 1;
+    Some(w)
+}
+
+fn parse_opt_level(source: &str, flag: &str, value: &str) -> Result<OptLevel> {
+    OptLevel::from_name(value)
+        .ok_or_else(|| value_error(source, flag, value, "1, 2, 3 (or O1, O2, O3)"))
+}
+
+fn parse_bool(v: &str) -> Option<bool> {
+    match v.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" => Some(true),
+        "false" | "0" | "no" => Some(false),
+        _ => None,
+    }
+}
+
+/// Splits a flag string into words the way a POSIX shell would for plain words and quotes:
+/// whitespace separates, `'...'` is literal, `"..."` allows `\"` and `\\`, and a backslash outside
+/// quotes escapes the next character. No expansion of any kind. Needed because a `--cache_dir`
+/// path may contain spaces.
+pub fn split_words(s: &str) -> std::result::Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            c if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            '\'' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(c) => cur.push(c),
+                        None => return Err("unterminated ' quote".to_string()),
+                    }
+                }
+            }
+            '"' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => match chars.next() {
+                            Some(c @ ('"' | '\\')) => cur.push(c),
+                            Some(c) => {
+                                cur.push('\\');
+                                cur.push(c);
+                            }
+                            None => return Err("unterminated \" quote".to_string()),
+                        },
+                        Some(c) => cur.push(c),
+                        None => return Err("unterminated \" quote".to_string()),
+                    }
+                }
+            }
+            '\\' => {
+                in_word = true;
+                match chars.next() {
+                    Some(c) => cur.push(c),
+                    None => return Err("trailing backslash".to_string()),
+                }
+            }
+            c => {
+                in_word = true;
+                cur.push(c);
+            }
+        }
+    }
+    if in_word {
+        words.push(cur);
+    }
+    Ok(words)
+}
+
+/// Quotes a word so that [`split_words`] gives it back unchanged.
+pub(crate) fn quote_word(w: &str) -> String {
+    let plain = !w.is_empty()
+        && w.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@+,%".contains(c));
+    if plain {
+        w.to_string()
+    } else {
+        format!("'{}'", w.replace('\'', r"'\''"))
+    }
+}
