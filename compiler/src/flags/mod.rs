@@ -16,6 +16,7 @@ mod parse;
 use std::fmt;
 
 use crate::error::{Error, Result};
+pub use crate::pjrt::Target;
 
 pub use parse::split_words;
 
@@ -60,17 +61,6 @@ macro_rules! flag_enum {
             }
         }
     };
-}
-
-flag_enum! {
-    /// The device family a graph is compiled for; it selects the PJRT plugin.
-    Target {
-        Cpu => "cpu",
-        Cuda => "cuda" | "gpu",
-        /// Trainium 1 (Neuron's `trn1`; `inf2` uses the same NeuronCore-v2).
-        Trn1 => "trn1" | "inf2",
-        Trn2 => "trn2",
-    }
 }
 
 flag_enum! {
@@ -150,22 +140,29 @@ impl fmt::Display for OptLevel {
     }
 }
 
-impl Target {
-    /// True for the targets whose compiler is Neuron's (`neuronx-cc`), which receives
-    /// [`CompilerFlags::to_neuron_args`].
-    pub fn is_neuron(self) -> bool {
-        matches!(self, Target::Trn1 | Target::Trn2)
-    }
+/// True for the targets whose compiler is Neuron's (`neuronx-cc`), which receives
+/// [`CompilerFlags::to_neuron_args`].
+pub fn is_neuron(target: Target) -> bool {
+    matches!(target, Target::Trn1 | Target::Trn2)
+}
 
-    /// The auto-cast used when none is given: Neuron compiles matmuls in bf16 by default on
-    /// Trainium; on cpu and cuda the default keeps the graph's own dtypes.
-    pub fn default_auto_cast(self) -> AutoCast {
-        if self.is_neuron() {
-            AutoCast::Matmult
-        } else {
-            AutoCast::None
-        }
+/// The auto-cast used when none is given: Neuron compiles matmuls in bf16 by default on
+/// Trainium; on cpu and cuda the default keeps the graph's own dtypes.
+pub fn default_auto_cast(target: Target) -> AutoCast {
+    if is_neuron(target) {
+        AutoCast::Matmult
+    } else {
+        AutoCast::None
     }
+}
+
+/// The supported targets as one comma-separated list, for error messages.
+pub(crate) fn supported_targets() -> String {
+    Target::ALL
+        .iter()
+        .map(|t| t.name())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// What one source of flags set explicitly; `None` means "not given here". Overlay sources with
@@ -224,7 +221,7 @@ impl FlagOverrides {
         CompilerFlags {
             target,
             opt_level: self.opt_level.unwrap_or_default(),
-            auto_cast: self.auto_cast.unwrap_or(target.default_auto_cast()),
+            auto_cast: self.auto_cast.unwrap_or(default_auto_cast(target)),
             auto_cast_type: self.auto_cast_type.unwrap_or(AutoCastType::Bf16),
             model_type: self.model_type.unwrap_or(ModelType::Generic),
             retry_failed: self.retry_failed.unwrap_or(false),
@@ -236,7 +233,7 @@ impl FlagOverrides {
 /// The resolved compiler flags of one compilation.
 ///
 /// `Default` is target `cpu`, `O2`, auto-cast `none` (Neuron's own default, `matmult`, applies
-/// only when the target is `trn1`/`trn2`, see [`Target::default_auto_cast`]), auto-cast type
+/// only when the target is `trn1`/`trn2`, see [`default_auto_cast`]), auto-cast type
 /// `bf16`, model type `generic`, no retry of recorded failures, no cache dir.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CompilerFlags {
@@ -285,7 +282,7 @@ impl CompilerFlags {
     /// whatever their value (otherwise moving a cache would invalidate it).
     pub fn key_fields(&self) -> Vec<(&'static str, String)> {
         vec![
-            ("target", self.target.as_str().to_string()),
+            ("target", self.target.name().to_string()),
             ("optlevel", self.opt_level.number().to_string()),
             ("auto_cast", self.auto_cast.as_str().to_string()),
             ("auto_cast_type", self.auto_cast_type.as_str().to_string()),
@@ -303,7 +300,7 @@ impl CompilerFlags {
             args.push(flag.to_string());
             args.push(value);
         };
-        push("--target", self.target.as_str().to_string());
+        push("--target", self.target.name().to_string());
         push("--optlevel", self.opt_level.number().to_string());
         push("--auto-cast", self.auto_cast.as_str().to_string());
         push("--auto-cast-type", self.auto_cast_type.as_str().to_string());
@@ -319,7 +316,11 @@ impl fmt::Display for CompilerFlags {
         write!(
             f,
             "--target {} --optlevel {} --auto-cast {} --auto-cast-type {} --model-type {}",
-            self.target, self.opt_level, self.auto_cast, self.auto_cast_type, self.model_type
+            self.target.name(),
+            self.opt_level,
+            self.auto_cast,
+            self.auto_cast_type,
+            self.model_type
         )?;
         if self.retry_failed {
             f.write_str(" --retry_failed_compilation")?;

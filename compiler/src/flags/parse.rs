@@ -1,6 +1,8 @@
 //! The flag-string parser: shell-style word splitting, then one table of supported flags.
 
-use super::{AutoCast, AutoCastType, FlagOverrides, ModelType, OptLevel, Target};
+use super::{
+    supported_targets, AutoCast, AutoCastType, FlagOverrides, ModelType, OptLevel, Target,
+};
 use crate::error::{Error, Result};
 
 /// The flags this crate implements. Names are stored with hyphens; a user's spelling is
@@ -34,7 +36,7 @@ pub(crate) fn supported_flags() -> String {
         "supported flags: --target {{{}}}, --optlevel {{1, 2, 3}} (also O1-O3, -O1-O3), \
          --auto-cast {{{}}}, --auto-cast-type {{{}}}, --model-type {{{}}}, \
          --retry_failed_compilation, --cache_dir PATH|URL",
-        Target::supported(),
+        supported_targets(),
         AutoCast::supported(),
         AutoCastType::supported(),
         ModelType::supported()
@@ -126,8 +128,8 @@ pub(crate) fn parse_words<S: AsRef<str>>(words: &[S], source: &str) -> Result<Fl
         match flag {
             Flag::Target => {
                 out.target = Some(
-                    Target::from_name(&value)
-                        .ok_or_else(|| value_error(source, &shown, &value, &Target::supported()))?,
+                    Target::from_name(&value.to_ascii_lowercase())
+                        .ok_or_else(|| value_error(source, &shown, &value, &supported_targets()))?,
                 )
             }
             Flag::OptLevel => out.opt_level = Some(parse_opt_level(source, &shown, &value)?),
