@@ -6,6 +6,7 @@ pub mod dtype;
 pub mod error;
 pub mod flags;
 pub mod host;
+pub mod key;
 pub mod pjrt;
 
 pub use dtype::DType;
