@@ -1,0 +1,224 @@
+//! Checkpoints as safetensors files with PyTorch's parameter names, so a state dict moves
+//! between this crate and PyTorch (`safetensors.torch.save_file(model.state_dict())` /
+//! `load_file`) and between accelerators.
+//!
+//! Layout of a full training checkpoint: model parameters under their PyTorch names
+//! (`mlp.0.weight`), optimizer state under `optimizer.<param name>.<slot>` (`exp_avg`,
+//! `exp_avg_sq`, `momentum_buffer`), and the step and any scalars in the file's string metadata.
+//! A model-only file (what PyTorch writes from `model.state_dict()`) loads as parameters alone.
+//!
+//! Saving is atomic: the bytes go to a temporary file in the same directory, are fsynced and
+//! renamed over the target, and the directory is fsynced, so a crash leaves the old checkpoint
+//! or the new one, never half of one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use neuron_pc_compiler::{DType, HostTensor};
+use safetensors::{Dtype, SafeTensors};
+
+/// Errors of saving and loading checkpoints.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpoint {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("checkpoint {path}: not a valid safetensors file: {message}")]
+    Format { path: PathBuf, message: String },
+    #[error("checkpoint {path}: tensor {name} has dtype {dtype}, which neuron-pc does not support")]
+    UnsupportedDType { path: PathBuf, name: String, dtype: String },
+    /// Names, shapes or dtypes that do not match what the model expects; one line per problem.
+    #[error("checkpoint {path} does not match the model:\n{}", problems.join("\n"))]
+    Mismatch { path: PathBuf, problems: Vec<String> },
+}
+
+pub type Result<T> = std::result::Result<T, CheckpointError>;
+
+/// A state dict: tensors by name, plus string metadata (step, config).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StateDict {
+    pub tensors: BTreeMap<String, HostTensor>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+fn to_st(d: DType) -> Dtype {
+    match d {
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        DType::BF16 => Dtype::BF16,
+        DType::F16 => Dtype::F16,
+        DType::I32 => Dtype::I32,
+        DType::I64 => Dtype::I64,
+        DType::U32 => Dtype::U32,
+        DType::U8 => Dtype::U8,
+        DType::Pred => Dtype::BOOL,
+    }
+}
+
+fn from_st(d: Dtype) -> Option<DType> {
+    DType::ALL.into_iter().find(|x| to_st(*x) == d)
+}
+
+impl StateDict {
+    /// Writes the state dict to `path` atomically.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let io = |source| CheckpointError::Io { path: path.to_path_buf(), source };
+        let views: Vec<(&str, safetensors::tensor::TensorView<'_>)> = self
+            .tensors
+            .iter()
+            .map(|(name, t)| {
+                let view = safetensors::tensor::TensorView::new(to_st(t.dtype()), t.dims().to_vec(), t.bytes())
+                    .expect("HostTensor guarantees its byte length matches its shape");
+                (name.as_str(), view)
+            })
+            .collect();
+        let metadata: HashMap<String, String> = self.metadata.clone().into_iter().collect();
+        let bytes = safetensors::serialize(views, Some(metadata))
+            .map_err(|e| CheckpointError::Format { path: path.to_path_buf(), message: e.to_string() })?;
+        write_atomic(path, &bytes).map_err(io)
+    }
+
+    /// Reads a safetensors file (written by this crate, PyTorch or anything else).
+    pub fn load(path: &Path) -> Result<StateDict> {
+        let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io { path: path.to_path_buf(), source })?;
+        let format = |message: String| CheckpointError::Format { path: path.to_path_buf(), message };
+        let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| format(e.to_string()))?;
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| format(e.to_string()))?;
+        let mut out = StateDict::default();
+        if let Some(m) = meta.metadata() {
+            out.metadata = m.clone().into_iter().collect();
+        }
+        for (name, view) in st.iter() {
+            let dtype = from_st(view.dtype()).ok_or_else(|| CheckpointError::UnsupportedDType {
+                path: path.to_path_buf(),
+                name: name.to_string(),
+                dtype: format!("{:?}", view.dtype()),
+            })?;
+            let t = HostTensor::from_bytes(dtype, view.shape(), view.data().to_vec()).map_err(|e| format(e.to_string()))?;
+            out.tensors.insert(name.to_string(), t);
+        }
+        Ok(out)
+    }
+
+    /// Checks that `self` has exactly the tensors in `expected` (name → dtype and shape), and
+    /// lists every missing, unexpected or mismatched tensor. Tensors under `ignore_prefix`
+    /// (for example optimizer state when loading a model-only file) are not required.
+    pub fn check_against(
+        &self,
+        path: &Path,
+        expected: &BTreeMap<String, (DType, Vec<usize>)>,
+        optional_prefix: Option<&str>,
+    ) -> Result<()> {
+        let mut problems = Vec::new();
+        for (name, (dtype, dims)) in expected {
+            match self.tensors.get(name) {
+                None if optional_prefix.is_some_and(|p| name.starts_with(p)) => {}
+                None => problems.push(format!("  missing: {name} ({dtype}{dims:?})")),
+                Some(t) if t.dtype() != *dtype || t.dims() != dims.as_slice() => problems.push(format!(
+                    "  {name}: file has {}{:?}, model expects {dtype}{dims:?}",
+                    t.dtype(),
+                    t.dims()
+                )),
+                Some(_) => {}
+            }
+        }
+        for name in self.tensors.keys() {
+            if !expected.contains_key(name) {
+                problems.push(format!("  unexpected: {name}"));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(CheckpointError::Mismatch { path: path.to_path_buf(), problems })
+        }
+    }
+}
+
+/// Writes `bytes` to `path` so that readers see the old file or the whole new one.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&dir)?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        // Make the rename itself durable.
+        std::fs::File::open(&dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("npc-ckpt-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn sample() -> StateDict {
+        let mut s = StateDict::default();
+        s.tensors.insert("mlp.0.weight".into(), HostTensor::from_slice(&[1.0f32, -2.0, 3.5, 4.25, 0.0, 6.0], &[2, 3]).unwrap());
+        s.tensors.insert("mlp.0.bias".into(), HostTensor::from_slice(&[0.5f32, -0.5], &[2]).unwrap());
+        s.tensors.insert("tokens".into(), HostTensor::from_slice(&[3i64, 9], &[2]).unwrap());
+        s.tensors.insert("half".into(), HostTensor::from_slice(&[half::bf16::from_f32(1.5)], &[1]).unwrap());
+        s.metadata.insert("step".into(), "42".into());
+        s
+    }
+
+    #[test]
+    fn round_trip_keeps_names_values_and_metadata() {
+        let d = tmpdir("rt");
+        let p = d.join("ckpt.safetensors");
+        let s = sample();
+        s.save(&p).unwrap();
+        let back = StateDict::load(&p).unwrap();
+        assert_eq!(back, s);
+        // No temporary file is left behind.
+        let names: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 1);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn mismatches_are_listed_by_name() {
+        let s = sample();
+        let mut expected = BTreeMap::new();
+        expected.insert("mlp.0.weight".to_string(), (DType::F32, vec![3, 2]));
+        expected.insert("mlp.0.bias".to_string(), (DType::F32, vec![2]));
+        expected.insert("mlp.1.weight".to_string(), (DType::F32, vec![2, 2]));
+        expected.insert("optimizer.mlp.0.bias.exp_avg".to_string(), (DType::F32, vec![2]));
+        let err = s.check_against(Path::new("x"), &expected, Some("optimizer.")).unwrap_err().to_string();
+        assert!(err.contains("mlp.0.weight: file has f32[2, 3], model expects f32[3, 2]"), "{err}");
+        assert!(err.contains("missing: mlp.1.weight"), "{err}");
+        assert!(err.contains("unexpected: tokens"), "{err}");
+        assert!(!err.contains("exp_avg"), "{err}");
+    }
+
+    #[test]
+    fn garbage_and_truncated_files_are_errors() {
+        let d = tmpdir("bad");
+        let p = d.join("bad.safetensors");
+        std::fs::write(&p, b"not a checkpoint at all").unwrap();
+        assert!(matches!(StateDict::load(&p), Err(CheckpointError::Format { .. })));
+        sample().save(&p).unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &bytes[..bytes.len() - 3]).unwrap();
+        assert!(matches!(StateDict::load(&p), Err(CheckpointError::Format { .. })));
+        assert!(matches!(StateDict::load(&d.join("missing")), Err(CheckpointError::Io { .. })));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
