@@ -7,6 +7,7 @@ pub mod error;
 pub mod flags;
 pub mod host;
 pub mod key;
+pub mod optlevel;
 pub mod pjrt;
 
 pub use dtype::DType;

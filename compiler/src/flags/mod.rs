@@ -97,7 +97,7 @@ flag_enum! {
 }
 
 /// Optimization level: how much compile time to spend for a faster step. What each level runs
-/// is defined in one table in the `optlevel` module.
+/// is defined in one table, [`crate::optlevel::plan`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub enum OptLevel {
     /// Fast compile: fewer graph passes and a cheaper backend configuration.
