@@ -6,6 +6,7 @@ pub mod dtype;
 pub mod error;
 pub mod flags;
 pub mod host;
+pub mod ir;
 pub mod key;
 pub mod optlevel;
 pub mod pjrt;

@@ -1,0 +1,516 @@
+//! The primitive ops and the facts each one carries (names, StableHLO spelling, dtypes).
+
+use std::fmt;
+
+use crate::dtype::DType;
+
+use super::types::Literal;
+
+/// One primitive of the graph IR. Each maps onto StableHLO (a few onto a short fixed sequence
+/// of StableHLO ops). Shapes are static; broadcasting is explicit ([`Op::BroadcastInDim`]).
+///
+/// Operand conventions are documented per variant; [`super::infer`] checks them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Graph input number `index`; its type is the node's type (see `Graph::parameter`).
+    Parameter { index: usize },
+    /// A constant (no operands).
+    Constant(Literal),
+    /// Elementwise `f(x)`.
+    Unary(UnaryOp),
+    /// Elementwise `f(x, y)`; operands of equal type.
+    Binary(BinaryOp),
+    /// Elementwise comparison of two operands of equal type, giving pred.
+    Compare(CompareOp),
+    /// `select(pred, on_true, on_false)`; pred is a scalar or has the operands' shape.
+    Select,
+    /// Elementwise cast to another dtype (floats to integers round toward zero).
+    Convert(DType),
+    /// `dims`-shaped tensor counting 0, 1, ... along `dim` (no operands).
+    Iota {
+        dims: Vec<usize>,
+        dim: usize,
+        dtype: DType,
+    },
+    /// Operand dimension `i` becomes result dimension `broadcast_dimensions[i]` (size 1 or
+    /// equal); result has `dims`.
+    BroadcastInDim {
+        dims: Vec<usize>,
+        broadcast_dimensions: Vec<usize>,
+    },
+    /// Same elements, row-major, new `dims`.
+    Reshape { dims: Vec<usize> },
+    /// Result dimension `i` is operand dimension `perm[i]`.
+    Transpose { perm: Vec<usize> },
+    /// Static strided slice, `start <= limit <= dim`, `stride >= 1`.
+    Slice {
+        start: Vec<usize>,
+        limit: Vec<usize>,
+        stride: Vec<usize>,
+    },
+    /// Operands: the tensor, then one scalar integer start index per dimension (clamped so the
+    /// window stays inside). Result has `sizes`.
+    DynamicSlice { sizes: Vec<usize> },
+    /// Operands: the tensor, the update, then one scalar integer start index per dimension
+    /// (clamped). Result has the tensor's type.
+    DynamicUpdateSlice,
+    /// Joins operands of equal dtype and rank along `dim`.
+    Concatenate { dim: usize },
+    /// Operands: the tensor and a scalar pad value of its dtype. Negative `low`/`high` crop.
+    Pad {
+        low: Vec<i64>,
+        high: Vec<i64>,
+        interior: Vec<usize>,
+    },
+    /// Reduces over `dims` (removed from the shape).
+    Reduce(ReduceOp, Vec<usize>),
+    /// Index of the largest element along `dim` (removed); ties and NaN: see [`Op::ArgMin`].
+    /// NaN counts as larger than any number; among equal values the first index wins.
+    ArgMax { dim: usize, index_dtype: DType },
+    /// Index of the smallest element along `dim` (removed). NaN counts as smaller than any
+    /// number; among equal values the first index wins.
+    ArgMin { dim: usize, index_dtype: DType },
+    /// StableHLO `dot_general`: result dims are batch dims, then lhs free dims, then rhs free
+    /// dims (each in operand order).
+    DotGeneral {
+        lhs_batch: Vec<usize>,
+        rhs_batch: Vec<usize>,
+        lhs_contract: Vec<usize>,
+        rhs_contract: Vec<usize>,
+    },
+    /// Row lookup: operands `table [n, rest..]` and integer `indices` of any shape; result
+    /// `indices.dims ++ rest`. Indices are clamped into `0..n` (StableHLO gather semantics).
+    Gather,
+    /// The gradient of [`Op::Gather`]: operands `table [n, rest..]`, integer `indices`,
+    /// `updates [indices.dims ++ rest]`; adds each update row into the table row it names
+    /// (repeats sum). Out-of-range rows are skipped. Result has the table's type.
+    ScatterAdd,
+    /// Operand: a `u32[2]` key. Result `u32[dims]`: element `i` (row-major) is the first word
+    /// of threefry-2x32 (20 rounds) of the counter `(0, i)` under that key.
+    RandomBits { dims: Vec<usize> },
+    /// Reduces the operand across the replicas of each group (result has its type).
+    AllReduce {
+        op: ReduceOp,
+        replica_groups: Vec<Vec<usize>>,
+    },
+    /// Concatenates the operands of each group's replicas along `dim`.
+    AllGather {
+        dim: usize,
+        replica_groups: Vec<Vec<usize>>,
+    },
+    /// Reduces across each group and leaves replica `k` of a group the `k`-th block along `dim`.
+    ReduceScatter {
+        op: ReduceOp,
+        dim: usize,
+        replica_groups: Vec<Vec<usize>>,
+    },
+}
+
+impl Op {
+    /// A short lowercase name for messages (`add`, `dot_general`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Parameter { .. } => "parameter",
+            Op::Constant(_) => "constant",
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Compare(c) => c.name(),
+            Op::Select => "select",
+            Op::Convert(_) => "convert",
+            Op::Iota { .. } => "iota",
+            Op::BroadcastInDim { .. } => "broadcast_in_dim",
+            Op::Reshape { .. } => "reshape",
+            Op::Transpose { .. } => "transpose",
+            Op::Slice { .. } => "slice",
+            Op::DynamicSlice { .. } => "dynamic_slice",
+            Op::DynamicUpdateSlice => "dynamic_update_slice",
+            Op::Concatenate { .. } => "concatenate",
+            Op::Pad { .. } => "pad",
+            Op::Reduce(r, _) => r.name(),
+            Op::ArgMax { .. } => "argmax",
+            Op::ArgMin { .. } => "argmin",
+            Op::DotGeneral { .. } => "dot_general",
+            Op::Gather => "gather",
+            Op::ScatterAdd => "scatter_add",
+            Op::RandomBits { .. } => "random_bits",
+            Op::AllReduce { .. } => "all_reduce",
+            Op::AllGather { .. } => "all_gather",
+            Op::ReduceScatter { .. } => "reduce_scatter",
+        }
+    }
+}
+
+/// The name and the attributes, e.g. `reshape{dims=[2, 3]}` or `constant(f32[] 1.5)`.
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.name();
+        match self {
+            Op::Parameter { index } => write!(f, "{n}{{index={index}}}"),
+            Op::Constant(lit) => write!(f, "{n}({lit})"),
+            Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select => f.write_str(n),
+            Op::DynamicUpdateSlice | Op::Gather | Op::ScatterAdd => f.write_str(n),
+            Op::Convert(d) => write!(f, "{n}{{{d}}}"),
+            Op::Iota { dims, dim, dtype } => write!(f, "{n}{{dims={dims:?}, dim={dim}, dtype={dtype}}}"),
+            Op::BroadcastInDim { dims, broadcast_dimensions } => {
+                write!(f, "{n}{{dims={dims:?}, broadcast_dimensions={broadcast_dimensions:?}}}")
+            }
+            Op::Reshape { dims } => write!(f, "{n}{{dims={dims:?}}}"),
+            Op::Transpose { perm } => write!(f, "{n}{{perm={perm:?}}}"),
+            Op::Slice { start, limit, stride } => {
+                write!(f, "{n}{{start={start:?}, limit={limit:?}, stride={stride:?}}}")
+            }
+            Op::DynamicSlice { sizes } => write!(f, "{n}{{sizes={sizes:?}}}"),
+            Op::Concatenate { dim } => write!(f, "{n}{{dim={dim}}}"),
+            Op::Pad { low, high, interior } => {
+                write!(f, "{n}{{low={low:?}, high={high:?}, interior={interior:?}}}")
+            }
+            Op::Reduce(_, dims) => write!(f, "{n}{{dims={dims:?}}}"),
+            Op::ArgMax { dim, index_dtype } | Op::ArgMin { dim, index_dtype } => {
+                write!(f, "{n}{{dim={dim}, index_dtype={index_dtype}}}")
+            }
+            Op::DotGeneral { lhs_batch, rhs_batch, lhs_contract, rhs_contract } => write!(
+                f,
+                "{n}{{batch={lhs_batch:?}x{rhs_batch:?}, contract={lhs_contract:?}x{rhs_contract:?}}}"
+            ),
+            Op::RandomBits { dims } => write!(f, "{n}{{dims={dims:?}}}"),
+            Op::AllReduce { op, replica_groups } => {
+                write!(f, "{n}{{op={}, replica_groups={replica_groups:?}}}", op.name())
+            }
+            Op::AllGather { dim, replica_groups } => {
+                write!(f, "{n}{{dim={dim}, replica_groups={replica_groups:?}}}")
+            }
+            Op::ReduceScatter { op, dim, replica_groups } => {
+                write!(f, "{n}{{op={}, dim={dim}, replica_groups={replica_groups:?}}}", op.name())
+            }
+        }
+    }
+}
+
+/// Which dtypes an elementwise op accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DTypeClass {
+    /// f32, f64, bf16, f16.
+    Float,
+    /// Floats and signed integers.
+    Signed,
+    /// Floats and all integers (not pred).
+    Numeric,
+    /// Integers and pred (bitwise ops).
+    Bits,
+    /// Everything.
+    Any,
+}
+
+impl DTypeClass {
+    pub fn contains(self, d: DType) -> bool {
+        match self {
+            DTypeClass::Float => d.is_float(),
+            DTypeClass::Signed => d.is_float() || d.is_signed_int(),
+            DTypeClass::Numeric => d.is_float() || d.is_int(),
+            DTypeClass::Bits => d.is_int() || d == DType::Pred,
+            DTypeClass::Any => true,
+        }
+    }
+
+    /// Every dtype in the class, in [`DType::ALL`] order.
+    pub fn dtypes(self) -> Vec<DType> {
+        DType::ALL
+            .into_iter()
+            .filter(|&d| self.contains(d))
+            .collect()
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            DTypeClass::Float => "a float dtype",
+            DTypeClass::Signed => "a float or signed integer dtype",
+            DTypeClass::Numeric => "a float or integer dtype",
+            DTypeClass::Bits => "an integer or pred dtype",
+            DTypeClass::Any => "any dtype",
+        }
+    }
+}
+
+/// Elementwise one-operand ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UnaryOp {
+    Neg,
+    Abs,
+    Sign,
+    Exp,
+    Log,
+    Log1p,
+    Tanh,
+    Logistic,
+    Sqrt,
+    Rsqrt,
+    Sin,
+    Cos,
+    Erf,
+    Floor,
+    Ceil,
+    /// Logical not on pred, bitwise not on integers.
+    Not,
+}
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 16] = [
+        UnaryOp::Neg,
+        UnaryOp::Abs,
+        UnaryOp::Sign,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Log1p,
+        UnaryOp::Tanh,
+        UnaryOp::Logistic,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Erf,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+        UnaryOp::Not,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Sign => "sign",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Log1p => "log1p",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Logistic => "logistic",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Erf => "erf",
+            UnaryOp::Floor => "floor",
+            UnaryOp::Ceil => "ceil",
+            UnaryOp::Not => "not",
+        }
+    }
+
+    /// The op as spelled in MLIR text (`erf` comes from the CHLO dialect).
+    pub fn stablehlo_name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "stablehlo.negate",
+            UnaryOp::Abs => "stablehlo.abs",
+            UnaryOp::Sign => "stablehlo.sign",
+            UnaryOp::Exp => "stablehlo.exponential",
+            UnaryOp::Log => "stablehlo.log",
+            UnaryOp::Log1p => "stablehlo.log_plus_one",
+            UnaryOp::Tanh => "stablehlo.tanh",
+            UnaryOp::Logistic => "stablehlo.logistic",
+            UnaryOp::Sqrt => "stablehlo.sqrt",
+            UnaryOp::Rsqrt => "stablehlo.rsqrt",
+            UnaryOp::Sin => "stablehlo.sine",
+            UnaryOp::Cos => "stablehlo.cosine",
+            UnaryOp::Erf => "chlo.erf",
+            UnaryOp::Floor => "stablehlo.floor",
+            UnaryOp::Ceil => "stablehlo.ceil",
+            UnaryOp::Not => "stablehlo.not",
+        }
+    }
+
+    /// The dtypes the op takes (the result has the operand's dtype).
+    pub fn dtypes(self) -> DTypeClass {
+        match self {
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign => DTypeClass::Signed,
+            UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Log1p
+            | UnaryOp::Tanh
+            | UnaryOp::Logistic
+            | UnaryOp::Sqrt
+            | UnaryOp::Rsqrt
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Erf
+            | UnaryOp::Floor
+            | UnaryOp::Ceil => DTypeClass::Float,
+            UnaryOp::Not => DTypeClass::Bits,
+        }
+    }
+}
+
+/// Elementwise two-operand ops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    /// Integer division truncates toward zero.
+    Div,
+    /// Remainder with the dividend's sign (C `fmod` / `%`).
+    Rem,
+    Pow,
+    /// NaN-propagating for floats.
+    Max,
+    /// NaN-propagating for floats.
+    Min,
+    And,
+    Or,
+    Xor,
+}
+
+impl BinaryOp {
+    pub const ALL: [BinaryOp; 11] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Rem,
+        BinaryOp::Pow,
+        BinaryOp::Max,
+        BinaryOp::Min,
+        BinaryOp::And,
+        BinaryOp::Or,
+        BinaryOp::Xor,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Rem => "rem",
+            BinaryOp::Pow => "pow",
+            BinaryOp::Max => "max",
+            BinaryOp::Min => "min",
+            BinaryOp::And => "and",
+            BinaryOp::Or => "or",
+            BinaryOp::Xor => "xor",
+        }
+    }
+
+    pub fn stablehlo_name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "stablehlo.add",
+            BinaryOp::Sub => "stablehlo.subtract",
+            BinaryOp::Mul => "stablehlo.multiply",
+            BinaryOp::Div => "stablehlo.divide",
+            BinaryOp::Rem => "stablehlo.remainder",
+            BinaryOp::Pow => "stablehlo.power",
+            BinaryOp::Max => "stablehlo.maximum",
+            BinaryOp::Min => "stablehlo.minimum",
+            BinaryOp::And => "stablehlo.and",
+            BinaryOp::Or => "stablehlo.or",
+            BinaryOp::Xor => "stablehlo.xor",
+        }
+    }
+
+    pub fn dtypes(self) -> DTypeClass {
+        match self {
+            BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Div
+            | BinaryOp::Rem
+            | BinaryOp::Pow
+            | BinaryOp::Max
+            | BinaryOp::Min => DTypeClass::Numeric,
+            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => DTypeClass::Bits,
+        }
+    }
+}
+
+/// Elementwise comparisons (result pred).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CompareOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl CompareOp {
+    pub const ALL: [CompareOp; 6] = [
+        CompareOp::Eq,
+        CompareOp::Ne,
+        CompareOp::Lt,
+        CompareOp::Le,
+        CompareOp::Gt,
+        CompareOp::Ge,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CompareOp::Eq => "eq",
+            CompareOp::Ne => "ne",
+            CompareOp::Lt => "lt",
+            CompareOp::Le => "le",
+            CompareOp::Gt => "gt",
+            CompareOp::Ge => "ge",
+        }
+    }
+
+    /// The `comparison_direction` of `stablehlo.compare`.
+    pub fn direction(self) -> &'static str {
+        match self {
+            CompareOp::Eq => "EQ",
+            CompareOp::Ne => "NE",
+            CompareOp::Lt => "LT",
+            CompareOp::Le => "LE",
+            CompareOp::Gt => "GT",
+            CompareOp::Ge => "GE",
+        }
+    }
+
+    /// The `compare_type` StableHLO needs for operands of `dtype`.
+    pub fn compare_type(dtype: DType) -> &'static str {
+        if dtype.is_float() {
+            "FLOAT"
+        } else if dtype.is_signed_int() {
+            "SIGNED"
+        } else {
+            "UNSIGNED"
+        }
+    }
+
+    pub fn dtypes(self) -> DTypeClass {
+        DTypeClass::Any
+    }
+}
+
+/// Reductions (also the combiner of the collectives).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+    Prod,
+}
+
+impl ReduceOp {
+    pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "reduce_sum",
+            ReduceOp::Max => "reduce_max",
+            ReduceOp::Min => "reduce_min",
+            ReduceOp::Prod => "reduce_prod",
+        }
+    }
+
+    /// The binary op that combines two partial results.
+    pub fn combiner(self) -> BinaryOp {
+        match self {
+            ReduceOp::Sum => BinaryOp::Add,
+            ReduceOp::Max => BinaryOp::Max,
+            ReduceOp::Min => BinaryOp::Min,
+            ReduceOp::Prod => BinaryOp::Mul,
+        }
+    }
+
+    pub fn dtypes(self) -> DTypeClass {
+        DTypeClass::Numeric
+    }
+}
