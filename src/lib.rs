@@ -1,6 +1,30 @@
 //! neuron-pc: lazy-tensor training on XLA accelerators with ahead-of-time compilation and a
 //! shared compile cache.
+//!
+//! ```no_run
+//! use neuron_pc::{LazyDevice, HostTensor};
+//! # fn main() -> neuron_pc::Result<()> {
+//! let device = LazyDevice::from_env()?;
+//! let w = device.tensor(&HostTensor::from_slice(&[0.5f32, -1.0], &[2])?)?;
+//! let x = device.tensor(&HostTensor::from_slice(&[2.0f32, 3.0], &[2])?)?;
+//! let y = w.mul(&x)?.tanh()?;
+//! device.mark_step()?;               // one graph: compiled once, cached, run
+//! println!("{:?}", y.to_vec::<f32>()?);
+//! # Ok(()) }
+//! ```
 
+pub mod autodiff;
 pub mod checkpoint;
+pub mod data;
+pub mod device;
+mod error;
+pub mod nn;
+pub mod optim;
+mod persist;
+pub mod tensor;
 
+pub use autodiff::grad;
+pub use device::{DeviceConfig, LazyDevice, Metrics};
+pub use error::{Error, Result};
 pub use neuron_pc_compiler::{DType, HostTensor};
+pub use tensor::Tensor;

@@ -1,0 +1,160 @@
+//! A device loader: takes host batches from any iterator, makes every batch the same shape (so
+//! training never compiles a second step graph), and copies the next batches to the device on a
+//! background thread while the current step runs.
+
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::thread::JoinHandle;
+
+use neuron_pc_compiler::HostTensor;
+
+use crate::device::LazyDevice;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// What to do with a last batch smaller than the batch size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LastBatch {
+    /// Skip it (the usual choice for training).
+    Drop,
+    /// Pad it with zero rows to the full size; [`DeviceBatch::valid`] tells how many rows are real
+    /// (the usual choice for evaluation, with a mask built from it).
+    Pad,
+}
+
+/// One batch on the device.
+pub struct DeviceBatch {
+    /// The batch's tensors, each with the batch dimension first.
+    pub tensors: Vec<Tensor>,
+    /// Rows that hold real examples (the rest is padding).
+    pub valid: usize,
+    /// Position of this batch in the stream.
+    pub index: usize,
+}
+
+/// Iterates over fixed-shape device batches prepared ahead on a background thread.
+pub struct DeviceLoader {
+    rx: Receiver<Result<DeviceBatch>>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl DeviceLoader {
+    /// Starts loading `batches` (each a list of host tensors sharing a leading batch dimension
+    /// no larger than `batch_size`), keeping up to `prefetch` batches ready on `device`.
+    pub fn new<I>(device: &LazyDevice, batches: I, batch_size: usize, last: LastBatch, prefetch: usize) -> DeviceLoader
+    where
+        I: IntoIterator<Item = Vec<HostTensor>>,
+        I::IntoIter: Send + 'static,
+    {
+        let (tx, rx) = sync_channel(prefetch.max(1));
+        let device = device.clone();
+        let iter = batches.into_iter();
+        let worker = std::thread::Builder::new()
+            .name("neuron-pc-loader".into())
+            .spawn(move || {
+                for (index, batch) in iter.enumerate() {
+                    let prepared = match fix_shape(batch, batch_size, last) {
+                        Ok(Some((host, valid))) => host
+                            .iter()
+                            .map(|h| device.tensor(h))
+                            .collect::<Result<Vec<_>>>()
+                            .map(|tensors| DeviceBatch { tensors, valid, index }),
+                        Ok(None) => continue,
+                        Err(e) => Err(e),
+                    };
+                    let failed = prepared.is_err();
+                    if tx.send(prepared).is_err() || failed {
+                        return; // the consumer is gone, or the stream is broken
+                    }
+                }
+            })
+            .expect("spawning a thread");
+        DeviceLoader { rx, worker: Some(worker) }
+    }
+}
+
+impl Iterator for DeviceLoader {
+    type Item = Result<DeviceBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.rx.recv().ok()
+    }
+}
+
+impl Drop for DeviceLoader {
+    fn drop(&mut self) {
+        // Dropping the receiver makes the worker's next send fail, so it ends; drain nothing.
+        let (_, dead) = sync_channel(0);
+        drop(std::mem::replace(&mut self.rx, dead));
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// Checks and pads (or drops) one batch. `None` means "skip this batch".
+pub fn fix_shape(batch: Vec<HostTensor>, batch_size: usize, last: LastBatch) -> Result<Option<(Vec<HostTensor>, usize)>> {
+    let Some(first) = batch.first() else {
+        return Err(Error::Config("a batch with no tensors".into()));
+    };
+    let rows = *first.dims().first().ok_or_else(|| Error::Config("batch tensors need a batch dimension".into()))?;
+    if batch.iter().any(|t| t.dims().first() != Some(&rows)) {
+        let shapes: Vec<String> = batch.iter().map(|t| format!("{:?}", t.dims())).collect();
+        return Err(Error::Config(format!("batch tensors disagree on the batch dimension: {}", shapes.join(", "))));
+    }
+    if rows > batch_size {
+        return Err(Error::Config(format!("a batch of {rows} rows is larger than the batch size {batch_size}")));
+    }
+    if rows == batch_size {
+        return Ok(Some((batch, rows)));
+    }
+    match last {
+        LastBatch::Drop => Ok(None),
+        LastBatch::Pad => {
+            let padded = batch
+                .into_iter()
+                .map(|t| {
+                    let row_bytes = t.bytes().len() / rows.max(1);
+                    let mut bytes = t.bytes().to_vec();
+                    bytes.resize(row_bytes * batch_size, 0);
+                    let mut dims = t.dims().to_vec();
+                    dims[0] = batch_size;
+                    HostTensor::from_bytes(t.dtype(), &dims, bytes).map_err(Error::from)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Some((padded, rows)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(n: usize) -> Vec<HostTensor> {
+        let x: Vec<f32> = (0..n * 3).map(|i| i as f32).collect();
+        let y: Vec<i32> = (0..n as i32).collect();
+        vec![HostTensor::from_slice(&x, &[n, 3]).unwrap(), HostTensor::from_slice(&y, &[n]).unwrap()]
+    }
+
+    #[test]
+    fn full_batches_pass_partial_ones_drop_or_pad() {
+        assert_eq!(fix_shape(rows(4), 4, LastBatch::Drop).unwrap().unwrap().1, 4);
+        assert!(fix_shape(rows(3), 4, LastBatch::Drop).unwrap().is_none());
+        let (padded, valid) = fix_shape(rows(3), 4, LastBatch::Pad).unwrap().unwrap();
+        assert_eq!(valid, 3);
+        assert_eq!(padded[0].dims(), &[4, 3]);
+        assert_eq!(padded[1].dims(), &[4]);
+        let x = padded[0].to_vec::<f32>().unwrap();
+        assert_eq!(&x[..9], &(0..9).map(|i| i as f32).collect::<Vec<_>>()[..]);
+        assert_eq!(&x[9..], &[0.0, 0.0, 0.0]);
+        assert_eq!(padded[1].to_vec::<i32>().unwrap(), vec![0, 1, 2, 0]);
+    }
+
+    #[test]
+    fn inconsistent_batches_are_errors() {
+        let mut b = rows(4);
+        b[1] = HostTensor::from_slice(&[1i32, 2], &[2]).unwrap();
+        assert!(fix_shape(b, 4, LastBatch::Pad).is_err());
+        assert!(fix_shape(rows(5), 4, LastBatch::Pad).is_err());
+    }
+}

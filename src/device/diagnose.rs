@@ -1,0 +1,126 @@
+//! Recompilation diagnostics: when a mark_step site that has already run produces a graph not
+//! seen before, say once what differs from the most similar graph seen there (an input shape,
+//! a dtype, a constant, an op) and where, so users can fix the cause (usually a last partial
+//! batch) instead of paying for a compile every few steps.
+
+use std::collections::{HashMap, HashSet};
+use std::panic::Location;
+use std::sync::Arc;
+
+use neuron_pc_compiler::ir::Graph;
+
+use super::{lock, DeviceInner};
+use crate::error::{Error, Result};
+
+/// What is remembered of a graph to explain differences.
+#[derive(Clone, Debug)]
+struct Summary {
+    params: Vec<String>,
+    ops: Vec<String>,
+}
+
+impl Summary {
+    fn of(graph: &Graph) -> Summary {
+        Summary {
+            params: graph.parameter_types().iter().map(|t| t.to_string()).collect(),
+            ops: graph.op_descriptions(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Site {
+    steps: u64,
+    graphs: Vec<Summary>,
+    reported: HashSet<String>,
+}
+
+/// Per-site history of one device.
+#[derive(Default)]
+pub(crate) struct Sites {
+    by_site: HashMap<&'static Location<'static>, Site>,
+}
+
+/// Called for every graph not found in memory, before it is compiled.
+pub(crate) fn check_new_graph(dev: &Arc<DeviceInner>, site: &'static Location<'static>, graph: &Graph) -> Result<()> {
+    let summary = Summary::of(graph);
+    let mut sites = lock(&dev.sites);
+    let entry = sites.by_site.entry(site).or_default();
+    let after_warmup = entry.steps >= dev.config.warmup_steps;
+    let diff = (after_warmup && !entry.graphs.is_empty()).then(|| explain(&entry.graphs, &summary));
+    let step = entry.steps;
+    entry.graphs.push(summary);
+    let Some(diff) = diff else { return Ok(()) };
+    lock(&dev.metrics).recompiles_after_warmup += 1;
+    let message = format!(
+        "new graph at mark_step {site} after warm-up (step {step} there): it differs from a graph \
+         seen at the same place in {diff}; each new graph is compiled again. If shapes vary \
+         between steps, use fixed-size batches (drop or pad the last partial batch); values that \
+         change every step belong in device tensors, not constants"
+    );
+    if dev.config.fail_on_new_graph_after_warmup {
+        return Err(Error::NewGraphAfterWarmup(message));
+    }
+    if entry.reported.insert(diff) {
+        tracing::warn!("{message}");
+    }
+    Ok(())
+}
+
+/// Counts a completed step at `site`.
+pub(crate) fn step_done(dev: &DeviceInner, site: &'static Location<'static>) {
+    lock(&dev.sites).by_site.entry(site).or_default().steps += 1;
+}
+
+/// Names what differs between `new` and the most similar of `seen`.
+fn explain(seen: &[Summary], new: &Summary) -> String {
+    let distance = |s: &Summary| {
+        let p = s.params.len().abs_diff(new.params.len())
+            + s.params.iter().zip(&new.params).filter(|(a, b)| a != b).count();
+        let o = s.ops.len().abs_diff(new.ops.len()) + s.ops.iter().zip(&new.ops).filter(|(a, b)| a != b).count();
+        p + o
+    };
+    let closest = seen.iter().min_by_key(|s| distance(s)).expect("seen is not empty");
+    let param_diffs: Vec<String> = closest
+        .params
+        .iter()
+        .zip(&new.params)
+        .enumerate()
+        .filter(|(_, (a, b))| a != b)
+        .map(|(i, (a, b))| format!("input {i}: {b} vs {a}"))
+        .collect();
+    if !param_diffs.is_empty() {
+        let more = if param_diffs.len() > 3 { format!(" (+{} more)", param_diffs.len() - 3) } else { String::new() };
+        return format!("its inputs ({}{more})", param_diffs[..param_diffs.len().min(3)].join(", "));
+    }
+    if closest.params.len() != new.params.len() {
+        return format!("its number of inputs ({} vs {})", new.params.len(), closest.params.len());
+    }
+    match closest.ops.iter().zip(&new.ops).enumerate().find(|(_, (a, b))| a != b) {
+        Some((i, (a, b))) => format!("op {i}: {b} vs {a}"),
+        None => format!("its number of ops ({} vs {})", new.ops.len(), closest.ops.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(params: &[&str], ops: &[&str]) -> Summary {
+        Summary { params: params.iter().map(|x| x.to_string()).collect(), ops: ops.iter().map(|x| x.to_string()).collect() }
+    }
+
+    #[test]
+    fn names_the_differing_input_shape() {
+        let seen = vec![s(&["f32[32,128]", "f32[128,10]"], &["dot", "tanh"]), s(&["f32[4]"], &["neg"])];
+        let new = s(&["f32[31,128]", "f32[128,10]"], &["dot", "tanh"]);
+        assert_eq!(explain(&seen, &new), "its inputs (input 0: f32[31,128] vs f32[32,128])");
+    }
+
+    #[test]
+    fn names_the_differing_op_or_constant() {
+        let seen = vec![s(&["f32[4]"], &["constant f32[] 0.5", "multiply f32[4]"])];
+        let new = s(&["f32[4]"], &["constant f32[] 0.25", "multiply f32[4]"]);
+        assert_eq!(explain(&seen, &new), "op 0: constant f32[] 0.25 vs constant f32[] 0.5");
+    }
+}

@@ -1,0 +1,80 @@
+//! Counters of what a device did, in the spirit of PyTorch/XLA's metrics report.
+
+use std::time::Duration;
+
+/// A snapshot of a device's counters (see [`crate::LazyDevice::metrics`]).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Metrics {
+    /// `mark_step` calls, and syncs caused by reading a pending value (`to_vec`, `item`).
+    pub steps: u64,
+    pub implicit_syncs: u64,
+    /// Executions that found nothing to run.
+    pub empty_steps: u64,
+    /// Distinct graphs seen in this process.
+    pub graphs_seen: u64,
+    /// Executables found in this process's memory.
+    pub memory_hits: u64,
+    /// Executables loaded from the persistent cache, by tier.
+    pub disk_hits: u64,
+    pub remote_hits: u64,
+    /// Compilations done here (JIT), and their total wall time.
+    pub compiles: u64,
+    pub compile_ms: f64,
+    /// Time spent loading serialized executables.
+    pub load_ms: f64,
+    /// Graphs whose compilation failed.
+    pub compile_failures: u64,
+    /// Values the last executed graph produced (live pending tensors only; dropped ones are
+    /// not computed).
+    pub last_step_outputs: u64,
+    /// Executions and their total wall time (launch to results ready).
+    pub executions: u64,
+    pub execute_ms: f64,
+    /// Host-to-device and device-to-host transfers.
+    pub transfers_to_device: u64,
+    pub bytes_to_device: u64,
+    pub transfers_to_host: u64,
+    pub bytes_to_host: u64,
+    /// Extract mode: graphs written for ahead-of-time compilation, and values read back from
+    /// zero-filled stand-ins (never real results).
+    pub graphs_extracted: u64,
+    pub zero_filled_reads: u64,
+    /// New graphs at a mark_step site that had already run (the recompilation diagnostic fired).
+    pub recompiles_after_warmup: u64,
+}
+
+impl Metrics {
+    /// A human-readable report, one counter per line.
+    pub fn report(&self) -> String {
+        let hits = self.memory_hits + self.disk_hits + self.remote_hits;
+        let mut s = String::new();
+        let mut line = |k: &str, v: String| s.push_str(&format!("{k:<26} {v}\n"));
+        line("steps", format!("{} (+{} implicit syncs, {} empty)", self.steps, self.implicit_syncs, self.empty_steps));
+        line("graphs seen", self.graphs_seen.to_string());
+        line("compiles (JIT)", format!("{} in {:.1} ms", self.compiles, self.compile_ms));
+        line("compile failures", self.compile_failures.to_string());
+        line(
+            "cache hits",
+            format!("{hits} (memory {}, disk {}, remote {})", self.memory_hits, self.disk_hits, self.remote_hits),
+        );
+        line("executable loads", format!("{:.1} ms", self.load_ms));
+        line("executions", format!("{} in {:.1} ms", self.executions, self.execute_ms));
+        line("to device", format!("{} transfers, {} bytes", self.transfers_to_device, self.bytes_to_device));
+        line("to host", format!("{} transfers, {} bytes", self.transfers_to_host, self.bytes_to_host));
+        if self.graphs_extracted > 0 || self.zero_filled_reads > 0 {
+            line("graphs extracted", self.graphs_extracted.to_string());
+            line("zero-filled reads", self.zero_filled_reads.to_string());
+        }
+        line("recompiles after warm-up", self.recompiles_after_warmup.to_string());
+        s
+    }
+
+    /// The counters as JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
+pub(crate) fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}

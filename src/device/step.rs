@@ -1,0 +1,128 @@
+//! Turning the pending tensors of a `mark_step` into one step graph: a post-order walk that
+//! numbers nodes by position, turns device data into parameters (in order of first use), and
+//! writes the graph's exact identity as a list of integers. Equal lists mean equal graphs, so
+//! the executable found under that list in memory is the right one; no hashing is involved.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use neuron_pc_compiler::ir::{Graph, NodeId};
+
+use super::trace::{DeviceData, Interner, Node, Value};
+use crate::error::Result;
+
+const PARAM_MARK: u32 = u32::MAX;
+const OUTPUTS_MARK: u32 = u32::MAX - 1;
+
+/// One entry of the walk, in graph order.
+enum Entry {
+    Param { ty_id: u32 },
+    Op { node: Arc<Node>, operands: Vec<u32> },
+}
+
+/// The result of walking from a set of root nodes.
+pub(crate) struct Traced {
+    /// The graph's exact identity (see the module doc).
+    pub identity: Vec<u32>,
+    entries: Vec<Entry>,
+    /// Device data read by the graph, by parameter index.
+    pub params: Vec<Arc<DeviceData>>,
+    /// Graph outputs as references: entry index.
+    outputs: Vec<u32>,
+    pub op_count: usize,
+}
+
+#[derive(Default)]
+struct PtrMap<T>(HashMap<usize, T>);
+
+impl<T: Copy> PtrMap<T> {
+    fn get<P>(&self, p: &Arc<P>) -> Option<T> {
+        self.0.get(&(Arc::as_ptr(p) as *const u8 as usize)).copied()
+    }
+    fn insert<P>(&mut self, p: &Arc<P>, v: T) {
+        self.0.insert(Arc::as_ptr(p) as *const u8 as usize, v);
+    }
+}
+
+/// Walks the DAG below `roots` (each must be an op node) in post-order.
+pub(crate) fn trace(roots: &[Arc<Node>]) -> Traced {
+    let mut t = Traced { identity: Vec::new(), entries: Vec::new(), params: Vec::new(), outputs: Vec::new(), op_count: 0 };
+    let mut node_pos: PtrMap<u32> = PtrMap::default();
+    let mut data_pos: PtrMap<u32> = PtrMap::default();
+    let mut stack: Vec<(Arc<Node>, usize)> = Vec::new();
+
+    for root in roots {
+        if node_pos.get(root).is_none() {
+            stack.push((root.clone(), 0));
+        }
+        while let Some((node, i)) = stack.last_mut() {
+            if *i < node.operands.len() {
+                let v = node.operands[*i].clone();
+                *i += 1;
+                match v {
+                    Value::Node(c) => {
+                        if node_pos.get(&c).is_none() {
+                            stack.push((c, 0));
+                        }
+                    }
+                    Value::Data(d) => {
+                        if data_pos.get(&d).is_none() {
+                            data_pos.insert(&d, t.entries.len() as u32);
+                            t.identity.extend([PARAM_MARK, d.ty_id]);
+                            t.entries.push(Entry::Param { ty_id: d.ty_id });
+                            t.params.push(d);
+                        }
+                    }
+                }
+                continue;
+            }
+            let (node, _) = stack.pop().expect("stack is not empty");
+            if node_pos.get(&node).is_some() {
+                continue; // reached twice through a diamond before being finished
+            }
+            let operands: Vec<u32> = node
+                .operands
+                .iter()
+                .map(|v| match v {
+                    Value::Node(c) => node_pos.get(c).expect("operands come first in post-order"),
+                    Value::Data(d) => data_pos.get(d).expect("data operands were registered"),
+                })
+                .collect();
+            t.identity.push(node.op_id);
+            t.identity.push(operands.len() as u32);
+            t.identity.extend(&operands);
+            node_pos.insert(&node, t.entries.len() as u32);
+            t.entries.push(Entry::Op { node, operands });
+            t.op_count += 1;
+        }
+    }
+    t.identity.push(OUTPUTS_MARK);
+    for root in roots {
+        let pos = node_pos.get(root).expect("every root was walked");
+        t.outputs.push(pos);
+        t.identity.push(pos);
+    }
+    t
+}
+
+impl Traced {
+    /// Builds the compiler's graph for this walk (only needed when no executable is known).
+    pub fn to_graph(&self, interner: &Interner) -> Result<Graph> {
+        let mut g = Graph::new();
+        let mut ids: Vec<NodeId> = Vec::with_capacity(self.entries.len());
+        for e in &self.entries {
+            let id = match e {
+                Entry::Param { ty_id } => g.parameter(interner.type_of(*ty_id).clone()),
+                Entry::Op { node, operands } => {
+                    let (op, _) = interner.op_of(node.op_id);
+                    let args: Vec<NodeId> = operands.iter().map(|&p| ids[p as usize]).collect();
+                    g.push(op.clone(), &args)?
+                }
+            };
+            ids.push(id);
+        }
+        let outs: Vec<NodeId> = self.outputs.iter().map(|&p| ids[p as usize]).collect();
+        g.set_outputs(&outs)?;
+        Ok(g)
+    }
+}

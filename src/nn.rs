@@ -1,0 +1,279 @@
+//! Layers, activations and losses built from tensor primitives (no IR ops of their own), with
+//! PyTorch's parameter names and default initialisation so state dicts move between the two.
+
+use neuron_pc_compiler::ir::Op;
+use neuron_pc_compiler::{DType, HostTensor};
+
+use crate::device::LazyDevice;
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+/// A small deterministic generator (SplitMix64) for parameter initialisation on the host.
+#[derive(Clone, Debug)]
+pub struct HostRng(u64);
+
+impl HostRng {
+    pub fn new(seed: u64) -> HostRng {
+        HostRng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f64 {
+        let u1 = self.uniform().max(f64::MIN_POSITIVE);
+        let u2 = self.uniform();
+        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+    }
+
+    /// `n` values uniform in [-bound, bound).
+    pub fn uniform_vec(&mut self, n: usize, bound: f64) -> Vec<f32> {
+        (0..n).map(|_| ((self.uniform() * 2.0 - 1.0) * bound) as f32).collect()
+    }
+}
+
+/// Anything with named parameters (PyTorch `named_parameters()` order and names).
+pub trait Module {
+    /// Appends `(prefix + name, tensor)` for every parameter.
+    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>);
+
+    /// All parameters with their names.
+    fn parameters(&self) -> Vec<(String, Tensor)> {
+        let mut v = Vec::new();
+        self.named_params("", &mut v);
+        v
+    }
+}
+
+fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+/// `y = x W^T + b`, weight `[out, in]`, initialised like `torch.nn.Linear`
+/// (uniform in ±1/sqrt(in) for both weight and bias).
+pub struct Linear {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    pub fn new(device: &LazyDevice, rng: &mut HostRng, inputs: usize, outputs: usize, bias: bool) -> Result<Linear> {
+        let bound = 1.0 / (inputs as f64).sqrt();
+        let w = HostTensor::from_slice(&rng.uniform_vec(inputs * outputs, bound), &[outputs, inputs])?;
+        let bias = if bias {
+            Some(device.tensor(&HostTensor::from_slice(&rng.uniform_vec(outputs, bound), &[outputs])?)?)
+        } else {
+            None
+        };
+        Ok(Linear { weight: device.tensor(&w)?, bias })
+    }
+
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.linear(&self.weight, self.bias.as_ref())
+    }
+}
+
+impl Module for Linear {
+    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        out.push((join(prefix, "weight"), self.weight.clone()));
+        if let Some(b) = &self.bias {
+            out.push((join(prefix, "bias"), b.clone()));
+        }
+    }
+}
+
+/// A lookup table `[num, dim]`, initialised like `torch.nn.Embedding` (standard normal).
+pub struct Embedding {
+    pub weight: Tensor,
+}
+
+impl Embedding {
+    pub fn new(device: &LazyDevice, rng: &mut HostRng, num: usize, dim: usize) -> Result<Embedding> {
+        let w: Vec<f32> = (0..num * dim).map(|_| rng.normal() as f32).collect();
+        Ok(Embedding { weight: device.tensor(&HostTensor::from_slice(&w, &[num, dim])?)? })
+    }
+
+    /// `ids` of any shape (integer) → `ids.dims() + [dim]`.
+    #[track_caller]
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.weight.index_select_rows(ids)
+    }
+}
+
+impl Module for Embedding {
+    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        out.push((join(prefix, "weight"), self.weight.clone()));
+    }
+}
+
+/// Layer normalisation over the last dimension, like `torch.nn.LayerNorm` (weight 1, bias 0).
+pub struct LayerNorm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(device: &LazyDevice, dim: usize) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: device.tensor(&HostTensor::from_slice(&vec![1f32; dim], &[dim])?)?,
+            bias: device.tensor(&HostTensor::zeros(DType::F32, &[dim]))?,
+            eps: 1e-5,
+        })
+    }
+
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let mean = x.mean(&[-1], true)?;
+        let centered = x.sub(&mean)?;
+        let var = centered.mul(&centered)?.mean(&[-1], true)?;
+        let normed = centered.mul(&var.add_scalar(self.eps)?.rsqrt()?)?;
+        normed.mul(&self.weight)?.add(&self.bias)
+    }
+}
+
+impl Module for LayerNorm {
+    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        out.push((join(prefix, "weight"), self.weight.clone()));
+        out.push((join(prefix, "bias"), self.bias.clone()));
+    }
+}
+
+/// GELU, exact form (PyTorch's default): `0.5 x (1 + erf(x / sqrt 2))`.
+#[track_caller]
+pub fn gelu(x: &Tensor) -> Result<Tensor> {
+    let inner = x.mul_scalar(std::f64::consts::FRAC_1_SQRT_2)?.erf()?.add_scalar(1.0)?;
+    x.mul(&inner)?.mul_scalar(0.5)
+}
+
+/// Softmax along `dim` (max-subtracted for stability).
+#[track_caller]
+pub fn softmax(x: &Tensor, dim: isize) -> Result<Tensor> {
+    let shifted = x.sub(&x.max(&[dim], true)?)?;
+    let e = shifted.exp()?;
+    e.div(&e.sum(&[dim], true)?)
+}
+
+/// Log-softmax along `dim`.
+#[track_caller]
+pub fn log_softmax(x: &Tensor, dim: isize) -> Result<Tensor> {
+    let shifted = x.sub(&x.max(&[dim], true)?)?;
+    shifted.sub(&shifted.exp()?.sum(&[dim], true)?.log()?)
+}
+
+/// One-hot rows: integer `labels [n]` → `[n, classes]` of `dtype`.
+#[track_caller]
+pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
+    let n = labels.dims()[0];
+    let dev = labels.device_inner()?;
+    let iota = Tensor::apply_nullary(&dev, Op::Iota { dims: vec![n, classes], dim: 1, dtype: labels.dtype() })?;
+    let expanded = labels.unsqueeze(1)?;
+    expanded.eq(&iota)?.to_dtype(dtype)
+}
+
+/// Mean cross-entropy of `logits [n, classes]` against integer `labels [n]`.
+#[track_caller]
+pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    let classes = logits.dims()[1];
+    let logp = log_softmax(logits, -1)?;
+    let picked = logp.mul(&one_hot(labels, classes, logits.dtype())?)?;
+    picked.sum_all()?.mul_scalar(-1.0 / logits.dims()[0] as f64)
+}
+
+/// Mean of `x [b, s, d]` over the positions where `mask [b, s]` (float 0/1) is 1.
+#[track_caller]
+pub fn masked_mean(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let m = mask.unsqueeze(2)?;
+    let total = x.mul(&m)?.sum(&[1], false)?;
+    let count = mask.sum(&[1], true)?.maximum(&mask.constant_like(1e-9)?)?;
+    total.div(&count)
+}
+
+/// Inverted dropout: zeroes elements with probability `p` and scales the rest by `1/(1-p)`.
+/// `key` is a `u32[2]` device tensor (a new one per step keeps the same graph); the same key
+/// gives the same mask, so runs are reproducible.
+#[track_caller]
+pub fn dropout(x: &Tensor, p: f64, key: &Tensor) -> Result<Tensor> {
+    if p <= 0.0 {
+        return Ok(x.clone());
+    }
+    let device = x.device()?;
+    let u = device.rand(key, x.dims())?;
+    let keep = u.ge(&u.constant_like(p)?)?.to_dtype(x.dtype())?;
+    x.mul(&keep)?.mul_scalar(1.0 / (1.0 - p))
+}
+
+/// Multi-head self-attention with `torch.nn.MultiheadAttention`'s parameter layout
+/// (`in_proj_weight [3E, E]`, `in_proj_bias [3E]`, `out_proj.weight`, `out_proj.bias`).
+pub struct MultiHeadAttention {
+    pub in_proj_weight: Tensor,
+    pub in_proj_bias: Tensor,
+    pub out_proj: Linear,
+    pub heads: usize,
+}
+
+impl MultiHeadAttention {
+    /// Initialised as PyTorch does: Xavier-uniform in-projection, zero biases, and the output
+    /// projection like a Linear layer with a zero bias.
+    pub fn new(device: &LazyDevice, rng: &mut HostRng, dim: usize, heads: usize) -> Result<MultiHeadAttention> {
+        let bound = (6.0 / (dim + 3 * dim) as f64).sqrt();
+        let w = HostTensor::from_slice(&rng.uniform_vec(3 * dim * dim, bound), &[3 * dim, dim])?;
+        let mut out_proj = Linear::new(device, rng, dim, dim, false)?;
+        out_proj.bias = Some(device.tensor(&HostTensor::zeros(DType::F32, &[dim]))?);
+        Ok(MultiHeadAttention {
+            in_proj_weight: device.tensor(&w)?,
+            in_proj_bias: device.tensor(&HostTensor::zeros(DType::F32, &[3 * dim]))?,
+            out_proj,
+            heads,
+        })
+    }
+
+    /// `x [b, s, e]`, optional `mask [b, s]` (1 = attend, 0 = padding) → `[b, s, e]`.
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        let (b, s, e) = (x.dims()[0], x.dims()[1], x.dims()[2]);
+        let h = self.heads;
+        let d = e / h;
+        let qkv = x.linear(&self.in_proj_weight, Some(&self.in_proj_bias))?; // [b, s, 3e]
+        let split = |i: usize| -> Result<Tensor> {
+            qkv.narrow(2, i * e, e)?.reshape(&[b, s, h, d])?.permute(&[0, 2, 1, 3]) // [b, h, s, d]
+        };
+        let (q, k, v) = (split(0)?, split(1)?, split(2)?);
+        let scores = q.matmul(&k.transpose(2, 3)?)?.mul_scalar(1.0 / (d as f64).sqrt())?; // [b, h, s, s]
+        let scores = match mask {
+            Some(m) => {
+                // padding keys get a large negative score
+                let bias = m.add_scalar(-1.0)?.mul_scalar(1e9)?.reshape(&[b, 1, 1, s])?;
+                scores.add(&bias)?
+            }
+            None => scores,
+        };
+        let attn = softmax(&scores, -1)?;
+        let ctx = attn.matmul(&v)?.permute(&[0, 2, 1, 3])?.reshape(&[b, s, e])?;
+        self.out_proj.forward(&ctx)
+    }
+}
+
+impl Module for MultiHeadAttention {
+    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        out.push((join(prefix, "in_proj_weight"), self.in_proj_weight.clone()));
+        out.push((join(prefix, "in_proj_bias"), self.in_proj_bias.clone()));
+        self.out_proj.named_params(&join(prefix, "out_proj"), out);
+    }
+}

@@ -1,0 +1,164 @@
+//! Optimizers whose state lives on the device and is updated inside the step graph. Values that
+//! change every step (learning rate, step count) are device scalars, never graph constants, so a
+//! whole training run uses one step graph.
+
+use neuron_pc_compiler::{DType, HostTensor};
+
+use crate::device::LazyDevice;
+use crate::error::Result;
+use crate::tensor::Tensor;
+
+/// Learning rate with linear warm-up then cosine decay to `min_lr` at `total_steps`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WarmupCosine {
+    pub base_lr: f64,
+    pub min_lr: f64,
+    pub warmup_steps: u64,
+    pub total_steps: u64,
+}
+
+impl WarmupCosine {
+    /// The rate for (0-based) `step`.
+    pub fn lr(&self, step: u64) -> f64 {
+        if step < self.warmup_steps {
+            return self.base_lr * (step + 1) as f64 / self.warmup_steps as f64;
+        }
+        let span = self.total_steps.saturating_sub(self.warmup_steps).max(1) as f64;
+        let progress = ((step - self.warmup_steps) as f64 / span).min(1.0);
+        self.min_lr + 0.5 * (self.base_lr - self.min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
+    }
+}
+
+/// Scales `grads` so their global L2 norm is at most `max_norm` (in-graph); returns the norm
+/// before clipping.
+#[track_caller]
+pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<Tensor> {
+    let mut total: Option<Tensor> = None;
+    for g in grads.iter() {
+        let s = g.mul(g)?.sum_all()?;
+        total = Some(match total {
+            Some(t) => t.add(&s)?,
+            None => s,
+        });
+    }
+    let Some(total) = total else {
+        return Err(crate::Error::Config("clip_grad_norm: no gradients".into()));
+    };
+    let norm = total.sqrt()?;
+    // scale = min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_
+    let scale = norm.add_scalar(1e-6)?.powf(-1.0)?.mul_scalar(max_norm)?.minimum(&norm.constant_like(1.0)?)?;
+    for g in grads.iter_mut() {
+        *g = g.mul(&scale)?;
+    }
+    Ok(norm)
+}
+
+/// AdamW as in `torch.optim.AdamW` (decoupled weight decay, bias-corrected moments).
+pub struct AdamW {
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// `exp_avg` and `exp_avg_sq` per parameter, on the device.
+    pub exp_avg: Vec<Tensor>,
+    pub exp_avg_sq: Vec<Tensor>,
+    /// Steps taken so far (a device scalar, f32).
+    pub step: Tensor,
+}
+
+impl AdamW {
+    /// Zero moments for `params` (PyTorch defaults: betas 0.9/0.999, eps 1e-8).
+    pub fn new(device: &LazyDevice, params: &[Tensor], weight_decay: f64) -> Result<AdamW> {
+        let zeros = |p: &Tensor| device.tensor(&HostTensor::zeros(p.dtype(), p.dims()));
+        Ok(AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+            exp_avg: params.iter().map(zeros).collect::<Result<_>>()?,
+            exp_avg_sq: params.iter().map(zeros).collect::<Result<_>>()?,
+            step: device.scalar(0.0, DType::F32)?,
+        })
+    }
+
+    /// Records one update of `params` with `grads` at learning rate `lr` (a device scalar).
+    #[track_caller]
+    pub fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: &Tensor) -> Result<()> {
+        let t = self.step.add_scalar(1.0)?;
+        // bias corrections 1 - beta^t, computed on the device from the step count
+        let bc1 = t.constant_like(self.beta1)?.pow(&t)?.neg()?.add_scalar(1.0)?;
+        let bc2 = t.constant_like(self.beta2)?.pow(&t)?.neg()?.add_scalar(1.0)?;
+        let step_size = lr.div(&bc1)?;
+        let bc2_sqrt = bc2.sqrt()?;
+        let decay = lr.mul_scalar(-self.weight_decay)?.add_scalar(1.0)?;
+        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            let m = self.exp_avg[i].mul_scalar(self.beta1)?.add(&g.mul_scalar(1.0 - self.beta1)?)?;
+            let v = self.exp_avg_sq[i].mul_scalar(self.beta2)?.add(&g.mul(g)?.mul_scalar(1.0 - self.beta2)?)?;
+            let denom = v.sqrt()?.div(&bc2_sqrt)?.add_scalar(self.eps)?;
+            let updated = p.mul(&decay)?.sub(&m.div(&denom)?.mul(&step_size)?)?;
+            p.assign(&updated)?;
+            self.exp_avg[i].assign(&m)?;
+            self.exp_avg_sq[i].assign(&v)?;
+        }
+        self.step.assign(&t)
+    }
+
+    /// State tensors under PyTorch-like names (`<param>.exp_avg`, `<param>.exp_avg_sq`).
+    pub fn named_state(&self, param_names: &[String]) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        for (i, name) in param_names.iter().enumerate() {
+            out.push((format!("{name}.exp_avg"), self.exp_avg[i].clone()));
+            out.push((format!("{name}.exp_avg_sq"), self.exp_avg_sq[i].clone()));
+        }
+        out.push(("step".to_string(), self.step.clone()));
+        out
+    }
+}
+
+/// SGD with momentum and (coupled) weight decay, as `torch.optim.SGD` with dampening 0.
+pub struct Sgd {
+    pub momentum: f64,
+    pub weight_decay: f64,
+    pub momentum_buffer: Vec<Tensor>,
+}
+
+impl Sgd {
+    pub fn new(device: &LazyDevice, params: &[Tensor], momentum: f64, weight_decay: f64) -> Result<Sgd> {
+        let momentum_buffer =
+            params.iter().map(|p| device.tensor(&HostTensor::zeros(p.dtype(), p.dims()))).collect::<Result<_>>()?;
+        Ok(Sgd { momentum, weight_decay, momentum_buffer })
+    }
+
+    /// Records one update with learning rate `lr` (a device scalar).
+    #[track_caller]
+    pub fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: &Tensor) -> Result<()> {
+        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            let g = if self.weight_decay != 0.0 { g.add(&p.mul_scalar(self.weight_decay)?)? } else { g.clone() };
+            let d = if self.momentum != 0.0 {
+                let b = self.momentum_buffer[i].mul_scalar(self.momentum)?.add(&g)?;
+                self.momentum_buffer[i].assign(&b)?;
+                b
+            } else {
+                g
+            };
+            p.assign(&p.sub(&d.mul(lr)?)?)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warmup_then_cosine() {
+        let s = WarmupCosine { base_lr: 1e-3, min_lr: 1e-5, warmup_steps: 10, total_steps: 110 };
+        assert!((s.lr(0) - 1e-4).abs() < 1e-12);
+        assert!((s.lr(9) - 1e-3).abs() < 1e-12);
+        assert!((s.lr(10) - 1e-3).abs() < 1e-12);
+        assert!((s.lr(60) - (1e-5 + 0.5 * (1e-3 - 1e-5))).abs() < 1e-12);
+        assert!((s.lr(110) - 1e-5).abs() < 1e-12);
+        assert!((s.lr(500) - 1e-5).abs() < 1e-12);
+    }
+}

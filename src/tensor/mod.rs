@@ -1,0 +1,199 @@
+//! Lazy tensors. Every op records a node (its shape and dtype checked at the call site) and
+//! returns at once; values are computed at the next `mark_step`, or when read.
+
+mod ops;
+mod shape;
+
+use std::panic::Location;
+use std::sync::{Arc, Mutex, Weak};
+
+use neuron_pc_compiler::ir::{Op, TensorType};
+use neuron_pc_compiler::{DType, Element, HostTensor};
+
+use crate::device::trace::{DeviceData, Node, Value};
+use crate::device::{lock, DeviceInner, LazyDevice};
+use crate::error::{Error, Result};
+
+/// A tensor on a [`LazyDevice`]. Cloning is cheap and shares the value (like `Rc`); use
+/// [`Tensor::assign`] for in-place updates.
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) cell: Arc<Cell>,
+}
+
+pub(crate) struct Cell {
+    /// Creation order; pending outputs of a step are ordered by it.
+    pub id: u64,
+    pub ty: TensorType,
+    pub device: Weak<DeviceInner>,
+    pub state: Mutex<State>,
+}
+
+pub(crate) enum State {
+    /// Recorded but not computed.
+    Pending(Arc<Node>),
+    /// On the device.
+    Data(Arc<DeviceData>),
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &*lock(&self.cell.state) {
+            State::Pending(_) => "pending",
+            State::Data(_) => "data",
+        };
+        write!(f, "Tensor({}, {state})", self.cell.ty)
+    }
+}
+
+impl Tensor {
+    /// Shape.
+    pub fn dims(&self) -> &[usize] {
+        &self.cell.ty.dims
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.cell.ty.dtype
+    }
+
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.cell.ty.dims.len()
+    }
+
+    /// Number of elements.
+    pub fn elem_count(&self) -> usize {
+        self.cell.ty.dims.iter().product()
+    }
+
+    /// Type as the IR writes it (`f32[2,3]`).
+    pub fn ty(&self) -> &TensorType {
+        &self.cell.ty
+    }
+
+    /// True when the value has not been computed yet.
+    pub fn is_pending(&self) -> bool {
+        matches!(*lock(&self.cell.state), State::Pending(_))
+    }
+
+    pub(crate) fn device_inner(&self) -> Result<Arc<DeviceInner>> {
+        self.cell.device.upgrade().ok_or(Error::DeviceGone)
+    }
+
+    /// The device this tensor lives on.
+    pub fn device(&self) -> Result<LazyDevice> {
+        Ok(LazyDevice { inner: self.device_inner()? })
+    }
+
+    pub(crate) fn value(&self) -> Value {
+        match &*lock(&self.cell.state) {
+            State::Pending(n) => Value::Node(n.clone()),
+            State::Data(d) => Value::Data(d.clone()),
+        }
+    }
+
+    /// Records `op` over `operands` (shape-checked now, reported at the caller's line).
+    #[track_caller]
+    pub(crate) fn apply(op: Op, operands: &[&Tensor]) -> Result<Tensor> {
+        let location = Location::caller();
+        Tensor::apply_at(op, operands, location)
+    }
+
+    pub(crate) fn apply_at(op: Op, operands: &[&Tensor], location: &'static Location<'static>) -> Result<Tensor> {
+        let first = operands.first().expect("ops built from tensors have operands");
+        let dev = first.device_inner()?;
+        if operands.iter().any(|t| !Weak::ptr_eq(&t.cell.device, &first.cell.device)) {
+            return Err(Error::DeviceMismatch { location, op: op.name() });
+        }
+        let types: Vec<&TensorType> = operands.iter().map(|t| &t.cell.ty).collect();
+        let ty = neuron_pc_compiler::ir::infer(&op, &types).map_err(|source| Error::Op { location, source })?;
+        let values = operands.iter().map(|t| t.value()).collect();
+        Ok(dev.record(op, ty, values))
+    }
+
+    /// Records an op with no tensor operands (constants, iota) on `dev`.
+    #[track_caller]
+    pub(crate) fn apply_nullary(dev: &Arc<DeviceInner>, op: Op) -> Result<Tensor> {
+        let location = Location::caller();
+        let ty = neuron_pc_compiler::ir::infer(&op, &[]).map_err(|source| Error::Op { location, source })?;
+        Ok(dev.record(op, ty, Vec::new()))
+    }
+
+    /// Copies the value to the host, computing it first if it is pending (an implicit sync).
+    #[track_caller]
+    pub fn to_host(&self) -> Result<HostTensor> {
+        let site = Location::caller();
+        let dev = self.device_inner()?;
+        if self.is_pending() {
+            dev.sync(vec![self.cell.clone()], site, false)?;
+        }
+        let data = match &*lock(&self.cell.state) {
+            State::Data(d) => d.clone(),
+            State::Pending(_) => unreachable!("sync leaves data behind or fails"),
+        };
+        dev.download(&data)
+    }
+
+    /// The values as a flat vector of `T` (which must be the tensor's dtype).
+    #[track_caller]
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        Ok(self.to_host()?.to_vec::<T>()?)
+    }
+
+    /// The single value of a one-element tensor, as f64.
+    #[track_caller]
+    pub fn item(&self) -> Result<f64> {
+        let location = Location::caller();
+        if self.elem_count() != 1 {
+            return Err(Error::Op {
+                location,
+                source: neuron_pc_compiler::Error::Shape {
+                    op: "item",
+                    operands: self.cell.ty.to_string(),
+                    message: "expected a tensor with one element".into(),
+                },
+            });
+        }
+        Ok(self.to_host()?.to_f64_vec()[0])
+    }
+
+    /// Makes this tensor hold `value` from now on (an in-place update, as optimizers do to
+    /// parameters). Shapes and dtypes must match.
+    #[track_caller]
+    pub fn assign(&self, value: &Tensor) -> Result<()> {
+        let location = Location::caller();
+        if value.cell.ty != self.cell.ty {
+            return Err(Error::Op {
+                location,
+                source: neuron_pc_compiler::Error::Shape {
+                    op: "assign",
+                    operands: format!("{}, {}", self.cell.ty, value.cell.ty),
+                    message: "the new value must have the same shape and dtype".into(),
+                },
+            });
+        }
+        if !Weak::ptr_eq(&self.cell.device, &value.cell.device) {
+            return Err(Error::DeviceMismatch { location, op: "assign" });
+        }
+        let dev = self.device_inner()?;
+        let new_state = match value.value() {
+            Value::Node(n) => State::Pending(n),
+            Value::Data(d) => State::Data(d),
+        };
+        let pending = matches!(new_state, State::Pending(_));
+        *lock(&self.cell.state) = new_state;
+        if pending {
+            dev.register_pending(&self.cell);
+        }
+        Ok(())
+    }
+}
+
+impl DeviceInner {
+    pub(crate) fn record(self: &Arc<Self>, op: Op, ty: TensorType, operands: Vec<Value>) -> Tensor {
+        let op_id = lock(&self.interner).op(op, ty.clone());
+        let node = Arc::new(Node { op_id, operands });
+        self.new_tensor(ty, State::Pending(node))
+    }
+}
