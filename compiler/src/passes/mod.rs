@@ -1,0 +1,111 @@
+//! Graph passes and the pipeline that runs them per optimization level.
+//!
+//! Every pass maps a [`Graph`] to a new graph that computes the same outputs, in the same
+//! order and with the same types, from the same parameters (unused ones included, since the
+//! caller passes inputs by position). Which passes run at which level is decided in one table,
+//! [`crate::optlevel::plan`]; auto-cast is not a level decision but the user's
+//! `--auto-cast` flag.
+//!
+//! | pass | what it does |
+//! | --- | --- |
+//! | [`simplify`] | algebraic identities: `x*1`, `x+0`, `x-0`, `x/1`, `neg(neg x)`, transpose and reshape chains, broadcasts of splat constants, no-op converts |
+//! | [`constant_fold`] | ops on constants become constants (size-limited) |
+//! | [`cse`] | one node per distinct (op, operands) |
+//! | [`dce`] | drops nodes no output needs |
+//! | [`auto_cast`] | matmuls (and with `all`, safe elementwise ops) in bf16/f16 |
+
+mod autocast;
+mod cse;
+mod dce;
+mod fold;
+mod rewrite;
+mod simplify;
+
+use std::time::Instant;
+
+pub use autocast::{auto_cast, cast_dtype};
+pub use cse::cse;
+pub use dce::dce;
+pub use fold::constant_fold;
+pub use simplify::simplify;
+
+use crate::error::Result;
+use crate::flags::{is_neuron, AutoCast, CompilerFlags};
+use crate::ir::Graph;
+use crate::optlevel::{plan, GraphPass, LevelPlan};
+use crate::pjrt::CompileOptions;
+
+/// One pass application, for reports and benchmarks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PassRun {
+    pub pass: &'static str,
+    /// Non-parameter nodes before and after.
+    pub ops_before: usize,
+    pub ops_after: usize,
+    pub micros: u128,
+}
+
+/// Runs the passes `flags` asks for: the level's passes (repeated while they still change the
+/// graph, up to the level's round limit), then auto-cast with a clean-up (simplify, CSE, DCE)
+/// when `--auto-cast` is not `none` and the target is not a Neuron one (Neuron's compiler
+/// applies `--auto-cast` itself; casting here too would cast twice under different rules).
+pub fn run_pipeline(graph: &Graph, flags: &CompilerFlags) -> Result<Graph> {
+    Ok(run_pipeline_report(graph, flags)?.0)
+}
+
+/// [`run_pipeline`], also returning every pass run with node counts and time.
+pub fn run_pipeline_report(graph: &Graph, flags: &CompilerFlags) -> Result<(Graph, Vec<PassRun>)> {
+    let level = plan(flags.opt_level);
+    let mut runs = Vec::new();
+    let mut g = graph.clone();
+    for _ in 0..level.max_rounds {
+        let before = g.clone();
+        for &pass in level.passes {
+            g = timed(&mut runs, pass.name(), &g, |g| run_pass(g, pass, &level))?;
+        }
+        if g == before {
+            break;
+        }
+    }
+    if flags.auto_cast != AutoCast::None && !is_neuron(flags.target) {
+        let (mode, to) = (flags.auto_cast, flags.auto_cast_type);
+        g = timed(&mut runs, "auto-cast", &g, |g| auto_cast(g, mode, to))?;
+        g = timed(&mut runs, "simplify", &g, simplify)?;
+        g = timed(&mut runs, "cse", &g, cse)?;
+        g = timed(&mut runs, "dce", &g, dce)?;
+    }
+    Ok((g, runs))
+}
+
+/// Applies one pass with the parameters of `level`.
+pub fn run_pass(graph: &Graph, pass: GraphPass, level: &LevelPlan) -> Result<Graph> {
+    match pass {
+        GraphPass::Simplify => simplify(graph),
+        GraphPass::ConstantFold => constant_fold(graph, level.fold_limit),
+        GraphPass::Cse => cse(graph),
+        GraphPass::Dce => dce(graph),
+    }
+}
+
+/// The compile options for `flags`: XLA's defaults plus the level's backend options
+/// ([`crate::optlevel::backend_options`]).
+pub fn compile_options(flags: &CompilerFlags) -> CompileOptions {
+    crate::optlevel::compile_options(flags, CompileOptions::default())
+}
+
+fn timed(
+    runs: &mut Vec<PassRun>,
+    pass: &'static str,
+    g: &Graph,
+    f: impl FnOnce(&Graph) -> Result<Graph>,
+) -> Result<Graph> {
+    let t = Instant::now();
+    let out = f(g)?;
+    runs.push(PassRun {
+        pass,
+        ops_before: g.op_count(),
+        ops_after: out.op_count(),
+        micros: t.elapsed().as_micros(),
+    });
+    Ok(out)
+}
