@@ -40,6 +40,9 @@ pub enum Error {
     /// Arguments handed to an executable do not match its signature.
     #[error("execute: {message}")]
     Argument { message: String },
+    /// The reference evaluator cannot evaluate an op in this setting.
+    #[error("reference evaluator, {op}: {message}")]
+    Evaluate { op: &'static str, message: String },
 }
 
 /// The plugin's error code, as in `PJRT_Error_Code` (absl status codes).

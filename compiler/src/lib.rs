@@ -8,8 +8,11 @@ pub mod flags;
 pub mod host;
 pub mod ir;
 pub mod key;
+pub mod lower;
 pub mod optlevel;
+pub mod passes;
 pub mod pjrt;
+pub mod reference;
 
 pub use dtype::DType;
 pub use error::{Error, PjrtErrorCode, Result};

@@ -1,0 +1,87 @@
+//! Lowering a [`Graph`] to StableHLO MLIR text that a PJRT plugin compiles.
+//!
+//! The text is deterministic: values are named by node position (`%v5`; temporaries of node 5
+//! are `%v5_...`), parameters are `%argN` in parameter order, there are no locations, and
+//! attributes are written in a fixed order. Equal graphs therefore give equal bytes, which the
+//! cache key relies on. Most ops use MLIR's generic form (`"stablehlo.op"(...) {...} : (...) ->
+//! ...`), which every StableHLO version parses the same way.
+//!
+//! A few primitives expand to several StableHLO ops: argmax/argmin are a two-operand reduce
+//! over (value, index) pairs, random bits are threefry-2x32 written out in integer ops, and
+//! reductions get their init constants here.
+
+mod ops;
+mod random;
+pub(crate) mod text;
+
+use std::fmt::Write;
+
+use crate::error::Result;
+use crate::ir::{Graph, Op};
+
+/// The StableHLO text of `graph`: `module @main { func.func public @main(...) -> (...) }`.
+///
+/// The graph is validated first (graphs also arrive from files and other frontends); an op on
+/// a dtype the lowering does not support is [`crate::Error::UnsupportedDType`].
+pub fn to_stablehlo(graph: &Graph) -> Result<String> {
+    graph.validate()?;
+    let mut e = Emitter {
+        out: String::with_capacity(256 + graph.len() * 120),
+        names: Vec::with_capacity(graph.len()),
+    };
+    let params = graph.parameter_types();
+    let outputs = graph.output_types();
+    e.out.push_str("module @main {\n  func.func public @main(");
+    for (i, ty) in params.iter().enumerate() {
+        if i > 0 {
+            e.out.push_str(", ");
+        }
+        let _ = write!(e.out, "%arg{i}: {}", text::tensor(ty));
+    }
+    e.out.push(')');
+    if !outputs.is_empty() {
+        let tys: Vec<String> = outputs.iter().map(text::tensor).collect();
+        let _ = write!(e.out, " -> ({})", tys.join(", "));
+    }
+    e.out.push_str(" {\n");
+    for (i, node) in graph.nodes().iter().enumerate() {
+        let name = match &node.op {
+            Op::Parameter { index } => format!("%arg{index}"),
+            _ => ops::emit(&mut e, graph, i, node)?,
+        };
+        e.names.push(name);
+    }
+    if outputs.is_empty() {
+        e.out.push_str("    return\n");
+    } else {
+        let names: Vec<&str> = graph
+            .outputs()
+            .iter()
+            .map(|o| e.names[o.0].as_str())
+            .collect();
+        let tys: Vec<String> = outputs.iter().map(text::tensor).collect();
+        let _ = writeln!(
+            e.out,
+            "    return {} : {}",
+            names.join(", "),
+            tys.join(", ")
+        );
+    }
+    e.out.push_str("  }\n}\n");
+    Ok(e.out)
+}
+
+/// The text being built and the SSA name of every node emitted so far.
+pub(crate) struct Emitter {
+    pub(crate) out: String,
+    pub(crate) names: Vec<String>,
+}
+
+impl Emitter {
+    /// Appends one indented line of the function body.
+    pub(crate) fn line(&mut self, s: &str) {
+        self.out.push_str("    ");
+        self.out.push_str(s);
+        self.out.push('\n');
+    }
+}

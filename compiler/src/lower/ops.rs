@@ -1,0 +1,307 @@
+//! One arm per op: the StableHLO text for a node.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ir::{BinaryOp, CompareOp, Graph, Literal, Node, Op, ReduceOp, TensorType, UnaryOp};
+
+use super::text::{dense, i64_array, list, replica_groups, tensor, tensor_of};
+use super::{random, Emitter};
+
+/// Emits node `i` and returns the SSA name holding its value.
+pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Result<String> {
+    let v = format!("%v{i}");
+    let ty = tensor(&node.ty);
+    let args: Vec<String> = node.operands.iter().map(|o| e.names[o.0].clone()).collect();
+    let arg_tys: Vec<String> = node
+        .operands
+        .iter()
+        .map(|o| tensor(graph.node_type(*o)))
+        .collect();
+    let arg_list = args.join(", ");
+    let sig = format!("({}) -> {ty}", arg_tys.join(", "));
+    let in_ty = node.operands.first().map(|o| graph.node_type(*o));
+    check_lowerable(&node.op, in_ty.unwrap_or(&node.ty))?;
+    let line = match &node.op {
+        Op::Parameter { .. } => {
+            return Err(Error::InvalidGraph { message: format!("parameter at node {i} reached the op lowering") })
+        }
+        Op::Constant(lit) => format!("{v} = stablehlo.constant {} : {ty}", dense(lit)),
+        Op::Unary(u) => match u {
+            // CHLO ops are spelled generically; the plugin legalizes them to StableHLO.
+            UnaryOp::Erf => format!("{v} = \"{}\"({arg_list}) : {sig}", u.stablehlo_name()),
+            _ => format!("{v} = {} {arg_list} : {ty}", u.stablehlo_name()),
+        },
+        Op::Binary(b @ (BinaryOp::Max | BinaryOp::Min)) if node.ty.dtype.is_float() => {
+            let pred = tensor_of(DType::Pred, &node.ty.dims);
+            for l in nan_propagating(&v, *b, &args[0], &args[1], &ty, &pred) {
+                e.line(&l);
+            }
+            return Ok(v);
+        }
+        Op::Binary(b) => format!("{v} = {} {arg_list} : {ty}", b.stablehlo_name()),
+        Op::Compare(c) => {
+            let dtype = in_ty.map_or(node.ty.dtype, |t| t.dtype);
+            format!("{v} = stablehlo.compare {}, {arg_list}, {} : {sig}", c.direction(), CompareOp::compare_type(dtype))
+        }
+        Op::Select => format!("{v} = \"stablehlo.select\"({arg_list}) : {sig}"),
+        Op::Convert(_) => format!("{v} = \"stablehlo.convert\"({arg_list}) : {sig}"),
+        Op::Iota { dim, .. } => format!("{v} = \"stablehlo.iota\"() {{iota_dimension = {dim} : i64}} : () -> {ty}"),
+        Op::BroadcastInDim { broadcast_dimensions, .. } => format!(
+            "{v} = \"stablehlo.broadcast_in_dim\"({arg_list}) {{broadcast_dimensions = {}}} : {sig}",
+            i64_array(&to_i64(broadcast_dimensions))
+        ),
+        Op::Reshape { .. } => format!("{v} = \"stablehlo.reshape\"({arg_list}) : {sig}"),
+        Op::Transpose { perm } => format!(
+            "{v} = \"stablehlo.transpose\"({arg_list}) {{permutation = {}}} : {sig}",
+            i64_array(&to_i64(perm))
+        ),
+        Op::Slice { start, limit, stride } => format!(
+            "{v} = \"stablehlo.slice\"({arg_list}) {{start_indices = {}, limit_indices = {}, strides = {}}} : {sig}",
+            i64_array(&to_i64(start)),
+            i64_array(&to_i64(limit)),
+            i64_array(&to_i64(stride))
+        ),
+        Op::DynamicSlice { sizes } => format!(
+            "{v} = \"stablehlo.dynamic_slice\"({arg_list}) {{slice_sizes = {}}} : {sig}",
+            i64_array(&to_i64(sizes))
+        ),
+        Op::DynamicUpdateSlice => format!("{v} = \"stablehlo.dynamic_update_slice\"({arg_list}) : {sig}"),
+        Op::Concatenate { dim } => {
+            format!("{v} = \"stablehlo.concatenate\"({arg_list}) {{dimension = {dim} : i64}} : {sig}")
+        }
+        Op::Pad { low, high, interior } => format!(
+            "{v} = \"stablehlo.pad\"({arg_list}) {{edge_padding_low = {}, edge_padding_high = {}, interior_padding = {}}} : {sig}",
+            i64_array(low),
+            i64_array(high),
+            i64_array(&to_i64(interior))
+        ),
+        Op::Reduce(r, dims) => {
+            let dtype = node.ty.dtype;
+            let init = format!("{v}_init");
+            e.line(&format!("{init} = stablehlo.constant {} : {}", dense(&reduce_init(*r, dtype)), tensor_of(dtype, &[])));
+            let region = combiner_region(&v, r.combiner(), dtype);
+            format!(
+                "{v} = \"stablehlo.reduce\"({arg_list}, {init}) ({region}) {{dimensions = {}}} : ({}, {}) -> {ty}",
+                i64_array(&to_i64(dims)),
+                arg_tys[0],
+                tensor_of(dtype, &[])
+            )
+        }
+        Op::ArgMax { dim, index_dtype } | Op::ArgMin { dim, index_dtype } => {
+            let max = matches!(node.op, Op::ArgMax { .. });
+            let x = in_ty.ok_or_else(|| missing(i))?;
+            return Ok(arg_reduce(e, &v, &args[0], x, *dim, *index_dtype, max));
+        }
+        Op::DotGeneral { lhs_batch, rhs_batch, lhs_contract, rhs_contract } => {
+            let mut fields = Vec::new();
+            for (name, dims) in [
+                ("lhs_batching_dimensions", lhs_batch),
+                ("rhs_batching_dimensions", rhs_batch),
+                ("lhs_contracting_dimensions", lhs_contract),
+                ("rhs_contracting_dimensions", rhs_contract),
+            ] {
+                if !dims.is_empty() {
+                    fields.push(format!("{name} = {}", list(dims)));
+                }
+            }
+            format!(
+                "{v} = \"stablehlo.dot_general\"({arg_list}) {{dot_dimension_numbers = #stablehlo.dot<{}>}} : {sig}",
+                fields.join(", ")
+            )
+        }
+        Op::Gather => {
+            let (table, idx) = (graph.node_type(node.operands[0]), graph.node_type(node.operands[1]));
+            let k = idx.rank();
+            let offset: Vec<usize> = (k..k + table.rank() - 1).collect();
+            let mut sizes = table.dims.clone();
+            sizes[0] = 1;
+            let offset_field = if offset.is_empty() { String::new() } else { format!("offset_dims = {}, ", list(&offset)) };
+            format!(
+                "{v} = \"stablehlo.gather\"({arg_list}) {{dimension_numbers = #stablehlo.gather<{offset_field}collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = {k}>, indices_are_sorted = false, slice_sizes = {}}} : {sig}",
+                i64_array(&to_i64(&sizes))
+            )
+        }
+        Op::ScatterAdd => {
+            let (table, idx) = (graph.node_type(node.operands[0]), graph.node_type(node.operands[1]));
+            let k = idx.rank();
+            let window: Vec<usize> = (k..k + table.rank() - 1).collect();
+            let window_field =
+                if window.is_empty() { String::new() } else { format!("update_window_dims = {}, ", list(&window)) };
+            let region = combiner_region(&v, BinaryOp::Add, table.dtype);
+            format!(
+                "{v} = \"stablehlo.scatter\"({arg_list}) ({region}) {{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<{window_field}inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = {k}>, unique_indices = false}} : {sig}"
+            )
+        }
+        Op::RandomBits { dims } => return Ok(random::emit(e, &v, &args[0], dims)),
+        Op::AllReduce { op, replica_groups: g } => {
+            let region = combiner_region(&v, op.combiner(), node.ty.dtype);
+            format!("{v} = \"stablehlo.all_reduce\"({arg_list}) ({region}) {{replica_groups = {}}} : {sig}", replica_groups(g))
+        }
+        Op::AllGather { dim, replica_groups: g } => format!(
+            "{v} = \"stablehlo.all_gather\"({arg_list}) {{all_gather_dim = {dim} : i64, replica_groups = {}}} : {sig}",
+            replica_groups(g)
+        ),
+        Op::ReduceScatter { op, dim, replica_groups: g } => {
+            let region = combiner_region(&v, op.combiner(), node.ty.dtype);
+            format!(
+                "{v} = \"stablehlo.reduce_scatter\"({arg_list}) ({region}) {{replica_groups = {}, scatter_dimension = {dim} : i64}} : {sig}",
+                replica_groups(g)
+            )
+        }
+    };
+    e.line(&line);
+    Ok(v)
+}
+
+/// Rejects op/dtype pairs that pass inference but that the lowering cannot express.
+fn check_lowerable(op: &Op, input: &TensorType) -> Result<()> {
+    let unsupported = |dtype| {
+        Err(Error::UnsupportedDType {
+            op: op.name(),
+            dtype,
+        })
+    };
+    match op {
+        // CHLO's erf is defined for f16/f32/f64 (bf16 goes through f32 in the plugin).
+        Op::Unary(UnaryOp::Erf) if input.dtype == DType::F64 => unsupported(input.dtype),
+        Op::Parameter { .. }
+        | Op::Constant(_)
+        | Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Convert(_)
+        | Op::Iota { .. }
+        | Op::BroadcastInDim { .. }
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Slice { .. }
+        | Op::DynamicSlice { .. }
+        | Op::DynamicUpdateSlice
+        | Op::Concatenate { .. }
+        | Op::Pad { .. }
+        | Op::Reduce(..)
+        | Op::ArgMax { .. }
+        | Op::ArgMin { .. }
+        | Op::DotGeneral { .. }
+        | Op::Gather
+        | Op::ScatterAdd
+        | Op::RandomBits { .. }
+        | Op::AllReduce { .. }
+        | Op::AllGather { .. }
+        | Op::ReduceScatter { .. } => Ok(()),
+    }
+}
+
+fn missing(i: usize) -> Error {
+    Error::InvalidGraph {
+        message: format!("node {i} lacks an operand"),
+    }
+}
+
+fn to_i64(v: &[usize]) -> Vec<i64> {
+    v.iter().map(|&x| x as i64).collect()
+}
+
+/// The identity of `r` on `dtype` (the reduce's init value).
+pub(crate) fn reduce_init(r: ReduceOp, dtype: DType) -> Literal {
+    // Infinities saturate to the integer extremes under `as` conversion.
+    let v = match r {
+        ReduceOp::Sum => 0.0,
+        ReduceOp::Prod => 1.0,
+        ReduceOp::Max => f64::NEG_INFINITY,
+        ReduceOp::Min => f64::INFINITY,
+    };
+    Literal::splat(dtype, v, &[])
+}
+
+/// A region `^bb0(a, b): return combine(a, b)` on scalars of `dtype`.
+fn combiner_region(v: &str, op: BinaryOp, dtype: DType) -> String {
+    let s = tensor_of(dtype, &[]);
+    let (a, b, c) = (format!("{v}_a"), format!("{v}_b"), format!("{v}_c"));
+    let body = if dtype.is_float() && matches!(op, BinaryOp::Max | BinaryOp::Min) {
+        nan_propagating(&c, op, &a, &b, &s, &tensor_of(DType::Pred, &[]))
+    } else {
+        vec![format!("{c} = {} {a}, {b} : {s}", op.stablehlo_name())]
+    };
+    let body: String = body.iter().map(|l| format!("      {l}\n")).collect();
+    format!("{{\n    ^bb0({a}: {s}, {b}: {s}):\n{body}      stablehlo.return {c} : {s}\n    }}")
+}
+
+/// Float max/min that return NaN when either side is NaN, as StableHLO specifies. Spelled out
+/// because backends may lower `maximum` to instructions that drop a NaN in one operand (the
+/// XLA CPU plugin does unless `xla_cpu_enable_fast_min_max` is off).
+fn nan_propagating(r: &str, op: BinaryOp, a: &str, b: &str, ty: &str, pred: &str) -> Vec<String> {
+    vec![
+        format!("{r}_m = {} {a}, {b} : {ty}", op.stablehlo_name()),
+        format!("{r}_an = stablehlo.compare NE, {a}, {a}, FLOAT : ({ty}, {ty}) -> {pred}"),
+        format!("{r}_bn = stablehlo.compare NE, {b}, {b}, FLOAT : ({ty}, {ty}) -> {pred}"),
+        format!("{r}_t = \"stablehlo.select\"({r}_bn, {b}, {r}_m) : ({pred}, {ty}, {ty}) -> {ty}"),
+        format!("{r} = \"stablehlo.select\"({r}_an, {a}, {r}_t) : ({pred}, {ty}, {ty}) -> {ty}"),
+    ]
+}
+
+/// argmax/argmin as a reduce over (value, index) pairs; NaN wins, then the lower index.
+fn arg_reduce(
+    e: &mut Emitter,
+    v: &str,
+    x: &str,
+    xt: &TensorType,
+    dim: usize,
+    idx: DType,
+    max: bool,
+) -> String {
+    let (vd, s, si) = (xt.dtype, tensor_of(xt.dtype, &[]), tensor_of(idx, &[]));
+    let pred = tensor_of(DType::Pred, &[]);
+    let iota_ty = tensor_of(idx, &xt.dims);
+    let mut out_dims = xt.dims.clone();
+    out_dims.remove(dim);
+    let (out_v, out_i) = (tensor_of(vd, &out_dims), tensor_of(idx, &out_dims));
+    let init = reduce_init(if max { ReduceOp::Max } else { ReduceOp::Min }, vd);
+    e.line(&format!(
+        "{v}_iota = \"stablehlo.iota\"() {{iota_dimension = {dim} : i64}} : () -> {iota_ty}"
+    ));
+    e.line(&format!(
+        "{v}_initv = stablehlo.constant {} : {s}",
+        dense(&init)
+    ));
+    e.line(&format!("{v}_initi = stablehlo.constant dense<0> : {si}"));
+    let ct = CompareOp::compare_type(vd);
+    let dir = if max { "GT" } else { "LT" };
+    let mut body = vec![format!(
+        "{v}_better = stablehlo.compare {dir}, {v}_a, {v}_b, {ct} : ({s}, {s}) -> {pred}"
+    )];
+    if vd.is_float() {
+        body.extend([
+            format!("{v}_anan = stablehlo.compare NE, {v}_a, {v}_a, FLOAT : ({s}, {s}) -> {pred}"),
+            format!("{v}_bnan = stablehlo.compare NE, {v}_b, {v}_b, FLOAT : ({s}, {s}) -> {pred}"),
+            format!("{v}_bnum = stablehlo.not {v}_bnan : {pred}"),
+            format!("{v}_nanwin = stablehlo.and {v}_anan, {v}_bnum : {pred}"),
+            format!("{v}_win = stablehlo.or {v}_better, {v}_nanwin : {pred}"),
+            format!("{v}_eq0 = stablehlo.compare EQ, {v}_a, {v}_b, FLOAT : ({s}, {s}) -> {pred}"),
+            format!("{v}_bothnan = stablehlo.and {v}_anan, {v}_bnan : {pred}"),
+            format!("{v}_eq = stablehlo.or {v}_eq0, {v}_bothnan : {pred}"),
+        ]);
+    } else {
+        body.extend([
+            format!("{v}_win = stablehlo.or {v}_better, {v}_better : {pred}"),
+            format!("{v}_eq = stablehlo.compare EQ, {v}_a, {v}_b, {ct} : ({s}, {s}) -> {pred}"),
+        ]);
+    }
+    let ict = CompareOp::compare_type(idx);
+    body.extend([
+        format!("{v}_first = stablehlo.compare LT, {v}_ia, {v}_ib, {ict} : ({si}, {si}) -> {pred}"),
+        format!("{v}_tie = stablehlo.and {v}_eq, {v}_first : {pred}"),
+        format!("{v}_take = stablehlo.or {v}_win, {v}_tie : {pred}"),
+        format!("{v}_val = \"stablehlo.select\"({v}_take, {v}_a, {v}_b) : ({pred}, {s}, {s}) -> {s}"),
+        format!("{v}_idx = \"stablehlo.select\"({v}_take, {v}_ia, {v}_ib) : ({pred}, {si}, {si}) -> {si}"),
+        format!("stablehlo.return {v}_val, {v}_idx : {s}, {si}"),
+    ]);
+    let body: Vec<String> = body.into_iter().map(|l| format!("      {l}\n")).collect();
+    e.line(&format!(
+        "{v}_r:2 = \"stablehlo.reduce\"({x}, {v}_iota, {v}_initv, {v}_initi) ({{\n    ^bb0({v}_a: {s}, {v}_ia: {si}, {v}_b: {s}, {v}_ib: {si}):\n{}    }}) {{dimensions = array<i64: {dim}>}} : ({}, {iota_ty}, {s}, {si}) -> ({out_v}, {out_i})",
+        body.concat(),
+        tensor(xt)
+    ));
+    format!("{v}_r#1")
+}

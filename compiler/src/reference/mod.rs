@@ -1,0 +1,139 @@
+//! A plain Rust evaluator of [`Graph`]s: the test oracle for the lowering and for the passes.
+//!
+//! It is written for obvious correctness, not speed: explicit loops over output elements,
+//! floats computed in f64 and rounded to their dtype after every op (reductions, dot products
+//! and scatter-add accumulate in f64 and round once), integers with the wrapping and
+//! division-by-zero rules XLA gives StableHLO. It shares nothing with the lowering code
+//! except the IR, so the two check each other. Other crates' tests use it too.
+//!
+//! Collectives are evaluated for one replica only (groups of size 1); anything else is an
+//! [`Error::Evaluate`].
+
+mod data;
+mod elementwise;
+mod random;
+mod reduce;
+mod structural;
+
+use crate::error::{Error, Result};
+use crate::host::HostTensor;
+use crate::ir::{Graph, Node, Op};
+
+use data::{Data, Value};
+pub use elementwise::erf;
+pub use random::threefry2x32;
+
+/// Runs `graph` on `inputs` (one per parameter, in parameter order) and returns its outputs.
+pub fn evaluate(graph: &Graph, inputs: &[HostTensor]) -> Result<Vec<HostTensor>> {
+    graph.validate()?;
+    let params = graph.parameter_types();
+    if inputs.len() != params.len() {
+        return Err(Error::Argument {
+            message: format!(
+                "the graph takes {} inputs, {} given",
+                params.len(),
+                inputs.len()
+            ),
+        });
+    }
+    for (i, (t, ty)) in inputs.iter().zip(&params).enumerate() {
+        if t.dtype() != ty.dtype || t.dims() != ty.dims.as_slice() {
+            return Err(Error::Argument {
+                message: format!(
+                    "input {i} is {}{:?}, the graph expects {ty}",
+                    t.dtype(),
+                    t.dims()
+                ),
+            });
+        }
+    }
+    let mut values: Vec<Value> = Vec::with_capacity(graph.len());
+    for node in graph.nodes() {
+        let v = match &node.op {
+            Op::Parameter { index } => Value::from_host(&inputs[*index]),
+            _ => {
+                let args: Vec<&Value> = node.operands.iter().map(|o| &values[o.0]).collect();
+                Value {
+                    ty: node.ty.clone(),
+                    data: eval_node(node, &args)?,
+                }
+            }
+        };
+        values.push(v);
+    }
+    graph
+        .outputs()
+        .iter()
+        .map(|o| values[o.0].to_host())
+        .collect()
+}
+
+fn eval_node(node: &Node, a: &[&Value]) -> Result<Data> {
+    let out = &node.ty;
+    Ok(match &node.op {
+        Op::Parameter { .. } => {
+            return Err(Error::InvalidGraph {
+                message: "parameter evaluated as an op".into(),
+            })
+        }
+        Op::Constant(lit) => Value::from_host(&lit.to_host()?).data,
+        Op::Unary(u) => elementwise::unary(*u, out.dtype, &a[0].data),
+        Op::Binary(b) => elementwise::binary(*b, out.dtype, &a[0].data, &a[1].data),
+        Op::Compare(c) => elementwise::compare(*c, &a[0].data, &a[1].data),
+        Op::Select => elementwise::select(&a[0].data, &a[1].data, &a[2].data),
+        Op::Convert(to) => Data::from_scalars(*to, (0..a[0].data.len()).map(|i| a[0].data.get(i))),
+        Op::Iota { dim, .. } => structural::iota(out, *dim),
+        Op::BroadcastInDim {
+            broadcast_dimensions,
+            ..
+        } => structural::broadcast_in_dim(a[0], out, broadcast_dimensions),
+        Op::Reshape { .. } => a[0].data.clone(),
+        Op::Transpose { perm } => structural::transpose(a[0], out, perm),
+        Op::Slice { start, stride, .. } => structural::slice(a[0], out, start, stride),
+        Op::DynamicSlice { .. } => structural::dynamic_slice(a[0], out, &starts(&a[1..])),
+        Op::DynamicUpdateSlice => structural::dynamic_update_slice(a[0], a[1], &starts(&a[2..])),
+        Op::Concatenate { dim } => structural::concatenate(a, out, *dim),
+        Op::Pad { low, interior, .. } => structural::pad(a[0], a[1], out, low, interior),
+        Op::Reduce(r, dims) => reduce::reduce(*r, a[0], dims),
+        Op::ArgMax { dim, index_dtype } => reduce::arg_reduce(a[0], *dim, *index_dtype, true),
+        Op::ArgMin { dim, index_dtype } => reduce::arg_reduce(a[0], *dim, *index_dtype, false),
+        Op::DotGeneral {
+            lhs_batch,
+            rhs_batch,
+            lhs_contract,
+            rhs_contract,
+        } => reduce::dot_general(
+            a[0],
+            a[1],
+            out,
+            (lhs_batch, rhs_batch, lhs_contract, rhs_contract),
+        ),
+        Op::Gather => structural::gather(a[0], a[1], out),
+        Op::ScatterAdd => structural::scatter_add(a[0], a[1], a[2]),
+        Op::RandomBits { .. } => random::random_bits(a[0], out.element_count()),
+        Op::AllReduce { replica_groups, .. }
+        | Op::AllGather { replica_groups, .. }
+        | Op::ReduceScatter { replica_groups, .. } => {
+            single_replica(&node.op, replica_groups)?;
+            a[0].data.clone()
+        }
+    })
+}
+
+fn starts(idx: &[&Value]) -> Vec<i64> {
+    idx.iter().map(|v| v.data.get(0).as_i64()).collect()
+}
+
+/// On one replica every collective is the identity; larger groups need several replicas.
+fn single_replica(op: &Op, groups: &[Vec<usize>]) -> Result<()> {
+    if groups.iter().all(|g| g.len() == 1) {
+        Ok(())
+    } else {
+        Err(Error::Evaluate {
+            op: op.name(),
+            message: format!(
+                "replica groups {groups:?} need several replicas; the reference evaluates one"
+            ),
+        })
+    }
+}
