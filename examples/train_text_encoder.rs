@@ -1,0 +1,203 @@
+//! The example training job: a text encoder on a synthetic task, on the lazy device.
+//!
+//! ```sh
+//! cargo run --release --example train_text_encoder -- --steps 300
+//! neuron-pc compile -- cargo run --release --example train_text_encoder -- --steps 5
+//! ```
+//!
+//! One step graph holds forward, backward and the AdamW update; the learning rate is a device
+//! scalar, so the whole run compiles two graphs (training and validation), once.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Parser;
+use neuron_pc::checkpoint::StateDict;
+use neuron_pc::data::{DeviceLoader, LastBatch};
+use neuron_pc::models::{accuracy, SyntheticTask, TextEncoder, TextEncoderConfig};
+use neuron_pc::nn::Module;
+use neuron_pc::optim::{AdamW, WarmupCosine};
+use neuron_pc::{grad, DType, LazyDevice, Tensor};
+
+/// Train the example text encoder.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Training steps (in total, counting steps done before a resume).
+    #[arg(long, default_value_t = 300)]
+    steps: u64,
+    #[arg(long, default_value_t = 64)]
+    batch_size: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[arg(long, default_value_t = 8192)]
+    vocab: usize,
+    #[arg(long, default_value_t = 128)]
+    embed: usize,
+    #[arg(long, default_value_t = 32)]
+    seq_len: usize,
+    /// MLP widths, comma-separated.
+    #[arg(long, default_value = "512,512,256", value_delimiter = ',')]
+    mlp: Vec<usize>,
+    #[arg(long, default_value_t = 64)]
+    classes: usize,
+    #[arg(long, default_value_t = 2e-3)]
+    lr: f64,
+    #[arg(long, default_value_t = 20)]
+    warmup: u64,
+    #[arg(long, default_value_t = 0.01)]
+    weight_decay: f64,
+    /// Run a validation step every N steps (and after the last one).
+    #[arg(long, default_value_t = 100)]
+    val_every: u64,
+    /// Validation batches per validation.
+    #[arg(long, default_value_t = 4)]
+    val_batches: u64,
+    /// Save a checkpoint every M steps (0: only at the end).
+    #[arg(long, default_value_t = 100)]
+    ckpt_every: u64,
+    /// Where checkpoints go (`last.safetensors`); none: no checkpoints.
+    #[arg(long)]
+    ckpt_dir: Option<PathBuf>,
+    /// Continue from `<ckpt-dir>/last.safetensors` if it exists.
+    #[arg(long)]
+    resume: bool,
+    #[arg(long, default_value_t = 50)]
+    log_every: u64,
+    /// Print each step's loss as a JSON line (for tests and scripts).
+    #[arg(long)]
+    loss_log: bool,
+    /// Print the metrics summary as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let process_start = Instant::now();
+    let args = Args::parse();
+    let device = LazyDevice::from_env()?;
+    let config = TextEncoderConfig {
+        vocab: args.vocab,
+        embed: args.embed,
+        seq_len: args.seq_len,
+        mlp: args.mlp.clone(),
+        classes: args.classes,
+    };
+    let model = TextEncoder::new(&device, config.clone(), args.seed)?;
+    let named = model.parameters();
+    let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
+    let params: Vec<Tensor> = named.iter().map(|(_, t)| t.clone()).collect();
+    let mut opt = AdamW::new(&device, &params, args.weight_decay)?;
+    let schedule = WarmupCosine { base_lr: args.lr, min_lr: args.lr * 0.05, warmup_steps: args.warmup, total_steps: args.steps };
+
+    let mut start_step = 0;
+    let ckpt_path = args.ckpt_dir.as_ref().map(|d| d.join("last.safetensors"));
+    if let (true, Some(path)) = (args.resume, &ckpt_path) {
+        if path.exists() {
+            start_step = load_checkpoint(&device, path, &names, &params, &opt)?;
+            println!("resumed from {} at step {start_step}", path.display());
+        }
+    }
+
+    let task = SyntheticTask::new(config, args.seed);
+    let train_task = task.clone();
+    let batch_size = args.batch_size;
+    let batches = (start_step..args.steps).map(move |i| train_task.batch(0, i, batch_size));
+    let loader = DeviceLoader::new(&device, batches, batch_size, LastBatch::Drop, 2);
+    let extracting = device.is_extracting();
+    let mut first_step_at = None;
+    let mut last_val = None;
+
+    for (step, batch) in (start_step..args.steps).zip(loader) {
+        let batch = batch?;
+        let [ids, mask, labels] = &batch.tensors[..] else { anyhow::bail!("a batch has three tensors") };
+        let loss = {
+            let lr = device.scalar(schedule.lr(step), DType::F32)?;
+            let loss = model.loss(ids, mask, labels)?;
+            let param_refs: Vec<&Tensor> = params.iter().collect();
+            let grads = grad(&loss, &param_refs)?;
+            opt.step(&params, &grads, &lr)?;
+            loss
+        };
+        device.mark_step()?;
+        if first_step_at.is_none() {
+            first_step_at = Some(process_start.elapsed());
+        }
+        let loss_value = loss.item()?;
+        if args.loss_log {
+            println!("{{\"step\": {}, \"loss\": {loss_value:.9e}}}", step + 1);
+        }
+        if (step + 1) % args.log_every == 0 || step + 1 == args.steps {
+            println!("step {:>5}  loss {loss_value:.4}{}", step + 1, if extracting { "  (extract mode: not real)" } else { "" });
+        }
+        if (step + 1) % args.val_every == 0 || step + 1 == args.steps {
+            let acc = validate(&device, &model, &task, args.val_batches, batch_size)?;
+            println!("step {:>5}  validation accuracy {:.3} (chance {:.3})", step + 1, acc, 1.0 / args.classes as f64);
+            last_val = Some(acc);
+        }
+        let ckpt_due = args.ckpt_every > 0 && (step + 1) % args.ckpt_every == 0;
+        if let (true, Some(path)) = (ckpt_due || step + 1 == args.steps, &ckpt_path) {
+            save_checkpoint(path, step + 1, &names, &params, &opt)?;
+        }
+    }
+
+    let m = device.metrics();
+    if args.json {
+        println!("{}", m.to_json());
+    } else {
+        if let Some(acc) = last_val {
+            println!("final validation accuracy {acc:.3}");
+        }
+        if let Some(t) = first_step_at {
+            println!("time to first step {:.3} s", t.as_secs_f64());
+        }
+        print!("{}", m.report());
+    }
+    Ok(())
+}
+
+fn validate(device: &LazyDevice, model: &TextEncoder, task: &SyntheticTask, batches: u64, batch_size: usize) -> anyhow::Result<f64> {
+    let mut total = 0.0;
+    for i in 0..batches {
+        let host = task.batch(1, i, batch_size);
+        let t: Vec<Tensor> = host.iter().map(|h| device.tensor(h)).collect::<neuron_pc::Result<_>>()?;
+        let acc = accuracy(&model.forward(&t[0], &t[1])?, &t[2])?;
+        device.mark_step()?;
+        total += acc.item()?;
+    }
+    Ok(total / batches.max(1) as f64)
+}
+
+fn save_checkpoint(path: &std::path::Path, step: u64, names: &[String], params: &[Tensor], opt: &AdamW) -> anyhow::Result<()> {
+    let mut sd = StateDict::default();
+    for (name, p) in names.iter().zip(params) {
+        sd.tensors.insert(name.clone(), p.to_host()?);
+    }
+    for (name, t) in opt.named_state(names) {
+        sd.tensors.insert(format!("optimizer.{name}"), t.to_host()?);
+    }
+    sd.metadata.insert("step".into(), step.to_string());
+    sd.save(path).with_context(|| format!("saving {}", path.display()))
+}
+
+fn load_checkpoint(device: &LazyDevice, path: &std::path::Path, names: &[String], params: &[Tensor], opt: &AdamW) -> anyhow::Result<u64> {
+    let sd = StateDict::load(path)?;
+    let mut expected = BTreeMap::new();
+    let state = opt.named_state(names);
+    for (name, p) in names.iter().zip(params) {
+        expected.insert(name.clone(), (p.dtype(), p.dims().to_vec()));
+    }
+    for (name, t) in &state {
+        expected.insert(format!("optimizer.{name}"), (t.dtype(), t.dims().to_vec()));
+    }
+    sd.check_against(path, &expected, None)?;
+    for (name, p) in names.iter().zip(params) {
+        p.assign(&device.tensor(&sd.tensors[name])?)?;
+    }
+    for (name, t) in &state {
+        t.assign(&device.tensor(&sd.tensors[&format!("optimizer.{name}")])?)?;
+    }
+    let step = sd.metadata.get("step").and_then(|s| s.parse().ok()).context("checkpoint has no step")?;
+    Ok(step)
+}
