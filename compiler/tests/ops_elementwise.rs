@@ -31,9 +31,6 @@ fn unary_ops_every_dtype() {
     let mut checked = 0;
     for (k, u) in UnaryOp::ALL.into_iter().enumerate() {
         for d in u.dtypes().dtypes() {
-            if u == UnaryOp::Erf && d == DType::F64 {
-                continue; // not lowerable; see ops_errors
-            }
             check_op(
                 Op::Unary(u),
                 &[ty(d, &[3, 5])],

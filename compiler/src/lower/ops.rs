@@ -20,7 +20,6 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
     let arg_list = args.join(", ");
     let sig = format!("({}) -> {ty}", arg_tys.join(", "));
     let in_ty = node.operands.first().map(|o| graph.node_type(*o));
-    check_lowerable(&node.op, in_ty.unwrap_or(&node.ty))?;
     let line = match &node.op {
         Op::Parameter { .. } => {
             return Err(Error::InvalidGraph { message: format!("parameter at node {i} reached the op lowering") })
@@ -79,7 +78,7 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             let dtype = node.ty.dtype;
             let init = format!("{v}_init");
             e.line(&format!("{init} = stablehlo.constant {} : {}", dense(&reduce_init(*r, dtype)), tensor_of(dtype, &[])));
-            let region = combiner_region(&v, r.combiner(), dtype);
+            let region = combiner_region(&v, r.combiner(), dtype, true);
             format!(
                 "{v} = \"stablehlo.reduce\"({arg_list}, {init}) ({region}) {{dimensions = {}}} : ({}, {}) -> {ty}",
                 i64_array(&to_i64(dims)),
@@ -127,14 +126,14 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             let window: Vec<usize> = (k..k + table.rank() - 1).collect();
             let window_field =
                 if window.is_empty() { String::new() } else { format!("update_window_dims = {}, ", list(&window)) };
-            let region = combiner_region(&v, BinaryOp::Add, table.dtype);
+            let region = combiner_region(&v, BinaryOp::Add, table.dtype, false);
             format!(
                 "{v} = \"stablehlo.scatter\"({arg_list}) ({region}) {{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<{window_field}inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = {k}>, unique_indices = false}} : {sig}"
             )
         }
         Op::RandomBits { dims } => return Ok(random::emit(e, &v, &args[0], dims)),
         Op::AllReduce { op, replica_groups: g } => {
-            let region = combiner_region(&v, op.combiner(), node.ty.dtype);
+            let region = combiner_region(&v, op.combiner(), node.ty.dtype, false);
             format!("{v} = \"stablehlo.all_reduce\"({arg_list}) ({region}) {{replica_groups = {}}} : {sig}", replica_groups(g))
         }
         Op::AllGather { dim, replica_groups: g } => format!(
@@ -142,7 +141,7 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             replica_groups(g)
         ),
         Op::ReduceScatter { op, dim, replica_groups: g } => {
-            let region = combiner_region(&v, op.combiner(), node.ty.dtype);
+            let region = combiner_region(&v, op.combiner(), node.ty.dtype, false);
             format!(
                 "{v} = \"stablehlo.reduce_scatter\"({arg_list}) ({region}) {{replica_groups = {}, scatter_dimension = {dim} : i64}} : {sig}",
                 replica_groups(g)
@@ -151,46 +150,6 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
     };
     e.line(&line);
     Ok(v)
-}
-
-/// Rejects op/dtype pairs that pass inference but that the lowering cannot express.
-fn check_lowerable(op: &Op, input: &TensorType) -> Result<()> {
-    let unsupported = |dtype| {
-        Err(Error::UnsupportedDType {
-            op: op.name(),
-            dtype,
-        })
-    };
-    match op {
-        // CHLO's erf is defined for f16/f32/f64 (bf16 goes through f32 in the plugin).
-        Op::Unary(UnaryOp::Erf) if input.dtype == DType::F64 => unsupported(input.dtype),
-        Op::Parameter { .. }
-        | Op::Constant(_)
-        | Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Compare(_)
-        | Op::Select
-        | Op::Convert(_)
-        | Op::Iota { .. }
-        | Op::BroadcastInDim { .. }
-        | Op::Reshape { .. }
-        | Op::Transpose { .. }
-        | Op::Slice { .. }
-        | Op::DynamicSlice { .. }
-        | Op::DynamicUpdateSlice
-        | Op::Concatenate { .. }
-        | Op::Pad { .. }
-        | Op::Reduce(..)
-        | Op::ArgMax { .. }
-        | Op::ArgMin { .. }
-        | Op::DotGeneral { .. }
-        | Op::Gather
-        | Op::ScatterAdd
-        | Op::RandomBits { .. }
-        | Op::AllReduce { .. }
-        | Op::AllGather { .. }
-        | Op::ReduceScatter { .. } => Ok(()),
-    }
 }
 
 fn missing(i: usize) -> Error {
@@ -215,11 +174,13 @@ pub(crate) fn reduce_init(r: ReduceOp, dtype: DType) -> Literal {
     Literal::splat(dtype, v, &[])
 }
 
-/// A region `^bb0(a, b): return combine(a, b)` on scalars of `dtype`.
-fn combiner_region(v: &str, op: BinaryOp, dtype: DType) -> String {
+/// A region `^bb0(a, b): return combine(a, b)` on scalars of `dtype`. With `nan_safe`, float
+/// max/min propagate NaN explicitly; collectives take the bare op (the CPU backend accepts only
+/// a single recognized op as a collective's reduction).
+fn combiner_region(v: &str, op: BinaryOp, dtype: DType, nan_safe: bool) -> String {
     let s = tensor_of(dtype, &[]);
     let (a, b, c) = (format!("{v}_a"), format!("{v}_b"), format!("{v}_c"));
-    let body = if dtype.is_float() && matches!(op, BinaryOp::Max | BinaryOp::Min) {
+    let body = if nan_safe && dtype.is_float() && matches!(op, BinaryOp::Max | BinaryOp::Min) {
         nan_propagating(&c, op, &a, &b, &s, &tensor_of(DType::Pred, &[]))
     } else {
         vec![format!("{c} = {} {a}, {b} : {s}", op.stablehlo_name())]
