@@ -292,3 +292,69 @@ fn same_hash_in_another_process() {
     let here = build(Change::None).fingerprint_hex();
     assert_eq!(hashes, vec![here.clone(), here]);
 }
+
+/// Timing of the per-step host work on a 600-node graph (build with inference, canonical bytes
+/// and SHA-256, lowering). Run with `cargo test --release --test hash_canonical -- --ignored
+/// --nocapture`; prints figures, asserts nothing about time.
+#[test]
+#[ignore]
+fn timing_600_nodes() {
+    use std::time::Instant;
+    let build_600 = || {
+        let mut g = Graph::with_capacity(610);
+        let x = g.parameter(t(DType::F32, &[64, 128]));
+        let w = g.parameter(t(DType::F32, &[128, 128]));
+        let mut h = x;
+        while g.len() < 600 {
+            let d = g
+                .push(
+                    Op::DotGeneral {
+                        lhs_batch: vec![],
+                        rhs_batch: vec![],
+                        lhs_contract: vec![1],
+                        rhs_contract: vec![0],
+                    },
+                    &[h, w],
+                )
+                .unwrap();
+            let c = g
+                .push(Op::Constant(Literal::splat(DType::F32, 0.5, &[])), &[])
+                .unwrap();
+            let b = g
+                .push(
+                    Op::BroadcastInDim {
+                        dims: vec![64, 128],
+                        broadcast_dimensions: vec![],
+                    },
+                    &[c],
+                )
+                .unwrap();
+            let m = g.push(Op::Binary(BinaryOp::Mul), &[d, b]).unwrap();
+            h = g.push(Op::Unary(UnaryOp::Tanh), &[m]).unwrap();
+        }
+        g.set_outputs(&[h]).unwrap();
+        g
+    };
+    let reps = 200;
+    let t0 = Instant::now();
+    for _ in 0..reps {
+        std::hint::black_box(build_600());
+    }
+    let build = t0.elapsed() / reps;
+    let g = build_600();
+    let t0 = Instant::now();
+    for _ in 0..reps {
+        std::hint::black_box(g.fingerprint());
+    }
+    let hash = t0.elapsed() / reps;
+    let t0 = Instant::now();
+    for _ in 0..reps {
+        std::hint::black_box(neuron_pc_compiler::lower::to_stablehlo(&g).unwrap());
+    }
+    let lower = t0.elapsed() / reps;
+    println!(
+        "600 nodes: build+infer {build:?} ({:?}/node), canonical bytes {} B, fingerprint {hash:?}, lowering {lower:?}",
+        build / 600,
+        g.canonical_bytes().len()
+    );
+}

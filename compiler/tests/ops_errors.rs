@@ -189,6 +189,16 @@ fn shape_errors_name_the_op_the_operands_and_the_expectation() {
             "",
             "out of range",
         ),
+        (
+            Op::ArgMin {
+                dim: 0,
+                index_dtype: DType::U8,
+            },
+            vec![f32s(&[300])],
+            "argmin",
+            "f32[300]",
+            "u8 cannot index 300",
+        ),
     ];
     for (op, operands, name, shapes, expected) in cases {
         let refs: Vec<&TensorType> = operands.iter().collect();

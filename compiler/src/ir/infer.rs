@@ -244,6 +244,18 @@ pub fn infer(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
                     x.rank()
                 )));
             }
+            let max_index: u64 = match index_dtype {
+                DType::U8 => u8::MAX as u64,
+                DType::I32 => i32::MAX as u64,
+                DType::U32 => u32::MAX as u64,
+                _ => u64::MAX,
+            };
+            if x.dims[*dim] as u64 > max_index.saturating_add(1) {
+                return Err(e(format!(
+                    "{index_dtype} cannot index {} positions along dim {dim}",
+                    x.dims[*dim]
+                )));
+            }
             let kept = (0..x.rank())
                 .filter(|i| i != dim)
                 .map(|i| x.dims[i])
