@@ -1,1 +1,25 @@
-//! Content-addressed store.
+//! neuron-pc's content-addressed store of compiled executables.
+//!
+//! It stores opaque bytes under validated hex keys computed by the compiler crate, and knows
+//! nothing of XLA or graphs. Backends: a local directory, S3 (or any S3-compatible server), and
+//! a tier of the two (local in front: read-through, write-through).
+//!
+//! The rule that shapes it: a broken cache never breaks a training job, and a wrong executable
+//! is never returned. Every read is verified (size, SHA-256, signature when a signing key is
+//! set); a missing, partial or corrupt entry is a miss with a warning, repaired by the next
+//! write. Storage that is unreachable is warned about once and skipped; storage that refuses our
+//! credentials is an error when the cache is opened.
+
+mod cache;
+mod error;
+mod key;
+mod lease;
+mod record;
+mod store;
+
+pub use cache::{Cache, CacheOptions, EntryInfo, Hit, Lookup, Obtained, PutOutcome, Stats, VerifyReport, CACHE_URL_ENV, MAX_SIZE_ENV, READ_ONLY_ENV, SIGNING_KEY_ENV};
+pub use error::{Error, Result};
+pub use key::CacheKey;
+pub use lease::Lease;
+pub use record::{EntryRecord, FailureRecord, ENTRY_FORMAT_VERSION};
+pub use store::{LocalStore, ObjectMeta, PutMode, Store, Tier};

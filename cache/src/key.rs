@@ -1,0 +1,78 @@
+//! Validated cache keys.
+
+use crate::error::{Error, Result};
+
+/// A cache key: exactly 64 lowercase hex characters (a SHA-256 computed by the compiler crate).
+/// Validation is what keeps object names inside the cache root: no separators, no dots, no NUL.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CacheKey(String);
+
+impl CacheKey {
+    pub fn parse(s: &str) -> Result<CacheKey> {
+        if s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            Ok(CacheKey(s.to_string()))
+        } else {
+            let shown: String = s.chars().take(80).collect();
+            Err(Error::InvalidKey { key: shown })
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Two-character shard directory, so no directory holds every entry.
+    pub(crate) fn shard(&self) -> &str {
+        &self.0[..2]
+    }
+}
+
+impl std::fmt::Display for CacheKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_64_lowercase_hex_is_a_key() {
+        let good = "0123456789abcdef".repeat(4);
+        assert_eq!(CacheKey::parse(&good).unwrap().as_str(), good);
+        for bad in [
+            String::new(),
+            good[..63].to_string(),
+            format!("{good}0"),
+            good.to_uppercase(),
+            format!("../{}", &good[3..]),
+            format!("{}/x", &good[..62]),
+            format!("{}\0", &good[..63]),
+            "g".repeat(64),
+            "é".repeat(32),
+            "a".repeat(1 << 20),
+        ] {
+            assert!(CacheKey::parse(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn random_strings_never_pass_unless_they_are_hex() {
+        // A seeded generator over a byte alphabet that includes separators and NUL.
+        let alphabet = b"0123456789abcdefABCDEF./\\\0 -_g";
+        let mut s: u64 = 0x1234_5678;
+        for _ in 0..20_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let len = (s % 70) as usize;
+            let text: String = (0..len)
+                .map(|i| alphabet[((s >> (i % 50)) as usize + i) % alphabet.len()] as char)
+                .collect();
+            let ok = CacheKey::parse(&text).is_ok();
+            let expect = text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+            assert_eq!(ok, expect, "{text:?}");
+        }
+    }
+}

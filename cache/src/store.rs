@@ -1,0 +1,226 @@
+//! Storage backends: named objects (`entries/ab/<key>.json`, `locks/<key>.lock`, ...) with a
+//! create-only put that is the basis of locks and of "first complete entry wins".
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::error::{Error, Result};
+
+/// Which tier served a read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    Local,
+    Remote,
+}
+
+/// How a put treats an existing object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PutMode {
+    Overwrite,
+    /// Only if no object of that name exists (`O_EXCL` locally, `If-None-Match: *` on S3).
+    CreateOnly,
+}
+
+/// One listed object.
+#[derive(Clone, Debug)]
+pub struct ObjectMeta {
+    pub name: String,
+    pub size: u64,
+    pub modified: SystemTime,
+}
+
+/// A place to keep named byte objects.
+pub trait Store: Send + Sync {
+    /// For messages: `/path/to/cache` or `s3://bucket/prefix`.
+    fn describe(&self) -> String;
+    fn tier(&self) -> Tier;
+    /// `Ok(None)` when the object does not exist.
+    fn get(&self, name: &str) -> Result<Option<Vec<u8>>>;
+    /// `Ok(false)` when `CreateOnly` found the object already there.
+    fn put(&self, name: &str, bytes: &[u8], mode: PutMode) -> Result<bool>;
+    /// Deleting a missing object is not an error.
+    fn delete(&self, name: &str) -> Result<()>;
+    /// Objects whose names start with `prefix`.
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>>;
+    /// Marks an object as recently used (for eviction); best effort.
+    fn touch(&self, _name: &str) {}
+}
+
+/// A local directory. Writes go to a temporary file in the target's directory, are fsynced and
+/// renamed into place, so a reader sees the old object, the whole new one, or none.
+pub struct LocalStore {
+    root: PathBuf,
+}
+
+impl LocalStore {
+    /// Opens (and creates) `root`. A symlink as the root or inside it is refused.
+    pub fn open(root: &Path) -> Result<LocalStore> {
+        std::fs::create_dir_all(root).map_err(|source| Error::Io { path: root.display().to_string(), source })?;
+        if std::fs::symlink_metadata(root).map(|m| m.file_type().is_symlink()).unwrap_or(false) {
+            return Err(Error::InvalidUrl { url: root.display().to_string(), message: "the cache root is a symlink".into() });
+        }
+        Ok(LocalStore { root: root.to_path_buf() })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The path of `name`, refusing names that could leave the root or pass through a
+    /// symlink inside it.
+    fn path(&self, name: &str) -> Result<PathBuf> {
+        let bad = || Error::InvalidKey { key: name.chars().take(80).collect() };
+        if name.is_empty() || name.starts_with('/') || name.contains('\0') || name.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+            return Err(bad());
+        }
+        let path = self.root.join(name);
+        let mut p = self.root.clone();
+        for comp in name.split('/') {
+            p.push(comp);
+            if let Ok(m) = std::fs::symlink_metadata(&p) {
+                if m.file_type().is_symlink() {
+                    return Err(Error::Corrupt { key: name.to_string(), message: "symlinks inside the cache are refused".into() });
+                }
+            }
+        }
+        Ok(path)
+    }
+
+    fn io(path: &Path, source: std::io::Error) -> Error {
+        Error::Io { path: path.display().to_string(), source }
+    }
+}
+
+impl Store for LocalStore {
+    fn describe(&self) -> String {
+        self.root.display().to_string()
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::Local
+    }
+
+    fn get(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let path = self.path(name)?;
+        match std::fs::read(&path) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Self::io(&path, e)),
+        }
+    }
+
+    fn put(&self, name: &str, bytes: &[u8], mode: PutMode) -> Result<bool> {
+        let path = self.path(name)?;
+        let dir = path.parent().expect("object paths have a parent").to_path_buf();
+        std::fs::create_dir_all(&dir).map_err(|e| Self::io(&dir, e))?;
+        if mode == PutMode::CreateOnly {
+            // O_EXCL creation of the final name is the atomic "first one wins"; the content
+            // is small (locks, failure records) and written before anyone trusts it (readers
+            // treat an unreadable lock as held until it expires).
+            let mut f = match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+                Err(e) => return Err(Self::io(&path, e)),
+            };
+            let written = f.write_all(bytes).and_then(|_| f.sync_all());
+            if let Err(e) = written {
+                let _ = std::fs::remove_file(&path);
+                return Err(Self::io(&path, e));
+            }
+            return Ok(true);
+        }
+        let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let tmp = dir.join(format!(".tmp.{file_name}.{}.{}", std::process::id(), unique()));
+        let result = (|| -> std::io::Result<()> {
+            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            f.write_all(bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            std::fs::File::open(&dir)?.sync_all()
+        })();
+        if let Err(e) = result {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Self::io(&path, e));
+        }
+        Ok(true)
+    }
+
+    fn delete(&self, name: &str) -> Result<()> {
+        let path = self.path(name)?;
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Self::io(&path, e)),
+        }
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
+        let mut out = Vec::new();
+        let mut stack = vec![self.root.clone()];
+        while let Some(dir) = stack.pop() {
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(Self::io(&dir, e)),
+            };
+            for entry in entries.flatten() {
+                // A file removed between listing and stat is simply skipped.
+                let Ok(meta) = std::fs::symlink_metadata(entry.path()) else { continue };
+                if meta.file_type().is_symlink() {
+                    continue;
+                }
+                let Ok(rel) = entry.path().strip_prefix(&self.root).map(|r| r.to_string_lossy().into_owned()) else {
+                    continue;
+                };
+                if meta.is_dir() {
+                    if prefix.starts_with(&rel) || rel.starts_with(prefix.trim_end_matches('/')) || prefix.is_empty() {
+                        stack.push(entry.path());
+                    }
+                } else if rel.starts_with(prefix) && !rel.rsplit('/').next().unwrap_or("").starts_with(".tmp.") {
+                    out.push(ObjectMeta { name: rel, size: meta.len(), modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH) });
+                }
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    fn touch(&self, name: &str) {
+        if let Ok(path) = self.path(name) {
+            if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&path) {
+                let _ = f.set_modified(SystemTime::now());
+            }
+        }
+    }
+}
+
+fn unique() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+impl LocalStore {
+    /// Removes temporary files older than `age` left by writers that died mid-write.
+    pub fn clean_temporaries(&self, age: std::time::Duration) -> usize {
+        let mut removed = 0;
+        let mut stack = vec![self.root.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            for entry in entries.flatten() {
+                let Ok(meta) = std::fs::symlink_metadata(entry.path()) else { continue };
+                if meta.is_dir() {
+                    stack.push(entry.path());
+                } else if entry.file_name().to_string_lossy().starts_with(".tmp.")
+                    && meta.modified().ok().and_then(|m| m.elapsed().ok()).is_some_and(|e| e >= age)
+                    && std::fs::remove_file(entry.path()).is_ok()
+                {
+                    removed += 1;
+                }
+            }
+        }
+        removed
+    }
+}
