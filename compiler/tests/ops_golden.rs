@@ -308,6 +308,17 @@ fn collectives_execute_on_two_devices() {
     let gathered: Vec<f32> = (0..4)
         .flat_map(|r| [x0[2 * r], x0[2 * r + 1], x1[2 * r], x1[2 * r + 1]])
         .collect();
+    // The reference agrees when it runs the two replicas in lockstep.
+    let inputs = [
+        vec![HostTensor::from_slice(&x0, &[4, 2]).unwrap()],
+        vec![HostTensor::from_slice(&x1, &[4, 2]).unwrap()],
+    ];
+    let want = neuron_pc_compiler::reference::evaluate_replicated(&collectives(), &inputs).unwrap();
+    for (r, outs) in want.iter().enumerate() {
+        for (k, w) in outs.iter().enumerate() {
+            assert_eq!(&out[r][k].to_host().unwrap(), w, "replica {r} output {k}");
+        }
+    }
     for r in 0..2 {
         assert_eq!(host(r, 0), sum, "all_reduce on replica {r}");
         assert_eq!(host(r, 1), gathered, "all_gather on replica {r}");
@@ -316,5 +327,83 @@ fn collectives_execute_on_two_devices() {
             max[4 * r..4 * r + 4].to_vec(),
             "reduce_scatter on replica {r}"
         );
+    }
+}
+
+/// Four replicas in two interleaved groups: device results equal the lockstep reference.
+#[test]
+fn collectives_with_interleaved_groups_match_the_reference() {
+    use neuron_pc_compiler::pjrt::Device;
+    let client = ops_common::client();
+    if client.device_count() < 4 {
+        panic!(
+            "the cpu plugin should expose 4 devices, has {}",
+            client.device_count()
+        );
+    }
+    let groups = vec![vec![0, 2], vec![1, 3]];
+    let mut g = Graph::new();
+    let x = g.parameter(ty(DType::I32, &[4, 3]));
+    let s = g
+        .push(
+            Op::AllReduce {
+                op: ReduceOp::Sum,
+                replica_groups: groups.clone(),
+            },
+            &[x],
+        )
+        .unwrap();
+    let a = g
+        .push(
+            Op::AllGather {
+                dim: 0,
+                replica_groups: groups.clone(),
+            },
+            &[x],
+        )
+        .unwrap();
+    let r = g
+        .push(
+            Op::ReduceScatter {
+                op: ReduceOp::Min,
+                dim: 0,
+                replica_groups: groups,
+            },
+            &[x],
+        )
+        .unwrap();
+    g.set_outputs(&[s, a, r]).unwrap();
+    let text = lower::to_stablehlo(&g).unwrap();
+    let exe = client
+        .compile(
+            &text,
+            &CompileOptions {
+                num_replicas: 4,
+                ..CompileOptions::default()
+            },
+        )
+        .unwrap();
+    let mut rng = Rng::new(9);
+    let inputs: Vec<Vec<_>> = (0..4)
+        .map(|_| {
+            vec![random_tensor(
+                &mut rng,
+                &ty(DType::I32, &[4, 3]),
+                Domain::Range(-50.0, 50.0),
+            )]
+        })
+        .collect();
+    let bufs: Vec<_> = inputs
+        .iter()
+        .enumerate()
+        .map(|(d, i)| client.buffer_from_host(&i[0], Device(d)).unwrap())
+        .collect();
+    let args: Vec<Vec<_>> = bufs.iter().map(|b| vec![b]).collect();
+    let out = exe.execute_replicated(&args).unwrap();
+    let want = neuron_pc_compiler::reference::evaluate_replicated(&g, &inputs).unwrap();
+    for (r, outs) in want.iter().enumerate() {
+        for (k, w) in outs.iter().enumerate() {
+            assert_eq!(&out[r][k].to_host().unwrap(), w, "replica {r} output {k}");
+        }
     }
 }

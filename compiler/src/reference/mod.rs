@@ -6,9 +6,11 @@
 //! division-by-zero rules XLA gives StableHLO. It shares nothing with the lowering code
 //! except the IR, so the two check each other. Other crates' tests use it too.
 //!
-//! Collectives are evaluated for one replica only (groups of size 1); anything else is an
-//! [`Error::Evaluate`].
+//! [`evaluate`] runs one replica, where collectives over groups of one are the identity (larger
+//! groups are an [`Error::Evaluate`]); [`evaluate_replicated`] runs several replicas in lockstep
+//! and combines their values in each collective.
 
+mod collective;
 mod data;
 mod elementwise;
 mod random;
@@ -24,8 +26,79 @@ pub use elementwise::erf;
 pub use random::threefry2x32;
 
 /// Runs `graph` on `inputs` (one per parameter, in parameter order) and returns its outputs.
+/// Collectives must have groups of one replica (they are then the identity).
 pub fn evaluate(graph: &Graph, inputs: &[HostTensor]) -> Result<Vec<HostTensor>> {
     graph.validate()?;
+    check_inputs(graph, inputs)?;
+    let mut values: Vec<Value> = Vec::with_capacity(graph.len());
+    for node in graph.nodes() {
+        let v = match &node.op {
+            Op::Parameter { index } => Value::from_host(&inputs[*index]),
+            _ => {
+                let args: Vec<&Value> = node.operands.iter().map(|o| &values[o.0]).collect();
+                Value {
+                    ty: node.ty.clone(),
+                    data: eval_node(node, &args)?,
+                }
+            }
+        };
+        values.push(v);
+    }
+    graph
+        .outputs()
+        .iter()
+        .map(|o| values[o.0].to_host())
+        .collect()
+}
+
+/// Runs `graph` as `inputs.len()` replicas in lockstep (replica `r` takes `inputs[r]`), so
+/// collectives combine the values of the replicas in each of their groups. Every replica
+/// must belong to a group of every collective.
+pub fn evaluate_replicated(
+    graph: &Graph,
+    inputs: &[Vec<HostTensor>],
+) -> Result<Vec<Vec<HostTensor>>> {
+    graph.validate()?;
+    for replica in inputs {
+        check_inputs(graph, replica)?;
+    }
+    let mut values: Vec<Vec<Value>> = inputs
+        .iter()
+        .map(|_| Vec::with_capacity(graph.len()))
+        .collect();
+    for node in graph.nodes() {
+        let row: Vec<Value> = match &node.op {
+            Op::Parameter { index } => inputs
+                .iter()
+                .map(|r| Value::from_host(&r[*index]))
+                .collect(),
+            Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => {
+                let operand: Vec<&Value> = values.iter().map(|v| &v[node.operands[0].0]).collect();
+                collective::eval(node, &operand)?
+            }
+            _ => {
+                let mut row = Vec::with_capacity(inputs.len());
+                for v in &values {
+                    let args: Vec<&Value> = node.operands.iter().map(|o| &v[o.0]).collect();
+                    row.push(Value {
+                        ty: node.ty.clone(),
+                        data: eval_node(node, &args)?,
+                    });
+                }
+                row
+            }
+        };
+        for (v, x) in values.iter_mut().zip(row) {
+            v.push(x);
+        }
+    }
+    values
+        .iter()
+        .map(|v| graph.outputs().iter().map(|o| v[o.0].to_host()).collect())
+        .collect()
+}
+
+fn check_inputs(graph: &Graph, inputs: &[HostTensor]) -> Result<()> {
     let params = graph.parameter_types();
     if inputs.len() != params.len() {
         return Err(Error::Argument {
@@ -47,25 +120,7 @@ pub fn evaluate(graph: &Graph, inputs: &[HostTensor]) -> Result<Vec<HostTensor>>
             });
         }
     }
-    let mut values: Vec<Value> = Vec::with_capacity(graph.len());
-    for node in graph.nodes() {
-        let v = match &node.op {
-            Op::Parameter { index } => Value::from_host(&inputs[*index]),
-            _ => {
-                let args: Vec<&Value> = node.operands.iter().map(|o| &values[o.0]).collect();
-                Value {
-                    ty: node.ty.clone(),
-                    data: eval_node(node, &args)?,
-                }
-            }
-        };
-        values.push(v);
-    }
-    graph
-        .outputs()
-        .iter()
-        .map(|o| values[o.0].to_host())
-        .collect()
+    Ok(())
 }
 
 fn eval_node(node: &Node, a: &[&Value]) -> Result<Data> {
