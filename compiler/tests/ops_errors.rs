@@ -408,3 +408,84 @@ fn reference_evaluator_checks_its_inputs() {
         })
     ));
 }
+
+/// Attributes from untrusted graphs can be absurd; they give errors, not overflow panics.
+#[test]
+fn absurd_sizes_are_errors_not_panics() {
+    let big = usize::MAX;
+    let cases: Vec<(Op, Vec<TensorType>)> = vec![
+        (Op::Reshape { dims: vec![big, 2] }, vec![f32s(&[4])]),
+        (
+            Op::Iota {
+                dims: vec![big, big],
+                dim: 0,
+                dtype: DType::I32,
+            },
+            vec![],
+        ),
+        (
+            Op::Iota {
+                dims: vec![big / 2],
+                dim: 0,
+                dtype: DType::I64,
+            },
+            vec![],
+        ),
+        (
+            Op::BroadcastInDim {
+                dims: vec![big, 3],
+                broadcast_dimensions: vec![],
+            },
+            vec![f32s(&[])],
+        ),
+        (
+            Op::Constant(Literal::splat(DType::F32, 1.0, &[big, big])),
+            vec![],
+        ),
+        (
+            Op::Pad {
+                low: vec![i64::MAX],
+                high: vec![i64::MAX],
+                interior: vec![big],
+            },
+            vec![f32s(&[3]), f32s(&[])],
+        ),
+        (
+            Op::Concatenate { dim: 0 },
+            vec![f32s(&[big / 2 + 1]), f32s(&[big / 2 + 1])],
+        ),
+        (
+            Op::AllGather {
+                dim: 0,
+                replica_groups: vec![vec![0, 1, 2]],
+            },
+            vec![f32s(&[big / 2])],
+        ),
+        (
+            Op::RandomBits {
+                dims: vec![big, big],
+            },
+            vec![ty(DType::U32, &[2])],
+        ),
+        (Op::Gather, vec![f32s(&[0, 4]), ty(DType::I32, &[3])]),
+    ];
+    for (op, operands) in cases {
+        let refs: Vec<&TensorType> = operands.iter().collect();
+        assert!(
+            infer(&op, &refs).is_err(),
+            "{op} on {operands:?} should be refused"
+        );
+    }
+    let p = Node {
+        op: Op::Parameter { index: 0 },
+        operands: vec![],
+        ty: f32s(&[big, 4]),
+    };
+    let r = Graph::from_nodes(vec![p], vec![NodeId(0)]);
+    assert!(matches!(r, Err(Error::InvalidGraph { .. })), "{r:?}");
+    let mut g = Graph::new();
+    let x = g.parameter(f32s(&[big, 4]));
+    g.set_outputs(&[x]).unwrap();
+    assert!(lower::to_stablehlo(&g).is_err());
+    assert!(reference::evaluate(&g, &[HostTensor::zeros(DType::F32, &[1])]).is_err());
+}

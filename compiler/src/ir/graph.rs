@@ -131,6 +131,12 @@ impl Graph {
         let mut seen_params = vec![false; self.params.len()];
         let mut count = 0;
         for (i, node) in self.nodes.iter().enumerate() {
+            if node.ty.checked_size().is_none() {
+                return invalid(format!(
+                    "node {i} has type {}, too large to address",
+                    node.ty
+                ));
+            }
             if let Op::Parameter { index } = node.op {
                 if !node.operands.is_empty() {
                     return invalid(format!("parameter node {i} has operands"));

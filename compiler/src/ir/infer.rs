@@ -13,6 +13,21 @@ use super::types::TensorType;
 /// error). [`Op::Parameter`] has no inferable type (its type is given to `Graph::parameter`),
 /// so it is an error here.
 pub fn infer(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
+    let ty = infer_type(op, operands)?;
+    if ty.checked_size().is_none() {
+        return Err(shape_error(
+            op,
+            operands,
+            format!(
+                "the result {:?} has more bytes than memory can address",
+                ty.dims
+            ),
+        ));
+    }
+    Ok(ty)
+}
+
+fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
     let e = |message: String| shape_error(op, operands, message);
     match op {
         Op::Parameter { .. } => Err(e(
@@ -93,7 +108,8 @@ pub fn infer(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
         }
         Op::Reshape { dims } => {
             let x = unary(op, operands)?;
-            if dims.iter().product::<usize>() != x.element_count() {
+            let count = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+            if count != Some(x.element_count()) {
                 return Err(e(format!(
                     "cannot reshape {} elements into {dims:?}",
                     x.element_count()
@@ -184,7 +200,9 @@ pub fn infer(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
                         "operands must share dtype and every dimension but {dim}"
                     )));
                 }
-                dims[*dim] += y.dims[*dim];
+                dims[*dim] = dims[*dim]
+                    .checked_add(y.dims[*dim])
+                    .ok_or_else(|| e("the result is too large".to_string()))?;
             }
             Ok(TensorType::new(x.dtype, dims))
         }
@@ -204,9 +222,10 @@ pub fn infer(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             }
             let mut dims = Vec::with_capacity(r);
             for i in 0..r {
-                let d = x.dims[i] as i64;
-                let n = low[i] + high[i] + d + (d - 1).max(0) * interior[i] as i64;
-                if n < 0 {
+                // i128 holds every sum of these i64/usize terms without overflow.
+                let d = x.dims[i] as i128;
+                let n = low[i] as i128 + high[i] as i128 + d + (d - 1).max(0) * interior[i] as i128;
+                if n < 0 || n > usize::MAX as i128 {
                     return Err(e(format!("dimension {i} would have negative size {n}")));
                 }
                 dims.push(n as usize);
@@ -341,7 +360,8 @@ pub fn infer(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             if k.dtype != DType::U32 || k.dims != [2] {
                 return Err(e("the key must be u32[2]".to_string()));
             }
-            if dims.iter().product::<usize>() > u32::MAX as usize {
+            let count = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+            if count.is_none_or(|n| n > u32::MAX as usize) {
                 return Err(e(
                     "at most 2^32-1 elements (the counter is 32 bits)".to_string()
                 ));
@@ -370,7 +390,9 @@ pub fn infer(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
                 )));
             }
             let mut dims = x.dims.clone();
-            dims[*dim] *= n;
+            dims[*dim] = dims[*dim]
+                .checked_mul(n)
+                .ok_or_else(|| e("the result is too large".to_string()))?;
             Ok(TensorType::new(x.dtype, dims))
         }
         Op::ReduceScatter {
@@ -478,11 +500,11 @@ fn table_and_indices(
     table: &TensorType,
     idx: &TensorType,
 ) -> Result<()> {
-    if table.rank() == 0 {
+    if table.dims.first().is_none_or(|&rows| rows == 0) {
         return Err(shape_error(
             op,
             operands,
-            "the table needs at least one dimension (its rows)".to_string(),
+            "the table needs a first dimension with at least one row".to_string(),
         ));
     }
     if !idx.dtype.is_int() {

@@ -30,13 +30,23 @@ impl TensorType {
         self.dims.len()
     }
 
+    /// The number of elements (saturating at `usize::MAX`; [`TensorType::checked_size`] tells
+    /// whether the type is addressable at all).
     pub fn element_count(&self) -> usize {
-        self.dims.iter().product()
+        self.dims.iter().fold(1usize, |a, &d| a.saturating_mul(d))
+    }
+
+    /// Bytes of a dense value, or `None` if that overflows `usize`.
+    pub fn checked_size(&self) -> Option<usize> {
+        self.dims
+            .iter()
+            .try_fold(self.dtype.size_in_bytes(), |a, &d| a.checked_mul(d))
     }
 
     /// Host bytes of a dense value of this type.
     pub fn size_in_bytes(&self) -> usize {
-        self.element_count() * self.dtype.size_in_bytes()
+        self.element_count()
+            .saturating_mul(self.dtype.size_in_bytes())
     }
 }
 
@@ -139,7 +149,7 @@ impl Literal {
     }
 
     pub fn element_count(&self) -> usize {
-        self.dims.iter().product()
+        self.dims.iter().fold(1usize, |a, &d| a.saturating_mul(d))
     }
 
     /// Element `i` as f64 (exact except i64 beyond 2^53); `None` past the end.
@@ -162,7 +172,7 @@ impl Literal {
     pub fn check(&self) -> Result<()> {
         let w = self.dtype.size_in_bytes();
         let n = self.element_count();
-        if self.bytes.len() == w || self.bytes.len() == n * w {
+        if self.bytes.len() == w || Some(self.bytes.len()) == n.checked_mul(w) {
             Ok(())
         } else {
             Err(Error::InvalidGraph {
