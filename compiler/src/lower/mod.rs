@@ -8,7 +8,14 @@
 //!
 //! A few primitives expand to several StableHLO ops: argmax/argmin are a two-operand reduce
 //! over (value, index) pairs, random bits are threefry-2x32 written out in integer ops, and
-//! reductions get their init constants here.
+//! reductions get their init constants here. Float max/min (elementwise and in reductions) add
+//! explicit NaN checks: the XLA CPU plugin's default fast min/max drops a NaN in one operand,
+//! while StableHLO (and the reference evaluator) propagate it. Collectives keep the bare
+//! combiner, since the CPU backend accepts nothing else there. erf is CHLO's `chlo.erf`, which
+//! the plugin legalizes.
+//!
+//! Every op/dtype pair that [`crate::ir::infer`] accepts lowers; the graph is re-validated
+//! first, so an unsupported pair in a graph from elsewhere is [`crate::Error::UnsupportedDType`].
 
 mod ops;
 mod random;
@@ -21,8 +28,7 @@ use crate::ir::{Graph, Op};
 
 /// The StableHLO text of `graph`: `module @main { func.func public @main(...) -> (...) }`.
 ///
-/// The graph is validated first (graphs also arrive from files and other frontends); an op on
-/// a dtype the lowering does not support is [`crate::Error::UnsupportedDType`].
+/// The graph is validated first (graphs also arrive from files and other frontends).
 pub fn to_stablehlo(graph: &Graph) -> Result<String> {
     graph.validate()?;
     let mut e = Emitter {
