@@ -164,6 +164,13 @@ pub(crate) fn dot_general(
         .filter(|i| !rb.contains(i) && !rc.contains(i))
         .collect();
     let cdims: Vec<usize> = lc.iter().map(|&i| l.ty.dims[i]).collect();
+    // The (lhs, rhs) offsets of every contraction position, the same for each output element.
+    let mut offsets = Vec::new();
+    for_each_index(&cdims, |_, c| {
+        let lo: usize = c.iter().zip(lc).map(|(&v, &d)| v * ls[d]).sum();
+        let ro: usize = c.iter().zip(rc).map(|(&v, &d)| v * rs[d]).sum();
+        offsets.push((lo, ro));
+    });
     let float = l.ty.dtype.is_float();
     let mut vals = Vec::with_capacity(out.element_count());
     for_each_index(&out.dims, |_, o| {
@@ -182,24 +189,14 @@ pub(crate) fn dot_general(
             rbase += v * rs[rfree[k]];
         }
         let (mut fsum, mut isum) = (0.0f64, 0i64);
-        for_each_index(&cdims, |_, c| {
-            let li = lbase
-                + c.iter()
-                    .enumerate()
-                    .map(|(k, &v)| v * ls[lc[k]])
-                    .sum::<usize>();
-            let ri = rbase
-                + c.iter()
-                    .enumerate()
-                    .map(|(k, &v)| v * rs[rc[k]])
-                    .sum::<usize>();
-            let (a, b) = (l.data.get(li), r.data.get(ri));
+        for &(lo, ro) in &offsets {
+            let (a, b) = (l.data.get(lbase + lo), r.data.get(rbase + ro));
             if float {
                 fsum += a.as_f64() * b.as_f64();
             } else {
                 isum = isum.wrapping_add(a.as_i64().wrapping_mul(b.as_i64()));
             }
-        });
+        }
         vals.push(if float {
             Scalar::F(fsum)
         } else {
