@@ -2,7 +2,7 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, CompareOp, Graph, Literal, Node, Op, ReduceOp, TensorType, UnaryOp};
+use crate::ir::{BinaryOp, CompareOp, Graph, Literal, Node, Op, ReduceOp, TensorType};
 
 use super::text::{dense, i64_array, list, replica_groups, tensor, tensor_of};
 use super::{random, Emitter};
@@ -25,11 +25,8 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             return Err(Error::InvalidGraph { message: format!("parameter at node {i} reached the op lowering") })
         }
         Op::Constant(lit) => format!("{v} = stablehlo.constant {} : {ty}", dense(lit)),
-        Op::Unary(u) => match u {
-            // CHLO ops are spelled generically; the plugin legalizes them to StableHLO.
-            UnaryOp::Erf => format!("{v} = \"{}\"({arg_list}) : {sig}", u.stablehlo_name()),
-            _ => format!("{v} = {} {arg_list} : {ty}", u.stablehlo_name()),
-        },
+        // Every unary op in the generic form (CHLO's erf included; the plugin legalizes it).
+        Op::Unary(u) => format!("{v} = \"{}\"({arg_list}) : {sig}", u.stablehlo_name()),
         Op::Binary(b @ (BinaryOp::Max | BinaryOp::Min)) if node.ty.dtype.is_float() => {
             let pred = tensor_of(DType::Pred, &node.ty.dims);
             for l in nan_propagating(&v, *b, &args[0], &args[1], &ty, &pred) {

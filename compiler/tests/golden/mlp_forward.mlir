@@ -11,7 +11,7 @@ module @main {
     %v9_t = "stablehlo.select"(%v9_bn, %v8, %v9_m) : (tensor<4x16xi1>, tensor<4x16xf32>, tensor<4x16xf32>) -> tensor<4x16xf32>
     %v9 = "stablehlo.select"(%v9_an, %v6, %v9_t) : (tensor<4x16xi1>, tensor<4x16xf32>, tensor<4x16xf32>) -> tensor<4x16xf32>
     %v10 = "stablehlo.dot_general"(%v9, %arg3) {dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [1]>} : (tensor<4x16xf32>, tensor<3x16xf32>) -> tensor<4x3xf32>
-    %v11 = stablehlo.tanh %v10 : tensor<4x3xf32>
+    %v11 = "stablehlo.tanh"(%v10) : (tensor<4x3xf32>) -> tensor<4x3xf32>
     return %v11 : tensor<4x3xf32>
   }
 }

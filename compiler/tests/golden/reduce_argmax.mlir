@@ -12,7 +12,7 @@ module @main {
     }) {dimensions = array<i64: 1>} : (tensor<4x10xf32>, tensor<f32>) -> tensor<4xf32>
     %v2 = "stablehlo.broadcast_in_dim"(%v1) {broadcast_dimensions = array<i64: 0>} : (tensor<4xf32>) -> tensor<4x10xf32>
     %v3 = stablehlo.subtract %arg0, %v2 : tensor<4x10xf32>
-    %v4 = stablehlo.exponential %v3 : tensor<4x10xf32>
+    %v4 = "stablehlo.exponential"(%v3) : (tensor<4x10xf32>) -> tensor<4x10xf32>
     %v5_init = stablehlo.constant dense<0.0> : tensor<f32>
     %v5 = "stablehlo.reduce"(%v4, %v5_init) ({
     ^bb0(%v5_a: tensor<f32>, %v5_b: tensor<f32>):
