@@ -226,8 +226,10 @@ fn arg_reduce(
     e.line(&format!("{v}_initi = stablehlo.constant dense<0> : {si}"));
     let ct = CompareOp::compare_type(vd);
     let dir = if max { "GT" } else { "LT" };
+    // Integers: `a` wins when strictly better. Floats: also when `a` is NaN and `b` is not.
+    let better = if vd.is_float() { "better" } else { "win" };
     let mut body = vec![format!(
-        "{v}_better = stablehlo.compare {dir}, {v}_a, {v}_b, {ct} : ({s}, {s}) -> {pred}"
+        "{v}_{better} = stablehlo.compare {dir}, {v}_a, {v}_b, {ct} : ({s}, {s}) -> {pred}"
     )];
     if vd.is_float() {
         body.extend([
@@ -241,10 +243,9 @@ fn arg_reduce(
             format!("{v}_eq = stablehlo.or {v}_eq0, {v}_bothnan : {pred}"),
         ]);
     } else {
-        body.extend([
-            format!("{v}_win = stablehlo.or {v}_better, {v}_better : {pred}"),
-            format!("{v}_eq = stablehlo.compare EQ, {v}_a, {v}_b, {ct} : ({s}, {s}) -> {pred}"),
-        ]);
+        body.push(format!(
+            "{v}_eq = stablehlo.compare EQ, {v}_a, {v}_b, {ct} : ({s}, {s}) -> {pred}"
+        ));
     }
     let ict = CompareOp::compare_type(idx);
     body.extend([
