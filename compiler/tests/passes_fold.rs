@@ -179,3 +179,40 @@ fn folding_on_the_step_graph_keeps_results() {
     );
     assert_same(&eval(&g, &inputs), &eval(&f, &inputs), "step fold");
 }
+
+#[test]
+fn expensive_folds_are_left_to_the_device() {
+    // [32, 8192] x [8192, 32]: a 1024-element result, but 8M multiply-adds.
+    let mut g = Graph::new();
+    let a = splat_dense(&mut g, &[32, 8192]);
+    let b = splat_dense(&mut g, &[8192, 32]);
+    let d = g
+        .push(
+            Op::DotGeneral {
+                lhs_batch: vec![],
+                rhs_batch: vec![],
+                lhs_contract: vec![1],
+                rhs_contract: vec![0],
+            },
+            &[a, b],
+        )
+        .unwrap();
+    g.set_outputs(&[d]).unwrap();
+    let t = std::time::Instant::now();
+    let f = constant_fold(&g, 1 << 16).unwrap();
+    assert_eq!(count(&f, |o| matches!(o, Op::DotGeneral { .. })), 1);
+    assert!(t.elapsed().as_secs_f64() < 1.0);
+    // The same shapes with a generous limit do fold (and the values are right: 0.5 * 0.25 * 8192).
+    let small = constant_fold(&g, 1 << 20).unwrap();
+    assert_eq!(
+        constants(&dce(&small).unwrap()),
+        vec![Literal::splat(DType::F32, 1024.0, &[32, 32])]
+    );
+}
+
+/// A dense (not splat) literal: 0.5 everywhere for the `[32, _]` operand, 0.25 for the other.
+fn splat_dense(g: &mut Graph, dims: &[usize]) -> NodeId {
+    let v = if dims[0] == 32 { 0.5 } else { 0.25 };
+    let n: usize = dims.iter().product();
+    dense(g, &vec![v; n], dims)
+}

@@ -5,7 +5,9 @@
 //! Size rules, so that folding never bloats the program or spends long evaluating:
 //! - elementwise ops (unary, binary, compare, select, convert) on splat operands are evaluated
 //!   on one element and give a splat, whatever the shape;
-//! - anything else is evaluated only when its result has at most `limit` elements, and kept
+//! - anything else is evaluated only when its result has at most `limit` elements and the
+//!   evaluation costs at most 16 element operations per element of `limit` (a constant matmul
+//!   with a small result can still be billions of multiply-adds), and is kept
 //!   only as a splat (when all elements are equal) or when the dense result holds no more
 //!   elements than its operands together (a `broadcast_in_dim` or `pad` of a dense constant
 //!   would multiply the constant data in the program text, so it stays an op);
@@ -64,7 +66,9 @@ impl Fold {
             let out = evaluate_one(&node.op, &scalars)?;
             return Literal::splat_bytes(out.dtype(), out.bytes(), dims).ok();
         }
-        if node.ty.element_count() > self.limit {
+        if node.ty.element_count() > self.limit
+            || work(&node.op, &lits, node) > WORK_FACTOR * self.limit
+        {
             return None;
         }
         let owned: Vec<Literal> = lits.iter().map(|&l| l.clone()).collect();
@@ -76,6 +80,27 @@ impl Fold {
         }
         let operand_elements: usize = lits.iter().map(|l| l.element_count()).sum();
         (out.element_count() <= operand_elements).then(|| Literal::dense(&out))
+    }
+}
+
+/// Folding may spend this many element operations per element of the size limit; beyond it
+/// (a large constant matmul with a small result, say) the op is left for the device.
+const WORK_FACTOR: usize = 16;
+
+/// Element operations the reference evaluator spends on `node`, roughly.
+fn work(op: &Op, operands: &[&Literal], node: &Node) -> usize {
+    let inputs: usize = operands.iter().map(|l| l.element_count()).sum();
+    match op {
+        Op::DotGeneral { lhs_contract, .. } => {
+            let contracted: usize = operands.first().map_or(1, |l| {
+                lhs_contract
+                    .iter()
+                    .map(|&d| l.dims().get(d).copied().unwrap_or(1))
+                    .product()
+            });
+            node.ty.element_count().saturating_mul(contracted)
+        }
+        _ => inputs.saturating_add(node.ty.element_count()),
     }
 }
 
