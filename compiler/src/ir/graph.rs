@@ -13,6 +13,7 @@ use super::types::TensorType;
 pub struct NodeId(pub usize);
 
 impl NodeId {
+    /// The position in the arena.
     pub fn index(self) -> usize {
         self.0
     }
@@ -27,8 +28,11 @@ impl fmt::Display for NodeId {
 /// One op applied to earlier nodes, with its inferred result type.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Node {
+    /// What the node computes.
     pub op: Op,
+    /// Its operands, all earlier nodes.
     pub operands: Vec<NodeId>,
+    /// Its result type, as inference gives it.
     pub ty: TensorType,
 }
 
@@ -46,10 +50,12 @@ pub struct Graph {
 }
 
 impl Graph {
+    /// An empty graph.
     pub fn new() -> Graph {
         Graph::default()
     }
 
+    /// An empty graph with room for `nodes` nodes.
     pub fn with_capacity(nodes: usize) -> Graph {
         Graph {
             nodes: Vec::with_capacity(nodes),
@@ -208,6 +214,7 @@ impl Graph {
         &self.nodes[id.0].ty
     }
 
+    /// The outputs, in order.
     pub fn outputs(&self) -> &[NodeId] {
         &self.outputs
     }
@@ -238,6 +245,7 @@ impl Graph {
         self.nodes.len()
     }
 
+    /// True when the graph has no nodes at all.
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }

@@ -202,6 +202,7 @@ pub enum DTypeClass {
 }
 
 impl DTypeClass {
+    /// True when `d` is in the class.
     pub fn contains(self, d: DType) -> bool {
         match self {
             DTypeClass::Float => d.is_float(),
@@ -220,6 +221,7 @@ impl DTypeClass {
             .collect()
     }
 
+    /// The class in words, for messages.
     pub fn describe(self) -> &'static str {
         match self {
             DTypeClass::Float => "a float dtype",
@@ -254,6 +256,7 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
+    /// Every unary op.
     pub const ALL: [UnaryOp; 16] = [
         UnaryOp::Neg,
         UnaryOp::Abs,
@@ -273,6 +276,7 @@ impl UnaryOp {
         UnaryOp::Not,
     ];
 
+    /// A short lowercase name for messages.
     pub fn name(self) -> &'static str {
         match self {
             UnaryOp::Neg => "neg",
@@ -358,6 +362,7 @@ pub enum BinaryOp {
 }
 
 impl BinaryOp {
+    /// Every binary op.
     pub const ALL: [BinaryOp; 11] = [
         BinaryOp::Add,
         BinaryOp::Sub,
@@ -372,6 +377,7 @@ impl BinaryOp {
         BinaryOp::Xor,
     ];
 
+    /// A short lowercase name for messages.
     pub fn name(self) -> &'static str {
         match self {
             BinaryOp::Add => "add",
@@ -388,6 +394,7 @@ impl BinaryOp {
         }
     }
 
+    /// The StableHLO op that computes it.
     pub fn stablehlo_name(self) -> &'static str {
         match self {
             BinaryOp::Add => "stablehlo.add",
@@ -404,6 +411,7 @@ impl BinaryOp {
         }
     }
 
+    /// The dtypes the op takes.
     pub fn dtypes(self) -> DTypeClass {
         match self {
             BinaryOp::Add
@@ -431,6 +439,7 @@ pub enum CompareOp {
 }
 
 impl CompareOp {
+    /// Every comparison.
     pub const ALL: [CompareOp; 6] = [
         CompareOp::Eq,
         CompareOp::Ne,
@@ -440,6 +449,7 @@ impl CompareOp {
         CompareOp::Ge,
     ];
 
+    /// A short lowercase name for messages.
     pub fn name(self) -> &'static str {
         match self {
             CompareOp::Eq => "eq",
@@ -474,6 +484,7 @@ impl CompareOp {
         }
     }
 
+    /// The dtypes the op takes.
     pub fn dtypes(self) -> DTypeClass {
         DTypeClass::Any
     }
@@ -489,8 +500,10 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
+    /// Every reduction.
     pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod];
 
+    /// A short lowercase name for messages.
     pub fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "reduce_sum",
@@ -510,6 +523,7 @@ impl ReduceOp {
         }
     }
 
+    /// The dtypes the op takes.
     pub fn dtypes(self) -> DTypeClass {
         DTypeClass::Numeric
     }

@@ -9,11 +9,14 @@ use crate::host::{read_as_f64, write_f64_as, HostTensor};
 /// A static tensor type: element type and dimensions (row-major; `[]` is a scalar).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TensorType {
+    /// The element type.
     pub dtype: DType,
+    /// The dimensions, outermost first.
     pub dims: Vec<usize>,
 }
 
 impl TensorType {
+    /// A type from its parts.
     pub fn new(dtype: DType, dims: Vec<usize>) -> TensorType {
         TensorType { dtype, dims }
     }
@@ -26,6 +29,7 @@ impl TensorType {
         }
     }
 
+    /// The number of dimensions.
     pub fn rank(&self) -> usize {
         self.dims.len()
     }
@@ -116,14 +120,17 @@ impl Literal {
         }
     }
 
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
+    /// The dimensions.
     pub fn dims(&self) -> &[usize] {
         &self.dims
     }
 
+    /// The tensor type of the value.
     pub fn ty(&self) -> TensorType {
         TensorType::new(self.dtype, self.dims.clone())
     }
@@ -148,6 +155,7 @@ impl Literal {
         self.bytes.get(j * w..(j + 1) * w)
     }
 
+    /// The number of elements the literal stands for (saturating).
     pub fn element_count(&self) -> usize {
         self.dims.iter().fold(1usize, |a, &d| a.saturating_mul(d))
     }
