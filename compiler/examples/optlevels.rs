@@ -97,12 +97,16 @@ fn configs(explore: bool) -> Vec<Config> {
             level: Some(OptLevel::O3),
             options: compile_options(&at(OptLevel::O3)),
         },
-        Config {
-            name: "not used: O2 + backend level 0",
-            level: Some(OptLevel::O2),
-            options: compile_options(&at(OptLevel::O2))
-                .with_override("xla_backend_optimization_level", OverrideValue::Int(0)),
-        },
+        o2_with(
+            "rejected for O1: O2 + level 1, expensive LLVM passes off",
+            &[
+                ("xla_backend_optimization_level", OverrideValue::Int(1)),
+                (
+                    "xla_llvm_disable_expensive_passes",
+                    OverrideValue::Bool(true),
+                ),
+            ],
+        ),
     ]
 }
 
