@@ -18,6 +18,7 @@ pub mod checkpoint;
 pub mod data;
 pub mod device;
 mod error;
+pub mod logging;
 pub mod models;
 pub mod nn;
 pub mod optim;

@@ -39,9 +39,6 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
     }
 }
 
-/// Logs go to stderr, filtered by `NEURON_PC_LOG` (default: warnings and errors).
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("NEURON_PC_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    neuron_pc::logging::init_default();
 }

@@ -52,7 +52,7 @@ impl Jit {
             None
         };
         Ok(Jit {
-            options: neuron_pc_compiler::optlevel::compile_options(&config.flags, CompileOptions::default()),
+            options: neuron_pc_compiler::passes::compile_options(&config.flags),
             flags: config.flags.clone(),
             compiler,
             persistent,
@@ -61,7 +61,8 @@ impl Jit {
 
     /// The program text and key of `graph` as this device would compile it.
     pub fn lower(&self, graph: &Graph) -> Result<(String, CacheKey)> {
-        let text = neuron_pc_compiler::lower::to_stablehlo(graph)?;
+        let optimized = neuron_pc_compiler::passes::run_pipeline(graph, &self.flags)?;
+        let text = neuron_pc_compiler::lower::to_stablehlo(&optimized)?;
         let key = cache_key(&text, &self.options, &self.flags, &self.compiler);
         Ok((text, key))
     }
@@ -106,6 +107,7 @@ impl Jit {
                                     m.compile_ms += compile_ms;
                                 }
                                 Obtained::Remote => m.remote_hits += 1,
+                                Obtained::Waited => m.waited_for_others += 1,
                                 _ => m.disk_hits += 1,
                             }
                             m.load_ms += metrics::ms(t.elapsed());

@@ -17,6 +17,8 @@ pub struct Metrics {
     /// Executables loaded from the persistent cache, by tier.
     pub disk_hits: u64,
     pub remote_hits: u64,
+    /// Executables another process compiled while this one waited for its lock.
+    pub waited_for_others: u64,
     /// Compilations done here (JIT), and their total wall time.
     pub compiles: u64,
     pub compile_ms: f64,

@@ -71,6 +71,7 @@ impl LazyDevice {
 
     /// A device with an explicit configuration.
     pub fn new(config: DeviceConfig) -> Result<LazyDevice> {
+        crate::logging::init_default();
         let target = config.target();
         let plugin = Plugin::load(&find_plugin(target)?)?;
         let client = Client::new(&plugin, &ClientOptions { cpu_device_count: config.cpu_device_count })?;

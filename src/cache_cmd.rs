@@ -1,0 +1,249 @@
+//! `neuron-pc cache ...`: look after the persistent compile cache.
+//!
+//! Data goes to stdout (a table, or JSON with `--json`); logs go to stderr. The cache is the
+//! one named by `--cache`, else `NEURON_COMPILE_CACHE_URL`, else the local default.
+
+use std::collections::BTreeSet;
+
+use anyhow::{bail, Context};
+use neuron_pc_cache::{parse_size, Cache, CacheKey, CacheOptions, Lookup};
+
+/// `neuron-pc cache <command>`.
+#[derive(clap::Args, Debug)]
+pub struct CacheArgs {
+    #[command(subcommand)]
+    pub command: CacheCommand,
+}
+
+/// Options every cache command takes.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Common {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// The cache: a directory, file:///dir or s3://bucket/prefix.
+    #[arg(long = "cache", value_name = "URL", env = "NEURON_COMPILE_CACHE_URL")]
+    pub cache: Option<String>,
+}
+
+/// The cache commands.
+#[derive(clap::Subcommand, Debug)]
+pub enum CacheCommand {
+    /// List the entries.
+    Ls(Common),
+    /// Entry, failure and byte counts.
+    Stats(Common),
+    /// One entry's record and key inputs; with a second key, the inputs that differ.
+    Show {
+        key: String,
+        /// Another key to compare key inputs with.
+        other: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Check every entry's digest (and signature when NEURON_PC_CACHE_SIGNING_KEY is set);
+    /// exits 1 when any entry is bad.
+    Verify {
+        /// Remove bad entries and what interrupted writers left behind.
+        #[arg(long)]
+        fix: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Evict least recently used entries of the local tier down to a size (like 10G, 500M).
+    Prune {
+        #[arg(long, value_name = "SIZE")]
+        max_size: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Remove one entry (and its failure record).
+    Rm {
+        key: String,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Remove every entry, or with --failed only the failure records.
+    Clear {
+        #[arg(long)]
+        failed: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+fn open(common: &Common) -> anyhow::Result<Cache> {
+    let opts = CacheOptions::from_env()?;
+    let cache = match common.cache.as_deref().filter(|u| !u.is_empty()) {
+        Some(url) => Cache::open(url, opts),
+        None => Cache::from_env(opts),
+    };
+    let cache = cache.context("opening the compile cache")?;
+    tracing::debug!("compile cache: {}", cache.describe());
+    Ok(cache)
+}
+
+fn parse_key(s: &str) -> anyhow::Result<CacheKey> {
+    Ok(CacheKey::parse(s.trim())?)
+}
+
+fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+/// Runs a cache command; returns the process exit code.
+pub fn run(args: CacheArgs) -> anyhow::Result<i32> {
+    match args.command {
+        CacheCommand::Ls(common) => {
+            let entries = open(&common)?.list()?;
+            if common.json {
+                print_json(&entries)?;
+            } else {
+                println!("{:<64}  {:<6}  {:>12}  {:>10}  {:>10}", "KEY", "TIER", "BYTES", "COMPILE_MS", "CREATED");
+                for e in &entries {
+                    let tier = serde_json::to_value(e.tier)?;
+                    println!(
+                        "{:<64}  {:<6}  {:>12}  {:>10.1}  {:>10}",
+                        e.key,
+                        tier.as_str().unwrap_or("?"),
+                        e.executable_size,
+                        e.compile_ms,
+                        e.created_at
+                    );
+                }
+            }
+            Ok(0)
+        }
+        CacheCommand::Stats(common) => {
+            let cache = open(&common)?;
+            let s = cache.stats()?;
+            if common.json {
+                print_json(&serde_json::json!({"cache": cache.describe(), "stats": s}))?;
+            } else {
+                println!("cache     {}", cache.describe());
+                println!("entries   {}", s.entries);
+                println!("failures  {}", s.failures);
+                println!("bytes     {}", s.bytes);
+                println!("locks     {}", s.locks);
+            }
+            Ok(0)
+        }
+        CacheCommand::Show { key, other, common } => show(&key, other.as_deref(), &common),
+        CacheCommand::Verify { fix, common } => {
+            let r = open(&common)?.verify(fix)?;
+            if common.json {
+                print_json(&r)?;
+            } else {
+                for (k, problem) in &r.bad {
+                    println!("bad {k}: {problem}");
+                }
+                println!("checked {} entries, {} bad, {} removed, {} leftovers cleaned", r.checked, r.bad.len(), r.removed, r.leftovers);
+            }
+            Ok(i32::from(!r.bad.is_empty()))
+        }
+        CacheCommand::Prune { max_size, common } => {
+            let Some(max) = parse_size(&max_size) else { bail!("--max-size {max_size:?}: expected a size like 500M or 10G") };
+            let removed = open(&common)?.prune(max)?;
+            if common.json {
+                print_json(&serde_json::json!({"removed": removed, "max_size": max}))?;
+            } else {
+                println!("removed {removed} entries");
+            }
+            Ok(0)
+        }
+        CacheCommand::Rm { key, common } => {
+            let k = parse_key(&key)?;
+            open(&common)?.remove(&k)?;
+            if common.json {
+                print_json(&serde_json::json!({"removed": k.as_str()}))?;
+            } else {
+                println!("removed {k}");
+            }
+            Ok(0)
+        }
+        CacheCommand::Clear { failed, common } => {
+            let n = open(&common)?.clear(failed)?;
+            if common.json {
+                print_json(&serde_json::json!({"removed_objects": n, "failed_only": failed}))?;
+            } else {
+                println!("removed {n} objects");
+            }
+            Ok(0)
+        }
+    }
+}
+
+fn show(key: &str, other: Option<&str>, common: &Common) -> anyhow::Result<i32> {
+    let k = parse_key(key)?;
+    let cache = open(common)?;
+    let record = cache.record(&k);
+    let failure = cache.failure(&k);
+    if record.is_none() && failure.is_none() {
+        eprintln!("no entry for {k} in {}", cache.describe());
+        return Ok(1);
+    }
+    let verified = match cache.get(&k) {
+        Lookup::Hit(_) => Ok(()),
+        _ => Err(cache.check(&k).err().map_or_else(|| "not served".to_string(), |e| e.to_string())),
+    };
+    let diff = match other {
+        Some(o) => {
+            let ok = parse_key(o)?;
+            let Some((orec, _)) = cache.record(&ok) else { bail!("no entry for {ok}") };
+            let mine = record.as_ref().map(|(r, _)| r.key_inputs.clone()).unwrap_or_default();
+            let names: BTreeSet<&String> = mine.keys().chain(orec.key_inputs.keys()).collect();
+            names
+                .into_iter()
+                .filter(|n| mine.get(*n) != orec.key_inputs.get(*n))
+                .map(|n| serde_json::json!({"input": n, "this": mine.get(n), "other": orec.key_inputs.get(n)}))
+                .collect::<Vec<_>>()
+        }
+        None => Vec::new(),
+    };
+    if common.json {
+        print_json(&serde_json::json!({
+            "key": k.as_str(),
+            "record": record.as_ref().map(|(r, _)| r),
+            "tier": record.as_ref().map(|(_, t)| t),
+            "verified": verified.is_ok(),
+            "problem": verified.as_ref().err(),
+            "failure": failure,
+            "differs_from_other": other.map(|_| &diff),
+        }))?;
+        return Ok(0);
+    }
+    println!("key            {k}");
+    if let Some((r, tier)) = &record {
+        println!("tier           {}", serde_json::to_value(tier)?.as_str().unwrap_or("?"));
+        match &verified {
+            Ok(()) => println!("verified       yes"),
+            Err(p) => println!("verified       NO: {p}"),
+        }
+        println!("executable     {} bytes, sha256 {}", r.executable_size, r.executable_sha256);
+        println!("program        {} bytes", r.program_size);
+        println!("compile        {:.1} ms", r.compile_ms);
+        println!("tool version   {}", r.tool_version);
+        println!("created at     {} (unix seconds)", r.created_at);
+        println!("format         {}", r.format_version);
+        println!("signed         {}", if r.signature.is_some() { "yes" } else { "no" });
+        println!("key inputs:");
+        for (name, value) in &r.key_inputs {
+            println!("  {name:<22} {value}");
+        }
+    }
+    if let Some(f) = &failure {
+        println!("failed compile by {}: {}", f.compiler_version, f.message);
+    }
+    if let Some(o) = other {
+        if diff.is_empty() {
+            println!("key inputs equal to {o}'s");
+        } else {
+            println!("key inputs that differ from {o}:");
+            for d in &diff {
+                println!("  {:<22} {} vs {}", d["input"].as_str().unwrap_or("?"), d["this"], d["other"]);
+            }
+        }
+    }
+    Ok(0)
+}
