@@ -100,7 +100,10 @@ pub fn run(args: CacheArgs) -> anyhow::Result<i32> {
             if common.json {
                 print_json(&entries)?;
             } else {
-                println!("{:<64}  {:<6}  {:>12}  {:>10}  {:>10}", "KEY", "TIER", "BYTES", "COMPILE_MS", "CREATED");
+                println!(
+                    "{:<64}  {:<6}  {:>12}  {:>10}  {:>10}",
+                    "KEY", "TIER", "BYTES", "COMPILE_MS", "CREATED"
+                );
                 for e in &entries {
                     let tier = serde_json::to_value(e.tier)?;
                     println!(
@@ -138,12 +141,20 @@ pub fn run(args: CacheArgs) -> anyhow::Result<i32> {
                 for (k, problem) in &r.bad {
                     println!("bad {k}: {problem}");
                 }
-                println!("checked {} entries, {} bad, {} removed, {} leftovers cleaned", r.checked, r.bad.len(), r.removed, r.leftovers);
+                println!(
+                    "checked {} entries, {} bad, {} removed, {} leftovers cleaned",
+                    r.checked,
+                    r.bad.len(),
+                    r.removed,
+                    r.leftovers
+                );
             }
             Ok(i32::from(!r.bad.is_empty()))
         }
         CacheCommand::Prune { max_size, common } => {
-            let Some(max) = parse_size(&max_size) else { bail!("--max-size {max_size:?}: expected a size like 500M or 10G") };
+            let Some(max) = parse_size(&max_size) else {
+                bail!("--max-size {max_size:?}: expected a size like 500M or 10G")
+            };
             let removed = open(&common)?.prune(max)?;
             if common.json {
                 print_json(&serde_json::json!({"removed": removed, "max_size": max}))?;
@@ -185,13 +196,21 @@ fn show(key: &str, other: Option<&str>, common: &Common) -> anyhow::Result<i32> 
     }
     let verified = match cache.get(&k) {
         Lookup::Hit(_) => Ok(()),
-        _ => Err(cache.check(&k).err().map_or_else(|| "not served".to_string(), |e| e.to_string())),
+        _ => Err(cache
+            .check(&k)
+            .err()
+            .map_or_else(|| "not served".to_string(), |e| e.to_string())),
     };
     let diff = match other {
         Some(o) => {
             let ok = parse_key(o)?;
-            let Some((orec, _)) = cache.record(&ok) else { bail!("no entry for {ok}") };
-            let mine = record.as_ref().map(|(r, _)| r.key_inputs.clone()).unwrap_or_default();
+            let Some((orec, _)) = cache.record(&ok) else {
+                bail!("no entry for {ok}")
+            };
+            let mine = record
+                .as_ref()
+                .map(|(r, _)| r.key_inputs.clone())
+                .unwrap_or_default();
             let names: BTreeSet<&String> = mine.keys().chain(orec.key_inputs.keys()).collect();
             names
                 .into_iter()
@@ -215,18 +234,27 @@ fn show(key: &str, other: Option<&str>, common: &Common) -> anyhow::Result<i32> 
     }
     println!("key            {k}");
     if let Some((r, tier)) = &record {
-        println!("tier           {}", serde_json::to_value(tier)?.as_str().unwrap_or("?"));
+        println!(
+            "tier           {}",
+            serde_json::to_value(tier)?.as_str().unwrap_or("?")
+        );
         match &verified {
             Ok(()) => println!("verified       yes"),
             Err(p) => println!("verified       NO: {p}"),
         }
-        println!("executable     {} bytes, sha256 {}", r.executable_size, r.executable_sha256);
+        println!(
+            "executable     {} bytes, sha256 {}",
+            r.executable_size, r.executable_sha256
+        );
         println!("program        {} bytes", r.program_size);
         println!("compile        {:.1} ms", r.compile_ms);
         println!("tool version   {}", r.tool_version);
         println!("created at     {} (unix seconds)", r.created_at);
         println!("format         {}", r.format_version);
-        println!("signed         {}", if r.signature.is_some() { "yes" } else { "no" });
+        println!(
+            "signed         {}",
+            if r.signature.is_some() { "yes" } else { "no" }
+        );
         println!("key inputs:");
         for (name, value) in &r.key_inputs {
             println!("  {name:<22} {value}");
@@ -241,7 +269,12 @@ fn show(key: &str, other: Option<&str>, common: &Common) -> anyhow::Result<i32> 
         } else {
             println!("key inputs that differ from {o}:");
             for d in &diff {
-                println!("  {:<22} {} vs {}", d["input"].as_str().unwrap_or("?"), d["this"], d["other"]);
+                println!(
+                    "  {:<22} {} vs {}",
+                    d["input"].as_str().unwrap_or("?"),
+                    d["this"],
+                    d["other"]
+                );
             }
         }
     }

@@ -13,7 +13,10 @@ pub enum Error {
 
     /// Local file system trouble.
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
 
     /// The storage refused us (wrong credentials, access denied): a configuration error that
     /// must be fixed, not a miss.

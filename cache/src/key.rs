@@ -9,7 +9,10 @@ pub struct CacheKey(String);
 
 impl CacheKey {
     pub fn parse(s: &str) -> Result<CacheKey> {
-        if s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        if s.len() == 64
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
             Ok(CacheKey(s.to_string()))
         } else {
             let shown: String = s.chars().take(80).collect();
@@ -71,7 +74,10 @@ mod tests {
                 .map(|i| alphabet[((s >> (i % 50)) as usize + i) % alphabet.len()] as char)
                 .collect();
             let ok = CacheKey::parse(&text).is_ok();
-            let expect = text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+            let expect = text.len() == 64
+                && text
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
             assert_eq!(ok, expect, "{text:?}");
         }
     }

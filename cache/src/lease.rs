@@ -30,7 +30,11 @@ fn pid_alive(pid: u32) -> bool {
 
 impl Lease {
     fn mine(secs: u64) -> Lease {
-        Lease { pid: std::process::id(), host: hostname(), expires_at: now_secs() + secs }
+        Lease {
+            pid: std::process::id(),
+            host: hostname(),
+            expires_at: now_secs() + secs,
+        }
     }
 
     /// True when the holder can no longer be compiling.
@@ -75,19 +79,25 @@ pub(crate) fn try_acquire(store: &Arc<dyn Store>, name: &str, secs: u64) -> crat
         if store.put(name, &bytes, PutMode::CreateOnly)? {
             return Ok(Attempt::Acquired(guard(store, name, secs)));
         }
-        match store.get(name)? {
-            None => continue, // released meanwhile
-            Some(b) => match serde_json::from_slice::<Lease>(&b) {
-                Ok(l) if l.is_stale() => {
-                    tracing::info!("breaking stale compile lock {name} (pid {} on {})", l.pid, l.host);
-                    store.delete(name)?;
-                }
-                Ok(_) => return Ok(Attempt::Held),
-                // Unreadable: a writer may be mid-write; treat as held unless it stays
-                // unreadable for longer than a lease (checked by its modification time by
-                // whoever lists locks). Keep it simple: held.
-                Err(_) => return Ok(Attempt::Held),
-            },
+        let Some(seen) = store.get(name)? else {
+            continue;
+        }; // released meanwhile
+           // Leases are written whole (create-only), so an unreadable one is debris, not a
+           // holder.
+        match serde_json::from_slice::<Lease>(&seen) {
+            Ok(l) if !l.is_stale() => return Ok(Attempt::Held),
+            Ok(l) => tracing::info!(
+                "breaking stale compile lock {name} (pid {} on {})",
+                l.pid,
+                l.host
+            ),
+            Err(_) => tracing::info!("breaking unreadable compile lock {name}"),
+        }
+        // Delete only the lease we judged (another process may have replaced it since). The
+        // delete is not conditional, so a narrow window remains in which two processes both
+        // compile; that costs time, never correctness: the first complete entry wins.
+        if store.get(name)?.as_deref() == Some(&seen[..]) {
+            store.delete(name)?;
         }
     }
     Ok(Attempt::Held)
@@ -112,5 +122,10 @@ fn guard(store: &Arc<dyn Store>, name: &str, secs: u64) -> LeaseGuard {
             }
         })
         .ok();
-    LeaseGuard { store: store.clone(), name: name.to_string(), stop, renewer }
+    LeaseGuard {
+        store: store.clone(),
+        name: name.to_string(),
+        stop,
+        renewer,
+    }
 }

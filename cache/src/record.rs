@@ -49,7 +49,9 @@ pub struct FailureRecord {
 }
 
 pub(crate) fn now_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
@@ -58,7 +60,8 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
 
 /// HMAC-SHA256 over the key and the executable's digest.
 pub(crate) fn sign(signing_key: &[u8], key: &CacheKey, exe_sha256: &str) -> String {
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(signing_key).expect("HMAC takes keys of any length");
+    let mut mac =
+        <Hmac<Sha256> as Mac>::new_from_slice(signing_key).expect("HMAC takes keys of any length");
     mac.update(key.as_str().as_bytes());
     mac.update(b"\n");
     mac.update(exe_sha256.as_bytes());
@@ -66,8 +69,11 @@ pub(crate) fn sign(signing_key: &[u8], key: &CacheKey, exe_sha256: &str) -> Stri
 }
 
 fn verify_signature(signing_key: &[u8], key: &CacheKey, exe_sha256: &str, signature: &str) -> bool {
-    let Ok(sig) = hex::decode(signature) else { return false };
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(signing_key).expect("HMAC takes keys of any length");
+    let Ok(sig) = hex::decode(signature) else {
+        return false;
+    };
+    let mut mac =
+        <Hmac<Sha256> as Mac>::new_from_slice(signing_key).expect("HMAC takes keys of any length");
     mac.update(key.as_str().as_bytes());
     mac.update(b"\n");
     mac.update(exe_sha256.as_bytes());
@@ -78,29 +84,59 @@ impl EntryRecord {
     /// Parses and checks a record read for `key` (never trusts it: it may be truncated,
     /// garbage, of another version, or copied from another key).
     pub fn parse(key: &CacheKey, bytes: &[u8]) -> Result<EntryRecord> {
-        let corrupt = |message: String| Error::Corrupt { key: key.to_string(), message };
+        let corrupt = |message: String| Error::Corrupt {
+            key: key.to_string(),
+            message,
+        };
         if bytes.len() > MAX_RECORD_BYTES {
-            return Err(corrupt(format!("record of {} bytes is too large", bytes.len())));
+            return Err(corrupt(format!(
+                "record of {} bytes is too large",
+                bytes.len()
+            )));
         }
-        let r: EntryRecord = serde_json::from_slice(bytes).map_err(|e| corrupt(format!("unreadable record: {e}")))?;
+        let r: EntryRecord = serde_json::from_slice(bytes)
+            .map_err(|e| corrupt(format!("unreadable record: {e}")))?;
         if r.format_version != ENTRY_FORMAT_VERSION {
-            return Err(corrupt(format!("record format {} (this build reads {ENTRY_FORMAT_VERSION})", r.format_version)));
+            return Err(corrupt(format!(
+                "record format {} (this build reads {ENTRY_FORMAT_VERSION})",
+                r.format_version
+            )));
         }
         if r.key != key.as_str() {
             return Err(corrupt(format!("record is for key {}", r.key)));
+        }
+        // The digest names the executable object, so it must be plain hex.
+        if CacheKey::parse(&r.executable_sha256).is_err() {
+            return Err(corrupt(
+                "record's executable digest is not 64 lowercase hex characters".into(),
+            ));
         }
         Ok(r)
     }
 
     /// Checks executable bytes (and the signature, when a signing key is set) against the
     /// record.
-    pub fn verify(&self, key: &CacheKey, executable: &[u8], signing_key: Option<&[u8]>) -> Result<()> {
-        let corrupt = |message: String| Error::Corrupt { key: key.to_string(), message };
+    pub fn verify(
+        &self,
+        key: &CacheKey,
+        executable: &[u8],
+        signing_key: Option<&[u8]>,
+    ) -> Result<()> {
+        let corrupt = |message: String| Error::Corrupt {
+            key: key.to_string(),
+            message,
+        };
         if executable.len() as u64 != self.executable_size {
-            return Err(corrupt(format!("executable has {} bytes, record says {}", executable.len(), self.executable_size)));
+            return Err(corrupt(format!(
+                "executable has {} bytes, record says {}",
+                executable.len(),
+                self.executable_size
+            )));
         }
         if sha256_hex(executable) != self.executable_sha256 {
-            return Err(corrupt("executable digest does not match its record".into()));
+            return Err(corrupt(
+                "executable digest does not match its record".into(),
+            ));
         }
         if let Some(sk) = signing_key {
             match &self.signature {
@@ -117,11 +153,15 @@ impl EntryRecord {
 
 impl FailureRecord {
     pub fn parse(key: &CacheKey, bytes: &[u8]) -> Result<FailureRecord> {
-        let corrupt = |message: String| Error::Corrupt { key: key.to_string(), message };
+        let corrupt = |message: String| Error::Corrupt {
+            key: key.to_string(),
+            message,
+        };
         if bytes.len() > MAX_RECORD_BYTES {
             return Err(corrupt("failure record too large".into()));
         }
-        let r: FailureRecord = serde_json::from_slice(bytes).map_err(|e| corrupt(format!("unreadable failure record: {e}")))?;
+        let r: FailureRecord = serde_json::from_slice(bytes)
+            .map_err(|e| corrupt(format!("unreadable failure record: {e}")))?;
         if r.key != key.as_str() || r.format_version != ENTRY_FORMAT_VERSION {
             return Err(corrupt("failure record for another key or format".into()));
         }
@@ -183,7 +223,12 @@ mod tests {
         let signed = record(&k, &exe, Some(b"secret"));
         signed.verify(&k, &exe, Some(b"secret")).unwrap();
         assert!(signed.verify(&k, &exe, Some(b"other secret")).is_err());
-        assert!(record(&k, &exe, None).verify(&k, &exe, Some(b"secret")).is_err(), "unsigned refused");
+        assert!(
+            record(&k, &exe, None)
+                .verify(&k, &exe, Some(b"secret"))
+                .is_err(),
+            "unsigned refused"
+        );
         // Moving a signed entry to another key breaks its signature.
         let mut moved = signed.clone();
         moved.key = key('d').to_string();
@@ -195,7 +240,9 @@ mod tests {
         let k = key('e');
         let mut s: u64 = 99;
         for len in 0..2000usize {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let bytes: Vec<u8> = (0..len % 300).map(|i| (s >> (i % 56)) as u8).collect();
             let _ = EntryRecord::parse(&k, &bytes);
             let _ = FailureRecord::parse(&k, &bytes);

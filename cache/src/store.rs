@@ -46,6 +46,11 @@ pub trait Store: Send + Sync {
     fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>>;
     /// Marks an object as recently used (for eviction); best effort.
     fn touch(&self, _name: &str) {}
+    /// Removes what writers that died mid-write left behind (never a committed object);
+    /// returns how many objects went.
+    fn clean_leftovers(&self) -> usize {
+        0
+    }
 }
 
 /// A local directory. Writes go to a temporary file in the target's directory, are fsynced and
@@ -57,11 +62,22 @@ pub struct LocalStore {
 impl LocalStore {
     /// Opens (and creates) `root`. A symlink as the root or inside it is refused.
     pub fn open(root: &Path) -> Result<LocalStore> {
-        std::fs::create_dir_all(root).map_err(|source| Error::Io { path: root.display().to_string(), source })?;
-        if std::fs::symlink_metadata(root).map(|m| m.file_type().is_symlink()).unwrap_or(false) {
-            return Err(Error::InvalidUrl { url: root.display().to_string(), message: "the cache root is a symlink".into() });
+        std::fs::create_dir_all(root).map_err(|source| Error::Io {
+            path: root.display().to_string(),
+            source,
+        })?;
+        if std::fs::symlink_metadata(root)
+            .map(|m| m.file_type().is_symlink())
+            .unwrap_or(false)
+        {
+            return Err(Error::InvalidUrl {
+                url: root.display().to_string(),
+                message: "the cache root is a symlink".into(),
+            });
         }
-        Ok(LocalStore { root: root.to_path_buf() })
+        Ok(LocalStore {
+            root: root.to_path_buf(),
+        })
     }
 
     pub fn root(&self) -> &Path {
@@ -71,8 +87,16 @@ impl LocalStore {
     /// The path of `name`, refusing names that could leave the root or pass through a
     /// symlink inside it.
     fn path(&self, name: &str) -> Result<PathBuf> {
-        let bad = || Error::InvalidKey { key: name.chars().take(80).collect() };
-        if name.is_empty() || name.starts_with('/') || name.contains('\0') || name.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+        let bad = || Error::InvalidKey {
+            key: name.chars().take(80).collect(),
+        };
+        if name.is_empty()
+            || name.starts_with('/')
+            || name.contains('\0')
+            || name
+                .split('/')
+                .any(|c| c.is_empty() || c == "." || c == "..")
+        {
             return Err(bad());
         }
         let path = self.root.join(name);
@@ -81,7 +105,10 @@ impl LocalStore {
             p.push(comp);
             if let Ok(m) = std::fs::symlink_metadata(&p) {
                 if m.file_type().is_symlink() {
-                    return Err(Error::Corrupt { key: name.to_string(), message: "symlinks inside the cache are refused".into() });
+                    return Err(Error::Corrupt {
+                        key: name.to_string(),
+                        message: "symlinks inside the cache are refused".into(),
+                    });
                 }
             }
         }
@@ -89,7 +116,10 @@ impl LocalStore {
     }
 
     fn io(path: &Path, source: std::io::Error) -> Error {
-        Error::Io { path: path.display().to_string(), source }
+        Error::Io {
+            path: path.display().to_string(),
+            source,
+        }
     }
 }
 
@@ -113,38 +143,50 @@ impl Store for LocalStore {
 
     fn put(&self, name: &str, bytes: &[u8], mode: PutMode) -> Result<bool> {
         let path = self.path(name)?;
-        let dir = path.parent().expect("object paths have a parent").to_path_buf();
+        let dir = path
+            .parent()
+            .expect("object paths have a parent")
+            .to_path_buf();
         std::fs::create_dir_all(&dir).map_err(|e| Self::io(&dir, e))?;
-        if mode == PutMode::CreateOnly {
-            // O_EXCL creation of the final name is the atomic "first one wins"; the content
-            // is small (locks, failure records) and written before anyone trusts it (readers
-            // treat an unreadable lock as held until it expires).
-            let mut f = match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(f) => f,
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
-                Err(e) => return Err(Self::io(&path, e)),
-            };
-            let written = f.write_all(bytes).and_then(|_| f.sync_all());
-            if let Err(e) = written {
-                let _ = std::fs::remove_file(&path);
-                return Err(Self::io(&path, e));
-            }
-            return Ok(true);
-        }
-        let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        let tmp = dir.join(format!(".tmp.{file_name}.{}.{}", std::process::id(), unique()));
-        let result = (|| -> std::io::Result<()> {
-            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        let file_name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = dir.join(format!(
+            ".tmp.{file_name}.{}.{}",
+            std::process::id(),
+            unique()
+        ));
+        let result = (|| -> std::io::Result<bool> {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)?;
             f.write_all(bytes)?;
             f.sync_all()?;
-            std::fs::rename(&tmp, &path)?;
-            std::fs::File::open(&dir)?.sync_all()
+            if mode == PutMode::CreateOnly {
+                // A hard link to the final name fails if it exists: an atomic "first one
+                // wins" that never shows a half-written object.
+                let linked = std::fs::hard_link(&tmp, &path);
+                std::fs::remove_file(&tmp)?;
+                match linked {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+                    Err(e) => return Err(e),
+                }
+            } else {
+                std::fs::rename(&tmp, &path)?;
+            }
+            std::fs::File::open(&dir)?.sync_all()?;
+            Ok(true)
         })();
-        if let Err(e) = result {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(Self::io(&path, e));
+        match result {
+            Ok(created) => Ok(created),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                Err(Self::io(&path, e))
+            }
         }
-        Ok(true)
     }
 
     fn delete(&self, name: &str) -> Result<()> {
@@ -167,24 +209,43 @@ impl Store for LocalStore {
             };
             for entry in entries.flatten() {
                 // A file removed between listing and stat is simply skipped.
-                let Ok(meta) = std::fs::symlink_metadata(entry.path()) else { continue };
+                let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+                    continue;
+                };
                 if meta.file_type().is_symlink() {
                     continue;
                 }
-                let Ok(rel) = entry.path().strip_prefix(&self.root).map(|r| r.to_string_lossy().into_owned()) else {
+                let Ok(rel) = entry
+                    .path()
+                    .strip_prefix(&self.root)
+                    .map(|r| r.to_string_lossy().into_owned())
+                else {
                     continue;
                 };
                 if meta.is_dir() {
-                    if prefix.starts_with(&rel) || rel.starts_with(prefix.trim_end_matches('/')) || prefix.is_empty() {
+                    if prefix.starts_with(&rel)
+                        || rel.starts_with(prefix.trim_end_matches('/'))
+                        || prefix.is_empty()
+                    {
                         stack.push(entry.path());
                     }
-                } else if rel.starts_with(prefix) && !rel.rsplit('/').next().unwrap_or("").starts_with(".tmp.") {
-                    out.push(ObjectMeta { name: rel, size: meta.len(), modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH) });
+                } else if rel.starts_with(prefix)
+                    && !rel.rsplit('/').next().unwrap_or("").starts_with(".tmp.")
+                {
+                    out.push(ObjectMeta {
+                        name: rel,
+                        size: meta.len(),
+                        modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                    });
                 }
             }
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
+    }
+
+    fn clean_leftovers(&self) -> usize {
+        self.clean_temporaries(std::time::Duration::from_secs(3600))
     }
 
     fn touch(&self, name: &str) {
@@ -203,18 +264,28 @@ fn unique() -> u64 {
 }
 
 impl LocalStore {
-    /// Removes temporary files older than `age` left by writers that died mid-write.
+    /// Removes temporary files left by writers that died mid-write: those whose writer (the
+    /// pid in the name) is gone, and any older than `age`.
     pub fn clean_temporaries(&self, age: std::time::Duration) -> usize {
         let mut removed = 0;
         let mut stack = vec![self.root.clone()];
         while let Some(dir) = stack.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
             for entry in entries.flatten() {
-                let Ok(meta) = std::fs::symlink_metadata(entry.path()) else { continue };
+                let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+                    continue;
+                };
                 if meta.is_dir() {
                     stack.push(entry.path());
                 } else if entry.file_name().to_string_lossy().starts_with(".tmp.")
-                    && meta.modified().ok().and_then(|m| m.elapsed().ok()).is_some_and(|e| e >= age)
+                    && (meta
+                        .modified()
+                        .ok()
+                        .and_then(|m| m.elapsed().ok())
+                        .is_some_and(|e| e >= age)
+                        || writer_gone(&entry.file_name().to_string_lossy()))
                     && std::fs::remove_file(entry.path()).is_ok()
                 {
                     removed += 1;
@@ -222,5 +293,15 @@ impl LocalStore {
             }
         }
         removed
+    }
+}
+
+/// True when the pid in a `.tmp.<name>.<pid>.<n>` file name is not a live process.
+fn writer_gone(tmp_name: &str) -> bool {
+    let mut parts = tmp_name.rsplitn(3, '.');
+    let _n = parts.next();
+    match parts.next().and_then(|p| p.parse::<u32>().ok()) {
+        Some(pid) => pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists(),
+        None => false,
     }
 }

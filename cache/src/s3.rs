@@ -1,0 +1,466 @@
+//! S3 (or any S3-compatible server) as a [`Store`], through the `object_store` crate.
+//!
+//! The crate is async; this store owns a small current-thread tokio runtime and blocks on it,
+//! so the cache's API stays synchronous. Every request is bounded: a per-request timeout, a
+//! connect timeout, and a bounded number of retries within a bounded total time. After that
+//! the error is [`Error::Unavailable`] (the cache warns once and goes on without the tier);
+//! a refusal of our credentials is [`Error::Denied`] (a configuration error).
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::path::Path as ObjectPath;
+use object_store::{BackoffConfig, ClientOptions, ObjectStore, PutPayload, RetryConfig};
+
+use crate::error::{Error, Result};
+use crate::store::{ObjectMeta, PutMode, Store, Tier};
+
+/// Seconds (fractions allowed) bounding one S3 request; default 30.
+pub const S3_TIMEOUT_ENV: &str = "NEURON_PC_CACHE_S3_TIMEOUT";
+
+/// Time bounds of S3 requests.
+#[derive(Clone, Debug, PartialEq)]
+pub struct S3Options {
+    /// Whole-request bound (connect, send, receive the body).
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Retries of one request (5xx, throttling, dropped connections).
+    pub max_retries: usize,
+    /// No retry starts after this much time since the first attempt.
+    pub retry_timeout: Duration,
+    /// First back-off between retries (doubling, with jitter).
+    pub initial_backoff: Duration,
+    /// Overrides `AWS_ENDPOINT_URL` (for example a server started by a test).
+    pub endpoint: Option<String>,
+    /// Access key id and secret, overriding the environment and profile.
+    pub credentials: Option<(String, String)>,
+}
+
+impl Default for S3Options {
+    fn default() -> Self {
+        S3Options {
+            timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+            max_retries: 3,
+            retry_timeout: Duration::from_secs(20),
+            initial_backoff: Duration::from_millis(100),
+            endpoint: None,
+            credentials: None,
+        }
+    }
+}
+
+impl S3Options {
+    /// Defaults, with the request timeout from `NEURON_PC_CACHE_S3_TIMEOUT` when set.
+    pub fn from_env() -> Result<S3Options> {
+        let mut o = S3Options::default();
+        if let Ok(v) = std::env::var(S3_TIMEOUT_ENV) {
+            let secs: f64 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s < 86_400.0)
+                .ok_or_else(|| Error::InvalidUrl {
+                    url: v.clone(),
+                    message: format!("{S3_TIMEOUT_ENV} must be a number of seconds"),
+                })?;
+            o.timeout = Duration::from_secs_f64(secs);
+            o.connect_timeout = o.connect_timeout.min(o.timeout);
+        }
+        Ok(o)
+    }
+}
+
+/// An S3 bucket and key prefix.
+pub struct S3Store {
+    runtime: tokio::runtime::Runtime,
+    store: AmazonS3,
+    prefix: String,
+    url: String,
+}
+
+/// True for `localhost`, 127.0.0.0/8 and `::1`.
+fn is_loopback(host: &str) -> bool {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    h.eq_ignore_ascii_case("localhost") || h.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The host of an `http(s)://host[:port][/...]` endpoint.
+fn endpoint_host(endpoint: &str) -> Option<(&str, &str)> {
+    let (scheme, rest) = endpoint.split_once("://")?;
+    let authority = rest.split('/').next()?;
+    let authority = authority.rsplit('@').next()?;
+    let host = if authority.starts_with('[') {
+        authority.split_inclusive(']').next()?
+    } else {
+        authority.split(':').next()?
+    };
+    Some((scheme, host))
+}
+
+/// `(bucket, prefix)` of `s3://bucket/prefix`, prefix without surrounding slashes.
+fn parse_url(url: &str) -> Result<(String, String)> {
+    let invalid = |message: &str| Error::InvalidUrl {
+        url: url.to_string(),
+        message: message.to_string(),
+    };
+    let rest = url
+        .strip_prefix("s3://")
+        .ok_or_else(|| invalid("expected s3://bucket/prefix"))?;
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    let bucket_ok = (3..=63).contains(&bucket.len())
+        && bucket
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && !bucket.starts_with(['-', '.'])
+        && !bucket.ends_with(['-', '.']);
+    if !bucket_ok {
+        return Err(invalid(
+            "the bucket name must be 3-63 characters of a-z, 0-9, '-' and '.'",
+        ));
+    }
+    let prefix = prefix.trim_matches('/');
+    if prefix.split('/').any(|c| c == "." || c == "..")
+        || prefix.contains("//")
+        || prefix.chars().any(|c| c.is_control())
+    {
+        return Err(invalid(
+            "the prefix may not contain '.', '..', empty components or control characters",
+        ));
+    }
+    Ok((bucket.to_string(), prefix.to_string()))
+}
+
+/// Credentials and region of `AWS_PROFILE` from the shared files, used only when the
+/// environment names no access key (object_store reads environment variables, not profiles).
+fn apply_profile(mut b: AmazonS3Builder) -> AmazonS3Builder {
+    let profile = std::env::var("AWS_PROFILE").ok().filter(|p| !p.is_empty());
+    let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+    let file = |var: &str, default: &str| {
+        std::env::var_os(var)
+            .map(std::path::PathBuf::from)
+            .or_else(|| home.as_ref().map(|h| h.join(".aws").join(default)))
+    };
+    let name = profile.clone().unwrap_or_else(|| "default".to_string());
+    let section = |path: Option<std::path::PathBuf>, header: &str| -> Vec<(String, String)> {
+        let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) else {
+            return Vec::new();
+        };
+        let mut inside = false;
+        let mut out = Vec::new();
+        for line in text.lines().map(str::trim) {
+            if line.starts_with('[') {
+                inside = line.trim_matches(['[', ']']).trim() == header;
+            } else if let (true, Some((k, v))) = (inside, line.split_once('=')) {
+                out.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+            }
+        }
+        out
+    };
+    if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
+        for (k, v) in section(file("AWS_SHARED_CREDENTIALS_FILE", "credentials"), &name) {
+            match k.as_str() {
+                "aws_access_key_id" => b = b.with_access_key_id(v),
+                "aws_secret_access_key" => b = b.with_secret_access_key(v),
+                "aws_session_token" => b = b.with_token(v),
+                _ => {}
+            }
+        }
+    }
+    if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none()
+    {
+        let header = if name == "default" {
+            name.clone()
+        } else {
+            format!("profile {name}")
+        };
+        if let Some((_, v)) = section(file("AWS_CONFIG_FILE", "config"), &header)
+            .into_iter()
+            .find(|(k, _)| k == "region")
+        {
+            b = b.with_region(v);
+        }
+    }
+    b
+}
+
+impl S3Store {
+    /// Connects to `s3://bucket/prefix` with credentials, region and endpoint from the
+    /// standard AWS environment variables (and `AWS_PROFILE`'s shared files). Makes no
+    /// request; see [`S3Store::probe`].
+    pub fn open(url: &str, opts: &S3Options) -> Result<S3Store> {
+        let (bucket, prefix) = parse_url(url)?;
+        let mut builder = apply_profile(AmazonS3Builder::from_env()).with_bucket_name(&bucket);
+        if let Some(e) = &opts.endpoint {
+            builder = builder.with_endpoint(e);
+        }
+        if let Some((id, secret)) = &opts.credentials {
+            builder = builder
+                .with_access_key_id(id)
+                .with_secret_access_key(secret);
+        }
+        if builder
+            .get_config_value(&AmazonS3ConfigKey::Region)
+            .is_none()
+            && builder
+                .get_config_value(&AmazonS3ConfigKey::DefaultRegion)
+                .is_none()
+        {
+            builder = builder.with_region("us-east-1");
+        }
+        let mut client = ClientOptions::new()
+            .with_timeout(opts.timeout)
+            .with_connect_timeout(opts.connect_timeout);
+        if let Some(endpoint) = builder.get_config_value(&AmazonS3ConfigKey::Endpoint) {
+            let Some((scheme, host)) = endpoint_host(&endpoint) else {
+                return Err(Error::InvalidUrl {
+                    url: endpoint,
+                    message: "AWS_ENDPOINT_URL must look like https://host[:port]".into(),
+                });
+            };
+            match scheme {
+                "https" => {}
+                "http" if is_loopback(host) => client = client.with_allow_http(true),
+                "http" => {
+                    return Err(Error::InvalidUrl {
+                        url: endpoint.clone(),
+                        message: "plain http is allowed only for loopback endpoints (127.0.0.1, localhost, ::1); use https".into(),
+                    })
+                }
+                other => {
+                    return Err(Error::InvalidUrl { url: endpoint.clone(), message: format!("unsupported endpoint scheme {other}://") })
+                }
+            }
+        }
+        let retry = RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: opts.initial_backoff,
+                max_backoff: Duration::from_secs(2),
+                base: 2.0,
+            },
+            max_retries: opts.max_retries,
+            retry_timeout: opts.retry_timeout,
+        };
+        let store = builder
+            .with_client_options(client)
+            .with_retry(retry)
+            .build()
+            .map_err(|e| Error::InvalidUrl {
+                url: url.to_string(),
+                message: e.to_string(),
+            })?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|source| Error::Io {
+                path: "tokio runtime".into(),
+                source,
+            })?;
+        Ok(S3Store {
+            runtime,
+            store,
+            prefix,
+            url: url.trim_end_matches('/').to_string(),
+        })
+    }
+
+    /// One listing request: `Denied` for refused credentials, `InvalidUrl` for a bucket that
+    /// does not exist, `Unavailable` when the server cannot be reached.
+    pub fn probe(&self) -> Result<()> {
+        let prefix = self.path("locks/");
+        let r = self
+            .runtime
+            .block_on(async { self.store.list_with_delimiter(Some(&prefix)).await });
+        match r {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::NotFound { .. }) => Err(Error::InvalidUrl {
+                url: self.url.clone(),
+                message: "the bucket does not exist".into(),
+            }),
+            Err(e) => Err(self.map(e)),
+        }
+    }
+
+    fn path(&self, name: &str) -> ObjectPath {
+        if self.prefix.is_empty() {
+            ObjectPath::from(name)
+        } else {
+            ObjectPath::from(format!("{}/{name}", self.prefix))
+        }
+    }
+
+    fn map(&self, e: object_store::Error) -> Error {
+        let store = self.url.clone();
+        match e {
+            object_store::Error::PermissionDenied { source, .. }
+            | object_store::Error::Unauthenticated { source, .. } => Error::Denied {
+                store,
+                message: one_line(&source.to_string()),
+            },
+            other => {
+                let message = one_line(&other.to_string());
+                // Some servers answer refused signatures with 400 and an S3 error code.
+                if [
+                    "InvalidAccessKeyId",
+                    "SignatureDoesNotMatch",
+                    "AccessDenied",
+                    "ExpiredToken",
+                    "InvalidToken",
+                ]
+                .iter()
+                .any(|c| message.contains(c))
+                {
+                    Error::Denied { store, message }
+                } else {
+                    Error::Unavailable { store, message }
+                }
+            }
+        }
+    }
+}
+
+fn one_line(s: &str) -> String {
+    let s: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    s.chars().take(400).collect()
+}
+
+impl Store for S3Store {
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+
+    fn tier(&self) -> Tier {
+        Tier::Remote
+    }
+
+    fn get(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let path = self.path(name);
+        let r = self.runtime.block_on(async {
+            let got = self.store.get(&path).await?;
+            got.bytes().await
+        });
+        match r {
+            Ok(b) => Ok(Some(b.to_vec())),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.map(e)),
+        }
+    }
+
+    fn put(&self, name: &str, bytes: &[u8], mode: PutMode) -> Result<bool> {
+        let path = self.path(name);
+        let payload = PutPayload::from(bytes.to_vec());
+        let mode = match mode {
+            PutMode::Overwrite => object_store::PutMode::Overwrite,
+            PutMode::CreateOnly => object_store::PutMode::Create,
+        };
+        let r = self
+            .runtime
+            .block_on(self.store.put_opts(&path, payload, mode.into()));
+        match r {
+            Ok(_) => Ok(true),
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => Ok(false),
+            Err(e) => Err(self.map(e)),
+        }
+    }
+
+    fn delete(&self, name: &str) -> Result<()> {
+        let path = self.path(name);
+        match self.runtime.block_on(self.store.delete(&path)) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.map(e)),
+        }
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>> {
+        // object_store lists whole path segments; list the enclosing directory and filter.
+        let dir = match prefix.rsplit_once('/') {
+            Some((d, _)) => d.to_string(),
+            None => String::new(),
+        };
+        let full = if self.prefix.is_empty() {
+            dir
+        } else if dir.is_empty() {
+            self.prefix.clone()
+        } else {
+            format!("{}/{dir}", self.prefix)
+        };
+        let base = if full.is_empty() {
+            None
+        } else {
+            Some(ObjectPath::from(full))
+        };
+        let r: std::result::Result<Vec<object_store::ObjectMeta>, _> = self
+            .runtime
+            .block_on(self.store.list(base.as_ref()).try_collect());
+        let strip = if self.prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", self.prefix)
+        };
+        let mut out: Vec<ObjectMeta> = r
+            .map_err(|e| self.map(e))?
+            .into_iter()
+            .filter_map(|m| {
+                let name = m.location.as_ref().strip_prefix(&strip)?.to_string();
+                name.starts_with(prefix).then(|| ObjectMeta {
+                    name,
+                    size: m.size,
+                    modified: m.last_modified.into(),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            parse_url("s3://bucket/a/b/").unwrap(),
+            ("bucket".into(), "a/b".into())
+        );
+        assert_eq!(
+            parse_url("s3://bucket").unwrap(),
+            ("bucket".into(), String::new())
+        );
+        for bad in [
+            "s3://",
+            "s3://B",
+            "s3://ab",
+            "s3://bucket/../x",
+            "s3://bucket/a//b",
+            "s3://-bucket/x",
+            "s3://bu_cket",
+            "s3://bucket/a\nb",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        for (e, host, lo) in [
+            ("http://127.0.0.1:9000", "127.0.0.1", true),
+            ("http://127.3.4.5", "127.3.4.5", true),
+            ("http://localhost:1/x", "localhost", true),
+            ("http://[::1]:9000", "[::1]", true),
+            ("http://10.0.0.1:9000", "10.0.0.1", false),
+            ("http://localhost.evil.com", "localhost.evil.com", false),
+            ("http://user@example.com:80", "example.com", false),
+        ] {
+            let (_, h) = endpoint_host(e).unwrap();
+            assert_eq!(h, host);
+            assert_eq!(is_loopback(h), lo, "{e}");
+        }
+    }
+}
