@@ -295,9 +295,7 @@ impl Cache {
         };
         record.verify(key, &exe, self.opts.signing_key.as_deref())?;
         if !self.opts.read_only {
-            if !self.opts.read_only {
-                tier.store.touch(&record_name(key));
-            }
+            tier.store.touch(&record_name(key));
         }
         Ok(Some(Hit {
             executable: exe,

@@ -67,23 +67,27 @@ impl CacheOptions {
     /// `NEURON_PC_CACHE_SIGNING_KEY`, `NEURON_PC_CACHE_LOCAL_TIER`, `NEURON_PC_CACHE_LOCAL_DIR`
     /// and `NEURON_PC_CACHE_S3_TIMEOUT`.
     pub fn from_env() -> Result<CacheOptions> {
-        let mut o = CacheOptions::default();
-        o.read_only = std::env::var(READ_ONLY_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
-        if let Ok(s) = std::env::var(MAX_SIZE_ENV) {
-            o.max_local_bytes = Some(parse_size(&s).ok_or_else(|| Error::InvalidUrl {
+        let max_local_bytes = match std::env::var(MAX_SIZE_ENV) {
+            Ok(s) => Some(parse_size(&s).ok_or_else(|| Error::InvalidUrl {
                 url: s.clone(),
                 message: format!("{MAX_SIZE_ENV} must be a size like 500M or 10G"),
-            })?);
-        }
-        o.signing_key = std::env::var(SIGNING_KEY_ENV)
-            .ok()
-            .filter(|k| !k.is_empty())
-            .map(String::into_bytes);
-        o.local_tier = std::env::var(LOCAL_TIER_ENV).map_or(true, |v| v != "0");
-        o.local_dir = std::env::var_os(LOCAL_DIR_ENV)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from);
-        o.s3 = S3Options::from_env()?;
+            })?),
+            Err(_) => None,
+        };
+        let o = CacheOptions {
+            read_only: std::env::var(READ_ONLY_ENV).is_ok_and(|v| !v.is_empty() && v != "0"),
+            max_local_bytes,
+            signing_key: std::env::var(SIGNING_KEY_ENV)
+                .ok()
+                .filter(|k| !k.is_empty())
+                .map(String::into_bytes),
+            local_tier: std::env::var(LOCAL_TIER_ENV).map_or(true, |v| v != "0"),
+            local_dir: std::env::var_os(LOCAL_DIR_ENV)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+            s3: S3Options::from_env()?,
+            ..CacheOptions::default()
+        };
         Ok(o)
     }
 }

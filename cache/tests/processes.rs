@@ -137,16 +137,13 @@ fn killed_writers(b: Backend, rounds: usize) {
         child.wait().expect("reap the writer");
         for i in 0..WRITER_KEYS {
             let k = writer_key(i);
-            match hit_bytes(&reader, &k) {
-                Some(bytes) => {
-                    assert_eq!(
-                        bytes,
-                        exe_for(&k, writer_len(&k)),
-                        "{b:?} round {round}: a wrong executable"
-                    );
-                    hits += 1;
-                }
-                None => {}
+            if let Some(bytes) = hit_bytes(&reader, &k) {
+                assert_eq!(
+                    bytes,
+                    exe_for(&k, writer_len(&k)),
+                    "{b:?} round {round}: a wrong executable"
+                );
+                hits += 1;
             }
         }
     }
