@@ -355,6 +355,7 @@ impl Cache {
                 Err(e) => self.storage_trouble(tier, &e),
             }
         }
+        tracing::debug!("compile cache: miss on {key}");
         Lookup::Miss
     }
 
@@ -484,6 +485,11 @@ impl Cache {
             tool_version: self.opts.tool_version.clone(),
             created_at: now_secs(),
         };
+        tracing::debug!(
+            "compile cache: storing {key} ({} bytes), key inputs {:?}",
+            executable.len(),
+            key_inputs
+        );
         let mut stored = false;
         let mut last_err = String::new();
         for tier in self.live_tiers() {

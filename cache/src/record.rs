@@ -248,4 +248,51 @@ mod tests {
             let _ = FailureRecord::parse(&k, &bytes);
         }
     }
+
+    #[test]
+    fn mutated_records_never_vouch_for_other_bytes() {
+        // Property: whatever bytes of a valid record are flipped, dropped or inserted, a record
+        // that still parses and verifies an executable vouches for exactly the original one.
+        let k = key('f');
+        let exe = b"the one true executable".to_vec();
+        let good = serde_json::to_vec(&record(&k, &exe, None)).unwrap();
+        let mut s: u64 = 0x5eed;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut still_valid = 0;
+        for _ in 0..5000 {
+            let mut b = good.clone();
+            for _ in 0..1 + next() % 3 {
+                let at = (next() as usize) % b.len();
+                match next() % 3 {
+                    0 => b[at] ^= 1 << (next() % 8),
+                    1 => {
+                        b.remove(at);
+                    }
+                    _ => b.insert(at, next() as u8),
+                }
+            }
+            if let Ok(r) = EntryRecord::parse(&k, &b) {
+                let mut other = exe.clone();
+                other[(next() as usize) % exe.len()] ^= 1;
+                assert!(
+                    r.verify(&k, &other, None).is_err(),
+                    "a mutated record verified other bytes"
+                );
+                if r.verify(&k, &exe, None).is_ok() {
+                    assert_eq!(
+                        (r.executable_sha256.as_str(), r.executable_size),
+                        (sha256_hex(&exe).as_str(), exe.len() as u64)
+                    );
+                    still_valid += 1;
+                }
+            }
+        }
+        // Some mutations only touch fields like compile_ms; the loop must have seen them.
+        assert!(still_valid > 0);
+    }
 }
