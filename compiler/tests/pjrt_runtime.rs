@@ -230,7 +230,7 @@ fn wrong_inputs_are_errors_not_crashes() {
     let prog = "func.func @main(%a: tensor<2xf32>, %b: tensor<2xf32>) -> tensor<2xf32> {\n  %0 = stablehlo.add %a, %b : tensor<2xf32>\n  return %0 : tensor<2xf32>\n}";
     let exe = client().compile(prog, &CompileOptions::default()).unwrap();
     let two = f32s(&[1.0, 2.0], &[2]);
-    assert!(exe.execute_host(&[two.clone()]).is_err(), "one input for two parameters");
+    assert!(exe.execute_host(std::slice::from_ref(&two)).is_err(), "one input for two parameters");
     let three = f32s(&[1.0, 2.0, 3.0], &[3]);
     assert!(exe.execute_host(&[two.clone(), three]).is_err(), "wrong shape");
     let ints = HostTensor::from_slice(&[1i32, 2], &[2]).unwrap();

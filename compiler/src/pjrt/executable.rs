@@ -185,7 +185,7 @@ impl LoadedExecutable {
         let mut args = sys::PJRT_LoadedExecutable_Execute_Args {
             executable: self.raw,
             options: &mut options,
-            argument_lists: arg_ptrs.as_ptr() as *const *const *mut sys::PJRT_Buffer,
+            argument_lists: arg_ptrs.as_ptr(),
             num_devices: per_device.len(),
             num_args,
             output_lists: out_ptrs.as_ptr(),

@@ -1,7 +1,7 @@
 //! The PJRT runtime layer: load a plugin at run time, create a client, compile StableHLO text,
 //! serialize and deserialize executables, move buffers between host and device, execute.
 //!
-//! Every C call goes through [`pjrt_call!`], which checks that the plugin implements the
+//! Every C call goes through `pjrt_call!`, which checks that the plugin implements the
 //! function, fills the argument struct's size from the header, and turns a `PJRT_Error` into
 //! [`crate::Error::Pjrt`] (freeing it). Every handle type frees its object in `Drop`, and holds
 //! an `Arc` of what must outlive it (buffers and executables keep their client alive).
