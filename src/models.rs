@@ -95,7 +95,7 @@ pub type HostBatch = Vec<HostTensor>;
 
 impl SyntheticTask {
     pub fn new(config: TextEncoderConfig, seed: u64) -> SyntheticTask {
-        let mut rng = HostRng::new(seed ^ 0x5EED_0F_7A5C);
+        let mut rng = HostRng::new(seed ^ 0x005E_ED0F_7A5C);
         let signatures = (0..config.classes)
             .map(|_| (0..8).map(|_| (rng.next_u64() % config.vocab as u64) as i32).collect())
             .collect();
