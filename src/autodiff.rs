@@ -6,14 +6,13 @@
 //! Every op has an arm in [`vjp`] (no wildcard): a new primitive cannot be forgotten here, and a
 //! non-differentiable one returns an error naming it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::Location;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use neuron_pc_compiler::ir::{BinaryOp, CompareOp, Literal, Op, ReduceOp, TensorType, UnaryOp};
-use neuron_pc_compiler::DType;
+use neuron_pc_compiler::ir::{BinaryOp, Literal, Op, ReduceOp, TensorType, UnaryOp};
 
-use crate::device::trace::{Node, Value};
+use crate::device::trace::Value;
 use crate::device::{lock, DeviceInner};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -27,6 +26,11 @@ fn key(v: &Value) -> usize {
 
 /// Gradients of the scalar `loss` with respect to each tensor of `wrt` (zeros where `loss`
 /// does not depend on it). Recorded lazily.
+///
+/// Only ops on a path from a `wrt` tensor to `loss` are differentiated, so a
+/// non-differentiable op elsewhere in the graph (or an integer side computation such as
+/// `argmax`) does not matter. Gradients never flow into integer or pred operands (indices,
+/// conditions); a float path through an op without a gradient rule is an error naming it.
 #[track_caller]
 pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
     let location = Location::caller();
@@ -40,28 +44,66 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
             },
         });
     }
+    if wrt
+        .iter()
+        .any(|t| !Weak::ptr_eq(&t.cell.device, &loss.cell.device))
+    {
+        return Err(Error::DeviceMismatch {
+            location,
+            op: "grad",
+        });
+    }
     let dev = loss.device_inner()?;
     let root = loss.value();
     let order = topo_order(&root);
+
+    // Values that some `wrt` tensor flows into; only these need cotangents.
+    let targets: HashSet<usize> = wrt.iter().map(|t| key(&t.value())).collect();
+    let mut needed: HashSet<usize> = HashSet::new();
+    for v in &order {
+        let operands: &[Value] = match v {
+            Value::Node(n) => &n.operands,
+            Value::Data(_) => &[],
+        };
+        let k = key(v);
+        if targets.contains(&k) || operands.iter().any(|o| needed.contains(&key(o))) {
+            needed.insert(k);
+        }
+    }
 
     // Cotangents by value identity; values are kept alive by `order`.
     let mut cot: HashMap<usize, Tensor> = HashMap::new();
     cot.insert(key(&root), loss.constant_like(1.0)?.reshape(loss.dims())?);
     for v in order.iter().rev() {
         let Value::Node(node) = v else { continue };
-        let Some(g) = cot.get(&key(v)).cloned() else { continue };
+        if !node.operands.iter().any(|o| needed.contains(&key(o))) {
+            continue;
+        }
+        let Some(g) = cot.remove(&key(v)) else {
+            continue;
+        };
         let (op, ty) = lock(&dev.interner).op_of(node.op_id).clone();
         let y = dev.detached(v.clone(), ty);
-        let xs: Vec<Tensor> = node.operands.iter().map(|o| dev.detached(o.clone(), value_type(&dev, o))).collect();
+        let xs: Vec<Tensor> = node
+            .operands
+            .iter()
+            .map(|o| dev.detached(o.clone(), value_type(&dev, o)))
+            .collect();
         let grads = vjp(&op, &xs, &y, &g, location)?;
         for (operand, gi) in node.operands.iter().zip(grads) {
-            let Some(gi) = gi else { continue };
             let k = key(operand);
+            let Some(gi) = gi.filter(|_| needed.contains(&k)) else {
+                continue;
+            };
             let sum = match cot.remove(&k) {
                 Some(prev) => prev.add(&gi)?,
                 None => gi,
             };
             cot.insert(k, sum);
+        }
+        // A wrt tensor that is itself an intermediate keeps its cotangent for the answer.
+        if targets.contains(&key(v)) {
+            cot.insert(key(v), g);
         }
     }
     wrt.iter()
@@ -82,24 +124,23 @@ fn value_type(dev: &DeviceInner, v: &Value) -> TensorType {
 /// Values below `root` in post-order (operands before users).
 fn topo_order(root: &Value) -> Vec<Value> {
     let mut order = Vec::new();
-    let mut seen: HashMap<usize, ()> = HashMap::new();
+    let mut seen: HashSet<usize> = HashSet::new();
+    seen.insert(key(root));
+    // Iterative, so deep graphs (long training unrolls) cannot overflow the stack.
     let mut stack: Vec<(Value, usize)> = vec![(root.clone(), 0)];
-    seen.insert(key(root), ());
     while let Some((v, i)) = stack.last_mut() {
         let operands: &[Value] = match v {
             Value::Node(n) => &n.operands,
             Value::Data(_) => &[],
         };
-        if *i < operands.len() {
-            let c = operands[*i].clone();
+        if let Some(c) = operands.get(*i).cloned() {
             *i += 1;
-            if seen.insert(key(&c), ()).is_none() {
+            if seen.insert(key(&c)) {
                 stack.push((c, 0));
             }
-            continue;
+        } else if let Some((v, _)) = stack.pop() {
+            order.push(v);
         }
-        let (v, _) = stack.pop().expect("not empty");
-        order.push(v);
     }
     order
 }
@@ -117,10 +158,19 @@ fn non_diff(op: &Op, location: &'static Location<'static>) -> Error {
 
 /// The gradient contributions of one op application, per operand (`None`: no gradient flows,
 /// as into integer or pred operands).
-fn vjp(op: &Op, x: &[Tensor], y: &Tensor, g: &Tensor, location: &'static Location<'static>) -> Result<Vec<Option<Tensor>>> {
+fn vjp(
+    op: &Op,
+    x: &[Tensor],
+    y: &Tensor,
+    g: &Tensor,
+    location: &'static Location<'static>,
+) -> Result<Vec<Option<Tensor>>> {
     let float = |t: &Tensor| t.dtype().is_float();
     Ok(match op {
-        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } | Op::RandomBits { .. } => vec![None; x.len()],
+        // leaves, or (random bits) an integer function of an integer key
+        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } | Op::RandomBits { .. } => {
+            vec![None; x.len()]
+        }
         Op::Unary(u) => {
             let a = &x[0];
             let d = match u {
@@ -149,7 +199,13 @@ fn vjp(op: &Op, x: &[Tensor], y: &Tensor, g: &Tensor, location: &'static Locatio
                 // d/dx cos x = -sin x
                 UnaryOp::Cos => g.mul(&a.sin()?.neg()?)?,
                 // d/dx erf x = 2/sqrt(pi) e^(-x^2)
-                UnaryOp::Erf => g.mul(&a.mul(a)?.neg()?.exp()?.mul_scalar(std::f64::consts::FRAC_2_SQRT_PI)?)?,
+                UnaryOp::Erf => g.mul(
+                    &a.mul(a)?
+                        .neg()?
+                        .exp()?
+                        .mul_scalar(std::f64::consts::FRAC_2_SQRT_PI)?,
+                )?,
+                // logical/bitwise: no derivative
                 UnaryOp::Not => return Err(non_diff(op, location)),
             };
             vec![Some(d)]
@@ -160,7 +216,9 @@ fn vjp(op: &Op, x: &[Tensor], y: &Tensor, g: &Tensor, location: &'static Locatio
                 return Err(non_diff(op, location));
             }
             let (da, dc) = match b {
+                // d(a + c) = da + dc
                 BinaryOp::Add => (g.clone(), g.clone()),
+                // d(a - c) = da - dc
                 BinaryOp::Sub => (g.clone(), g.neg()?),
                 // d(ac) = c da + a dc
                 BinaryOp::Mul => (g.mul(c)?, g.mul(a)?),
@@ -177,21 +235,36 @@ fn vjp(op: &Op, x: &[Tensor], y: &Tensor, g: &Tensor, location: &'static Locatio
                     let dc = g.mul(y)?.mul(&a.log()?)?;
                     (da, dc)
                 }
-                // the larger operand gets the gradient; ties go to the left one
+                // d max(a, c) = da where a >= c, else dc (ties go to the left operand; min alike)
                 BinaryOp::Max | BinaryOp::Min => {
-                    let pick_a = if *b == BinaryOp::Max { a.ge(c)? } else { a.le(c)? };
+                    let pick_a = if *b == BinaryOp::Max {
+                        a.ge(c)?
+                    } else {
+                        a.le(c)?
+                    };
                     let zero = g.zeros_like()?;
-                    (Tensor::where_cond(&pick_a, g, &zero)?, Tensor::where_cond(&pick_a, &zero, g)?)
+                    (
+                        Tensor::where_cond(&pick_a, g, &zero)?,
+                        Tensor::where_cond(&pick_a, &zero, g)?,
+                    )
                 }
+                // logical/bitwise: no derivative
                 BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => return Err(non_diff(op, location)),
             };
             vec![Some(da), Some(dc)]
         }
+        // pred result: no gradient flows back
         Op::Compare(_) => vec![None, None],
+        // d select(p, t, f) = dt where p, df elsewhere (none into the pred)
         Op::Select => {
             let zero = g.zeros_like()?;
-            vec![None, Some(Tensor::where_cond(&x[0], g, &zero)?), Some(Tensor::where_cond(&x[0], &zero, g)?)]
+            vec![
+                None,
+                Some(Tensor::where_cond(&x[0], g, &zero)?),
+                Some(Tensor::where_cond(&x[0], &zero, g)?),
+            ]
         }
+        // d/dx convert(x) = g converted back (float to float only; integers get none)
         Op::Convert(_) => {
             if float(&x[0]) && float(y) {
                 vec![Some(g.to_dtype(x[0].dtype())?)]
@@ -199,19 +272,45 @@ fn vjp(op: &Op, x: &[Tensor], y: &Tensor, g: &Tensor, location: &'static Locatio
                 vec![None]
             }
         }
-        Op::BroadcastInDim { dims, broadcast_dimensions } => {
-            // Sum over the new dimensions and over dimensions that were stretched from 1.
+        Op::BroadcastInDim {
+            dims,
+            broadcast_dimensions,
+        } => {
+            // d/dx broadcast(x) sums the gradient over the new dimensions and over those
+            // stretched from size 1; the remaining ones map back in operand order.
             let src = x[0].dims();
-            let mut summed: Vec<isize> = (0..dims.len()).filter(|d| !broadcast_dimensions.contains(d)).map(|d| d as isize).collect();
+            let mut summed: Vec<isize> = (0..dims.len())
+                .filter(|d| !broadcast_dimensions.contains(d))
+                .map(|d| d as isize)
+                .collect();
+            // (result dimension, operand dimension) of the dimensions that survive the sum
+            let mut kept: Vec<(usize, usize)> = Vec::new();
             for (i, &d) in broadcast_dimensions.iter().enumerate() {
                 if src[i] == 1 && dims[d] != 1 {
                     summed.push(d as isize);
+                } else {
+                    kept.push((d, i));
                 }
             }
-            let s = if summed.is_empty() { g.clone() } else { g.sum(&summed, false)? };
+            let s = if summed.is_empty() {
+                g.clone()
+            } else {
+                g.sum(&summed, false)?
+            };
+            // After the sum they sit in result order; broadcast_dimensions need not be sorted.
+            kept.sort_unstable();
+            let mut perm: Vec<usize> = (0..kept.len()).collect();
+            perm.sort_by_key(|&j| kept[j].1);
+            let s = if perm.iter().enumerate().all(|(i, &p)| i == p) {
+                s
+            } else {
+                s.permute(&perm)?
+            };
             vec![Some(s.reshape(src)?)]
         }
+        // d/dx reshape(x) = reshape back
         Op::Reshape { .. } => vec![Some(g.reshape(x[0].dims())?)],
+        // d/dx transpose(x, perm) = transpose(g, perm^-1)
         Op::Transpose { perm } => {
             let mut inv = vec![0; perm.len()];
             for (i, &p) in perm.iter().enumerate() {
@@ -219,39 +318,44 @@ fn vjp(op: &Op, x: &[Tensor], y: &Tensor, g: &Tensor, location: &'static Locatio
             }
             vec![Some(g.permute(&inv)?)]
         }
-        Op::Slice { start, limit, stride } => {
+        // d/dx slice(x) = g placed back at start + i * stride, zeros elsewhere
+        Op::Slice { start, stride, .. } => {
             let src = x[0].dims();
             let low: Vec<i64> = start.iter().map(|&s| s as i64).collect();
             let high: Vec<i64> = (0..src.len())
                 .map(|i| {
                     let n = g.dims()[i];
-                    let last = if n == 0 { start[i] } else { start[i] + (n - 1) * stride[i] + 1 };
-                    let _ = limit;
-                    src[i] as i64 - last as i64
+                    let end = if n == 0 {
+                        start[i]
+                    } else {
+                        start[i] + (n - 1) * stride[i] + 1
+                    };
+                    src[i] as i64 - end as i64
                 })
                 .collect();
             let interior: Vec<usize> = stride.iter().map(|&s| s - 1).collect();
-            vec![Some(g.pad_with_zero(low, high, interior)?)]
+            let zero = g.constant_like(0.0)?;
+            vec![Some(g.pad(low, high, interior, &zero)?)]
         }
+        // d/dx dynamic_slice(x, s) = g written into zeros at the same (clamped) offsets
         Op::DynamicSlice { .. } => {
-            // Scatter the gradient into zeros at the same (clamped) offsets.
-            let zeros = x[0].zeros_like()?;
-            let mut grads = vec![Some(Tensor::apply_at(Op::DynamicUpdateSlice, &dynamic_args(&zeros, g, &x[1..]), location)?)];
+            let starts: Vec<&Tensor> = x[1..].iter().collect();
+            let dx = x[0].zeros_like()?.dynamic_update_slice(g, &starts)?;
+            let mut grads = vec![Some(dx)];
             grads.extend(x[1..].iter().map(|_| None));
             grads
         }
+        // d/dx update(x, u, s) = g with the window cleared; d/du = the window of g
         Op::DynamicUpdateSlice => {
             let update = &x[1];
-            let zeros = update.zeros_like()?;
-            let cleared = Tensor::apply_at(Op::DynamicUpdateSlice, &dynamic_args(g, &zeros, &x[2..]), location)?;
             let starts: Vec<&Tensor> = x[2..].iter().collect();
-            let mut args: Vec<&Tensor> = vec![g];
-            args.extend(starts);
-            let du = Tensor::apply_at(Op::DynamicSlice { sizes: update.dims().to_vec() }, &args, location)?;
+            let cleared = g.dynamic_update_slice(&update.zeros_like()?, &starts)?;
+            let du = g.dynamic_slice(&starts, update.dims())?;
             let mut grads = vec![Some(cleared), Some(du)];
             grads.extend(x[2..].iter().map(|_| None));
             grads
         }
+        // d/dx_k concat(x) = the k-th block of g
         Op::Concatenate { dim } => {
             let mut at = 0;
             let mut grads = Vec::new();
@@ -262,60 +366,149 @@ fn vjp(op: &Op, x: &[Tensor], y: &Tensor, g: &Tensor, location: &'static Locatio
             }
             grads
         }
-        Op::Pad { low, interior, .. } => {
-            // The operand's elements sit at low + i * (interior + 1); negative low crops.
-            if low.iter().any(|&l| l < 0) {
-                return Err(non_diff(op, location));
-            }
+        // d/dx pad(x, v) = g at low + i * (interior + 1) (zero where negative low/high cropped
+        // x); d/dv = the sum of g over the padding positions
+        Op::Pad {
+            low,
+            high,
+            interior,
+        } => {
             let src = x[0].dims();
-            let start: Vec<usize> = low.iter().map(|&l| l as usize).collect();
+            // Pad g first by what was cropped, so every operand element has a position.
+            let pre: Vec<i64> = low.iter().map(|&l| (-l).max(0)).collect();
+            let post: Vec<i64> = high.iter().map(|&h| (-h).max(0)).collect();
+            let gp = if pre.iter().chain(&post).all(|&p| p == 0) {
+                g.clone()
+            } else {
+                g.pad(pre, post, vec![0; src.len()], &g.constant_like(0.0)?)?
+            };
+            let start: Vec<usize> = low.iter().map(|&l| l.max(0) as usize).collect();
             let stride: Vec<usize> = interior.iter().map(|&i| i + 1).collect();
             let limit: Vec<usize> = (0..src.len())
-                .map(|i| if src[i] == 0 { start[i] } else { start[i] + (src[i] - 1) * stride[i] + 1 })
+                .map(|i| {
+                    if src[i] == 0 {
+                        start[i]
+                    } else {
+                        start[i] + (src[i] - 1) * stride[i] + 1
+                    }
+                })
                 .collect();
-            let dx = Tensor::apply_at(Op::Slice { start, limit, stride }, &[g], location)?;
-            let dpad = g.sum_all()?.sub(&dx.sum_all()?)?;
-            vec![Some(dx), Some(dpad)]
+            let dx = gp.slice_strided(&start, &limit, &stride)?;
+            // 1 where the output holds the pad value (exact, unlike sum(g) - sum(dx))
+            let is_pad = x[0].zeros_like()?.pad(
+                low.clone(),
+                high.clone(),
+                interior.clone(),
+                &g.constant_like(1.0)?,
+            )?;
+            let dv = g.mul(&is_pad)?.sum_all()?;
+            vec![Some(dx), Some(dv)]
         }
         Op::Reduce(r, dims) => {
             let a = &x[0];
-            let kept: Vec<usize> = (0..a.rank()).map(|i| if dims.contains(&i) { 1 } else { a.dims()[i] }).collect();
-            let gk = g.reshape(&kept)?.broadcast_to(a.dims())?;
+            let kept: Vec<usize> = (0..a.rank())
+                .map(|i| if dims.contains(&i) { 1 } else { a.dims()[i] })
+                .collect();
+            let sdims: Vec<isize> = dims.iter().map(|&d| d as isize).collect();
+            let spread =
+                |t: &Tensor| -> Result<Tensor> { t.reshape(&kept)?.broadcast_to(a.dims()) };
+            let gk = spread(g)?;
             let d = match r {
+                // d/dx_i sum(x) = 1
                 ReduceOp::Sum => gk,
-                // the extreme elements share the gradient equally
+                // d/dx_i max(x) = 1 at the maximum; tied extremes share the gradient equally
                 ReduceOp::Max | ReduceOp::Min => {
-                    let yk = y.reshape(&kept)?.broadcast_to(a.dims())?;
-                    let hit = a.eq(&yk)?.to_dtype(a.dtype())?;
-                    let sdims: Vec<isize> = dims.iter().map(|&d| d as isize).collect();
+                    let hit = a.eq(&spread(y)?)?.to_dtype(a.dtype())?;
                     let count = hit.sum(&sdims, true)?.broadcast_to(a.dims())?;
                     gk.mul(&hit)?.div(&count)?
                 }
-                // d(prod)/dx_i = prod / x_i
-                ReduceOp::Prod => gk.mul(&y.reshape(&kept)?.broadcast_to(a.dims())?)?.div(a)?,
+                // d/dx_i prod(x) = prod_{j != i} x_j: prod/x_i without zeros; with one zero only
+                // that element gets the product of the others; with two or more, all get 0
+                ReduceOp::Prod => {
+                    let zero = a.constant_like(0.0)?;
+                    let is_zero = a.eq(&zero)?;
+                    let safe = Tensor::where_cond(&is_zero, &a.constant_like(1.0)?, a)?;
+                    let others = spread(&safe.prod(&sdims, false)?)?;
+                    let zeros = spread(&is_zero.to_dtype(a.dtype())?.sum(&sdims, false)?)?;
+                    let at_zero =
+                        Tensor::where_cond(&zeros.eq(&a.constant_like(1.0)?)?, &others, &zero)?;
+                    let elsewhere =
+                        Tensor::where_cond(&zeros.eq(&zero)?, &others.div(&safe)?, &zero)?;
+                    gk.mul(&Tensor::where_cond(&is_zero, &at_zero, &elsewhere)?)?
+                }
             };
             vec![Some(d)]
         }
+        // integer result: no gradient flows back
         Op::ArgMax { .. } | Op::ArgMin { .. } => vec![None],
-        Op::DotGeneral { lhs_batch, rhs_batch, lhs_contract, rhs_contract } => {
-            dot_general_vjp(&x[0], &x[1], g, lhs_batch, rhs_batch, lhs_contract, rhs_contract, location)?
-        }
+        // d(l . r) = g . r over r's free dims (for l), l . g over l's free dims (for r)
+        Op::DotGeneral {
+            lhs_batch,
+            rhs_batch,
+            lhs_contract,
+            rhs_contract,
+        } => dot_general_vjp(
+            &x[0],
+            &x[1],
+            g,
+            lhs_batch,
+            rhs_batch,
+            lhs_contract,
+            rhs_contract,
+            location,
+        )?,
+        // d/dtable gather(table, i) = g scattered (summed) into the rows that were read, which
+        // are the clamped indices
         Op::Gather => {
-            let zeros = x[0].zeros_like()?;
-            vec![Some(zeros.scatter_add_rows(&x[1], g)?), None]
+            let idx = clamp_rows(&x[1], x[0].dims()[0])?;
+            vec![Some(x[0].zeros_like()?.scatter_add_rows(&idx, g)?), None]
         }
-        Op::ScatterAdd => vec![Some(g.clone()), None, Some(g.index_select_rows(&x[1])?)],
-        Op::AllReduce { op: ReduceOp::Sum, replica_groups } => {
-            vec![Some(Tensor::apply_at(Op::AllReduce { op: ReduceOp::Sum, replica_groups: replica_groups.clone() }, &[g], location)?)]
+        // d/dtable scatter_add = g; d/dupdates = the rows of g they were added to (zero for
+        // out-of-range rows, which scatter_add skips)
+        Op::ScatterAdd => {
+            let (table, idx) = (&x[0], &x[1]);
+            let rows = table.dims()[0];
+            let picked = g.index_select_rows(idx)?;
+            let in_range = idx
+                .ge(&idx.constant_like(0.0)?)?
+                .logical_and(&idx.lt(&idx.constant_like(rows as f64)?)?)?;
+            let mut mask_dims = idx.dims().to_vec();
+            mask_dims.extend(std::iter::repeat_n(1, table.rank() - 1));
+            let du = Tensor::where_cond(
+                &in_range.reshape(&mask_dims)?,
+                &picked,
+                &picked.zeros_like()?,
+            )?;
+            vec![Some(g.clone()), None, Some(du)]
         }
-        Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => return Err(non_diff(op, location)),
+        // d/dx_k sum over replicas = the sum of the replicas' gradients (the loss of an SPMD
+        // program is the sum of the replicas' losses)
+        Op::AllReduce {
+            op: ReduceOp::Sum,
+            replica_groups,
+        } => {
+            vec![Some(Tensor::apply_at(
+                Op::AllReduce {
+                    op: ReduceOp::Sum,
+                    replica_groups: replica_groups.clone(),
+                },
+                &[g],
+                location,
+            )?)]
+        }
+        // not needed for data-parallel training (gradients are all-reduced after `grad`)
+        Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => {
+            return Err(non_diff(op, location))
+        }
     })
 }
 
-fn dynamic_args<'a>(a: &'a Tensor, b: &'a Tensor, starts: &'a [Tensor]) -> Vec<&'a Tensor> {
-    let mut v = vec![a, b];
-    v.extend(starts.iter());
-    v
+/// Integer `indices` clamped into `0..rows`, as gather reads them.
+fn clamp_rows(indices: &Tensor, rows: usize) -> Result<Tensor> {
+    let top = rows.saturating_sub(1) as f64;
+    indices
+        .maximum(&indices.constant_like(0.0)?)?
+        .minimum(&indices.constant_like(top)?)
 }
 
 /// Gradients of `dot_general`: contract the output gradient with the other operand over that
@@ -333,13 +526,16 @@ fn dot_general_vjp(
 ) -> Result<Vec<Option<Tensor>>> {
     let nb = lhs_batch.len();
     let free = |rank: usize, batch: &[usize], contract: &[usize]| -> Vec<usize> {
-        (0..rank).filter(|d| !batch.contains(d) && !contract.contains(d)).collect()
+        (0..rank)
+            .filter(|d| !batch.contains(d) && !contract.contains(d))
+            .collect()
     };
     let lhs_free = free(lhs.rank(), lhs_batch, lhs_contract);
     let rhs_free = free(rhs.rank(), rhs_batch, rhs_contract);
     let g_batch: Vec<usize> = (0..nb).collect();
     let g_lhs_free: Vec<usize> = (nb..nb + lhs_free.len()).collect();
-    let g_rhs_free: Vec<usize> = (nb + lhs_free.len()..nb + lhs_free.len() + rhs_free.len()).collect();
+    let g_rhs_free: Vec<usize> =
+        (nb + lhs_free.len()..nb + lhs_free.len() + rhs_free.len()).collect();
 
     // dlhs = g . rhs over rhs's free dims → [batch, lhs_free, rhs's remaining (= its contract
     // dims, in rhs order)].
@@ -365,7 +561,12 @@ fn dot_general_vjp(
     }
     for (k, &d) in lhs_contract.iter().enumerate() {
         let r = rhs_contract[k];
-        pos_l[d] = nb + lhs_free.len() + rhs_remaining.iter().position(|&x| x == r).expect("contract dim");
+        pos_l[d] = nb
+            + lhs_free.len()
+            + rhs_remaining
+                .iter()
+                .position(|&x| x == r)
+                .expect("contract dim");
     }
     let dl = dl.permute(&pos_l)?;
 
@@ -389,7 +590,11 @@ fn dot_general_vjp(
     }
     for (k, &d) in rhs_contract.iter().enumerate() {
         let l = lhs_contract[k];
-        pos_r[d] = nb + lhs_remaining.iter().position(|&x| x == l).expect("contract dim");
+        pos_r[d] = nb
+            + lhs_remaining
+                .iter()
+                .position(|&x| x == l)
+                .expect("contract dim");
     }
     for (i, &d) in rhs_free.iter().enumerate() {
         pos_r[d] = nb + lhs_remaining.len() + i;
@@ -403,14 +608,108 @@ impl Tensor {
     #[track_caller]
     pub fn zeros_like(&self) -> Result<Tensor> {
         let dev = self.device_inner()?;
-        Tensor::apply_nullary(&dev, Op::Constant(Literal::splat(self.dtype(), 0.0, self.dims())))
+        Tensor::apply_nullary(
+            &dev,
+            Op::Constant(Literal::splat(self.dtype(), 0.0, self.dims())),
+        )
     }
 
-    /// Pads with zeros (`low`/`high` before/after each dimension, `interior` between elements).
+    /// Pads with the scalar `value` (same dtype): `low`/`high` entries before/after each
+    /// dimension (negative ones crop), `interior` entries between neighbouring elements.
     #[track_caller]
-    pub fn pad_with_zero(&self, low: Vec<i64>, high: Vec<i64>, interior: Vec<usize>) -> Result<Tensor> {
-        let zero = self.constant_like(0.0)?;
-        Tensor::apply(Op::Pad { low, high, interior }, &[self, &zero])
+    pub fn pad(
+        &self,
+        low: Vec<i64>,
+        high: Vec<i64>,
+        interior: Vec<usize>,
+        value: &Tensor,
+    ) -> Result<Tensor> {
+        Tensor::apply(
+            Op::Pad {
+                low,
+                high,
+                interior,
+            },
+            &[self, value],
+        )
+    }
+
+    /// Elements `start[d], start[d] + stride[d], ...` below `limit[d]` of each dimension.
+    #[track_caller]
+    pub fn slice_strided(
+        &self,
+        start: &[usize],
+        limit: &[usize],
+        stride: &[usize],
+    ) -> Result<Tensor> {
+        Tensor::apply(
+            Op::Slice {
+                start: start.to_vec(),
+                limit: limit.to_vec(),
+                stride: stride.to_vec(),
+            },
+            &[self],
+        )
+    }
+
+    /// The `sizes` window at `starts` (one scalar integer tensor per dimension, so the offset
+    /// can change between steps without a new graph; clamped to keep the window inside).
+    #[track_caller]
+    pub fn dynamic_slice(&self, starts: &[&Tensor], sizes: &[usize]) -> Result<Tensor> {
+        let mut operands = vec![self];
+        operands.extend_from_slice(starts);
+        Tensor::apply(
+            Op::DynamicSlice {
+                sizes: sizes.to_vec(),
+            },
+            &operands,
+        )
+    }
+
+    /// This tensor with `update` written at `starts` (scalar integer tensors, clamped).
+    #[track_caller]
+    pub fn dynamic_update_slice(&self, update: &Tensor, starts: &[&Tensor]) -> Result<Tensor> {
+        let mut operands = vec![self, update];
+        operands.extend_from_slice(starts);
+        Tensor::apply(Op::DynamicUpdateSlice, &operands)
+    }
+
+    /// The IR's `dot_general`: contracts `lhs_contract[k]` of this tensor with `rhs_contract[k]`
+    /// of `rhs`, batching over paired `lhs_batch`/`rhs_batch`; the result has the batch
+    /// dimensions, then this tensor's free ones, then `rhs`'s free ones.
+    #[track_caller]
+    pub fn dot_general(
+        &self,
+        rhs: &Tensor,
+        lhs_batch: &[usize],
+        rhs_batch: &[usize],
+        lhs_contract: &[usize],
+        rhs_contract: &[usize],
+    ) -> Result<Tensor> {
+        let op = Op::DotGeneral {
+            lhs_batch: lhs_batch.to_vec(),
+            rhs_batch: rhs_batch.to_vec(),
+            lhs_contract: lhs_contract.to_vec(),
+            rhs_contract: rhs_contract.to_vec(),
+        };
+        Tensor::apply(op, &[self, rhs])
+    }
+
+    /// The IR's `broadcast_in_dim`: operand dimension `i` becomes result dimension
+    /// `broadcast_dimensions[i]` (equal size, or 1 to stretch); the result has `dims`.
+    #[track_caller]
+    pub fn broadcast_in_dim(
+        &self,
+        dims: &[usize],
+        broadcast_dimensions: &[usize],
+    ) -> Result<Tensor> {
+        Tensor::apply(
+            Op::BroadcastInDim {
+                dims: dims.to_vec(),
+                broadcast_dimensions: broadcast_dimensions.to_vec(),
+            },
+            &[self],
+        )
     }
 }
 
@@ -433,6 +732,3 @@ impl DeviceInner {
         }
     }
 }
-
-#[allow(dead_code)]
-fn _unused(_: CompareOp, _: DType, _: &Node) {}
