@@ -1,0 +1,137 @@
+//! Forward, `grad` and an optimizer update recorded lazily land in one step graph: a training
+//! loop compiles once, and the loss of a small linear regression falls.
+
+use neuron_pc::nn::{HostRng, Linear};
+use neuron_pc::optim::{AdamW, Sgd, WarmupCosine};
+use neuron_pc::{grad, DType, DeviceConfig, LazyDevice, Result, Tensor};
+
+fn device() -> LazyDevice {
+    let config = DeviceConfig {
+        persistent_cache: false,
+        ..DeviceConfig::default()
+    };
+    LazyDevice::new(config).expect("cpu device: run scripts/setup")
+}
+
+/// `y = x . [1.5, -2, 0.5] + 0.25` on 8 fixed points.
+fn data() -> (Vec<f32>, Vec<f32>) {
+    let mut rng = HostRng::new(11);
+    let x: Vec<f32> = (0..24)
+        .map(|_| (rng.uniform() * 2.0 - 1.0) as f32)
+        .collect();
+    let y = x
+        .chunks(3)
+        .map(|r| 1.5 * r[0] - 2.0 * r[1] + 0.5 * r[2] + 0.25)
+        .collect();
+    (x, y)
+}
+
+fn mse(model: &Linear, x: &Tensor, y: &Tensor) -> Result<Tensor> {
+    let diff = model.forward(x)?.sub(y)?;
+    diff.mul(&diff)?.mean_all()
+}
+
+#[test]
+fn sgd_steps_compile_once_and_match_host_math() {
+    let dev = device();
+    let (xv, yv) = data();
+    let x = dev.from_slice(&xv, &[8, 3]).unwrap();
+    let y = dev.from_slice(&yv, &[8, 1]).unwrap();
+    let model = Linear::new(&dev, &mut HostRng::new(3), 3, 1, true).unwrap();
+    let bias = model.bias.clone().unwrap();
+    let params = vec![model.weight.clone(), bias.clone()];
+    let mut opt = Sgd::new(&dev, &params, 0.0, 0.0).unwrap();
+    let lr = 0.1;
+    let lr_t = dev.scalar(lr, DType::F32).unwrap();
+
+    // The host replays plain gradient descent on the same data in f64.
+    let mut w: Vec<f64> = model
+        .weight
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|&v| v as f64)
+        .collect();
+    let mut b = bias.to_vec::<f32>().unwrap()[0] as f64;
+    let compiles_before = dev.metrics().compiles;
+    let mut losses = Vec::new();
+    for _ in 0..5 {
+        let loss = mse(&model, &x, &y).unwrap();
+        let grads = grad(&loss, &[&params[0], &params[1]]).unwrap();
+        opt.step(&params, &grads, &lr_t).unwrap();
+        dev.mark_step().unwrap();
+        losses.push(loss.item().unwrap());
+
+        let (mut gw, mut gb, mut host_loss) = ([0.0f64; 3], 0.0f64, 0.0f64);
+        for (r, &t) in xv.chunks(3).zip(&yv) {
+            let e = (0..3).map(|k| w[k] * r[k] as f64).sum::<f64>() + b - t as f64;
+            host_loss += e * e / 8.0;
+            for k in 0..3 {
+                gw[k] += 2.0 * e * r[k] as f64 / 8.0;
+            }
+            gb += 2.0 * e / 8.0;
+        }
+        assert!(
+            (losses.last().unwrap() - host_loss).abs() < 1e-5 * (1.0 + host_loss),
+            "{losses:?} vs {host_loss}"
+        );
+        for k in 0..3 {
+            w[k] -= lr * gw[k];
+        }
+        b -= lr * gb;
+    }
+    let m = dev.metrics();
+    assert_eq!(
+        m.compiles - compiles_before,
+        1,
+        "forward + grad + update must be one graph: {m:?}"
+    );
+    let got_w = model.weight.to_vec::<f32>().unwrap();
+    for k in 0..3 {
+        assert!((got_w[k] as f64 - w[k]).abs() < 1e-5, "{got_w:?} vs {w:?}");
+    }
+    assert!((bias.to_vec::<f32>().unwrap()[0] as f64 - b).abs() < 1e-5);
+    assert!(losses.windows(2).all(|p| p[1] < p[0]), "{losses:?}");
+}
+
+#[test]
+fn adamw_with_a_schedule_compiles_once_and_the_loss_falls() {
+    let dev = device();
+    let (xv, yv) = data();
+    let x = dev.from_slice(&xv, &[8, 3]).unwrap();
+    let y = dev.from_slice(&yv, &[8, 1]).unwrap();
+    let model = Linear::new(&dev, &mut HostRng::new(5), 3, 1, true).unwrap();
+    let params = vec![model.weight.clone(), model.bias.clone().unwrap()];
+    let mut opt = AdamW::new(&dev, &params, 0.01).unwrap();
+    let schedule = WarmupCosine {
+        base_lr: 0.1,
+        min_lr: 0.01,
+        warmup_steps: 2,
+        total_steps: 20,
+    };
+    let compiles_before = dev.metrics().compiles;
+    let mut losses = Vec::new();
+    for step in 0..20 {
+        // a new learning rate every step, as a device scalar: still the same graph
+        let lr = dev.scalar(schedule.lr(step), DType::F32).unwrap();
+        let loss = mse(&model, &x, &y).unwrap();
+        let grads = grad(&loss, &[&params[0], &params[1]]).unwrap();
+        opt.step(&params, &grads, &lr).unwrap();
+        dev.mark_step().unwrap();
+        losses.push(loss.item().unwrap());
+        if step == 4 {
+            let m = dev.metrics();
+            assert_eq!(m.compiles - compiles_before, 1, "{m:?}");
+            assert_eq!(m.executions, 5, "{m:?}");
+        }
+    }
+    let m = dev.metrics();
+    assert_eq!(m.compiles - compiles_before, 1, "{m:?}");
+    assert_eq!(
+        m.implicit_syncs, 0,
+        "reading the computed loss must not sync: {m:?}"
+    );
+    assert_eq!(opt.step.to_vec::<f32>().unwrap(), vec![20.0]);
+    assert!(losses[19] < 0.2 * losses[0], "{losses:?}");
+    assert!(losses[4] < losses[0], "{losses:?}");
+}
