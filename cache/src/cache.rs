@@ -17,27 +17,35 @@ use crate::store::{LocalStore, PutMode, Store, Tier};
 /// A verified entry.
 #[derive(Clone, Debug)]
 pub struct Hit {
+    /// The verified executable bytes.
     pub executable: Vec<u8>,
+    /// The entry's record (key inputs, sizes, digest, ...).
     pub record: EntryRecord,
+    /// Which tier served it (local disk or the remote store).
     pub tier: Tier,
 }
 
 /// What a lookup found.
 #[derive(Clone, Debug)]
 pub enum Lookup {
+    /// A verified entry.
     Hit(Hit),
     /// A recorded compile failure of this compiler.
     Failed(FailureRecord),
+    /// Nothing usable (absent, damaged, or storage trouble: see the warnings).
     Miss,
 }
 
 /// The outcome of [`Cache::get_or_compile`].
 #[derive(Clone, Debug)]
 pub enum Obtained {
+    /// Found in the cache.
     Hit(Hit),
     /// Compiled here (and stored unless read-only).
     Compiled {
+        /// The freshly compiled executable.
         executable: Vec<u8>,
+        /// How long compiling took.
         compile_ms: f64,
     },
     /// Another process compiled it while this one waited.
@@ -47,7 +55,9 @@ pub enum Obtained {
 /// What a put did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PutOutcome {
+    /// Stored in at least one tier.
     Stored,
+    /// Not stored: the cache is read-only.
     ReadOnly,
     /// Writing failed on every tier (reported, never fatal).
     Failed(String),
@@ -56,30 +66,43 @@ pub enum PutOutcome {
 /// One entry as listed.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct EntryInfo {
+    /// The key.
     pub key: String,
+    /// The first tier holding it.
     pub tier: Tier,
+    /// Bytes of the executable.
     pub executable_size: u64,
+    /// Bytes of the program text.
     pub program_size: u64,
+    /// Compile time in milliseconds.
     pub compile_ms: f64,
+    /// Seconds since the Unix epoch.
     pub created_at: u64,
+    /// The neuron-pc version that wrote it.
     pub tool_version: String,
 }
 
 /// Totals for `neuron-pc cache stats`.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Stats {
+    /// Committed entries (records).
     pub entries: usize,
+    /// Failure records.
     pub failures: usize,
+    /// Bytes of executables, programs and records.
     pub bytes: u64,
+    /// Compile leases present (held or stale).
     pub locks: usize,
 }
 
 /// What `verify` found.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct VerifyReport {
+    /// Entries (records) checked, counted per tier.
     pub checked: usize,
-    /// `(key, problem)` for each bad entry.
+    /// `(key, problem (tier))` for each bad entry; a tiered cache reports each tier.
     pub bad: Vec<(String, String)>,
+    /// Bad entries removed by `--fix`.
     pub removed: usize,
     /// Temporary files, unreferenced executables and stale locks removed by `--fix`.
     pub leftovers: usize,
@@ -243,6 +266,7 @@ impl Cache {
             .join(" -> ")
     }
 
+    /// The options the cache was opened with.
     pub fn options(&self) -> &CacheOptions {
         &self.opts
     }

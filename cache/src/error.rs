@@ -5,31 +5,56 @@
 pub enum Error {
     /// A key that is not 64 lowercase hex characters.
     #[error("invalid cache key {key:?}: expected 64 lowercase hex characters")]
-    InvalidKey { key: String },
+    InvalidKey {
+        /// The refused text (at most 80 characters of it).
+        key: String,
+    },
 
-    /// A cache URL this crate cannot use.
+    /// A cache URL (or setting) this crate cannot use.
     #[error("invalid cache URL {url:?}: {message}")]
-    InvalidUrl { url: String, message: String },
+    InvalidUrl {
+        /// The URL or value as given.
+        url: String,
+        /// What is wrong with it.
+        message: String,
+    },
 
     /// Local file system trouble.
     #[error("{path}: {source}")]
     Io {
+        /// The file or directory involved.
         path: String,
+        /// The operating system's error.
         source: std::io::Error,
     },
 
     /// The storage refused us (wrong credentials, access denied): a configuration error that
     /// must be fixed, not a miss.
     #[error("{store}: access denied: {message}")]
-    Denied { store: String, message: String },
+    Denied {
+        /// The store, as `s3://bucket/prefix`.
+        store: String,
+        /// The server's answer.
+        message: String,
+    },
 
     /// The storage could not be reached or failed.
     #[error("{store}: unavailable: {message}")]
-    Unavailable { store: String, message: String },
+    Unavailable {
+        /// The store, as `s3://bucket/prefix`.
+        store: String,
+        /// What failed.
+        message: String,
+    },
 
     /// A stored object that fails its checks (digest, size, signature, format).
     #[error("cache entry {key}: {message}")]
-    Corrupt { key: String, message: String },
+    Corrupt {
+        /// The entry's key (or object name).
+        key: String,
+        /// Which check failed.
+        message: String,
+    },
 
     /// The compiler failed (now or, recorded, earlier).
     #[error("{0}")]

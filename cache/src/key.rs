@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 pub struct CacheKey(String);
 
 impl CacheKey {
+    /// Validates `s`; anything but 64 lowercase hex characters is an error.
     pub fn parse(s: &str) -> Result<CacheKey> {
         if s.len() == 64
             && s.bytes()
@@ -20,6 +21,7 @@ impl CacheKey {
         }
     }
 
+    /// The key as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -13,8 +13,11 @@ use crate::store::{PutMode, Store};
 /// Lease contents.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Lease {
+    /// Process id of the holder.
     pub pid: u32,
+    /// Host name of the holder.
     pub host: String,
+    /// Seconds since the Unix epoch after which the lease is void.
     pub expires_at: u64,
 }
 

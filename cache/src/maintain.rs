@@ -123,7 +123,10 @@ impl Cache {
                 };
                 report.checked += usize::from(has_record);
                 if let Some(p) = problem {
-                    report.bad.push((key.to_string(), p));
+                    report.bad.push((
+                        key.to_string(),
+                        format!("{} ({})", p, tier.store.describe()),
+                    ));
                     if fix {
                         remove_entry(tier.store.as_ref(), &key)?;
                         report.removed += 1;

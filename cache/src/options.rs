@@ -22,9 +22,11 @@ pub const LOCAL_DIR_ENV: &str = "NEURON_PC_CACHE_LOCAL_DIR";
 /// How a cache is opened.
 #[derive(Clone, Debug)]
 pub struct CacheOptions {
+    /// Never write (no entries, failure records, locks or repairs).
     pub read_only: bool,
     /// Bound on the local tier's bytes; least recently used entries go first.
     pub max_local_bytes: Option<u64>,
+    /// HMAC secret: sign entries written, refuse unsigned or mis-signed ones.
     pub signing_key: Option<Vec<u8>>,
     /// How long to wait for another process compiling the same key.
     pub lock_wait: Duration,

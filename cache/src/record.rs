@@ -18,14 +18,20 @@ pub(crate) const MAX_RECORD_BYTES: usize = 1 << 20;
 /// The record of one entry (`<key>.json`), written after the executable and program text.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct EntryRecord {
+    /// Layout version ([`ENTRY_FORMAT_VERSION`]).
     pub format_version: u32,
+    /// The key this record belongs to.
     pub key: String,
     /// The compiler's named key components (digests, flags, compiler identity): what makes
     /// this key differ from another.
     pub key_inputs: BTreeMap<String, String>,
+    /// Bytes of the executable.
     pub executable_size: u64,
+    /// SHA-256 of the executable (hex).
     pub executable_sha256: String,
+    /// Bytes of the program text.
     pub program_size: u64,
+    /// Compile time in milliseconds.
     pub compile_ms: f64,
     /// The neuron-pc version that wrote the entry.
     pub tool_version: String,
@@ -40,11 +46,15 @@ pub struct EntryRecord {
 /// A failed compilation (`failures/<key>.json`).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct FailureRecord {
+    /// Layout version ([`ENTRY_FORMAT_VERSION`]).
     pub format_version: u32,
+    /// The key whose compilation failed.
     pub key: String,
+    /// The compiler's message.
     pub message: String,
     /// The compiler that failed; a record from another compiler does not block this one.
     pub compiler_version: String,
+    /// Seconds since the Unix epoch.
     pub created_at: u64,
 }
 
@@ -152,6 +162,7 @@ impl EntryRecord {
 }
 
 impl FailureRecord {
+    /// Parses a failure record read for `key`; one for another key or format is refused.
     pub fn parse(key: &CacheKey, bytes: &[u8]) -> Result<FailureRecord> {
         let corrupt = |message: String| Error::Corrupt {
             key: key.to_string(),

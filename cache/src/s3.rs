@@ -25,6 +25,7 @@ pub const S3_TIMEOUT_ENV: &str = "NEURON_PC_CACHE_S3_TIMEOUT";
 pub struct S3Options {
     /// Whole-request bound (connect, send, receive the body).
     pub timeout: Duration,
+    /// Bound on establishing a connection.
     pub connect_timeout: Duration,
     /// Retries of one request (5xx, throttling, dropped connections).
     pub max_retries: usize,

@@ -11,13 +11,16 @@ use crate::error::{Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Tier {
+    /// A local directory.
     Local,
+    /// The shared object store (S3).
     Remote,
 }
 
 /// How a put treats an existing object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PutMode {
+    /// Replace whatever is there (atomically).
     Overwrite,
     /// Only if no object of that name exists (`O_EXCL` locally, `If-None-Match: *` on S3).
     CreateOnly,
@@ -26,8 +29,11 @@ pub enum PutMode {
 /// One listed object.
 #[derive(Clone, Debug)]
 pub struct ObjectMeta {
+    /// Name relative to the store root, like `entries/ab/<key>.json`.
     pub name: String,
+    /// Bytes.
     pub size: u64,
+    /// Last modification (local: refreshed by hits).
     pub modified: SystemTime,
 }
 
@@ -35,6 +41,7 @@ pub struct ObjectMeta {
 pub trait Store: Send + Sync {
     /// For messages: `/path/to/cache` or `s3://bucket/prefix`.
     fn describe(&self) -> String;
+    /// Which tier this store is.
     fn tier(&self) -> Tier;
     /// `Ok(None)` when the object does not exist.
     fn get(&self, name: &str) -> Result<Option<Vec<u8>>>;
@@ -80,6 +87,7 @@ impl LocalStore {
         })
     }
 
+    /// The cache directory.
     pub fn root(&self) -> &Path {
         &self.root
     }
