@@ -152,3 +152,18 @@ fn non_differentiable_paths() {
         Err(neuron_pc::Error::DeviceMismatch { .. })
     ));
 }
+
+#[test]
+fn ties_follow_the_documented_convention() {
+    let dev = device();
+    let x = dev.from_slice(&[1.0f64, 3.0, 3.0, 2.0], &[4]).unwrap();
+    let c = dev.from_slice(&[1.0f64, 0.0, 5.0, 2.0], &[4]).unwrap();
+    // reduce max: tied maxima share the gradient equally
+    let g = grad(&x.max(&[0], false).unwrap(), &[&x]).unwrap();
+    assert_eq!(g[0].to_vec::<f64>().unwrap(), vec![0.0, 0.5, 0.5, 0.0]);
+    // elementwise max: a tie goes to the left operand
+    let loss = x.maximum(&c).unwrap().sum_all().unwrap();
+    let g = grad(&loss, &[&x, &c]).unwrap();
+    assert_eq!(g[0].to_vec::<f64>().unwrap(), vec![1.0, 1.0, 0.0, 1.0]);
+    assert_eq!(g[1].to_vec::<f64>().unwrap(), vec![0.0, 0.0, 1.0, 0.0]);
+}
