@@ -10,7 +10,9 @@ use crate::error::{Error, Result};
 use crate::key::CacheKey;
 use crate::lease::{try_acquire, Attempt};
 use crate::options::{default_dir, CacheOptions, CACHE_URL_ENV};
-use crate::record::{now_secs, sha256_hex, sign, EntryRecord, FailureRecord, ENTRY_FORMAT_VERSION};
+use crate::record::{
+    now_secs, sha256_hex, sign, EntryRecord, FailureRecord, ENTRY_FORMAT_VERSION, MAX_RECORD_BYTES,
+};
 use crate::s3::S3Store;
 use crate::store::{LocalStore, PutMode, Store, Tier};
 
@@ -307,11 +309,18 @@ impl Cache {
     }
 
     pub(crate) fn read_entry(&self, tier: &TierState, key: &CacheKey) -> Result<Option<Hit>> {
-        let Some(rec_bytes) = tier.store.get(&record_name(key))? else {
+        let Some(rec_bytes) = tier
+            .store
+            .get_max(&record_name(key), MAX_RECORD_BYTES as u64)?
+        else {
             return Ok(None);
         };
         let record = EntryRecord::parse(key, &rec_bytes)?;
-        let Some(exe) = tier.store.get(&exe_name(key, &record.executable_sha256))? else {
+        let Some(exe) = tier.store.get_max(
+            &exe_name(key, &record.executable_sha256),
+            record.executable_size,
+        )?
+        else {
             return Err(Error::Corrupt {
                 key: key.to_string(),
                 message: "record without executable".into(),

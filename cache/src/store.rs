@@ -45,6 +45,15 @@ pub trait Store: Send + Sync {
     fn tier(&self) -> Tier;
     /// `Ok(None)` when the object does not exist.
     fn get(&self, name: &str) -> Result<Option<Vec<u8>>>;
+    /// Like [`Store::get`], but an object larger than `max` bytes is [`Error::Corrupt`] and,
+    /// where the store can tell before reading, is not read (a planted huge file must not
+    /// exhaust memory).
+    fn get_max(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>> {
+        match self.get(name)? {
+            Some(b) if b.len() as u64 > max => Err(too_large(name, b.len() as u64, max)),
+            other => Ok(other),
+        }
+    }
     /// `Ok(false)` when `CreateOnly` found the object already there.
     fn put(&self, name: &str, bytes: &[u8], mode: PutMode) -> Result<bool>;
     /// Deleting a missing object is not an error.
@@ -149,12 +158,21 @@ impl Store for LocalStore {
         }
     }
 
+    fn get_max(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>> {
+        let path = self.path(name)?;
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.len() > max => return Err(too_large(name, m.len(), max)),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Self::io(&path, e)),
+        }
+        self.get(name)
+    }
+
     fn put(&self, name: &str, bytes: &[u8], mode: PutMode) -> Result<bool> {
         let path = self.path(name)?;
-        let dir = path
-            .parent()
-            .expect("object paths have a parent")
-            .to_path_buf();
+        // `path` is the root joined with a validated, non-empty name, so it has a parent.
+        let dir = path.parent().unwrap_or(&self.root).to_path_buf();
         std::fs::create_dir_all(&dir).map_err(|e| Self::io(&dir, e))?;
         let file_name = path
             .file_name()
@@ -262,6 +280,13 @@ impl Store for LocalStore {
                 let _ = f.set_modified(SystemTime::now());
             }
         }
+    }
+}
+
+fn too_large(name: &str, size: u64, max: u64) -> Error {
+    Error::Corrupt {
+        key: name.to_string(),
+        message: format!("{size} bytes where at most {max} were expected"),
     }
 }
 
