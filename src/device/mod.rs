@@ -9,7 +9,7 @@ mod metrics;
 mod step;
 pub(crate) mod trace;
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -89,7 +89,7 @@ impl LazyDevice {
                 client,
                 interner: Mutex::new(Interner::default()),
                 pending: Mutex::new(Vec::new()),
-                executables: Mutex::new(HashMap::new()),
+                executables: Mutex::new(HashMap::default()),
                 metrics: Mutex::new(Metrics::default()),
                 jit,
                 sites: Mutex::new(diagnose::Sites::default()),

@@ -3,7 +3,7 @@
 //! writes the graph's exact identity as a list of integers. Equal lists mean equal graphs, so
 //! the executable found under that list in memory is the right one; no hashing is involved.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use neuron_pc_compiler::ir::{Graph, NodeId};

@@ -4,7 +4,7 @@
 //! graph's identity can be written as a compact list of integers (see `step.rs`) and compared
 //! exactly, with no hash collisions to worry about, on every `mark_step`.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use neuron_pc_compiler::ir::{Op, TensorType};

@@ -1,0 +1,102 @@
+//! Host-side costs of the lazy device, printed as one table (medians of repeated runs):
+//! tracing cost per op, host overhead of a mark_step that hits the in-memory executable cache
+//! for a 600-node graph (everything but execution), and the example model's step time.
+//!
+//! `cargo run --release --example bench_device` (run by `scripts/bench`).
+
+use std::time::Instant;
+
+use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
+use neuron_pc::nn::Module;
+use neuron_pc::optim::AdamW;
+use neuron_pc::{grad, DType, DeviceConfig, LazyDevice, Tensor};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// A 600-op elementwise chain on a small vector.
+fn chain(x: &Tensor) -> neuron_pc::Result<Tensor> {
+    let mut y = x.clone();
+    for i in 0..300 {
+        y = y.mul_scalar(1.0 + i as f64 * 1e-6)?.tanh()?;
+    }
+    Ok(y)
+}
+
+fn main() -> anyhow::Result<()> {
+    let device = LazyDevice::new(DeviceConfig { persistent_cache: false, ..DeviceConfig::default() })?;
+    let x = device.from_slice(&[0.5f32; 4], &[4])?;
+
+    // Tracing: 600 ops (plus the 300 scalar constants they use) per repetition.
+    let mut per_op = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        let y = chain(&x)?;
+        per_op.push(t.elapsed().as_secs_f64() * 1e9 / 600.0);
+        drop(y);
+    }
+    device.mark_step()?; // forget the dropped traces
+
+    // mark_step on an in-memory hit: total minus the time inside PJRT execute.
+    let mut overhead = Vec::new();
+    let mut total = Vec::new();
+    for rep in 0..60 {
+        let y = chain(&x)?;
+        let before = device.metrics();
+        let t = Instant::now();
+        device.mark_step()?;
+        let wall = t.elapsed().as_secs_f64() * 1e3;
+        let exec = device.metrics().execute_ms - before.execute_ms;
+        drop(y);
+        if rep >= 10 {
+            total.push(wall);
+            overhead.push(wall - exec);
+        }
+    }
+    let m = device.metrics();
+    assert_eq!(m.compiles, 1, "the chain must compile once");
+
+    // The example model's full training step (trace + mark_step + execution).
+    let config = TextEncoderConfig::default();
+    let model = TextEncoder::new(&device, config.clone(), 0)?;
+    let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
+    let mut opt = AdamW::new(&device, &params, 0.01)?;
+    let task = SyntheticTask::new(config, 0);
+    let mut steps = Vec::new();
+    let mut traces = Vec::new();
+    for i in 0..80u64 {
+        let b: Vec<Tensor> = task.batch(0, i, 64).iter().map(|h| device.tensor(h)).collect::<neuron_pc::Result<_>>()?;
+        let t = Instant::now();
+        {
+            let lr = device.scalar(1e-3, DType::F32)?;
+            let loss = model.loss(&b[0], &b[1], &b[2])?;
+            let refs: Vec<&Tensor> = params.iter().collect();
+            let grads = grad(&loss, &refs)?;
+            opt.step(&params, &grads, &lr)?;
+        }
+        let traced = t.elapsed().as_secs_f64() * 1e3;
+        device.mark_step()?;
+        if i >= 10 {
+            steps.push(t.elapsed().as_secs_f64() * 1e3);
+            traces.push(traced);
+        }
+    }
+    let step = median(steps);
+    let hwm = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM")).map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<f64>().unwrap_or(0.0)))
+        .unwrap_or(0.0);
+    let ovh = median(overhead);
+    println!("| measure | median |");
+    println!("| --- | --- |");
+    println!("| tracing cost per op | {:.0} ns |", median(per_op));
+    println!("| mark_step host overhead, 600-node graph, memory hit (excl. execution) | {:.3} ms |", ovh);
+    println!("| mark_step total for that graph | {:.3} ms |", median(total));
+    println!("| example step (trace + mark_step + execute), default config | {:.2} ms |", step);
+    println!("| of which tracing forward+backward+AdamW | {:.3} ms |", median(traces));
+    println!("| 600-node overhead as a share of the example step | {:.1} % |", 100.0 * ovh / step);
+    println!("| peak RSS of this process | {:.0} MiB |", hwm / 1024.0);
+    Ok(())
+}
