@@ -728,6 +728,7 @@ impl DeviceInner {
                 ty,
                 device: Arc::downgrade(self),
                 state: std::sync::Mutex::new(state),
+                donor: std::sync::Mutex::new(None),
             }),
         }
     }

@@ -73,6 +73,29 @@ fn the_same_step_twice_reuses_the_executable() {
 }
 
 #[test]
+fn in_place_updates_donate_buffers_only_when_nothing_else_holds_them() {
+    let dev = device();
+    let w = t(&dev, &[1.0, 2.0, 3.0, 4.0], &[4]);
+    for _ in 0..3 {
+        w.assign(&w.mul_scalar(2.0).unwrap()).unwrap();
+        dev.mark_step().unwrap();
+    }
+    assert_eq!(w.to_vec::<f32>().unwrap(), vec![8.0, 16.0, 24.0, 32.0]);
+    assert_eq!(dev.metrics().donated_buffers, 3);
+
+    // A second tensor sharing w's data must keep its value: no donation then.
+    let snapshot = t(&dev, &[0.0; 4], &[4]);
+    snapshot.assign(&w).unwrap();
+    w.assign(&w.add_scalar(1.0).unwrap()).unwrap();
+    dev.mark_step().unwrap();
+    assert_eq!(dev.metrics().donated_buffers, 3);
+    assert_eq!(snapshot.to_vec::<f32>().unwrap(), vec![8.0, 16.0, 24.0, 32.0]);
+    assert_eq!(w.to_vec::<f32>().unwrap(), vec![9.0, 17.0, 25.0, 33.0]);
+    // Same graph as before (the alias is structural); only the launch kept the buffer.
+    assert_eq!(dev.metrics().compiles, 2, "mul and add graphs");
+}
+
+#[test]
 fn dropped_tensors_are_not_outputs_and_reads_sync_only_what_they_need() {
     let dev = device();
     let a = t(&dev, &[1.0, 2.0], &[2]);

@@ -60,9 +60,9 @@ impl Jit {
     }
 
     /// The program text and key of `graph` as this device would compile it.
-    pub fn lower(&self, graph: &Graph) -> Result<(String, CacheKey)> {
+    pub fn lower(&self, graph: &Graph, aliases: &[(usize, usize)]) -> Result<(String, CacheKey)> {
         let optimized = neuron_pc_compiler::passes::run_pipeline(graph, &self.flags)?;
-        let text = neuron_pc_compiler::lower::to_stablehlo(&optimized)?;
+        let text = neuron_pc_compiler::lower::to_stablehlo_with_aliases(&optimized, aliases)?;
         let key = cache_key(&text, &self.options, &self.flags, &self.compiler);
         Ok((text, key))
     }
@@ -71,10 +71,11 @@ impl Jit {
         &self,
         dev: &Arc<DeviceInner>,
         graph: &Graph,
+        aliases: &[(usize, usize)],
         site: &'static Location<'static>,
     ) -> Result<(Arc<StepExecutable>, Obtained)> {
         let output_types: Vec<TensorType> = graph.outputs().iter().map(|&id| graph.node_type(id).clone()).collect();
-        let (text, key) = self.lower(graph)?;
+        let (text, key) = self.lower(graph, aliases)?;
         if tracing::enabled!(tracing::Level::DEBUG) {
             tracing::debug!(key = %key.hex, components = ?key.components, "cache key");
         }

@@ -29,6 +29,8 @@ pub struct Metrics {
     /// Values the last executed graph produced (live pending tensors only; dropped ones are
     /// not computed).
     pub last_step_outputs: u64,
+    /// Input buffers donated to outputs (in-place updates that needed no copy).
+    pub donated_buffers: u64,
     /// Executions and their total wall time (launch to results ready).
     pub executions: u64,
     pub execute_ms: f64,

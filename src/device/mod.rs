@@ -189,6 +189,7 @@ impl DeviceInner {
             ty,
             device: Arc::downgrade(self),
             state: Mutex::new(state),
+            donor: Mutex::new(None),
         });
         if pending {
             lock(&self.pending).push(Arc::downgrade(&cell));
@@ -261,7 +262,8 @@ impl DeviceInner {
         if !explicit {
             lock(&self.metrics).implicit_syncs += 1;
         }
-        let traced = step::trace(&roots);
+        let mut traced = step::trace(&roots);
+        let aliases = traced.donations(&cells);
         let known = lock(&self.executables).get(&traced.identity).cloned();
         let (exe, how) = match known {
             Some(exe) => {
@@ -271,15 +273,17 @@ impl DeviceInner {
             None => {
                 let graph = traced.to_graph(&lock(&self.interner))?;
                 diagnose::check_new_graph(self, site, &graph)?;
-                let (exe, how) = self.jit.obtain(self, &graph, site)?;
+                let (exe, how) = self.jit.obtain(self, &graph, &aliases, site)?;
                 lock(&self.metrics).graphs_seen += 1;
                 lock(&self.executables).insert(traced.identity.clone(), exe.clone());
                 (exe, how)
             }
         };
-        let outputs = self.run(&exe, &traced)?;
+        drop(roots);
+        let outputs = self.run(&exe, &mut traced, &aliases)?;
         for (cell, data) in cells.iter().zip(outputs) {
             *lock(&cell.state) = State::Data(data);
+            *lock(&cell.donor) = None;
         }
         diagnose::step_done(self, site);
         if self.config.debug_steps {
@@ -294,7 +298,7 @@ impl DeviceInner {
     }
 
     /// Executes (or, in extract mode, stands in zero-filled outputs for) one traced graph.
-    fn run(&self, exe: &StepExecutable, traced: &step::Traced) -> Result<Vec<Arc<DeviceData>>> {
+    fn run(&self, exe: &StepExecutable, traced: &mut step::Traced, aliases: &[(usize, usize)]) -> Result<Vec<Arc<DeviceData>>> {
         let Some(loaded) = &exe.loaded else {
             return exe
                 .output_types
@@ -302,12 +306,19 @@ impl DeviceInner {
                 .map(|ty| self.upload(&HostTensor::zeros(ty.dtype, &ty.dims), true))
                 .collect();
         };
+        // A parameter may be donated when the graph's own operands are its only holders
+        // besides the parameter list; anything else (another tensor holding the same data,
+        // a recorded node outside this graph) keeps it.
+        let keep: Vec<usize> = (0..traced.params.len())
+            .filter(|&i| !aliases.iter().any(|&(p, _)| p == i) || Arc::strong_count(&traced.params[i]) != 1 + traced.data_refs[i])
+            .collect();
         let args: Vec<&Buffer> = traced.params.iter().map(|d| &d.buffer).collect();
         let t = Instant::now();
-        let outs = loaded.execute(&args)?;
+        let outs = loaded.execute_donating(&args, &keep)?;
         let zero_filled = traced.params.iter().any(|d| d.zero_filled);
         let result: Vec<Arc<DeviceData>> = outs.into_iter().map(|b| self.wrap_buffer(b, zero_filled)).collect();
         let mut m = lock(&self.metrics);
+        m.donated_buffers += (traced.params.len() - keep.len()) as u64;
         m.last_step_outputs = result.len() as u64;
         m.executions += 1;
         m.execute_ms += metrics::ms(t.elapsed());

@@ -13,10 +13,11 @@ use crate::error::Result;
 
 const PARAM_MARK: u32 = u32::MAX;
 const OUTPUTS_MARK: u32 = u32::MAX - 1;
+const ALIAS_MARK: u32 = u32::MAX - 2;
 
 /// One entry of the walk, in graph order.
 enum Entry {
-    Param { ty_id: u32 },
+    Param { ty_id: u32, index: usize },
     Op { node: Arc<Node>, operands: Vec<u32> },
 }
 
@@ -27,6 +28,8 @@ pub(crate) struct Traced {
     entries: Vec<Entry>,
     /// Device data read by the graph, by parameter index.
     pub params: Vec<Arc<DeviceData>>,
+    /// How many operand slots of the walked nodes hold each parameter's data.
+    pub data_refs: Vec<usize>,
     /// Graph outputs as references: entry index.
     outputs: Vec<u32>,
     pub op_count: usize,
@@ -46,7 +49,14 @@ impl<T: Copy> PtrMap<T> {
 
 /// Walks the DAG below `roots` (each must be an op node) in post-order.
 pub(crate) fn trace(roots: &[Arc<Node>]) -> Traced {
-    let mut t = Traced { identity: Vec::new(), entries: Vec::new(), params: Vec::new(), outputs: Vec::new(), op_count: 0 };
+    let mut t = Traced {
+        identity: Vec::new(),
+        entries: Vec::new(),
+        params: Vec::new(),
+        data_refs: Vec::new(),
+        outputs: Vec::new(),
+        op_count: 0,
+    };
     let mut node_pos: PtrMap<u32> = PtrMap::default();
     let mut data_pos: PtrMap<u32> = PtrMap::default();
     let mut stack: Vec<(Arc<Node>, usize)> = Vec::new();
@@ -69,8 +79,9 @@ pub(crate) fn trace(roots: &[Arc<Node>]) -> Traced {
                         if data_pos.get(&d).is_none() {
                             data_pos.insert(&d, t.entries.len() as u32);
                             t.identity.extend([PARAM_MARK, d.ty_id]);
-                            t.entries.push(Entry::Param { ty_id: d.ty_id });
+                            t.entries.push(Entry::Param { ty_id: d.ty_id, index: t.params.len() });
                             t.params.push(d);
+                            t.data_refs.push(0);
                         }
                     }
                 }
@@ -85,7 +96,13 @@ pub(crate) fn trace(roots: &[Arc<Node>]) -> Traced {
                 .iter()
                 .map(|v| match v {
                     Value::Node(c) => node_pos.get(c).expect("operands come first in post-order"),
-                    Value::Data(d) => data_pos.get(d).expect("data operands were registered"),
+                    Value::Data(d) => {
+                        let pos = data_pos.get(d).expect("data operands were registered");
+                        if let Entry::Param { index, .. } = &t.entries[pos as usize] {
+                            t.data_refs[*index] += 1;
+                        }
+                        pos
+                    }
                 })
                 .collect();
             t.identity.push(node.op_id);
@@ -106,13 +123,39 @@ pub(crate) fn trace(roots: &[Arc<Node>]) -> Traced {
 }
 
 impl Traced {
+    /// `(parameter, output)` pairs where output `j`'s tensor held parameter `i`'s data before an
+    /// in-place update (same type): candidates for donation. Added to the identity, since they
+    /// change the program.
+    pub fn donations(&mut self, cells: &[Arc<crate::tensor::Cell>]) -> Vec<(usize, usize)> {
+        let mut aliases = Vec::new();
+        for (j, cell) in cells.iter().enumerate() {
+            let Some(d) = crate::device::lock(&cell.donor).as_ref().and_then(|w| w.upgrade()) else { continue };
+            let Some(i) = self.params.iter().position(|p| Arc::ptr_eq(p, &d)) else { continue };
+            let out_ty = match &self.entries[self.outputs[j] as usize] {
+                Entry::Op { node, .. } => node.op_id,
+                Entry::Param { .. } => continue,
+            };
+            let _ = out_ty;
+            if cell.ty == d.ty() && !aliases.iter().any(|&(p, _)| p == i) {
+                aliases.push((i, j));
+            }
+        }
+        if !aliases.is_empty() {
+            self.identity.push(ALIAS_MARK);
+            for &(i, j) in &aliases {
+                self.identity.extend([i as u32, j as u32]);
+            }
+        }
+        aliases
+    }
+
     /// Builds the compiler's graph for this walk (only needed when no executable is known).
     pub fn to_graph(&self, interner: &Interner) -> Result<Graph> {
         let mut g = Graph::new();
         let mut ids: Vec<NodeId> = Vec::with_capacity(self.entries.len());
         for e in &self.entries {
             let id = match e {
-                Entry::Param { ty_id } => g.parameter(interner.type_of(*ty_id).clone()),
+                Entry::Param { ty_id, .. } => g.parameter(interner.type_of(*ty_id).clone()),
                 Entry::Op { node, operands } => {
                     let (op, _) = interner.op_of(node.op_id);
                     let args: Vec<NodeId> = operands.iter().map(|&p| ids[p as usize]).collect();

@@ -27,6 +27,10 @@ pub(crate) struct Cell {
     pub ty: TensorType,
     pub device: Weak<DeviceInner>,
     pub state: Mutex<State>,
+    /// The device data this tensor held before an in-place update made it pending: if the
+    /// step graph reads that data and nothing else holds it, its buffer is donated to the new
+    /// value (updated in place instead of copied).
+    pub donor: Mutex<Option<Weak<DeviceData>>>,
 }
 
 pub(crate) enum State {
@@ -182,7 +186,10 @@ impl Tensor {
             Value::Data(d) => State::Data(d),
         };
         let pending = matches!(new_state, State::Pending(_));
-        *lock(&self.cell.state) = new_state;
+        let old = std::mem::replace(&mut *lock(&self.cell.state), new_state);
+        if let (true, State::Data(d)) = (pending, &old) {
+            *lock(&self.cell.donor) = Some(Arc::downgrade(d));
+        }
         if pending {
             dev.register_pending(&self.cell);
         }

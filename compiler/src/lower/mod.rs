@@ -30,7 +30,28 @@ use crate::ir::{Graph, Op};
 ///
 /// The graph is validated first (graphs also arrive from files and other frontends).
 pub fn to_stablehlo(graph: &Graph) -> Result<String> {
+    to_stablehlo_with_aliases(graph, &[])
+}
+
+/// Like [`to_stablehlo`], with `(parameter, output)` pairs whose buffers may be shared: the
+/// parameter is marked `tf.aliasing_output`, so a donated input buffer is updated in place
+/// (an optimizer step then holds one copy of the parameters, not two). Each parameter and each
+/// output appears at most once, and the two must have the same type.
+pub fn to_stablehlo_with_aliases(graph: &Graph, aliases: &[(usize, usize)]) -> Result<String> {
     graph.validate()?;
+    let param_types = graph.parameter_types();
+    let output_types = graph.output_types();
+    for (k, &(p, o)) in aliases.iter().enumerate() {
+        let ok = p < param_types.len()
+            && o < output_types.len()
+            && param_types[p] == output_types[o]
+            && !aliases[..k].iter().any(|&(q, r)| q == p || r == o);
+        if !ok {
+            return Err(crate::error::Error::InvalidGraph {
+                message: format!("alias of parameter {p} to output {o} is out of range, repeated or between different types"),
+            });
+        }
+    }
     let mut e = Emitter {
         out: String::with_capacity(256 + graph.len() * 120),
         names: Vec::with_capacity(graph.len()),
@@ -43,6 +64,9 @@ pub fn to_stablehlo(graph: &Graph) -> Result<String> {
             e.out.push_str(", ");
         }
         let _ = write!(e.out, "%arg{i}: {}", text::tensor(ty));
+        if let Some(&(_, o)) = aliases.iter().find(|&&(p, _)| p == i) {
+            let _ = write!(e.out, " {{tf.aliasing_output = {o} : i32}}");
+        }
     }
     e.out.push(')');
     if !outputs.is_empty() {

@@ -160,13 +160,29 @@ impl LoadedExecutable {
     }
 
     /// Runs on one device with `args` (which must live on that device); returns the results.
+    /// Arguments the program marks as aliased to an output are not donated (see
+    /// [`LoadedExecutable::execute_donating`]).
     pub fn execute(&self, args: &[&Buffer]) -> Result<Vec<Buffer>> {
-        let mut out = self.execute_replicated(&[args.to_vec()])?;
+        let all: Vec<usize> = (0..args.len()).collect();
+        let mut out = self.execute_inner(&[args.to_vec()], &all)?;
+        Ok(out.pop().unwrap_or_default())
+    }
+
+    /// Like [`LoadedExecutable::execute`], but arguments not listed in `keep` may be donated:
+    /// where the program aliases them to an output, their buffers are reused for it and must
+    /// not be used afterwards.
+    pub fn execute_donating(&self, args: &[&Buffer], keep: &[usize]) -> Result<Vec<Buffer>> {
+        let mut out = self.execute_inner(&[args.to_vec()], keep)?;
         Ok(out.pop().unwrap_or_default())
     }
 
     /// Runs one replica per entry of `per_device` (a program compiled with that many replicas).
     pub fn execute_replicated(&self, per_device: &[Vec<&Buffer>]) -> Result<Vec<Vec<Buffer>>> {
+        let all: Vec<usize> = (0..per_device.first().map_or(0, |a| a.len())).collect();
+        self.execute_inner(per_device, &all)
+    }
+
+    fn execute_inner(&self, per_device: &[Vec<&Buffer>], keep: &[usize]) -> Result<Vec<Vec<Buffer>>> {
         for args in per_device {
             self.check_args(args)?;
         }
@@ -181,7 +197,12 @@ impl LoadedExecutable {
             per_device.iter().map(|_| vec![std::ptr::null_mut(); self.num_outputs]).collect();
         let out_ptrs: Vec<*mut *mut sys::PJRT_Buffer> = raw_out.iter_mut().map(|o| o.as_mut_ptr()).collect();
         let mut events: Vec<*mut sys::PJRT_Event> = vec![std::ptr::null_mut(); per_device.len()];
-        let mut options = sys::PJRT_ExecuteOptions { ..Args::new() };
+        let keep: Vec<i64> = keep.iter().map(|&i| i as i64).collect();
+        let mut options = sys::PJRT_ExecuteOptions {
+            non_donatable_input_indices: keep.as_ptr(),
+            num_non_donatable_input_indices: keep.len(),
+            ..Args::new()
+        };
         let mut args = sys::PJRT_LoadedExecutable_Execute_Args {
             executable: self.raw,
             options: &mut options,
