@@ -1,5 +1,6 @@
 //! The `neuron-pc` command line.
 
+mod aot;
 mod cli_targets;
 
 use clap::{Parser, Subcommand};
@@ -17,6 +18,19 @@ struct Cli {
 enum Command {
     /// List compile targets, where their PJRT plugins are and whether they load.
     Targets(cli_targets::TargetsArgs),
+    /// Run a job in extract mode and compile every graph it makes into the cache, in parallel
+    /// worker processes, while it runs: `neuron-pc compile [OPTIONS] -- <command> [args...]`.
+    Compile(aot::compile_cmd::CompileArgs),
+    /// Compile StableHLO text files (from any frontend, e.g. a JAX export) into the cache.
+    CompileGraphs(aot::graphs_cmd::CompileGraphsArgs),
+    /// Compile (or load from the cache) one StableHLO program and run it on .npy inputs.
+    RunGraph(aot::run_graph::RunGraphArgs),
+    /// Report the graphs a job makes: counts, sizes, shape-only variants, and graphs a real run
+    /// needed that the trial run never produced.
+    Analyze(aot::analyze::AnalyzeArgs),
+    /// Internal: one compilation in its own process (run by `compile` and `compile-graphs`).
+    #[command(name = "__compile-worker", hide = true)]
+    CompileWorker(aot::worker::WorkerArgs),
 }
 
 fn main() {
@@ -36,6 +50,11 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Targets(args) => cli_targets::run(args),
+        Command::Compile(args) => aot::compile_cmd::run(args),
+        Command::CompileGraphs(args) => aot::graphs_cmd::run(args),
+        Command::RunGraph(args) => aot::run_graph::run(args),
+        Command::Analyze(args) => aot::analyze::run(args),
+        Command::CompileWorker(args) => aot::worker::run(args),
     }
 }
 

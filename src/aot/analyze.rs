@@ -1,0 +1,298 @@
+//! `neuron-pc analyze (-- <command> | DIR) [--graph-log FILE]`: what graphs a job makes, which
+//! of them differ only in parameter shapes (the sign of dynamic shapes), and which graphs a real
+//! run needed that the trial run never produced.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{anyhow, bail};
+
+use super::compile_cmd::{exit_reason, read_record, GraphRecord, EXTRACT_DIR_ENV};
+use super::pool::short;
+use super::temp_dir;
+
+#[derive(clap::Args, Debug)]
+pub struct AnalyzeArgs {
+    /// An extraction directory (`<key>.json` records), instead of a command.
+    pub dir: Option<PathBuf>,
+    /// A real run's graph log (written with NEURON_PC_GRAPH_LOG=FILE).
+    #[arg(long = "graph-log")]
+    pub graph_log: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+    /// The job to run in extract mode (after `--`).
+    #[arg(last = true)]
+    pub command: Vec<String>,
+}
+
+/// Graphs that share site, op count and parameter dtypes but not parameter shapes.
+#[derive(serde::Serialize, Debug)]
+pub struct ShapeGroup {
+    pub site: String,
+    pub nodes: usize,
+    pub keys: Vec<String>,
+    /// Per differing parameter: its index and the shapes seen.
+    pub differing: Vec<(usize, Vec<String>)>,
+}
+
+/// A graph the real run needed that the trial run did not produce.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
+pub struct LogLine {
+    pub key: String,
+    pub step: u64,
+    #[serde(default)]
+    pub nodes: usize,
+    #[serde(default)]
+    pub params: Vec<String>,
+    #[serde(default)]
+    pub site: String,
+}
+
+#[derive(serde::Serialize, Debug)]
+pub struct Analysis {
+    pub graphs: usize,
+    pub distinct: usize,
+    pub nodes: Vec<(String, usize)>,
+    pub min_nodes: usize,
+    pub max_nodes: usize,
+    pub shape_groups: Vec<ShapeGroup>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_graphs: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub missing_from_trial: Option<Vec<LogLine>>,
+}
+
+fn dtype_of_param(p: &str) -> &str {
+    p.split('[').next().unwrap_or(p)
+}
+
+/// Groups graphs by (site, op count, parameter dtypes); a group of two or more differs only in
+/// shapes.
+pub fn shape_groups(records: &[GraphRecord]) -> Vec<ShapeGroup> {
+    let mut groups: BTreeMap<(String, usize, Vec<String>), Vec<&GraphRecord>> = BTreeMap::new();
+    for r in records {
+        let dtypes = r
+            .params
+            .iter()
+            .map(|p| dtype_of_param(p).to_string())
+            .collect();
+        groups
+            .entry((r.site.clone(), r.nodes, dtypes))
+            .or_default()
+            .push(r);
+    }
+    groups
+        .into_iter()
+        .filter(|(_, rs)| rs.len() > 1)
+        .map(|((site, nodes, dtypes), rs)| {
+            let differing = (0..dtypes.len())
+                .filter_map(|i| {
+                    let mut shapes: Vec<String> = rs.iter().map(|r| r.params[i].clone()).collect();
+                    shapes.sort();
+                    shapes.dedup();
+                    (shapes.len() > 1).then_some((i, shapes))
+                })
+                .collect();
+            ShapeGroup {
+                site,
+                nodes,
+                keys: rs.iter().map(|r| r.key.clone()).collect(),
+                differing,
+            }
+        })
+        .collect()
+}
+
+fn read_dir_records(dir: &Path) -> anyhow::Result<Vec<GraphRecord>> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| anyhow!("{}: {e}", dir.display()))?;
+    for e in entries {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "json") {
+            out.push(read_record(&p).map_err(|e| anyhow!("{}: {e}", p.display()))?);
+        }
+    }
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(out)
+}
+
+/// Lines of a graph log; a malformed line is an error naming it.
+pub fn read_log(path: &Path) -> anyhow::Result<Vec<LogLine>> {
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| anyhow!("{}:{}: {e}", path.display(), i + 1))
+        })
+        .collect()
+}
+
+/// Graphs of `log` not among `trial`, each once, at the step it first appeared.
+pub fn missing(trial: &HashSet<String>, log: &[LogLine]) -> Vec<LogLine> {
+    let mut first: HashMap<String, LogLine> = HashMap::new();
+    for l in log.iter().filter(|l| !trial.contains(&l.key)) {
+        let e = first.entry(l.key.clone()).or_insert_with(|| l.clone());
+        if l.step < e.step {
+            *e = l.clone();
+        }
+    }
+    let mut v: Vec<LogLine> = first.into_values().collect();
+    v.sort_by(|a, b| (a.step, &a.key).cmp(&(b.step, &b.key)));
+    v
+}
+
+pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
+    let mut trial_error = None;
+    let mut temp = None;
+    let dir = match (&args.dir, args.command.is_empty()) {
+        (Some(d), true) => d.clone(),
+        (None, false) => {
+            let d = temp_dir("analyze")?;
+            let (prog, rest) = args
+                .command
+                .split_first()
+                .ok_or_else(|| anyhow!("no command"))?;
+            // No persistent cache: every graph is written, cached or not.
+            let status = Command::new(prog)
+                .args(rest)
+                .env(EXTRACT_DIR_ENV, &d)
+                .env("NEURON_PC_CACHE", "0")
+                .stdout(std::process::Stdio::null())
+                .status()
+                .map_err(|e| anyhow!("cannot start {prog:?}: {e}"))?;
+            trial_error = exit_reason(status);
+            temp = Some(d.clone());
+            d
+        }
+        _ => bail!("give either an extraction directory or `-- <command>`"),
+    };
+    let records = read_dir_records(&dir)?;
+    if let Some(t) = temp {
+        let _ = std::fs::remove_dir_all(t);
+    }
+    let trial: HashSet<String> = records.iter().map(|r| r.key.clone()).collect();
+    let (log_graphs, missing_from_trial) = match &args.graph_log {
+        Some(p) => {
+            let log = read_log(p)?;
+            (Some(log.len()), Some(missing(&trial, &log)))
+        }
+        None => (None, None),
+    };
+    let a = Analysis {
+        graphs: records.len(),
+        distinct: trial.len(),
+        nodes: records.iter().map(|r| (r.key.clone(), r.nodes)).collect(),
+        min_nodes: records.iter().map(|r| r.nodes).min().unwrap_or(0),
+        max_nodes: records.iter().map(|r| r.nodes).max().unwrap_or(0),
+        shape_groups: shape_groups(&records),
+        log_graphs,
+        missing_from_trial,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&a)?);
+    } else {
+        print_text(&a, &records);
+    }
+    if let Some(e) = trial_error {
+        eprintln!("error: {e}");
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+fn print_text(a: &Analysis, records: &[GraphRecord]) {
+    println!(
+        "{} graphs, {} distinct, {}-{} ops",
+        a.graphs, a.distinct, a.min_nodes, a.max_nodes
+    );
+    for r in records {
+        println!(
+            "  {} {:>6} ops  {}  [{}]",
+            short(&r.key),
+            r.nodes,
+            r.site,
+            r.params.join(", ")
+        );
+    }
+    for g in &a.shape_groups {
+        println!(
+            "{} graphs at {} differ only in parameter shapes (dynamic shapes):",
+            g.keys.len(),
+            g.site
+        );
+        for (i, shapes) in &g.differing {
+            println!("  parameter {i}: {}", shapes.join(" vs "));
+        }
+        println!("  each shape compiles its own graph; use fixed-size batches (pad or drop the last partial batch)");
+    }
+    if let Some(m) = &a.missing_from_trial {
+        if m.is_empty() {
+            println!("the real run needed no graph the trial run missed");
+        } else {
+            println!(
+                "{} graph(s) the real run needed that the trial run never produced:",
+                m.len()
+            );
+            for l in m {
+                println!(
+                    "  {} first at step {} ({} ops, {}) [{}]",
+                    short(&l.key),
+                    l.step,
+                    l.nodes,
+                    l.site,
+                    l.params.join(", ")
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(key: &str, site: &str, params: &[&str]) -> GraphRecord {
+        GraphRecord {
+            key: key.into(),
+            nodes: 5,
+            params: params.iter().map(|s| s.to_string()).collect(),
+            site: site.into(),
+        }
+    }
+
+    #[test]
+    fn groups_name_the_differing_shapes() {
+        let rs = [
+            rec("a", "s:1", &["f32[32,8]", "f32[8]"]),
+            rec("b", "s:1", &["f32[31,8]", "f32[8]"]),
+            rec("c", "s:2", &["f32[8]"]),
+        ];
+        let g = shape_groups(&rs);
+        assert_eq!(g.len(), 1);
+        assert_eq!(
+            g[0].differing,
+            vec![(0, vec!["f32[31,8]".to_string(), "f32[32,8]".to_string()])]
+        );
+    }
+
+    #[test]
+    fn missing_keeps_the_first_step() {
+        let l = |k: &str, s| LogLine {
+            key: k.into(),
+            step: s,
+            nodes: 1,
+            params: vec![],
+            site: String::new(),
+        };
+        let trial: HashSet<String> = ["a".to_string()].into();
+        let m = missing(&trial, &[l("a", 0), l("b", 7), l("b", 3), l("c", 9)]);
+        assert_eq!(
+            m.iter()
+                .map(|x| (x.key.as_str(), x.step))
+                .collect::<Vec<_>>(),
+            vec![("b", 3), ("c", 9)]
+        );
+    }
+}

@@ -1,0 +1,108 @@
+//! `neuron-pc compile-graphs FILE|DIR...`: StableHLO text from any frontend into the cache.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::pool::{self, GraphJob, PoolConfig, Source};
+use super::report::RunReport;
+use super::{default_jobs, env::AotEnv, signals, temp_dir, CompileOpts};
+
+#[derive(clap::Args, Debug)]
+pub struct CompileGraphsArgs {
+    /// `.mlir` files, or directories searched (recursively) for them.
+    #[arg(required = true)]
+    pub paths: Vec<PathBuf>,
+    #[command(flatten)]
+    pub opts: CompileOpts,
+}
+
+/// Collects the program files named by `paths` (directories: every `*.mlir` below them).
+pub fn collect(paths: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for p in paths {
+        let meta = std::fs::metadata(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+        if meta.is_dir() {
+            let mut found = Vec::new();
+            walk(p, &mut found)?;
+            found.sort();
+            out.extend(found);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(out)
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let path = e?.path();
+        if path.is_dir() {
+            walk(&path, out)?;
+        } else if path.extension().is_some_and(|x| x == "mlir") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Ops in a program, estimated from its text: lines that assign a result (`%x = op ...`).
+pub fn count_ops(text: &str) -> usize {
+    text.lines()
+        .filter(|l| l.trim_start().starts_with('%') && l.contains(" = "))
+        .count()
+}
+
+struct Files(Vec<GraphJob>);
+
+impl Source for Files {
+    fn poll(&mut self) -> Vec<GraphJob> {
+        std::mem::take(&mut self.0)
+    }
+    fn finished(&mut self) -> bool {
+        self.0.is_empty()
+    }
+    fn stop(&mut self) {
+        self.0.clear();
+    }
+}
+
+pub fn run(args: CompileGraphsArgs) -> anyhow::Result<i32> {
+    let started = Instant::now();
+    signals::install();
+    let o = &args.opts;
+    let env = AotEnv::open(o.flags.effective(o.retry_failed)?, o.cache.as_deref())?;
+    let mut jobs_list = Vec::new();
+    for path in collect(&args.paths)? {
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let key = env.key_of(&text);
+        jobs_list.push(GraphJob {
+            key: key.hex,
+            nodes: count_ops(&text),
+            origin: path.display().to_string(),
+            mlir: path,
+        });
+    }
+    let work = temp_dir("compile-graphs")?;
+    let jobs = o.jobs.unwrap_or_else(default_jobs).max(1);
+    let cfg = PoolConfig {
+        jobs,
+        timeout: Duration::from_secs_f64(o.timeout.max(0.001)),
+        retry_failed: o.retry_failed,
+        shard: o.shard,
+        dry_run: o.dry_run,
+        work_dir: work.clone(),
+    };
+    let summary = pool::run(&env, &cfg, &mut Files(jobs_list))?;
+    let report = RunReport::new(
+        &summary,
+        started.elapsed().as_secs_f64() * 1e3,
+        jobs,
+        None,
+        None,
+        o.dry_run,
+    );
+    let code = report.print(o.json)?;
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(code)
+}
