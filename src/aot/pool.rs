@@ -106,9 +106,17 @@ pub fn run(env: &AotEnv, cfg: &PoolConfig, source: &mut dyn Source) -> anyhow::R
             for mut r in running.drain(..) {
                 signals::kill_hard(r.child.id());
                 let _ = r.child.wait();
-                summary
-                    .graphs
-                    .push(report(&r.job, "interrupted", 0.0, None));
+                // A worker may have stored its entry just before it was stopped.
+                let done: Option<WorkerResult> = std::fs::read(&r.result)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice(&b).ok());
+                let stored = env.cache.contains(&store_key(&r.job.key)?);
+                let (outcome, ms) = match done {
+                    Some(w) if stored => ("compiled", w.compile_ms),
+                    _ if stored => ("compiled", 0.0),
+                    _ => ("interrupted", 0.0),
+                };
+                summary.graphs.push(report(&r.job, outcome, ms, None));
             }
             for (job, _) in queue.drain(..) {
                 summary.graphs.push(report(&job, "interrupted", 0.0, None));

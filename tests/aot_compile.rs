@@ -1,0 +1,318 @@
+//! `neuron-pc compile` end to end with the tiny `aot_probe` job: precompiled runs compile
+//! nothing and match just-in-time runs bit for bit; re-runs and shards; faults.
+
+#[path = "aot_common.rs"]
+mod common;
+
+use common::*;
+
+#[test]
+fn precompiled_run_compiles_nothing_and_matches_jit() {
+    let cache = tmp("e2e");
+    let probe = probe();
+    let p = probe.to_str().unwrap();
+    let out = npc(
+        &cache,
+        &["compile", "--json", "--jobs", "2", "--", p, "--steps", "2"],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = json(&out);
+    // One training-step graph and two probe graphs.
+    assert_eq!(v["found"], 3, "{v}");
+    assert_eq!(v["compiled"], 3, "{v}");
+    assert_eq!(v["failed"], 0);
+    assert_eq!(entry_keys(&cache), keys(&v, "compiled"));
+
+    // The real job, more steps: every graph comes from the cache.
+    let (losses, m) = run_probe(&cache, &["--steps", "5"]);
+    assert_eq!(m["compiles"], 0, "{m}");
+    assert_eq!(m["disk_hits"], 3, "{m}");
+    // The same job compiled just in time (fresh cache) gives the same losses, bit for bit.
+    let jit_cache = tmp("e2e-jit");
+    let (jit_losses, mj) = run_probe(&jit_cache, &["--steps", "5"]);
+    assert_eq!(mj["compiles"], 3, "{mj}");
+    assert_eq!(losses.len(), 5);
+    assert_eq!(losses, jit_losses);
+
+    // A second compile finds the same graphs, all cached.
+    let again = npc(&cache, &["compile", "--json", "--", p, "--steps", "2"], &[]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    let v2 = json(&again);
+    assert_eq!(v2["compiled"], 0, "{v2}");
+    assert_eq!(v2["cached"], 3, "{v2}");
+    assert_eq!(keys(&v2, "cached"), keys(&v, "compiled"));
+}
+
+#[test]
+fn two_shards_compile_exactly_the_unsharded_set() {
+    let probe = probe();
+    let p = probe.to_str().unwrap();
+    let job = ["--", p, "--steps", "1", "--variants", "5", "--width", "6"];
+    let whole_cache = tmp("shard-whole");
+    let whole = npc(
+        &whole_cache,
+        &[&["compile", "--json"][..], &job[..]].concat(),
+        &[],
+    );
+    assert!(whole.status.success(), "{}", stderr(&whole));
+    let all = keys(&json(&whole), "compiled");
+    assert_eq!(all.len(), 6);
+
+    let shard_cache = tmp("shard-parts");
+    let mut parts = Vec::new();
+    for s in ["0/2", "1/2"] {
+        let out = npc(
+            &shard_cache,
+            &[&["compile", "--json", "--shard", s][..], &job[..]].concat(),
+            &[],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v = json(&out);
+        assert_eq!(v["found"], 6);
+        parts.push(keys(&v, "compiled"));
+    }
+    assert!(
+        parts[0].iter().all(|k| !parts[1].contains(k)),
+        "overlap: {parts:?}"
+    );
+    let mut union = [parts[0].clone(), parts[1].clone()].concat();
+    union.sort();
+    assert_eq!(union, all);
+    assert_eq!(entry_keys(&shard_cache), all);
+}
+
+#[test]
+fn dry_run_reports_without_compiling() {
+    let cache = tmp("dry");
+    let probe = probe();
+    let out = npc(
+        &cache,
+        &[
+            "compile",
+            "--dry-run",
+            "--json",
+            "--",
+            probe.to_str().unwrap(),
+            "--steps",
+            "1",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = json(&out);
+    assert_eq!(v["found"], 3);
+    assert_eq!(keys(&v, "found").len(), 3);
+    assert_eq!(v["compiled"], 0);
+    assert!(entry_keys(&cache).is_empty());
+}
+
+/// The keys of the probe's graphs, from a dry run.
+fn probe_keys(args: &[&str]) -> Vec<String> {
+    let cache = tmp("keys");
+    let probe = probe();
+    let out = npc(
+        &cache,
+        &[
+            &[
+                "compile",
+                "--dry-run",
+                "--json",
+                "--",
+                probe.to_str().unwrap(),
+            ][..],
+            args,
+        ]
+        .concat(),
+        &[],
+    );
+    keys(&json(&out), "found")
+}
+
+#[test]
+fn a_crashing_worker_and_a_hanging_one_fail_only_their_graph() {
+    let job_args = ["--steps", "1", "--variants", "2", "--width", "7"];
+    let k = probe_keys(&job_args);
+    assert_eq!(k.len(), 3);
+    let cache = tmp("crash");
+    let probe = probe();
+    let args = [
+        &[
+            "compile",
+            "--json",
+            "--jobs",
+            "2",
+            "--timeout",
+            "3",
+            "--",
+            probe.to_str().unwrap(),
+        ][..],
+        &job_args[..],
+    ]
+    .concat();
+    let out = npc(
+        &cache,
+        &args,
+        &[
+            ("NEURON_PC_TEST_WORKER_CRASH", &k[0][..16]),
+            ("NEURON_PC_TEST_WORKER_HANG", &k[1][..16]),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v = json(&out);
+    assert_eq!(keys(&v, "compiled"), vec![k[2].clone()]);
+    assert_eq!(keys(&v, "failed"), vec![k[0].clone(), k[1].clone()]);
+    // The crash was retried once before it counted.
+    assert_eq!(v["retries"], 1);
+    let msg = |key: &str| {
+        v["graphs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["key"] == key)
+            .unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert!(msg(&k[0]).contains("signal"), "{}", msg(&k[0]));
+    assert!(msg(&k[1]).contains("timed out"), "{}", msg(&k[1]));
+    assert!(
+        last_line(&stderr(&out)).contains("2 graph(s) failed"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(entry_keys(&cache), vec![k[2].clone()]);
+    assert!(
+        processes_with(cache.to_str().unwrap()).is_empty(),
+        "a worker outlived the command"
+    );
+
+    // The failures are recorded: a plain re-run does not retry them, --retry-failed does.
+    let again = npc(&cache, &args, &[]);
+    let v2 = json(&again);
+    assert_eq!(v2["failed"], 2);
+    assert_eq!(keys(&v2, "failed"), vec![k[0].clone(), k[1].clone()]);
+    assert_eq!(v2["compiled"], 0, "{v2}");
+    let retry = npc(
+        &cache,
+        &[&args[..2], &["--retry-failed"][..], &args[2..]].concat(),
+        &[],
+    );
+    assert!(retry.status.success(), "{}", stderr(&retry));
+    assert_eq!(
+        keys(&json(&retry), "compiled"),
+        vec![k[0].clone(), k[1].clone()]
+    );
+}
+
+#[test]
+fn a_trial_run_that_fails_half_way_keeps_what_was_compiled() {
+    let cache = tmp("trialfail");
+    let probe = probe();
+    let out = npc(
+        &cache,
+        &[
+            "compile",
+            "--json",
+            "--",
+            probe.to_str().unwrap(),
+            "--steps",
+            "3",
+            "--fail-at",
+            "1",
+            "--width",
+            "5",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let v = json(&out);
+    assert_eq!(v["compiled"], 3, "{v}");
+    assert_eq!(v["trial_exit"], 3);
+    let err = stderr(&out);
+    assert!(
+        last_line(&err).contains("trial run exited with status 3"),
+        "{err}"
+    );
+    assert_eq!(entry_keys(&cache).len(), 3);
+}
+
+#[test]
+fn ctrl_c_stops_job_and_workers_and_keeps_finished_entries() {
+    let job_args = [
+        "--steps",
+        "40",
+        "--variants",
+        "2",
+        "--width",
+        "11",
+        "--sleep-ms",
+        "250",
+    ];
+    let k = probe_keys(&["--steps", "1", "--variants", "2", "--width", "11"]);
+    let cache = tmp("sigint");
+    let probe = probe();
+    let child = std::process::Command::new(bin())
+        .args(
+            [
+                &[
+                    "compile",
+                    "--json",
+                    "--jobs",
+                    "2",
+                    "--",
+                    probe.to_str().unwrap(),
+                ][..],
+                &job_args[..],
+            ]
+            .concat(),
+        )
+        .env("NEURON_COMPILE_CACHE_URL", &cache)
+        .env_remove("NEURON_CC_FLAGS")
+        .env("NEURON_PC_TEST_WORKER_HANG", &k[0][..16])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while entry_keys(&cache).len() < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(
+        entry_keys(&cache).len(),
+        2,
+        "the two other graphs should compile first"
+    );
+    // The hanging worker and the trial job are still running now.
+    assert!(!processes_with(cache.to_str().unwrap()).is_empty());
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    let v = json(&out);
+    assert_eq!(v["compiled"], 2);
+    assert_eq!(keys(&v, "interrupted"), vec![k[0].clone()]);
+    assert!(last_line(&stderr(&out)).contains("interrupted"));
+    assert!(
+        processes_with(cache.to_str().unwrap()).is_empty(),
+        "workers survived Ctrl-C"
+    );
+    assert!(
+        processes_with("--sleep-ms 250").is_empty(),
+        "the trial job survived Ctrl-C"
+    );
+    // Every entry in the cache is complete and verifies.
+    let mut opts = neuron_pc_cache::CacheOptions::from_env().unwrap();
+    opts.compiler_version = String::new();
+    let c = neuron_pc_cache::Cache::open(cache.to_str().unwrap(), opts).unwrap();
+    for key in entry_keys(&cache) {
+        assert!(
+            c.contains(&neuron_pc_cache::CacheKey::parse(&key).unwrap()),
+            "{key} does not verify"
+        );
+    }
+}
