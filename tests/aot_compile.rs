@@ -1,7 +1,7 @@
 //! `neuron-pc compile` end to end with the tiny `aot_probe` job: precompiled runs compile
 //! nothing and match just-in-time runs bit for bit; re-runs and shards; faults.
 
-#[path = "aot_common.rs"]
+#[path = "aot_common/mod.rs"]
 mod common;
 
 use common::*;
