@@ -61,8 +61,7 @@ impl FlagArgs {
             retry_failed: retry_failed.then_some(true),
             cache_dir: None,
         };
-        Ok(CompilerFlags::from_env_and(&over)
-            .map_err(|e| anyhow::anyhow!("compiler flags: {e}"))?)
+        CompilerFlags::from_env_and(&over).map_err(|e| anyhow::anyhow!("compiler flags: {e}"))
     }
 }
 

@@ -354,8 +354,7 @@ impl Progress {
                     let _ = writeln!(err);
                 }
             }
-        } else if (text != self.last_text && self.last.elapsed() >= Duration::from_secs(2))
-            || (last && text != self.last_text)
+        } else if text != self.last_text && (last || self.last.elapsed() >= Duration::from_secs(2))
         {
             let _ = writeln!(err, "[neuron-pc compile] {text}");
             self.last = Instant::now();
