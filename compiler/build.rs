@@ -43,9 +43,15 @@ fn main() {
 fn struct_size_impls(code: &str) -> String {
     let mut out = String::from("\n");
     for line in code.lines() {
-        let Some(rest) = line.trim().strip_prefix("pub const ") else { continue };
-        let Some((name, _)) = rest.split_once("_STRUCT_SIZE:") else { continue };
-        if !code.contains(&format!("pub struct {name} {{\n    pub struct_size: usize,")) {
+        let Some(rest) = line.trim().strip_prefix("pub const ") else {
+            continue;
+        };
+        let Some((name, _)) = rest.split_once("_STRUCT_SIZE:") else {
+            continue;
+        };
+        if !code.contains(&format!(
+            "pub struct {name} {{\n    pub struct_size: usize,"
+        )) {
             continue;
         }
         out.push_str(&format!(
@@ -73,7 +79,10 @@ fn header_in_venv(venv: &Path) -> Option<PathBuf> {
     let mut pythons: Vec<PathBuf> = std::fs::read_dir(&lib)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python")))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("python"))
+        })
         .collect();
     pythons.sort();
     pythons

@@ -26,7 +26,10 @@ fn chain(x: &Tensor) -> neuron_pc::Result<Tensor> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let device = LazyDevice::new(DeviceConfig { persistent_cache: false, ..DeviceConfig::default() })?;
+    let device = LazyDevice::new(DeviceConfig {
+        persistent_cache: false,
+        ..DeviceConfig::default()
+    })?;
     let x = device.from_slice(&[0.5f32; 4], &[4])?;
 
     // Tracing: 600 ops (plus the 300 scalar constants they use) per repetition.
@@ -67,7 +70,11 @@ fn main() -> anyhow::Result<()> {
     let mut steps = Vec::new();
     let mut traces = Vec::new();
     for i in 0..80u64 {
-        let b: Vec<Tensor> = task.batch(0, i, 64).iter().map(|h| device.tensor(h)).collect::<neuron_pc::Result<_>>()?;
+        let b: Vec<Tensor> = task
+            .batch(0, i, 64)
+            .iter()
+            .map(|h| device.tensor(h))
+            .collect::<neuron_pc::Result<_>>()?;
         let t = Instant::now();
         {
             let lr = device.scalar(1e-3, DType::F32)?;
@@ -86,17 +93,40 @@ fn main() -> anyhow::Result<()> {
     let step = median(steps);
     let hwm = std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM")).map(|l| l.split_whitespace().nth(1).unwrap_or("0").parse::<f64>().unwrap_or(0.0)))
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM")).map(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .unwrap_or("0")
+                    .parse::<f64>()
+                    .unwrap_or(0.0)
+            })
+        })
         .unwrap_or(0.0);
     let ovh = median(overhead);
     println!("| measure | median |");
     println!("| --- | --- |");
     println!("| tracing cost per op | {:.0} ns |", median(per_op));
-    println!("| mark_step host overhead, 600-node graph, memory hit (excl. execution) | {:.3} ms |", ovh);
-    println!("| mark_step total for that graph | {:.3} ms |", median(total));
-    println!("| example step (trace + mark_step + execute), default config | {:.2} ms |", step);
-    println!("| of which tracing forward+backward+AdamW | {:.3} ms |", median(traces));
-    println!("| 600-node overhead as a share of the example step | {:.1} % |", 100.0 * ovh / step);
+    println!(
+        "| mark_step host overhead, 600-node graph, memory hit (excl. execution) | {:.3} ms |",
+        ovh
+    );
+    println!(
+        "| mark_step total for that graph | {:.3} ms |",
+        median(total)
+    );
+    println!(
+        "| example step (trace + mark_step + execute), default config | {:.2} ms |",
+        step
+    );
+    println!(
+        "| of which tracing forward+backward+AdamW | {:.3} ms |",
+        median(traces)
+    );
+    println!(
+        "| 600-node overhead as a share of the example step | {:.1} % |",
+        100.0 * ovh / step
+    );
     println!("| peak RSS of this process | {:.0} MiB |", hwm / 1024.0);
     Ok(())
 }

@@ -1,7 +1,9 @@
 //! Compiles a small StableHLO program on the cpu target, runs it, and checks the result against
 //! the same arithmetic done on the host.
 
-use neuron_pc_compiler::pjrt::{find_plugin, Client, ClientOptions, CompileOptions, Plugin, Target};
+use neuron_pc_compiler::pjrt::{
+    find_plugin, Client, ClientOptions, CompileOptions, Plugin, Target,
+};
 use neuron_pc_compiler::HostTensor;
 
 const PROGRAM: &str = r#"
@@ -19,15 +21,26 @@ fn main() -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let exe = client.compile(PROGRAM, &CompileOptions::default())?;
     let compiled = started.elapsed();
-    let out = exe.execute_host(&[HostTensor::from_slice(&x, &[2, 3])?, HostTensor::from_slice(&w, &[3, 2])?])?;
+    let out = exe.execute_host(&[
+        HostTensor::from_slice(&x, &[2, 3])?,
+        HostTensor::from_slice(&w, &[3, 2])?,
+    ])?;
     let got = out[0].to_vec::<f32>()?;
     let mut want = [0f32; 4];
     for i in 0..2 {
         for j in 0..2 {
-            want[i * 2 + j] = (0..3).map(|k| x[i * 3 + k] * w[k * 2 + j]).sum::<f32>().tanh();
+            want[i * 2 + j] = (0..3)
+                .map(|k| x[i * 3 + k] * w[k * 2 + j])
+                .sum::<f32>()
+                .tanh();
         }
     }
-    println!("target: {} ({} devices), compiled in {:.1} ms", client.platform_name(), client.device_count(), compiled.as_secs_f64() * 1e3);
+    println!(
+        "target: {} ({} devices), compiled in {:.1} ms",
+        client.platform_name(),
+        client.device_count(),
+        compiled.as_secs_f64() * 1e3
+    );
     println!("tanh(x @ w) = {got:?}");
     println!("host check  = {want:?}");
     let ok = got.iter().zip(&want).all(|(a, b)| (a - b).abs() < 1e-6);

@@ -89,7 +89,12 @@ fn main() -> anyhow::Result<()> {
     let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
     let params: Vec<Tensor> = named.iter().map(|(_, t)| t.clone()).collect();
     let mut opt = AdamW::new(&device, &params, args.weight_decay)?;
-    let schedule = WarmupCosine { base_lr: args.lr, min_lr: args.lr * 0.05, warmup_steps: args.warmup, total_steps: args.steps };
+    let schedule = WarmupCosine {
+        base_lr: args.lr,
+        min_lr: args.lr * 0.05,
+        warmup_steps: args.warmup,
+        total_steps: args.steps,
+    };
 
     let mut start_step = 0;
     let ckpt_path = args.ckpt_dir.as_ref().map(|d| d.join("last.safetensors"));
@@ -111,7 +116,9 @@ fn main() -> anyhow::Result<()> {
 
     for (step, batch) in (start_step..args.steps).zip(loader) {
         let batch = batch?;
-        let [ids, mask, labels] = &batch.tensors[..] else { anyhow::bail!("a batch has three tensors") };
+        let [ids, mask, labels] = &batch.tensors[..] else {
+            anyhow::bail!("a batch has three tensors")
+        };
         let loss = {
             let lr = device.scalar(schedule.lr(step), DType::F32)?;
             let loss = model.loss(ids, mask, labels)?;
@@ -129,11 +136,24 @@ fn main() -> anyhow::Result<()> {
             println!("{{\"step\": {}, \"loss\": {loss_value:.9e}}}", step + 1);
         }
         if (step + 1) % args.log_every == 0 || step + 1 == args.steps {
-            println!("step {:>5}  loss {loss_value:.4}{}", step + 1, if extracting { "  (extract mode: not real)" } else { "" });
+            println!(
+                "step {:>5}  loss {loss_value:.4}{}",
+                step + 1,
+                if extracting {
+                    "  (extract mode: not real)"
+                } else {
+                    ""
+                }
+            );
         }
         if (step + 1) % args.val_every == 0 || step + 1 == args.steps {
             let acc = validate(&device, &model, &task, args.val_batches, batch_size)?;
-            println!("step {:>5}  validation accuracy {:.3} (chance {:.3})", step + 1, acc, 1.0 / args.classes as f64);
+            println!(
+                "step {:>5}  validation accuracy {:.3} (chance {:.3})",
+                step + 1,
+                acc,
+                1.0 / args.classes as f64
+            );
             last_val = Some(acc);
         }
         let ckpt_due = args.ckpt_every > 0 && (step + 1) % args.ckpt_every == 0;
@@ -157,11 +177,20 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn validate(device: &LazyDevice, model: &TextEncoder, task: &SyntheticTask, batches: u64, batch_size: usize) -> anyhow::Result<f64> {
+fn validate(
+    device: &LazyDevice,
+    model: &TextEncoder,
+    task: &SyntheticTask,
+    batches: u64,
+    batch_size: usize,
+) -> anyhow::Result<f64> {
     let mut total = 0.0;
     for i in 0..batches {
         let host = task.batch(1, i, batch_size);
-        let t: Vec<Tensor> = host.iter().map(|h| device.tensor(h)).collect::<neuron_pc::Result<_>>()?;
+        let t: Vec<Tensor> = host
+            .iter()
+            .map(|h| device.tensor(h))
+            .collect::<neuron_pc::Result<_>>()?;
         let acc = accuracy(&model.forward(&t[0], &t[1])?, &t[2])?;
         device.mark_step()?;
         total += acc.item()?;
@@ -169,7 +198,13 @@ fn validate(device: &LazyDevice, model: &TextEncoder, task: &SyntheticTask, batc
     Ok(total / batches.max(1) as f64)
 }
 
-fn save_checkpoint(path: &std::path::Path, step: u64, names: &[String], params: &[Tensor], opt: &AdamW) -> anyhow::Result<()> {
+fn save_checkpoint(
+    path: &std::path::Path,
+    step: u64,
+    names: &[String],
+    params: &[Tensor],
+    opt: &AdamW,
+) -> anyhow::Result<()> {
     let mut sd = StateDict::default();
     for (name, p) in names.iter().zip(params) {
         sd.tensors.insert(name.clone(), p.to_host()?);
@@ -178,10 +213,17 @@ fn save_checkpoint(path: &std::path::Path, step: u64, names: &[String], params: 
         sd.tensors.insert(format!("optimizer.{name}"), t.to_host()?);
     }
     sd.metadata.insert("step".into(), step.to_string());
-    sd.save(path).with_context(|| format!("saving {}", path.display()))
+    sd.save(path)
+        .with_context(|| format!("saving {}", path.display()))
 }
 
-fn load_checkpoint(device: &LazyDevice, path: &std::path::Path, names: &[String], params: &[Tensor], opt: &AdamW) -> anyhow::Result<u64> {
+fn load_checkpoint(
+    device: &LazyDevice,
+    path: &std::path::Path,
+    names: &[String],
+    params: &[Tensor],
+    opt: &AdamW,
+) -> anyhow::Result<u64> {
     let sd = StateDict::load(path)?;
     let mut expected = BTreeMap::new();
     let state = opt.named_state(names);
@@ -198,6 +240,10 @@ fn load_checkpoint(device: &LazyDevice, path: &std::path::Path, names: &[String]
     for (name, t) in &state {
         t.assign(&device.tensor(&sd.tensors[&format!("optimizer.{name}")])?)?;
     }
-    let step = sd.metadata.get("step").and_then(|s| s.parse().ok()).context("checkpoint has no step")?;
+    let step = sd
+        .metadata
+        .get("step")
+        .and_then(|s| s.parse().ok())
+        .context("checkpoint has no step")?;
     Ok(step)
 }

@@ -22,14 +22,26 @@ use safetensors::{Dtype, SafeTensors};
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     #[error("checkpoint {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("checkpoint {path}: not a valid safetensors file: {message}")]
     Format { path: PathBuf, message: String },
-    #[error("checkpoint {path}: tensor {name} has dtype {dtype}, which neuron-pc does not support")]
-    UnsupportedDType { path: PathBuf, name: String, dtype: String },
+    #[error(
+        "checkpoint {path}: tensor {name} has dtype {dtype}, which neuron-pc does not support"
+    )]
+    UnsupportedDType {
+        path: PathBuf,
+        name: String,
+        dtype: String,
+    },
     /// Names, shapes or dtypes that do not match what the model expects; one line per problem.
     #[error("checkpoint {path} does not match the model:\n{}", problems.join("\n"))]
-    Mismatch { path: PathBuf, problems: Vec<String> },
+    Mismatch {
+        path: PathBuf,
+        problems: Vec<String>,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, CheckpointError>;
@@ -62,26 +74,42 @@ fn from_st(d: Dtype) -> Option<DType> {
 impl StateDict {
     /// Writes the state dict to `path` atomically.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let io = |source| CheckpointError::Io { path: path.to_path_buf(), source };
+        let io = |source| CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
         let views: Vec<(&str, safetensors::tensor::TensorView<'_>)> = self
             .tensors
             .iter()
             .map(|(name, t)| {
-                let view = safetensors::tensor::TensorView::new(to_st(t.dtype()), t.dims().to_vec(), t.bytes())
-                    .expect("HostTensor guarantees its byte length matches its shape");
+                let view = safetensors::tensor::TensorView::new(
+                    to_st(t.dtype()),
+                    t.dims().to_vec(),
+                    t.bytes(),
+                )
+                .expect("HostTensor guarantees its byte length matches its shape");
                 (name.as_str(), view)
             })
             .collect();
         let metadata: HashMap<String, String> = self.metadata.clone().into_iter().collect();
-        let bytes = safetensors::serialize(views, Some(metadata))
-            .map_err(|e| CheckpointError::Format { path: path.to_path_buf(), message: e.to_string() })?;
+        let bytes =
+            safetensors::serialize(views, Some(metadata)).map_err(|e| CheckpointError::Format {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
         write_atomic(path, &bytes).map_err(io)
     }
 
     /// Reads a safetensors file (written by this crate, PyTorch or anything else).
     pub fn load(path: &Path) -> Result<StateDict> {
-        let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io { path: path.to_path_buf(), source })?;
-        let format = |message: String| CheckpointError::Format { path: path.to_path_buf(), message };
+        let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let format = |message: String| CheckpointError::Format {
+            path: path.to_path_buf(),
+            message,
+        };
         let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| format(e.to_string()))?;
         let st = SafeTensors::deserialize(&bytes).map_err(|e| format(e.to_string()))?;
         let mut out = StateDict::default();
@@ -94,7 +122,8 @@ impl StateDict {
                 name: name.to_string(),
                 dtype: format!("{:?}", view.dtype()),
             })?;
-            let t = HostTensor::from_bytes(dtype, view.shape(), view.data().to_vec()).map_err(|e| format(e.to_string()))?;
+            let t = HostTensor::from_bytes(dtype, view.shape(), view.data().to_vec())
+                .map_err(|e| format(e.to_string()))?;
             out.tensors.insert(name.to_string(), t);
         }
         Ok(out)
@@ -114,11 +143,13 @@ impl StateDict {
             match self.tensors.get(name) {
                 None if optional_prefix.is_some_and(|p| name.starts_with(p)) => {}
                 None => problems.push(format!("  missing: {name} ({dtype}{dims:?})")),
-                Some(t) if t.dtype() != *dtype || t.dims() != dims.as_slice() => problems.push(format!(
-                    "  {name}: file has {}{:?}, model expects {dtype}{dims:?}",
-                    t.dtype(),
-                    t.dims()
-                )),
+                Some(t) if t.dtype() != *dtype || t.dims() != dims.as_slice() => {
+                    problems.push(format!(
+                        "  {name}: file has {}{:?}, model expects {dtype}{dims:?}",
+                        t.dtype(),
+                        t.dims()
+                    ))
+                }
                 Some(_) => {}
             }
         }
@@ -130,7 +161,10 @@ impl StateDict {
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(CheckpointError::Mismatch { path: path.to_path_buf(), problems })
+            Err(CheckpointError::Mismatch {
+                path: path.to_path_buf(),
+                problems,
+            })
         }
     }
 }
@@ -142,7 +176,10 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         _ => PathBuf::from("."),
     };
     std::fs::create_dir_all(&dir)?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;
@@ -171,10 +208,22 @@ mod tests {
 
     fn sample() -> StateDict {
         let mut s = StateDict::default();
-        s.tensors.insert("mlp.0.weight".into(), HostTensor::from_slice(&[1.0f32, -2.0, 3.5, 4.25, 0.0, 6.0], &[2, 3]).unwrap());
-        s.tensors.insert("mlp.0.bias".into(), HostTensor::from_slice(&[0.5f32, -0.5], &[2]).unwrap());
-        s.tensors.insert("tokens".into(), HostTensor::from_slice(&[3i64, 9], &[2]).unwrap());
-        s.tensors.insert("half".into(), HostTensor::from_slice(&[half::bf16::from_f32(1.5)], &[1]).unwrap());
+        s.tensors.insert(
+            "mlp.0.weight".into(),
+            HostTensor::from_slice(&[1.0f32, -2.0, 3.5, 4.25, 0.0, 6.0], &[2, 3]).unwrap(),
+        );
+        s.tensors.insert(
+            "mlp.0.bias".into(),
+            HostTensor::from_slice(&[0.5f32, -0.5], &[2]).unwrap(),
+        );
+        s.tensors.insert(
+            "tokens".into(),
+            HostTensor::from_slice(&[3i64, 9], &[2]).unwrap(),
+        );
+        s.tensors.insert(
+            "half".into(),
+            HostTensor::from_slice(&[half::bf16::from_f32(1.5)], &[1]).unwrap(),
+        );
         s.metadata.insert("step".into(), "42".into());
         s
     }
@@ -188,7 +237,10 @@ mod tests {
         let back = StateDict::load(&p).unwrap();
         assert_eq!(back, s);
         // No temporary file is left behind.
-        let names: Vec<_> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 1);
         std::fs::remove_dir_all(&d).unwrap();
     }
@@ -200,9 +252,18 @@ mod tests {
         expected.insert("mlp.0.weight".to_string(), (DType::F32, vec![3, 2]));
         expected.insert("mlp.0.bias".to_string(), (DType::F32, vec![2]));
         expected.insert("mlp.1.weight".to_string(), (DType::F32, vec![2, 2]));
-        expected.insert("optimizer.mlp.0.bias.exp_avg".to_string(), (DType::F32, vec![2]));
-        let err = s.check_against(Path::new("x"), &expected, Some("optimizer.")).unwrap_err().to_string();
-        assert!(err.contains("mlp.0.weight: file has f32[2, 3], model expects f32[3, 2]"), "{err}");
+        expected.insert(
+            "optimizer.mlp.0.bias.exp_avg".to_string(),
+            (DType::F32, vec![2]),
+        );
+        let err = s
+            .check_against(Path::new("x"), &expected, Some("optimizer."))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("mlp.0.weight: file has f32[2, 3], model expects f32[3, 2]"),
+            "{err}"
+        );
         assert!(err.contains("missing: mlp.1.weight"), "{err}");
         assert!(err.contains("unexpected: tokens"), "{err}");
         assert!(!err.contains("exp_avg"), "{err}");
@@ -213,12 +274,21 @@ mod tests {
         let d = tmpdir("bad");
         let p = d.join("bad.safetensors");
         std::fs::write(&p, b"not a checkpoint at all").unwrap();
-        assert!(matches!(StateDict::load(&p), Err(CheckpointError::Format { .. })));
+        assert!(matches!(
+            StateDict::load(&p),
+            Err(CheckpointError::Format { .. })
+        ));
         sample().save(&p).unwrap();
         let bytes = std::fs::read(&p).unwrap();
         std::fs::write(&p, &bytes[..bytes.len() - 3]).unwrap();
-        assert!(matches!(StateDict::load(&p), Err(CheckpointError::Format { .. })));
-        assert!(matches!(StateDict::load(&d.join("missing")), Err(CheckpointError::Io { .. })));
+        assert!(matches!(
+            StateDict::load(&p),
+            Err(CheckpointError::Format { .. })
+        ));
+        assert!(matches!(
+            StateDict::load(&d.join("missing")),
+            Err(CheckpointError::Io { .. })
+        ));
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -16,7 +16,10 @@ pub fn run(args: TargetsArgs) -> anyhow::Result<i32> {
         println!("{}", serde_json::to_string_pretty(&statuses)?);
         return Ok(0);
     }
-    println!("{:<6} {:<7} {:<10} {:<18} LIBRARY", "TARGET", "FOUND", "PJRT API", "PLATFORM");
+    println!(
+        "{:<6} {:<7} {:<10} {:<18} LIBRARY",
+        "TARGET", "FOUND", "PJRT API", "PLATFORM"
+    );
     for s in &statuses {
         let found = match (&s.path, &s.error) {
             (Some(_), None) => "yes",
@@ -27,7 +30,10 @@ pub fn run(args: TargetsArgs) -> anyhow::Result<i32> {
             (Some(n), Some(v)) => format!("{n} {v}"),
             _ => "-".to_string(),
         };
-        let lib = s.path.as_ref().map_or_else(|| s.library.clone(), |p| p.display().to_string());
+        let lib = s
+            .path
+            .as_ref()
+            .map_or_else(|| s.library.clone(), |p| p.display().to_string());
         println!(
             "{:<6} {:<7} {:<10} {:<18} {lib}",
             s.target.name(),

@@ -40,7 +40,13 @@ pub struct DeviceLoader {
 impl DeviceLoader {
     /// Starts loading `batches` (each a list of host tensors sharing a leading batch dimension
     /// no larger than `batch_size`), keeping up to `prefetch` batches ready on `device`.
-    pub fn new<I>(device: &LazyDevice, batches: I, batch_size: usize, last: LastBatch, prefetch: usize) -> DeviceLoader
+    pub fn new<I>(
+        device: &LazyDevice,
+        batches: I,
+        batch_size: usize,
+        last: LastBatch,
+        prefetch: usize,
+    ) -> DeviceLoader
     where
         I: IntoIterator<Item = Vec<HostTensor>>,
         I::IntoIter: Send + 'static,
@@ -57,7 +63,11 @@ impl DeviceLoader {
                             .iter()
                             .map(|h| device.tensor(h))
                             .collect::<Result<Vec<_>>>()
-                            .map(|tensors| DeviceBatch { tensors, valid, index }),
+                            .map(|tensors| DeviceBatch {
+                                tensors,
+                                valid,
+                                index,
+                            }),
                         Ok(None) => continue,
                         Err(e) => Err(e),
                     };
@@ -68,7 +78,10 @@ impl DeviceLoader {
                 }
             })
             .expect("spawning a thread");
-        DeviceLoader { rx, worker: Some(worker) }
+        DeviceLoader {
+            rx,
+            worker: Some(worker),
+        }
     }
 }
 
@@ -92,17 +105,29 @@ impl Drop for DeviceLoader {
 }
 
 /// Checks and pads (or drops) one batch. `None` means "skip this batch".
-pub fn fix_shape(batch: Vec<HostTensor>, batch_size: usize, last: LastBatch) -> Result<Option<(Vec<HostTensor>, usize)>> {
+pub fn fix_shape(
+    batch: Vec<HostTensor>,
+    batch_size: usize,
+    last: LastBatch,
+) -> Result<Option<(Vec<HostTensor>, usize)>> {
     let Some(first) = batch.first() else {
         return Err(Error::Config("a batch with no tensors".into()));
     };
-    let rows = *first.dims().first().ok_or_else(|| Error::Config("batch tensors need a batch dimension".into()))?;
+    let rows = *first
+        .dims()
+        .first()
+        .ok_or_else(|| Error::Config("batch tensors need a batch dimension".into()))?;
     if batch.iter().any(|t| t.dims().first() != Some(&rows)) {
         let shapes: Vec<String> = batch.iter().map(|t| format!("{:?}", t.dims())).collect();
-        return Err(Error::Config(format!("batch tensors disagree on the batch dimension: {}", shapes.join(", "))));
+        return Err(Error::Config(format!(
+            "batch tensors disagree on the batch dimension: {}",
+            shapes.join(", ")
+        )));
     }
     if rows > batch_size {
-        return Err(Error::Config(format!("a batch of {rows} rows is larger than the batch size {batch_size}")));
+        return Err(Error::Config(format!(
+            "a batch of {rows} rows is larger than the batch size {batch_size}"
+        )));
     }
     if rows == batch_size {
         return Ok(Some((batch, rows)));
@@ -133,12 +158,18 @@ mod tests {
     fn rows(n: usize) -> Vec<HostTensor> {
         let x: Vec<f32> = (0..n * 3).map(|i| i as f32).collect();
         let y: Vec<i32> = (0..n as i32).collect();
-        vec![HostTensor::from_slice(&x, &[n, 3]).unwrap(), HostTensor::from_slice(&y, &[n]).unwrap()]
+        vec![
+            HostTensor::from_slice(&x, &[n, 3]).unwrap(),
+            HostTensor::from_slice(&y, &[n]).unwrap(),
+        ]
     }
 
     #[test]
     fn full_batches_pass_partial_ones_drop_or_pad() {
-        assert_eq!(fix_shape(rows(4), 4, LastBatch::Drop).unwrap().unwrap().1, 4);
+        assert_eq!(
+            fix_shape(rows(4), 4, LastBatch::Drop).unwrap().unwrap().1,
+            4
+        );
         assert!(fix_shape(rows(3), 4, LastBatch::Drop).unwrap().is_none());
         let (padded, valid) = fix_shape(rows(3), 4, LastBatch::Pad).unwrap().unwrap();
         assert_eq!(valid, 3);

@@ -7,7 +7,10 @@ use std::panic::Location;
 pub enum Error {
     /// An op was called with operands it cannot take; `location` is the user's call site.
     #[error("{location}: {source}")]
-    Op { location: &'static Location<'static>, source: neuron_pc_compiler::Error },
+    Op {
+        location: &'static Location<'static>,
+        source: neuron_pc_compiler::Error,
+    },
 
     /// Compiling, lowering or running failed.
     #[error(transparent)]
@@ -15,7 +18,10 @@ pub enum Error {
 
     /// An op mixed tensors of two devices.
     #[error("{location}: {op} mixes tensors of different devices")]
-    DeviceMismatch { location: &'static Location<'static>, op: &'static str },
+    DeviceMismatch {
+        location: &'static Location<'static>,
+        op: &'static str,
+    },
 
     /// The tensor's device was dropped; its value is gone with it.
     #[error("the device this tensor lives on has been dropped")]

@@ -11,7 +11,8 @@ pub fn init_default() {
     if tracing::dispatcher::has_been_set() {
         return;
     }
-    let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let subscriber = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -23,7 +23,13 @@ pub struct TextEncoderConfig {
 
 impl Default for TextEncoderConfig {
     fn default() -> Self {
-        TextEncoderConfig { vocab: 8192, embed: 128, seq_len: 32, mlp: vec![512, 512, 256], classes: 64 }
+        TextEncoderConfig {
+            vocab: 8192,
+            embed: 128,
+            seq_len: 32,
+            mlp: vec![512, 512, 256],
+            classes: 64,
+        }
     }
 }
 
@@ -48,7 +54,12 @@ impl TextEncoder {
             width = w;
         }
         let proj = Linear::new(device, &mut rng, width, config.classes, true)?;
-        Ok(TextEncoder { config, embedding, mlp, proj })
+        Ok(TextEncoder {
+            config,
+            embedding,
+            mlp,
+            proj,
+        })
     }
 
     /// `ids i32 [b, s]`, `mask f32 [b, s]` → logits `[b, classes]`.
@@ -71,7 +82,13 @@ impl TextEncoder {
 
 impl Module for TextEncoder {
     fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        let p = |name: &str| if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
+        let p = |name: &str| {
+            if prefix.is_empty() {
+                name.to_string()
+            } else {
+                format!("{prefix}.{name}")
+            }
+        };
         self.embedding.named_params(&p("embedding"), out);
         for (i, layer) in self.mlp.iter().enumerate() {
             layer.named_params(&p(&format!("mlp.{}", 2 * i)), out);
@@ -97,15 +114,28 @@ impl SyntheticTask {
     pub fn new(config: TextEncoderConfig, seed: u64) -> SyntheticTask {
         let mut rng = HostRng::new(seed ^ 0x005E_ED0F_7A5C);
         let signatures = (0..config.classes)
-            .map(|_| (0..8).map(|_| (rng.next_u64() % config.vocab as u64) as i32).collect())
+            .map(|_| {
+                (0..8)
+                    .map(|_| (rng.next_u64() % config.vocab as u64) as i32)
+                    .collect()
+            })
             .collect();
-        SyntheticTask { config, seed, signatures }
+        SyntheticTask {
+            config,
+            seed,
+            signatures,
+        }
     }
 
     /// Batch number `index` of a stream (`split` separates training from validation data).
     pub fn batch(&self, split: u64, index: u64, batch: usize) -> HostBatch {
         let c = &self.config;
-        let mut rng = HostRng::new(self.seed.wrapping_mul(0x9E37_79B9).wrapping_add(split << 40).wrapping_add(index));
+        let mut rng = HostRng::new(
+            self.seed
+                .wrapping_mul(0x9E37_79B9)
+                .wrapping_add(split << 40)
+                .wrapping_add(index),
+        );
         let mut ids = Vec::with_capacity(batch * c.seq_len);
         let mut mask = Vec::with_capacity(batch * c.seq_len);
         let mut labels = Vec::with_capacity(batch);
@@ -140,5 +170,9 @@ impl SyntheticTask {
 /// Fraction of rows whose argmax equals the label (a device scalar).
 #[track_caller]
 pub fn accuracy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
-    logits.argmax(-1)?.eq(labels)?.to_dtype(DType::F32)?.mean_all()
+    logits
+        .argmax(-1)?
+        .eq(labels)?
+        .to_dtype(DType::F32)?
+        .mean_all()
 }

@@ -39,7 +39,9 @@ impl HostRng {
 
     /// `n` values uniform in [-bound, bound).
     pub fn uniform_vec(&mut self, n: usize, bound: f64) -> Vec<f32> {
-        (0..n).map(|_| ((self.uniform() * 2.0 - 1.0) * bound) as f32).collect()
+        (0..n)
+            .map(|_| ((self.uniform() * 2.0 - 1.0) * bound) as f32)
+            .collect()
     }
 }
 
@@ -72,15 +74,30 @@ pub struct Linear {
 }
 
 impl Linear {
-    pub fn new(device: &LazyDevice, rng: &mut HostRng, inputs: usize, outputs: usize, bias: bool) -> Result<Linear> {
+    pub fn new(
+        device: &LazyDevice,
+        rng: &mut HostRng,
+        inputs: usize,
+        outputs: usize,
+        bias: bool,
+    ) -> Result<Linear> {
         let bound = 1.0 / (inputs as f64).sqrt();
-        let w = HostTensor::from_slice(&rng.uniform_vec(inputs * outputs, bound), &[outputs, inputs])?;
+        let w = HostTensor::from_slice(
+            &rng.uniform_vec(inputs * outputs, bound),
+            &[outputs, inputs],
+        )?;
         let bias = if bias {
-            Some(device.tensor(&HostTensor::from_slice(&rng.uniform_vec(outputs, bound), &[outputs])?)?)
+            Some(device.tensor(&HostTensor::from_slice(
+                &rng.uniform_vec(outputs, bound),
+                &[outputs],
+            )?)?)
         } else {
             None
         };
-        Ok(Linear { weight: device.tensor(&w)?, bias })
+        Ok(Linear {
+            weight: device.tensor(&w)?,
+            bias,
+        })
     }
 
     #[track_caller]
@@ -104,9 +121,16 @@ pub struct Embedding {
 }
 
 impl Embedding {
-    pub fn new(device: &LazyDevice, rng: &mut HostRng, num: usize, dim: usize) -> Result<Embedding> {
+    pub fn new(
+        device: &LazyDevice,
+        rng: &mut HostRng,
+        num: usize,
+        dim: usize,
+    ) -> Result<Embedding> {
         let w: Vec<f32> = (0..num * dim).map(|_| rng.normal() as f32).collect();
-        Ok(Embedding { weight: device.tensor(&HostTensor::from_slice(&w, &[num, dim])?)? })
+        Ok(Embedding {
+            weight: device.tensor(&HostTensor::from_slice(&w, &[num, dim])?)?,
+        })
     }
 
     /// `ids` of any shape (integer) → `ids.dims() + [dim]`.
@@ -158,7 +182,10 @@ impl Module for LayerNorm {
 /// GELU, exact form (PyTorch's default): `0.5 x (1 + erf(x / sqrt 2))`.
 #[track_caller]
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
-    let inner = x.mul_scalar(std::f64::consts::FRAC_1_SQRT_2)?.erf()?.add_scalar(1.0)?;
+    let inner = x
+        .mul_scalar(std::f64::consts::FRAC_1_SQRT_2)?
+        .erf()?
+        .add_scalar(1.0)?;
     x.mul(&inner)?.mul_scalar(0.5)
 }
 
@@ -182,7 +209,14 @@ pub fn log_softmax(x: &Tensor, dim: isize) -> Result<Tensor> {
 pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
     let n = labels.dims()[0];
     let dev = labels.device_inner()?;
-    let iota = Tensor::apply_nullary(&dev, Op::Iota { dims: vec![n, classes], dim: 1, dtype: labels.dtype() })?;
+    let iota = Tensor::apply_nullary(
+        &dev,
+        Op::Iota {
+            dims: vec![n, classes],
+            dim: 1,
+            dtype: labels.dtype(),
+        },
+    )?;
     let expanded = labels.unsqueeze(1)?;
     expanded.eq(&iota)?.to_dtype(dtype)
 }
@@ -231,7 +265,12 @@ pub struct MultiHeadAttention {
 impl MultiHeadAttention {
     /// Initialised as PyTorch does: Xavier-uniform in-projection, zero biases, and the output
     /// projection like a Linear layer with a zero bias.
-    pub fn new(device: &LazyDevice, rng: &mut HostRng, dim: usize, heads: usize) -> Result<MultiHeadAttention> {
+    pub fn new(
+        device: &LazyDevice,
+        rng: &mut HostRng,
+        dim: usize,
+        heads: usize,
+    ) -> Result<MultiHeadAttention> {
         let bound = (6.0 / (dim + 3 * dim) as f64).sqrt();
         let w = HostTensor::from_slice(&rng.uniform_vec(3 * dim * dim, bound), &[3 * dim, dim])?;
         let mut out_proj = Linear::new(device, rng, dim, dim, false)?;
@@ -252,20 +291,30 @@ impl MultiHeadAttention {
         let d = e / h;
         let qkv = x.linear(&self.in_proj_weight, Some(&self.in_proj_bias))?; // [b, s, 3e]
         let split = |i: usize| -> Result<Tensor> {
-            qkv.narrow(2, i * e, e)?.reshape(&[b, s, h, d])?.permute(&[0, 2, 1, 3]) // [b, h, s, d]
+            qkv.narrow(2, i * e, e)?
+                .reshape(&[b, s, h, d])?
+                .permute(&[0, 2, 1, 3]) // [b, h, s, d]
         };
         let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-        let scores = q.matmul(&k.transpose(2, 3)?)?.mul_scalar(1.0 / (d as f64).sqrt())?; // [b, h, s, s]
+        let scores = q
+            .matmul(&k.transpose(2, 3)?)?
+            .mul_scalar(1.0 / (d as f64).sqrt())?; // [b, h, s, s]
         let scores = match mask {
             Some(m) => {
                 // padding keys get a large negative score
-                let bias = m.add_scalar(-1.0)?.mul_scalar(1e9)?.reshape(&[b, 1, 1, s])?;
+                let bias = m
+                    .add_scalar(-1.0)?
+                    .mul_scalar(1e9)?
+                    .reshape(&[b, 1, 1, s])?;
                 scores.add(&bias)?
             }
             None => scores,
         };
         let attn = softmax(&scores, -1)?;
-        let ctx = attn.matmul(&v)?.permute(&[0, 2, 1, 3])?.reshape(&[b, s, e])?;
+        let ctx = attn
+            .matmul(&v)?
+            .permute(&[0, 2, 1, 3])?
+            .reshape(&[b, s, e])?;
         self.out_proj.forward(&ctx)
     }
 }

@@ -25,7 +25,8 @@ impl WarmupCosine {
         }
         let span = self.total_steps.saturating_sub(self.warmup_steps).max(1) as f64;
         let progress = ((step - self.warmup_steps) as f64 / span).min(1.0);
-        self.min_lr + 0.5 * (self.base_lr - self.min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
+        self.min_lr
+            + 0.5 * (self.base_lr - self.min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
     }
 }
 
@@ -46,7 +47,11 @@ pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<Tensor> {
     };
     let norm = total.sqrt()?;
     // scale = min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_
-    let scale = norm.add_scalar(1e-6)?.powf(-1.0)?.mul_scalar(max_norm)?.minimum(&norm.constant_like(1.0)?)?;
+    let scale = norm
+        .add_scalar(1e-6)?
+        .powf(-1.0)?
+        .mul_scalar(max_norm)?
+        .minimum(&norm.constant_like(1.0)?)?;
     for g in grads.iter_mut() {
         *g = g.mul(&scale)?;
     }
@@ -86,14 +91,26 @@ impl AdamW {
     pub fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: &Tensor) -> Result<()> {
         let t = self.step.add_scalar(1.0)?;
         // bias corrections 1 - beta^t, computed on the device from the step count
-        let bc1 = t.constant_like(self.beta1)?.pow(&t)?.neg()?.add_scalar(1.0)?;
-        let bc2 = t.constant_like(self.beta2)?.pow(&t)?.neg()?.add_scalar(1.0)?;
+        let bc1 = t
+            .constant_like(self.beta1)?
+            .pow(&t)?
+            .neg()?
+            .add_scalar(1.0)?;
+        let bc2 = t
+            .constant_like(self.beta2)?
+            .pow(&t)?
+            .neg()?
+            .add_scalar(1.0)?;
         let step_size = lr.div(&bc1)?;
         let bc2_sqrt = bc2.sqrt()?;
         let decay = lr.mul_scalar(-self.weight_decay)?.add_scalar(1.0)?;
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
-            let m = self.exp_avg[i].mul_scalar(self.beta1)?.add(&g.mul_scalar(1.0 - self.beta1)?)?;
-            let v = self.exp_avg_sq[i].mul_scalar(self.beta2)?.add(&g.mul(g)?.mul_scalar(1.0 - self.beta2)?)?;
+            let m = self.exp_avg[i]
+                .mul_scalar(self.beta1)?
+                .add(&g.mul_scalar(1.0 - self.beta1)?)?;
+            let v = self.exp_avg_sq[i]
+                .mul_scalar(self.beta2)?
+                .add(&g.mul(g)?.mul_scalar(1.0 - self.beta2)?)?;
             let denom = v.sqrt()?.div(&bc2_sqrt)?.add_scalar(self.eps)?;
             let updated = p.mul(&decay)?.sub(&m.div(&denom)?.mul(&step_size)?)?;
             p.assign(&updated)?;
@@ -123,17 +140,32 @@ pub struct Sgd {
 }
 
 impl Sgd {
-    pub fn new(device: &LazyDevice, params: &[Tensor], momentum: f64, weight_decay: f64) -> Result<Sgd> {
-        let momentum_buffer =
-            params.iter().map(|p| device.tensor(&HostTensor::zeros(p.dtype(), p.dims()))).collect::<Result<_>>()?;
-        Ok(Sgd { momentum, weight_decay, momentum_buffer })
+    pub fn new(
+        device: &LazyDevice,
+        params: &[Tensor],
+        momentum: f64,
+        weight_decay: f64,
+    ) -> Result<Sgd> {
+        let momentum_buffer = params
+            .iter()
+            .map(|p| device.tensor(&HostTensor::zeros(p.dtype(), p.dims())))
+            .collect::<Result<_>>()?;
+        Ok(Sgd {
+            momentum,
+            weight_decay,
+            momentum_buffer,
+        })
     }
 
     /// Records one update with learning rate `lr` (a device scalar).
     #[track_caller]
     pub fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: &Tensor) -> Result<()> {
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
-            let g = if self.weight_decay != 0.0 { g.add(&p.mul_scalar(self.weight_decay)?)? } else { g.clone() };
+            let g = if self.weight_decay != 0.0 {
+                g.add(&p.mul_scalar(self.weight_decay)?)?
+            } else {
+                g.clone()
+            };
             let d = if self.momentum != 0.0 {
                 let b = self.momentum_buffer[i].mul_scalar(self.momentum)?.add(&g)?;
                 self.momentum_buffer[i].assign(&b)?;
@@ -153,7 +185,12 @@ mod tests {
 
     #[test]
     fn warmup_then_cosine() {
-        let s = WarmupCosine { base_lr: 1e-3, min_lr: 1e-5, warmup_steps: 10, total_steps: 110 };
+        let s = WarmupCosine {
+            base_lr: 1e-3,
+            min_lr: 1e-5,
+            warmup_steps: 10,
+            total_steps: 110,
+        };
         assert!((s.lr(0) - 1e-4).abs() < 1e-12);
         assert!((s.lr(9) - 1e-3).abs() < 1e-12);
         assert!((s.lr(10) - 1e-3).abs() < 1e-12);

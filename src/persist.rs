@@ -3,7 +3,9 @@
 //! Bad configuration (an invalid URL, credentials the storage refuses) is an error when the
 //! device starts; any other storage trouble is a warning and the job goes on compiling.
 
-use neuron_pc_cache::{Cache, CacheKey as StoreKey, CacheOptions, Error as CacheError, Obtained as CacheObtained, Tier};
+use neuron_pc_cache::{
+    Cache, CacheKey as StoreKey, CacheOptions, Error as CacheError, Obtained as CacheObtained, Tier,
+};
 use neuron_pc_compiler::key::{CacheKey, CompilerIdentity};
 
 use crate::device::jit::Obtained;
@@ -31,7 +33,9 @@ impl Persistent {
         };
         match opened {
             Ok(cache) => Ok(Some(Persistent { cache })),
-            Err(e @ (CacheError::InvalidUrl { .. } | CacheError::Denied { .. })) => Err(Error::Config(format!("compile cache: {e}"))),
+            Err(e @ (CacheError::InvalidUrl { .. } | CacheError::Denied { .. })) => {
+                Err(Error::Config(format!("compile cache: {e}")))
+            }
             Err(e) => {
                 tracing::warn!("compile cache unavailable ({e}); compiling without it");
                 Ok(None)
@@ -51,13 +55,35 @@ impl Persistent {
         compile: impl FnOnce() -> std::result::Result<Vec<u8>, String>,
     ) -> std::result::Result<Stored, String> {
         let k = StoreKey::parse(&key.hex).map_err(|e| e.to_string())?;
-        let tier = |t: Tier| if t == Tier::Local { Obtained::Disk } else { Obtained::Remote };
-        match self.cache.get_or_compile(&k, text, &key.components, retry_failed, compile) {
-            Ok(CacheObtained::Hit(h)) => Ok(Stored { bytes: h.executable, how: tier(h.tier), compile_ms: 0.0 }),
-            Ok(CacheObtained::Waited(h)) => Ok(Stored { bytes: h.executable, how: Obtained::Waited, compile_ms: 0.0 }),
-            Ok(CacheObtained::Compiled { executable, compile_ms }) => {
-                Ok(Stored { bytes: executable, how: Obtained::Compiled, compile_ms })
+        let tier = |t: Tier| {
+            if t == Tier::Local {
+                Obtained::Disk
+            } else {
+                Obtained::Remote
             }
+        };
+        match self
+            .cache
+            .get_or_compile(&k, text, &key.components, retry_failed, compile)
+        {
+            Ok(CacheObtained::Hit(h)) => Ok(Stored {
+                bytes: h.executable,
+                how: tier(h.tier),
+                compile_ms: 0.0,
+            }),
+            Ok(CacheObtained::Waited(h)) => Ok(Stored {
+                bytes: h.executable,
+                how: Obtained::Waited,
+                compile_ms: 0.0,
+            }),
+            Ok(CacheObtained::Compiled {
+                executable,
+                compile_ms,
+            }) => Ok(Stored {
+                bytes: executable,
+                how: Obtained::Compiled,
+                compile_ms,
+            }),
             Err(e) => Err(e.to_string()),
         }
     }
@@ -65,7 +91,8 @@ impl Persistent {
     /// Overwrites an entry that could not be loaded with a fresh compilation.
     pub fn replace(&self, key: &CacheKey, text: &str, bytes: Vec<u8>, compile_ms: f64) {
         if let Ok(k) = StoreKey::parse(&key.hex) {
-            self.cache.put(&k, &bytes, text, &key.components, compile_ms);
+            self.cache
+                .put(&k, &bytes, text, &key.components, compile_ms);
         }
     }
 }

@@ -3,17 +3,25 @@
 use neuron_pc::{DeviceConfig, Error, HostTensor, LazyDevice, Tensor};
 
 fn device() -> LazyDevice {
-    LazyDevice::new(DeviceConfig { persistent_cache: false, ..DeviceConfig::default() }).expect("cpu device: run scripts/setup")
+    LazyDevice::new(DeviceConfig {
+        persistent_cache: false,
+        ..DeviceConfig::default()
+    })
+    .expect("cpu device: run scripts/setup")
 }
 
 fn t(dev: &LazyDevice, v: &[f32], dims: &[usize]) -> Tensor {
-    dev.tensor(&HostTensor::from_slice(v, dims).unwrap()).unwrap()
+    dev.tensor(&HostTensor::from_slice(v, dims).unwrap())
+        .unwrap()
 }
 
 fn close(a: &[f32], b: &[f32], tol: f32) {
     assert_eq!(a.len(), b.len());
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
-        assert!((x - y).abs() <= tol * (1.0 + y.abs()), "element {i}: {x} vs {y}");
+        assert!(
+            (x - y).abs() <= tol * (1.0 + y.abs()),
+            "element {i}: {x} vs {y}"
+        );
     }
 }
 
@@ -36,7 +44,9 @@ fn nothing_runs_until_a_sync_and_results_match_host_math() {
 
     let want_c: Vec<f32> = (0..6).map(|i| (a_v[i] * b_v[i % 3]).tanh()).collect();
     close(&c.to_vec::<f32>().unwrap(), &want_c, 1e-6);
-    let want_s: Vec<f32> = (0..2).map(|r| (0..3).map(|j| want_c[r * 3 + j]).sum()).collect();
+    let want_s: Vec<f32> = (0..2)
+        .map(|r| (0..3).map(|j| want_c[r * 3 + j]).sum())
+        .collect();
     close(&s.to_vec::<f32>().unwrap(), &want_s, 1e-6);
     let mut want_m = vec![0f32; 4];
     for i in 0..2 {
@@ -89,7 +99,10 @@ fn in_place_updates_donate_buffers_only_when_nothing_else_holds_them() {
     w.assign(&w.add_scalar(1.0).unwrap()).unwrap();
     dev.mark_step().unwrap();
     assert_eq!(dev.metrics().donated_buffers, 3);
-    assert_eq!(snapshot.to_vec::<f32>().unwrap(), vec![8.0, 16.0, 24.0, 32.0]);
+    assert_eq!(
+        snapshot.to_vec::<f32>().unwrap(),
+        vec![8.0, 16.0, 24.0, 32.0]
+    );
     assert_eq!(w.to_vec::<f32>().unwrap(), vec![9.0, 17.0, 25.0, 33.0]);
     // Same graph as before (the alias is structural); only the launch kept the buffer.
     assert_eq!(dev.metrics().compiles, 2, "mul and add graphs");
@@ -137,7 +150,10 @@ fn a_smaller_last_batch_is_diagnosed_and_can_be_made_an_error() {
         if strict {
             let msg = outcome.unwrap_err().to_string();
             assert!(msg.contains("f32[31,128] vs f32[32,128]"), "{msg}");
-            assert!(msg.contains("lazy_device.rs"), "names the mark_step line: {msg}");
+            assert!(
+                msg.contains("lazy_device.rs"),
+                "names the mark_step line: {msg}"
+            );
             assert!(msg.contains("fixed-size batches"), "{msg}");
         } else {
             outcome.unwrap();
@@ -156,10 +172,16 @@ fn bad_input_is_an_error_at_the_call_site() {
 
     let c = t(&dev, &[1.0, 2.0, 3.0], &[3]);
     let err = a.add(&c).unwrap_err().to_string();
-    assert!(err.contains("lazy_device.rs") && err.contains("[2]") && err.contains("[3]"), "{err}");
+    assert!(
+        err.contains("lazy_device.rs") && err.contains("[2]") && err.contains("[3]"),
+        "{err}"
+    );
     let m = t(&dev, &[1.0; 6], &[2, 3]);
     let err = m.matmul(&m).unwrap_err().to_string();
-    assert!(err.contains("lazy_device.rs") && err.contains("dot_general"), "{err}");
+    assert!(
+        err.contains("lazy_device.rs") && err.contains("dot_general"),
+        "{err}"
+    );
 
     let pending = a.exp().unwrap();
     drop(dev);

@@ -9,14 +9,29 @@ const CHILD: &str = "NEURON_PC_TEST_CHILD";
 /// The training-like loop both processes run; prints its results and metrics as JSON.
 fn child_loop() {
     let dev = LazyDevice::from_env().unwrap();
-    let w = dev.tensor(&HostTensor::from_slice(&(0..64).map(|i| i as f32 / 64.0).collect::<Vec<_>>(), &[8, 8]).unwrap()).unwrap();
+    let w = dev
+        .tensor(
+            &HostTensor::from_slice(
+                &(0..64).map(|i| i as f32 / 64.0).collect::<Vec<_>>(),
+                &[8, 8],
+            )
+            .unwrap(),
+        )
+        .unwrap();
     for step in 0..4 {
-        let x = dev.tensor(&HostTensor::from_slice(&vec![step as f32 * 0.1; 8 * 8], &[8, 8]).unwrap()).unwrap();
+        let x = dev
+            .tensor(&HostTensor::from_slice(&vec![step as f32 * 0.1; 8 * 8], &[8, 8]).unwrap())
+            .unwrap();
         let y = x.matmul(&w).unwrap().tanh().unwrap().add(&w).unwrap();
         w.assign(&y).unwrap();
         dev.mark_step().unwrap();
     }
-    let bits: Vec<u32> = w.to_vec::<f32>().unwrap().iter().map(|v| v.to_bits()).collect();
+    let bits: Vec<u32> = w
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect();
     println!("RESULT {}", serde_json::to_string(&bits).unwrap());
     println!("METRICS {}", serde_json::to_string(&dev.metrics()).unwrap());
 }
@@ -31,8 +46,18 @@ fn run_child(test: &str, envs: &[(&str, &str)]) -> (Vec<u32>, Metrics, String) {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
-    let field = |tag: &str| stdout.lines().find_map(|l| l.find(tag).map(|i| &l[i + tag.len()..])).unwrap_or_else(|| panic!("no {tag} in {stdout}")).to_string();
-    (serde_json::from_str(&field("RESULT ")).unwrap(), serde_json::from_str(&field("METRICS ")).unwrap(), stderr)
+    let field = |tag: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.find(tag).map(|i| &l[i + tag.len()..]))
+            .unwrap_or_else(|| panic!("no {tag} in {stdout}"))
+            .to_string()
+    };
+    (
+        serde_json::from_str(&field("RESULT ")).unwrap(),
+        serde_json::from_str(&field("METRICS ")).unwrap(),
+        stderr,
+    )
 }
 
 fn tmp(tag: &str) -> std::path::PathBuf {
@@ -56,7 +81,13 @@ fn a_second_process_compiles_nothing_and_gets_identical_results() {
     assert_eq!(m2.disk_hits, 1, "{m2:?}");
     assert_eq!(first, second, "results must be bit-identical");
     // A different optimization level is a different key: it compiles again.
-    let (third, m3, _) = run_child(name, &[("NEURON_COMPILE_CACHE_URL", url), ("NEURON_CC_FLAGS", "--optlevel O1")]);
+    let (third, m3, _) = run_child(
+        name,
+        &[
+            ("NEURON_COMPILE_CACHE_URL", url),
+            ("NEURON_CC_FLAGS", "--optlevel O1"),
+        ],
+    );
     assert_eq!(m3.compiles, 1, "{m3:?}");
     assert_eq!(third.len(), first.len());
     std::fs::remove_dir_all(&cache).unwrap();
@@ -96,8 +127,15 @@ fn a_corrupt_cache_entry_is_a_miss_not_a_wrong_result() {
 #[test]
 fn extract_mode_writes_graphs_and_flags_zero_filled_reads() {
     let dir = tmp("extract");
-    let dev = LazyDevice::new(DeviceConfig { persistent_cache: false, extract_dir: Some(dir.clone()), ..DeviceConfig::default() }).unwrap();
-    let a = dev.tensor(&HostTensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap()).unwrap();
+    let dev = LazyDevice::new(DeviceConfig {
+        persistent_cache: false,
+        extract_dir: Some(dir.clone()),
+        ..DeviceConfig::default()
+    })
+    .unwrap();
+    let a = dev
+        .tensor(&HostTensor::from_slice(&[1.0f32, 2.0, 3.0], &[3]).unwrap())
+        .unwrap();
     let mut outs = Vec::new();
     for _ in 0..3 {
         let y = a.exp().unwrap().sum_all().unwrap();
@@ -107,15 +145,26 @@ fn extract_mode_writes_graphs_and_flags_zero_filled_reads() {
     let v = outs[2].to_vec::<f32>().unwrap();
     assert_eq!(v, vec![0.0], "extract mode gives zero-filled stand-ins");
     let m = dev.metrics();
-    assert_eq!((m.graphs_extracted, m.compiles, m.executions), (1, 0, 0), "{m:?}");
+    assert_eq!(
+        (m.graphs_extracted, m.compiles, m.executions),
+        (1, 0, 0),
+        "{m:?}"
+    );
     assert_eq!(m.zero_filled_reads, 1);
-    let mut names: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     names.sort();
     assert_eq!(names.len(), 2, "{names:?}");
     assert!(names[0].ends_with(".json") && names[1].ends_with(".mlir"));
-    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join(&names[0])).unwrap()).unwrap();
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join(&names[0])).unwrap()).unwrap();
     assert_eq!(record["params"][0], "f32[3]");
-    assert!(record["site"].as_str().unwrap().contains("lazy_persistent.rs"));
+    assert!(record["site"]
+        .as_str()
+        .unwrap()
+        .contains("lazy_persistent.rs"));
     let text = std::fs::read_to_string(dir.join(&names[1])).unwrap();
     assert!(text.contains("stablehlo.exponential"), "{text}");
     std::fs::remove_dir_all(&dir).unwrap();

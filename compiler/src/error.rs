@@ -7,7 +7,11 @@ use crate::dtype::DType;
 pub enum Error {
     /// An op was given operands whose shapes or dtypes it cannot take.
     #[error("{op}: {message} (operands: {operands})")]
-    Shape { op: &'static str, operands: String, message: String },
+    Shape {
+        op: &'static str,
+        operands: String,
+        message: String,
+    },
 
     /// An op does not support the dtype it was given.
     #[error("{op} does not support dtype {dtype}")]
@@ -26,8 +30,14 @@ pub enum Error {
     Flag { message: String },
 
     /// The target's plugin library could not be found.
-    #[error("{target}: PJRT plugin {library} not found; install it or set {env_var}=/path/to/{library}")]
-    PluginNotFound { target: String, library: String, env_var: String },
+    #[error(
+        "{target}: PJRT plugin {library} not found; install it or set {env_var}=/path/to/{library}"
+    )]
+    PluginNotFound {
+        target: String,
+        library: String,
+        env_var: String,
+    },
 
     /// A library was found but could not be loaded as a PJRT plugin.
     #[error("cannot load PJRT plugin {path}: {message}")]
@@ -35,7 +45,11 @@ pub enum Error {
 
     /// A PJRT C API call returned an error.
     #[error("{api_fn} failed ({code}): {message}")]
-    Pjrt { api_fn: &'static str, code: PjrtErrorCode, message: String },
+    Pjrt {
+        api_fn: &'static str,
+        code: PjrtErrorCode,
+        message: String,
+    },
 
     /// Arguments handed to an executable do not match its signature.
     #[error("execute: {message}")]

@@ -99,7 +99,11 @@ impl HostTensor {
         for &v in values {
             v.write_le(&mut data);
         }
-        Ok(HostTensor { dtype: T::DTYPE, dims: dims.to_vec(), data })
+        Ok(HostTensor {
+            dtype: T::DTYPE,
+            dims: dims.to_vec(),
+            data,
+        })
     }
 
     /// Builds a tensor from raw little-endian bytes of `dtype`.
@@ -114,7 +118,11 @@ impl HostTensor {
                 ),
             });
         }
-        Ok(HostTensor { dtype, dims: dims.to_vec(), data })
+        Ok(HostTensor {
+            dtype,
+            dims: dims.to_vec(),
+            data,
+        })
     }
 
     /// Converts f64 values into `dtype` (with `as`-style conversion), for tests and constants.
@@ -124,13 +132,21 @@ impl HostTensor {
         for &v in values {
             write_f64_as(dtype, v, &mut data);
         }
-        Ok(HostTensor { dtype, dims: dims.to_vec(), data })
+        Ok(HostTensor {
+            dtype,
+            dims: dims.to_vec(),
+            data,
+        })
     }
 
     /// A tensor of zeros (false for pred).
     pub fn zeros(dtype: DType, dims: &[usize]) -> HostTensor {
         let n: usize = dims.iter().product();
-        HostTensor { dtype, dims: dims.to_vec(), data: vec![0; n * dtype.size_in_bytes()] }
+        HostTensor {
+            dtype,
+            dims: dims.to_vec(),
+            data: vec![0; n * dtype.size_in_bytes()],
+        }
     }
 
     pub fn dtype(&self) -> DType {
@@ -167,7 +183,10 @@ impl HostTensor {
     /// Every element converted to f64 (exact for all dtypes but i64/u64 beyond 2^53).
     pub fn to_f64_vec(&self) -> Vec<f64> {
         let w = self.dtype.size_in_bytes();
-        self.data.chunks_exact(w).map(|b| read_as_f64(self.dtype, b)).collect()
+        self.data
+            .chunks_exact(w)
+            .map(|b| read_as_f64(self.dtype, b))
+            .collect()
     }
 }
 
@@ -231,7 +250,11 @@ mod tests {
         for d in DType::ALL {
             let t = HostTensor::from_f64s(d, &[0.0, 1.0, 2.0], &[3]).unwrap();
             let back = t.to_f64_vec();
-            let want = if d == DType::Pred { vec![0.0, 1.0, 1.0] } else { vec![0.0, 1.0, 2.0] };
+            let want = if d == DType::Pred {
+                vec![0.0, 1.0, 1.0]
+            } else {
+                vec![0.0, 1.0, 2.0]
+            };
             assert_eq!(back, want, "{d}");
         }
     }

@@ -64,18 +64,30 @@ impl CompilerIdentity {
 /// would cost most of a second at every process start; the sampled ends hold the ELF headers,
 /// the GNU build-id note and the section table, which differ between any two builds.
 pub fn plugin_fingerprint(path: &Path) -> Result<String> {
-    let io = |e: std::io::Error| Error::PluginLoad { path: path.display().to_string(), message: e.to_string() };
+    let io = |e: std::io::Error| Error::PluginLoad {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    };
     let mut f = std::fs::File::open(path).map_err(io)?;
     let size = f.metadata().map_err(io)?.len();
     let mut h = Sha256::new();
     h.update(size.to_le_bytes());
     let mut buf = Vec::new();
-    (&mut f).take(FINGERPRINT_SAMPLE).read_to_end(&mut buf).map_err(io)?;
+    (&mut f)
+        .take(FINGERPRINT_SAMPLE)
+        .read_to_end(&mut buf)
+        .map_err(io)?;
     h.update(&buf);
     if size > FINGERPRINT_SAMPLE {
         buf.clear();
-        f.seek(SeekFrom::Start(size.saturating_sub(FINGERPRINT_SAMPLE).max(FINGERPRINT_SAMPLE))).map_err(io)?;
-        f.take(FINGERPRINT_SAMPLE).read_to_end(&mut buf).map_err(io)?;
+        f.seek(SeekFrom::Start(
+            size.saturating_sub(FINGERPRINT_SAMPLE)
+                .max(FINGERPRINT_SAMPLE),
+        ))
+        .map_err(io)?;
+        f.take(FINGERPRINT_SAMPLE)
+            .read_to_end(&mut buf)
+            .map_err(io)?;
         h.update(&buf);
     }
     Ok(hex::encode(h.finalize()))
@@ -100,16 +112,31 @@ pub fn cache_key(
     let mut parts: Vec<(String, String)> = vec![
         ("format_version".into(), CACHE_FORMAT_VERSION.to_string()),
         ("program_sha256".into(), sha256_hex(program.as_bytes())),
-        ("compile_options_sha256".into(), sha256_hex(&options.to_proto())),
+        (
+            "compile_options_sha256".into(),
+            sha256_hex(&options.to_proto()),
+        ),
     ];
     for (name, value) in flags.key_fields() {
         parts.push((format!("flag.{name}"), value));
     }
     parts.extend([
-        ("compiler.platform_name".into(), compiler.platform_name.clone()),
-        ("compiler.platform_version".into(), compiler.platform_version.clone()),
-        ("compiler.pjrt_api_version".into(), compiler.api_version.clone()),
-        ("compiler.plugin_fingerprint".into(), compiler.plugin_fingerprint.clone()),
+        (
+            "compiler.platform_name".into(),
+            compiler.platform_name.clone(),
+        ),
+        (
+            "compiler.platform_version".into(),
+            compiler.platform_version.clone(),
+        ),
+        (
+            "compiler.pjrt_api_version".into(),
+            compiler.api_version.clone(),
+        ),
+        (
+            "compiler.plugin_fingerprint".into(),
+            compiler.plugin_fingerprint.clone(),
+        ),
     ]);
     let mut h = Sha256::new();
     for (name, value) in &parts {
@@ -118,7 +145,10 @@ pub fn cache_key(
             h.update(field);
         }
     }
-    CacheKey { hex: hex::encode(h.finalize()), components: parts.into_iter().collect() }
+    CacheKey {
+        hex: hex::encode(h.finalize()),
+        components: parts.into_iter().collect(),
+    }
 }
 
 /// Lowercase hex SHA-256.
@@ -141,7 +171,12 @@ mod tests {
     }
 
     fn base() -> (String, CompileOptions, CompilerFlags, CompilerIdentity) {
-        ("func.func @main() {}".into(), CompileOptions::default(), CompilerFlags::parse("").unwrap(), compiler())
+        (
+            "func.func @main() {}".into(),
+            CompileOptions::default(),
+            CompilerFlags::parse("").unwrap(),
+            compiler(),
+        )
     }
 
     #[test]
@@ -150,8 +185,14 @@ mod tests {
         let a = cache_key(&p, &o, &f, &c);
         assert_eq!(a, cache_key(&p, &o, &f, &c));
         assert_eq!(a.hex.len(), 64);
-        assert!(a.hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
-        assert_eq!(a.components["format_version"], CACHE_FORMAT_VERSION.to_string());
+        assert!(a
+            .hex
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_eq!(
+            a.components["format_version"],
+            CACHE_FORMAT_VERSION.to_string()
+        );
     }
 
     #[test]
@@ -159,10 +200,17 @@ mod tests {
         let (p, o, f, c) = base();
         let k0 = cache_key(&p, &o, &f, &c).hex;
         let mut variants: Vec<(&str, String)> = Vec::new();
-        variants.push(("program", cache_key("func.func @main() { }", &o, &f, &c).hex));
-        let o2 = CompileOptions::default().with_override("xla_backend_optimization_level", OverrideValue::Int(1));
+        variants.push((
+            "program",
+            cache_key("func.func @main() { }", &o, &f, &c).hex,
+        ));
+        let o2 = CompileOptions::default()
+            .with_override("xla_backend_optimization_level", OverrideValue::Int(1));
         variants.push(("options", cache_key(&p, &o2, &f, &c).hex));
-        let o3 = CompileOptions { num_replicas: 2, ..CompileOptions::default() };
+        let o3 = CompileOptions {
+            num_replicas: 2,
+            ..CompileOptions::default()
+        };
         variants.push(("replicas", cache_key(&p, &o3, &f, &c).hex));
         for flag in [
             "--optlevel O1",
@@ -189,7 +237,10 @@ mod tests {
         seen.insert(k0.clone());
         for (what, k) in &variants {
             assert_ne!(*k, k0, "changing {what} must change the key");
-            assert!(seen.insert(k.clone()), "{what} collided with another variant");
+            assert!(
+                seen.insert(k.clone()),
+                "{what} collided with another variant"
+            );
         }
     }
 

@@ -12,7 +12,10 @@ fn discovery_rules() {
     // An explicit variable wins, and a wrong one is an error naming the path and the variable.
     std::env::set_var("NEURON_PC_CPU_PLUGIN", "/nonexistent/plugin.so");
     let err = find_plugin(Target::Cpu).unwrap_err().to_string();
-    assert!(err.contains("/nonexistent/plugin.so") && err.contains("NEURON_PC_CPU_PLUGIN"), "{err}");
+    assert!(
+        err.contains("/nonexistent/plugin.so") && err.contains("NEURON_PC_CPU_PLUGIN"),
+        "{err}"
+    );
     std::env::set_var("NEURON_PC_CPU_PLUGIN", &cpu);
     assert_eq!(find_plugin(Target::Cpu).unwrap(), cpu);
     std::env::remove_var("NEURON_PC_CPU_PLUGIN");
@@ -22,7 +25,10 @@ fn discovery_rules() {
     assert!(matches!(err, Error::PluginNotFound { .. }));
     let line = err.to_string();
     assert!(!line.contains('\n'));
-    assert!(line.contains("libneuronpjrt.so") && line.contains("NEURON_PC_NEURON_PLUGIN"), "{line}");
+    assert!(
+        line.contains("libneuronpjrt.so") && line.contains("NEURON_PC_NEURON_PLUGIN"),
+        "{line}"
+    );
 
     let status = TargetStatus::probe(Target::Cpu);
     assert_eq!(status.error, None);

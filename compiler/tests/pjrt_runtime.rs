@@ -12,13 +12,23 @@ use neuron_pc_compiler::{Error, HostTensor};
 fn client() -> &'static Client {
     static CLIENT: OnceLock<Client> = OnceLock::new();
     CLIENT.get_or_init(|| {
-        let plugin = Plugin::load(&find_plugin(Target::Cpu).expect("cpu plugin: run scripts/setup")).unwrap();
-        Client::new(&plugin, &ClientOptions { cpu_device_count: Some(2) }).unwrap()
+        let plugin =
+            Plugin::load(&find_plugin(Target::Cpu).expect("cpu plugin: run scripts/setup"))
+                .unwrap();
+        Client::new(
+            &plugin,
+            &ClientOptions {
+                cpu_device_count: Some(2),
+            },
+        )
+        .unwrap()
     })
 }
 
 fn run(program: &str, inputs: &[HostTensor]) -> Vec<HostTensor> {
-    let exe = client().compile(program, &CompileOptions::default()).unwrap();
+    let exe = client()
+        .compile(program, &CompileOptions::default())
+        .unwrap();
     exe.execute_host(inputs).unwrap()
 }
 
@@ -63,7 +73,9 @@ func.func @main(%a: tensor<2x3x4xf32>, %b: tensor<2x4x5xf32>) -> tensor<2x3x5xf3
     for n in 0..2 {
         for i in 0..3 {
             for j in 0..5 {
-                let want: f32 = (0..4).map(|k| a[n * 12 + i * 4 + k] * b[n * 20 + k * 5 + j]).sum();
+                let want: f32 = (0..4)
+                    .map(|k| a[n * 12 + i * 4 + k] * b[n * 20 + k * 5 + j])
+                    .sum();
                 let g = got[n * 15 + i * 5 + j];
                 assert!((g - want).abs() < 1e-4, "[{n},{i},{j}] {g} vs {want}");
             }
@@ -107,7 +119,10 @@ func.func @main(%a: tensor<5xi32>, %b: tensor<5xi64>, %c: tensor<4xbf16>, %d: te
 }"#;
     let a = [-3i32, 0, 7, 46341, 12];
     let b = [i64::MAX, -1, 0, 5, 1 << 40];
-    let c: Vec<bf16> = [1.5f32, -0.25, 3.0, 1e30].iter().map(|&x| bf16::from_f32(x)).collect();
+    let c: Vec<bf16> = [1.5f32, -0.25, 3.0, 1e30]
+        .iter()
+        .map(|&x| bf16::from_f32(x))
+        .collect();
     let d = [1u8, 100, 200];
     let p = [true, false];
     let out = run(
@@ -139,14 +154,28 @@ func.func @main(%a: tensor<3xf64>, %b: tensor<3xf16>) -> (tensor<3xf64>, tensor<
   return %0, %1 : tensor<3xf64>, tensor<3xf16>
 }"#;
     let a = [2.0f64, 9.0, 1e-300];
-    let b: Vec<half::f16> = [0.5f32, -3.0, 100.0].iter().map(|&x| half::f16::from_f32(x)).collect();
-    let out = run(prog, &[HostTensor::from_slice(&a, &[3]).unwrap(), HostTensor::from_slice(&b, &[3]).unwrap()]);
+    let b: Vec<half::f16> = [0.5f32, -3.0, 100.0]
+        .iter()
+        .map(|&x| half::f16::from_f32(x))
+        .collect();
+    let out = run(
+        prog,
+        &[
+            HostTensor::from_slice(&a, &[3]).unwrap(),
+            HostTensor::from_slice(&b, &[3]).unwrap(),
+        ],
+    );
     let got = out[0].to_vec::<f64>().unwrap();
     for i in 0..3 {
         assert!((got[i] - a[i].sqrt()).abs() <= a[i].sqrt() * 1e-15);
     }
     let want: Vec<f32> = vec![0.25, 9.0, 10000.0];
-    let got16: Vec<f32> = out[1].to_vec::<half::f16>().unwrap().iter().map(|x| x.to_f32()).collect();
+    let got16: Vec<f32> = out[1]
+        .to_vec::<half::f16>()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_f32())
+        .collect();
     assert_eq!(got16, want);
 }
 
@@ -172,8 +201,19 @@ func.func @main(%a: tensor<16x16xf32>, %b: tensor<16x16xf32>) -> tensor<16x16xf3
     let second = again.execute_host(&[a, b]).unwrap();
     assert_eq!(first[0].bytes(), second[0].bytes());
     // Garbage is refused by the plugin, not crashed on.
-    let err = client().deserialize(b"definitely not an executable", None).unwrap_err();
-    assert!(matches!(err, Error::Pjrt { api_fn: "PJRT_Executable_DeserializeAndLoad", .. }), "{err}");
+    let err = client()
+        .deserialize(b"definitely not an executable", None)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Pjrt {
+                api_fn: "PJRT_Executable_DeserializeAndLoad",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -188,25 +228,39 @@ func.func @main(%a: tensor<3xf32>) -> tensor<3xf32> {
   }) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>} : (tensor<3xf32>) -> tensor<3xf32>
   return %0 : tensor<3xf32>
 }"#;
-    let opts = CompileOptions { num_replicas: 2, ..CompileOptions::default() };
+    let opts = CompileOptions {
+        num_replicas: 2,
+        ..CompileOptions::default()
+    };
     let exe = client().compile(prog, &opts).unwrap();
-    let x0 = client().buffer_from_host(&f32s(&[1.0, 2.0, 3.0], &[3]), Device(0)).unwrap();
-    let x1 = client().buffer_from_host(&f32s(&[10.0, 20.0, 30.0], &[3]), Device(1)).unwrap();
+    let x0 = client()
+        .buffer_from_host(&f32s(&[1.0, 2.0, 3.0], &[3]), Device(0))
+        .unwrap();
+    let x1 = client()
+        .buffer_from_host(&f32s(&[10.0, 20.0, 30.0], &[3]), Device(1))
+        .unwrap();
     let out = exe.execute_replicated(&[vec![&x0], vec![&x1]]).unwrap();
     assert_eq!(out.len(), 2);
     for replica in &out {
-        assert_eq!(replica[0].to_host().unwrap().to_vec::<f32>().unwrap(), vec![11.0, 22.0, 33.0]);
+        assert_eq!(
+            replica[0].to_host().unwrap().to_vec::<f32>().unwrap(),
+            vec![11.0, 22.0, 33.0]
+        );
     }
 }
 
 #[test]
 fn backend_options_apply_per_compilation() {
     let prog = "func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  %0 = stablehlo.abs %a : tensor<4xf32>\n  return %0 : tensor<4xf32>\n}";
-    let ok = CompileOptions::default().with_override("xla_backend_optimization_level", OverrideValue::Int(0));
+    let ok = CompileOptions::default()
+        .with_override("xla_backend_optimization_level", OverrideValue::Int(0));
     let exe = client().compile(prog, &ok).unwrap();
-    let out = exe.execute_host(&[f32s(&[-1.0, 2.0, -3.5, 0.0], &[4])]).unwrap();
+    let out = exe
+        .execute_host(&[f32s(&[-1.0, 2.0, -3.5, 0.0], &[4])])
+        .unwrap();
     assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.5, 0.0]);
-    let bad = CompileOptions::default().with_override("xla_not_an_option", OverrideValue::Bool(true));
+    let bad =
+        CompileOptions::default().with_override("xla_not_an_option", OverrideValue::Bool(true));
     let err = client().compile(prog, &bad).unwrap_err().to_string();
     assert!(err.contains("xla_not_an_option"), "{err}");
 }
@@ -217,7 +271,9 @@ fn malformed_program_reports_the_parser_message() {
         .compile("func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n  %0 = stablehlo.frobnicate %a\n}", &CompileOptions::default())
         .unwrap_err();
     match &err {
-        Error::Pjrt { api_fn, message, .. } => {
+        Error::Pjrt {
+            api_fn, message, ..
+        } => {
             assert_eq!(*api_fn, "PJRT_Client_Compile");
             assert!(message.contains("error:"), "{message}");
         }
@@ -230,25 +286,51 @@ fn wrong_inputs_are_errors_not_crashes() {
     let prog = "func.func @main(%a: tensor<2xf32>, %b: tensor<2xf32>) -> tensor<2xf32> {\n  %0 = stablehlo.add %a, %b : tensor<2xf32>\n  return %0 : tensor<2xf32>\n}";
     let exe = client().compile(prog, &CompileOptions::default()).unwrap();
     let two = f32s(&[1.0, 2.0], &[2]);
-    assert!(exe.execute_host(std::slice::from_ref(&two)).is_err(), "one input for two parameters");
+    assert!(
+        exe.execute_host(std::slice::from_ref(&two)).is_err(),
+        "one input for two parameters"
+    );
     let three = f32s(&[1.0, 2.0, 3.0], &[3]);
-    assert!(exe.execute_host(&[two.clone(), three]).is_err(), "wrong shape");
+    assert!(
+        exe.execute_host(&[two.clone(), three]).is_err(),
+        "wrong shape"
+    );
     let ints = HostTensor::from_slice(&[1i32, 2], &[2]).unwrap();
-    let err = exe.execute_host(&[two.clone(), ints]).unwrap_err().to_string();
-    assert!(err.contains("argument 1 is i32[2], the program expects f32[2]"), "{err}");
-    assert_eq!(exe.execute_host(&[two.clone(), two]).unwrap()[0].to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
-    let err = client().buffer_from_host(&f32s(&[1.0], &[1]), Device(7)).unwrap_err();
+    let err = exe
+        .execute_host(&[two.clone(), ints])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("argument 1 is i32[2], the program expects f32[2]"),
+        "{err}"
+    );
+    assert_eq!(
+        exe.execute_host(&[two.clone(), two]).unwrap()[0]
+            .to_vec::<f32>()
+            .unwrap(),
+        vec![2.0, 4.0]
+    );
+    let err = client()
+        .buffer_from_host(&f32s(&[1.0], &[1]), Device(7))
+        .unwrap_err();
     assert!(err.to_string().contains("device 7"), "{err}");
 }
 
 #[test]
 fn a_library_that_is_not_a_plugin_is_refused() {
-    let libc = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .expect("libc");
-    let err = Plugin::load(std::path::Path::new(libc)).unwrap_err().to_string();
+    let libc = [
+        "/lib/x86_64-linux-gnu/libc.so.6",
+        "/usr/lib/x86_64-linux-gnu/libc.so.6",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .expect("libc");
+    let err = Plugin::load(std::path::Path::new(libc))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("not a PJRT plugin"), "{err}");
-    let err = Plugin::load(std::path::Path::new("/nonexistent/xla_cpu_pjrt.so")).unwrap_err().to_string();
+    let err = Plugin::load(std::path::Path::new("/nonexistent/xla_cpu_pjrt.so"))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("/nonexistent/xla_cpu_pjrt.so"), "{err}");
 }

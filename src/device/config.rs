@@ -68,13 +68,16 @@ fn flag_env(name: &str) -> bool {
 }
 
 fn path_env(name: &str) -> Option<PathBuf> {
-    std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from)
+    std::env::var_os(name)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
 }
 
 impl DeviceConfig {
     /// Reads `NEURON_CC_FLAGS`, `NEURON_COMPILE_CACHE_URL` and the `NEURON_PC_*` switches.
     pub fn from_env() -> Result<DeviceConfig> {
-        let flags = CompilerFlags::from_env().map_err(|e| Error::Config(format!("NEURON_CC_FLAGS: {e}")))?;
+        let flags = CompilerFlags::from_env()
+            .map_err(|e| Error::Config(format!("NEURON_CC_FLAGS: {e}")))?;
         let cache_url = std::env::var(CACHE_URL_ENV)
             .ok()
             .filter(|v| !v.is_empty())

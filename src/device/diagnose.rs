@@ -22,7 +22,11 @@ struct Summary {
 impl Summary {
     fn of(graph: &Graph) -> Summary {
         Summary {
-            params: graph.parameter_types().iter().map(|t| t.to_string()).collect(),
+            params: graph
+                .parameter_types()
+                .iter()
+                .map(|t| t.to_string())
+                .collect(),
             ops: graph.op_descriptions(),
         }
     }
@@ -42,7 +46,11 @@ pub(crate) struct Sites {
 }
 
 /// Called for every graph not found in memory, before it is compiled.
-pub(crate) fn check_new_graph(dev: &Arc<DeviceInner>, site: &'static Location<'static>, graph: &Graph) -> Result<()> {
+pub(crate) fn check_new_graph(
+    dev: &Arc<DeviceInner>,
+    site: &'static Location<'static>,
+    graph: &Graph,
+) -> Result<()> {
     let summary = Summary::of(graph);
     let mut sites = lock(&dev.sites);
     let entry = sites.by_site.entry(site).or_default();
@@ -76,11 +84,19 @@ pub(crate) fn step_done(dev: &DeviceInner, site: &'static Location<'static>) {
 fn explain(seen: &[Summary], new: &Summary) -> String {
     let distance = |s: &Summary| {
         let p = s.params.len().abs_diff(new.params.len())
-            + s.params.iter().zip(&new.params).filter(|(a, b)| a != b).count();
-        let o = s.ops.len().abs_diff(new.ops.len()) + s.ops.iter().zip(&new.ops).filter(|(a, b)| a != b).count();
+            + s.params
+                .iter()
+                .zip(&new.params)
+                .filter(|(a, b)| a != b)
+                .count();
+        let o = s.ops.len().abs_diff(new.ops.len())
+            + s.ops.iter().zip(&new.ops).filter(|(a, b)| a != b).count();
         p + o
     };
-    let closest = seen.iter().min_by_key(|s| distance(s)).expect("seen is not empty");
+    let closest = seen
+        .iter()
+        .min_by_key(|s| distance(s))
+        .expect("seen is not empty");
     let param_diffs: Vec<String> = closest
         .params
         .iter()
@@ -90,15 +106,36 @@ fn explain(seen: &[Summary], new: &Summary) -> String {
         .map(|(i, (a, b))| format!("input {i}: {b} vs {a}"))
         .collect();
     if !param_diffs.is_empty() {
-        let more = if param_diffs.len() > 3 { format!(" (+{} more)", param_diffs.len() - 3) } else { String::new() };
-        return format!("its inputs ({}{more})", param_diffs[..param_diffs.len().min(3)].join(", "));
+        let more = if param_diffs.len() > 3 {
+            format!(" (+{} more)", param_diffs.len() - 3)
+        } else {
+            String::new()
+        };
+        return format!(
+            "its inputs ({}{more})",
+            param_diffs[..param_diffs.len().min(3)].join(", ")
+        );
     }
     if closest.params.len() != new.params.len() {
-        return format!("its number of inputs ({} vs {})", new.params.len(), closest.params.len());
+        return format!(
+            "its number of inputs ({} vs {})",
+            new.params.len(),
+            closest.params.len()
+        );
     }
-    match closest.ops.iter().zip(&new.ops).enumerate().find(|(_, (a, b))| a != b) {
+    match closest
+        .ops
+        .iter()
+        .zip(&new.ops)
+        .enumerate()
+        .find(|(_, (a, b))| a != b)
+    {
         Some((i, (a, b))) => format!("op {i}: {b} vs {a}"),
-        None => format!("its number of ops ({} vs {})", new.ops.len(), closest.ops.len()),
+        None => format!(
+            "its number of ops ({} vs {})",
+            new.ops.len(),
+            closest.ops.len()
+        ),
     }
 }
 
@@ -107,20 +144,32 @@ mod tests {
     use super::*;
 
     fn s(params: &[&str], ops: &[&str]) -> Summary {
-        Summary { params: params.iter().map(|x| x.to_string()).collect(), ops: ops.iter().map(|x| x.to_string()).collect() }
+        Summary {
+            params: params.iter().map(|x| x.to_string()).collect(),
+            ops: ops.iter().map(|x| x.to_string()).collect(),
+        }
     }
 
     #[test]
     fn names_the_differing_input_shape() {
-        let seen = vec![s(&["f32[32,128]", "f32[128,10]"], &["dot", "tanh"]), s(&["f32[4]"], &["neg"])];
+        let seen = vec![
+            s(&["f32[32,128]", "f32[128,10]"], &["dot", "tanh"]),
+            s(&["f32[4]"], &["neg"]),
+        ];
         let new = s(&["f32[31,128]", "f32[128,10]"], &["dot", "tanh"]);
-        assert_eq!(explain(&seen, &new), "its inputs (input 0: f32[31,128] vs f32[32,128])");
+        assert_eq!(
+            explain(&seen, &new),
+            "its inputs (input 0: f32[31,128] vs f32[32,128])"
+        );
     }
 
     #[test]
     fn names_the_differing_op_or_constant() {
         let seen = vec![s(&["f32[4]"], &["constant f32[] 0.5", "multiply f32[4]"])];
         let new = s(&["f32[4]"], &["constant f32[] 0.25", "multiply f32[4]"]);
-        assert_eq!(explain(&seen, &new), "op 0: constant f32[] 0.25 vs constant f32[] 0.5");
+        assert_eq!(
+            explain(&seen, &new),
+            "op 0: constant f32[] 0.25 vs constant f32[] 0.5"
+        );
     }
 }

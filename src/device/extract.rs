@@ -35,8 +35,16 @@ impl GraphRecord {
             key: key.hex.clone(),
             components: key.components.clone(),
             nodes: graph.op_count(),
-            params: graph.parameter_types().iter().map(|t| t.to_string()).collect(),
-            outputs: graph.outputs().iter().map(|&o| graph.node_type(o).to_string()).collect(),
+            params: graph
+                .parameter_types()
+                .iter()
+                .map(|t| t.to_string())
+                .collect(),
+            outputs: graph
+                .outputs()
+                .iter()
+                .map(|&o| graph.node_type(o).to_string())
+                .collect(),
             site: site.to_string(),
             pid: std::process::id(),
         }
@@ -48,7 +56,13 @@ fn write_file_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// Writes one extracted graph into `dir`.
-pub(crate) fn write_graph(dir: &Path, key: &CacheKey, text: &str, graph: &Graph, site: &Location<'_>) -> Result<()> {
+pub(crate) fn write_graph(
+    dir: &Path,
+    key: &CacheKey,
+    text: &str,
+    graph: &Graph,
+    site: &Location<'_>,
+) -> Result<()> {
     let err = |e: std::io::Error| Error::Extract(format!("{}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(err)?;
     let record = GraphRecord::new(key, graph, site);
@@ -68,16 +82,29 @@ pub struct GraphLogLine {
 }
 
 /// Appends to the graph log; a failure is a warning (the log is a diagnostic aid).
-pub(crate) fn append_graph_log(path: &Path, key: &CacheKey, graph: &Graph, site: &Location<'_>, step: u64) {
+pub(crate) fn append_graph_log(
+    path: &Path,
+    key: &CacheKey,
+    graph: &Graph,
+    site: &Location<'_>,
+    step: u64,
+) {
     let line = GraphLogLine {
         key: key.hex.clone(),
         step,
         nodes: graph.op_count(),
-        params: graph.parameter_types().iter().map(|t| t.to_string()).collect(),
+        params: graph
+            .parameter_types()
+            .iter()
+            .map(|t| t.to_string())
+            .collect(),
         site: site.to_string(),
     };
     let result = (|| -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
         let mut text = serde_json::to_string(&line).unwrap_or_default();
         text.push('\n');
         f.write_all(text.as_bytes())

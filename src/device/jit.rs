@@ -74,30 +74,47 @@ impl Jit {
         aliases: &[(usize, usize)],
         site: &'static Location<'static>,
     ) -> Result<(Arc<StepExecutable>, Obtained)> {
-        let output_types: Vec<TensorType> = graph.outputs().iter().map(|&id| graph.node_type(id).clone()).collect();
+        let output_types: Vec<TensorType> = graph
+            .outputs()
+            .iter()
+            .map(|&id| graph.node_type(id).clone())
+            .collect();
         let (text, key) = self.lower(graph, aliases)?;
         if tracing::enabled!(tracing::Level::DEBUG) {
             tracing::debug!(key = %key.hex, components = ?key.components, "cache key");
         }
         if let Some(dir) = &dev.config.extract_dir {
-            let cached = self.persistent.as_ref().is_some_and(|p| p.contains(&key.hex));
+            let cached = self
+                .persistent
+                .as_ref()
+                .is_some_and(|p| p.contains(&key.hex));
             if !cached {
                 extract::write_graph(dir, &key, &text, graph, site)?;
                 lock(&dev.metrics).graphs_extracted += 1;
             }
-            let exe = StepExecutable { loaded: None, key: key.hex, output_types };
+            let exe = StepExecutable {
+                loaded: None,
+                key: key.hex,
+                output_types,
+            };
             return Ok((Arc::new(exe), Obtained::Extracted));
         }
         let signature = Signature::parse(&text);
         let client = &dev.client;
         let compile = || -> std::result::Result<Vec<u8>, String> {
-            let exe = client.compile(&text, &self.options).map_err(|e| e.to_string())?;
+            let exe = client
+                .compile(&text, &self.options)
+                .map_err(|e| e.to_string())?;
             exe.serialize().map_err(|e| e.to_string())
         };
         let started = Instant::now();
         let (loaded, how) = match &self.persistent {
             Some(p) => match p.get_or_compile(&key, &text, self.flags.retry_failed, compile) {
-                Ok(Stored { bytes, how, compile_ms }) => {
+                Ok(Stored {
+                    bytes,
+                    how,
+                    compile_ms,
+                }) => {
                     let t = Instant::now();
                     match client.deserialize(&bytes, signature.clone()) {
                         Ok(exe) => {
@@ -117,7 +134,10 @@ impl Jit {
                         Err(e) => {
                             // A stored executable this plugin cannot load is treated as a miss:
                             // compile here and replace the entry.
-                            tracing::warn!("cache entry {} does not load ({e}); compiling", key.hex);
+                            tracing::warn!(
+                                "cache entry {} does not load ({e}); compiling",
+                                key.hex
+                            );
                             let exe = self.compile_here(dev, &text, &key, signature.clone())?;
                             if let Ok(bytes) = exe.serialize() {
                                 p.replace(&key, &text, bytes, metrics::ms(started.elapsed()));
@@ -128,15 +148,28 @@ impl Jit {
                 }
                 Err(message) => {
                     lock(&dev.metrics).compile_failures += 1;
-                    return Err(Error::CompileFailed { key: key.hex, message });
+                    return Err(Error::CompileFailed {
+                        key: key.hex,
+                        message,
+                    });
                 }
             },
-            None => (self.compile_here(dev, &text, &key, signature)?, Obtained::Compiled),
+            None => (
+                self.compile_here(dev, &text, &key, signature)?,
+                Obtained::Compiled,
+            ),
         };
         if let Some(log) = &dev.config.graph_log {
             extract::append_graph_log(log, &key, graph, site, lock(&dev.metrics).steps);
         }
-        Ok((Arc::new(StepExecutable { loaded: Some(loaded), key: key.hex, output_types }), how))
+        Ok((
+            Arc::new(StepExecutable {
+                loaded: Some(loaded),
+                key: key.hex,
+                output_types,
+            }),
+            how,
+        ))
     }
 
     fn compile_here(
@@ -158,7 +191,10 @@ impl Jit {
             }
             Err(e) => {
                 m.compile_failures += 1;
-                Err(Error::CompileFailed { key: key.hex.clone(), message: e.to_string() })
+                Err(Error::CompileFailed {
+                    key: key.hex.clone(),
+                    message: e.to_string(),
+                })
             }
         }
     }

@@ -53,23 +53,53 @@ impl Metrics {
         let hits = self.memory_hits + self.disk_hits + self.remote_hits;
         let mut s = String::new();
         let mut line = |k: &str, v: String| s.push_str(&format!("{k:<26} {v}\n"));
-        line("steps", format!("{} (+{} implicit syncs, {} empty)", self.steps, self.implicit_syncs, self.empty_steps));
+        line(
+            "steps",
+            format!(
+                "{} (+{} implicit syncs, {} empty)",
+                self.steps, self.implicit_syncs, self.empty_steps
+            ),
+        );
         line("graphs seen", self.graphs_seen.to_string());
-        line("compiles (JIT)", format!("{} in {:.1} ms", self.compiles, self.compile_ms));
+        line(
+            "compiles (JIT)",
+            format!("{} in {:.1} ms", self.compiles, self.compile_ms),
+        );
         line("compile failures", self.compile_failures.to_string());
         line(
             "cache hits",
-            format!("{hits} (memory {}, disk {}, remote {})", self.memory_hits, self.disk_hits, self.remote_hits),
+            format!(
+                "{hits} (memory {}, disk {}, remote {})",
+                self.memory_hits, self.disk_hits, self.remote_hits
+            ),
         );
         line("executable loads", format!("{:.1} ms", self.load_ms));
-        line("executions", format!("{} in {:.1} ms", self.executions, self.execute_ms));
-        line("to device", format!("{} transfers, {} bytes", self.transfers_to_device, self.bytes_to_device));
-        line("to host", format!("{} transfers, {} bytes", self.transfers_to_host, self.bytes_to_host));
+        line(
+            "executions",
+            format!("{} in {:.1} ms", self.executions, self.execute_ms),
+        );
+        line(
+            "to device",
+            format!(
+                "{} transfers, {} bytes",
+                self.transfers_to_device, self.bytes_to_device
+            ),
+        );
+        line(
+            "to host",
+            format!(
+                "{} transfers, {} bytes",
+                self.transfers_to_host, self.bytes_to_host
+            ),
+        );
         if self.graphs_extracted > 0 || self.zero_filled_reads > 0 {
             line("graphs extracted", self.graphs_extracted.to_string());
             line("zero-filled reads", self.zero_filled_reads.to_string());
         }
-        line("recompiles after warm-up", self.recompiles_after_warmup.to_string());
+        line(
+            "recompiles after warm-up",
+            self.recompiles_after_warmup.to_string(),
+        );
         s
     }
 

@@ -20,7 +20,8 @@ use neuron_pc_compiler::pjrt::{find_plugin, Buffer, Client, ClientOptions, Devic
 use neuron_pc_compiler::{DType, HostTensor};
 
 pub use config::{
-    DeviceConfig, CACHE_URL_ENV, DEBUG_STEPS_ENV, EXTRACT_DIR_ENV, GRAPH_LOG_ENV, NO_NEW_GRAPHS_ENV, USE_CACHE_ENV,
+    DeviceConfig, CACHE_URL_ENV, DEBUG_STEPS_ENV, EXTRACT_DIR_ENV, GRAPH_LOG_ENV,
+    NO_NEW_GRAPHS_ENV, USE_CACHE_ENV,
 };
 pub use metrics::Metrics;
 
@@ -54,7 +55,12 @@ pub(crate) struct DeviceInner {
 
 impl std::fmt::Debug for LazyDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "LazyDevice({} device {})", self.inner.client.platform_name(), self.inner.device.0)
+        write!(
+            f,
+            "LazyDevice({} device {})",
+            self.inner.client.platform_name(),
+            self.inner.device.0
+        )
     }
 }
 
@@ -74,7 +80,12 @@ impl LazyDevice {
         crate::logging::init_default();
         let target = config.target();
         let plugin = Plugin::load(&find_plugin(target)?)?;
-        let client = Client::new(&plugin, &ClientOptions { cpu_device_count: config.cpu_device_count })?;
+        let client = Client::new(
+            &plugin,
+            &ClientOptions {
+                cpu_device_count: config.cpu_device_count,
+            },
+        )?;
         if config.device_index >= client.device_count() {
             return Err(Error::Config(format!(
                 "device index {} out of range: the {target} client has {} devices",
@@ -128,14 +139,21 @@ impl LazyDevice {
     }
 
     /// Copies `values` (shape `dims`) to the device.
-    pub fn from_slice<T: neuron_pc_compiler::Element>(&self, values: &[T], dims: &[usize]) -> Result<Tensor> {
+    pub fn from_slice<T: neuron_pc_compiler::Element>(
+        &self,
+        values: &[T],
+        dims: &[usize],
+    ) -> Result<Tensor> {
         self.tensor(&HostTensor::from_slice(values, dims)?)
     }
 
     /// A tensor filled with `value` (recorded as a constant of the graph).
     #[track_caller]
     pub fn full(&self, value: f64, dims: &[usize], dtype: DType) -> Result<Tensor> {
-        Tensor::apply_nullary(&self.inner, Op::Constant(Literal::splat(dtype, value, dims)))
+        Tensor::apply_nullary(
+            &self.inner,
+            Op::Constant(Literal::splat(dtype, value, dims)),
+        )
     }
 
     /// Zeros (a constant of the graph).
@@ -153,14 +171,26 @@ impl LazyDevice {
     /// `0, 1, ..., n-1`.
     #[track_caller]
     pub fn arange(&self, n: usize, dtype: DType) -> Result<Tensor> {
-        Tensor::apply_nullary(&self.inner, Op::Iota { dims: vec![n], dim: 0, dtype })
+        Tensor::apply_nullary(
+            &self.inner,
+            Op::Iota {
+                dims: vec![n],
+                dim: 0,
+                dtype,
+            },
+        )
     }
 
     /// Uniform values in [0, 1) from a counter-based generator keyed by `key` (a `u32[2]`
     /// device tensor, so a new key per step does not make a new graph).
     #[track_caller]
     pub fn rand(&self, key: &Tensor, dims: &[usize]) -> Result<Tensor> {
-        let bits = Tensor::apply(Op::RandomBits { dims: dims.to_vec() }, &[key])?;
+        let bits = Tensor::apply(
+            Op::RandomBits {
+                dims: dims.to_vec(),
+            },
+            &[key],
+        )?;
         // The top 24 bits give every float32 in [0, 1) with spacing 2^-24.
         let top = bits.div(&bits.constant_like(256.0)?)?;
         top.to_dtype(DType::F32)?.mul_scalar(1.0 / 16_777_216.0)
@@ -215,7 +245,11 @@ impl DeviceInner {
     pub(crate) fn wrap_buffer(&self, buffer: Buffer, zero_filled: bool) -> Arc<DeviceData> {
         let ty = TensorType::new(buffer.dtype(), buffer.dims().to_vec());
         let ty_id = lock(&self.interner).ty(&ty);
-        Arc::new(DeviceData { buffer, zero_filled, ty_id })
+        Arc::new(DeviceData {
+            buffer,
+            zero_filled,
+            ty_id,
+        })
     }
 
     pub(crate) fn download(&self, data: &DeviceData) -> Result<HostTensor> {
@@ -226,7 +260,9 @@ impl DeviceInner {
         if data.zero_filled {
             m.zero_filled_reads += 1;
             if m.zero_filled_reads == 1 {
-                tracing::warn!("extract mode: reading a zero-filled stand-in value (not a real result)");
+                tracing::warn!(
+                    "extract mode: reading a zero-filled stand-in value (not a real result)"
+                );
             }
         }
         Ok(host)
@@ -246,7 +282,12 @@ impl DeviceInner {
     }
 
     /// Computes the pending values of `cells` as one graph and stores the results in them.
-    pub(crate) fn sync(self: &Arc<Self>, cells: Vec<Arc<Cell>>, site: &'static Location<'static>, explicit: bool) -> Result<()> {
+    pub(crate) fn sync(
+        self: &Arc<Self>,
+        cells: Vec<Arc<Cell>>,
+        site: &'static Location<'static>,
+        explicit: bool,
+    ) -> Result<()> {
         let started = Instant::now();
         let roots: Vec<_> = cells
             .iter()
@@ -298,7 +339,12 @@ impl DeviceInner {
     }
 
     /// Executes (or, in extract mode, stands in zero-filled outputs for) one traced graph.
-    fn run(&self, exe: &StepExecutable, traced: &mut step::Traced, aliases: &[(usize, usize)]) -> Result<Vec<Arc<DeviceData>>> {
+    fn run(
+        &self,
+        exe: &StepExecutable,
+        traced: &mut step::Traced,
+        aliases: &[(usize, usize)],
+    ) -> Result<Vec<Arc<DeviceData>>> {
         let Some(loaded) = &exe.loaded else {
             return exe
                 .output_types
@@ -310,13 +356,19 @@ impl DeviceInner {
         // besides the parameter list; anything else (another tensor holding the same data,
         // a recorded node outside this graph) keeps it.
         let keep: Vec<usize> = (0..traced.params.len())
-            .filter(|&i| !aliases.iter().any(|&(p, _)| p == i) || Arc::strong_count(&traced.params[i]) != 1 + traced.data_refs[i])
+            .filter(|&i| {
+                !aliases.iter().any(|&(p, _)| p == i)
+                    || Arc::strong_count(&traced.params[i]) != 1 + traced.data_refs[i]
+            })
             .collect();
         let args: Vec<&Buffer> = traced.params.iter().map(|d| &d.buffer).collect();
         let t = Instant::now();
         let outs = loaded.execute_donating(&args, &keep)?;
         let zero_filled = traced.params.iter().any(|d| d.zero_filled);
-        let result: Vec<Arc<DeviceData>> = outs.into_iter().map(|b| self.wrap_buffer(b, zero_filled)).collect();
+        let result: Vec<Arc<DeviceData>> = outs
+            .into_iter()
+            .map(|b| self.wrap_buffer(b, zero_filled))
+            .collect();
         let mut m = lock(&self.metrics);
         m.donated_buffers += (traced.params.len() - keep.len()) as u64;
         m.last_step_outputs = result.len() as u64;

@@ -79,7 +79,10 @@ pub(crate) fn trace(roots: &[Arc<Node>]) -> Traced {
                         if data_pos.get(&d).is_none() {
                             data_pos.insert(&d, t.entries.len() as u32);
                             t.identity.extend([PARAM_MARK, d.ty_id]);
-                            t.entries.push(Entry::Param { ty_id: d.ty_id, index: t.params.len() });
+                            t.entries.push(Entry::Param {
+                                ty_id: d.ty_id,
+                                index: t.params.len(),
+                            });
                             t.params.push(d);
                             t.data_refs.push(0);
                         }
@@ -129,8 +132,15 @@ impl Traced {
     pub fn donations(&mut self, cells: &[Arc<crate::tensor::Cell>]) -> Vec<(usize, usize)> {
         let mut aliases = Vec::new();
         for (j, cell) in cells.iter().enumerate() {
-            let Some(d) = crate::device::lock(&cell.donor).as_ref().and_then(|w| w.upgrade()) else { continue };
-            let Some(i) = self.params.iter().position(|p| Arc::ptr_eq(p, &d)) else { continue };
+            let Some(d) = crate::device::lock(&cell.donor)
+                .as_ref()
+                .and_then(|w| w.upgrade())
+            else {
+                continue;
+            };
+            let Some(i) = self.params.iter().position(|p| Arc::ptr_eq(p, &d)) else {
+                continue;
+            };
             let out_ty = match &self.entries[self.outputs[j] as usize] {
                 Entry::Op { node, .. } => node.op_id,
                 Entry::Param { .. } => continue,

@@ -87,7 +87,9 @@ impl Tensor {
 
     /// The device this tensor lives on.
     pub fn device(&self) -> Result<LazyDevice> {
-        Ok(LazyDevice { inner: self.device_inner()? })
+        Ok(LazyDevice {
+            inner: self.device_inner()?,
+        })
     }
 
     pub(crate) fn value(&self) -> Value {
@@ -104,14 +106,27 @@ impl Tensor {
         Tensor::apply_at(op, operands, location)
     }
 
-    pub(crate) fn apply_at(op: Op, operands: &[&Tensor], location: &'static Location<'static>) -> Result<Tensor> {
-        let first = operands.first().expect("ops built from tensors have operands");
+    pub(crate) fn apply_at(
+        op: Op,
+        operands: &[&Tensor],
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
+        let first = operands
+            .first()
+            .expect("ops built from tensors have operands");
         let dev = first.device_inner()?;
-        if operands.iter().any(|t| !Weak::ptr_eq(&t.cell.device, &first.cell.device)) {
-            return Err(Error::DeviceMismatch { location, op: op.name() });
+        if operands
+            .iter()
+            .any(|t| !Weak::ptr_eq(&t.cell.device, &first.cell.device))
+        {
+            return Err(Error::DeviceMismatch {
+                location,
+                op: op.name(),
+            });
         }
         let types: Vec<&TensorType> = operands.iter().map(|t| &t.cell.ty).collect();
-        let ty = neuron_pc_compiler::ir::infer(&op, &types).map_err(|source| Error::Op { location, source })?;
+        let ty = neuron_pc_compiler::ir::infer(&op, &types)
+            .map_err(|source| Error::Op { location, source })?;
         let values = operands.iter().map(|t| t.value()).collect();
         Ok(dev.record(op, ty, values))
     }
@@ -120,7 +135,8 @@ impl Tensor {
     #[track_caller]
     pub(crate) fn apply_nullary(dev: &Arc<DeviceInner>, op: Op) -> Result<Tensor> {
         let location = Location::caller();
-        let ty = neuron_pc_compiler::ir::infer(&op, &[]).map_err(|source| Error::Op { location, source })?;
+        let ty = neuron_pc_compiler::ir::infer(&op, &[])
+            .map_err(|source| Error::Op { location, source })?;
         Ok(dev.record(op, ty, Vec::new()))
     }
 
@@ -178,7 +194,10 @@ impl Tensor {
             });
         }
         if !Weak::ptr_eq(&self.cell.device, &value.cell.device) {
-            return Err(Error::DeviceMismatch { location, op: "assign" });
+            return Err(Error::DeviceMismatch {
+                location,
+                op: "assign",
+            });
         }
         let dev = self.device_inner()?;
         let new_state = match value.value() {

@@ -89,7 +89,12 @@ binary_methods! {
 }
 
 impl Tensor {
-    fn broadcast_binary(&self, op: Op, rhs: &Tensor, location: &'static Location<'static>) -> Result<Tensor> {
+    fn broadcast_binary(
+        &self,
+        op: Op,
+        rhs: &Tensor,
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
         let dims = broadcast_shape(op.name(), self.dims(), rhs.dims(), location)?;
         let a = self.broadcast_to_at(&dims, location)?;
         let b = rhs.broadcast_to_at(&dims, location)?;
@@ -102,20 +107,35 @@ impl Tensor {
         self.broadcast_to_at(dims, Location::caller())
     }
 
-    fn broadcast_to_at(&self, dims: &[usize], location: &'static Location<'static>) -> Result<Tensor> {
+    fn broadcast_to_at(
+        &self,
+        dims: &[usize],
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
         if self.dims() == dims {
             return Ok(self.clone());
         }
         let offset = dims.len().saturating_sub(self.rank());
         // Dimensions of size 1 that stretch are dropped first, so broadcast_in_dim maps each
         // remaining dimension onto an equal one.
-        let keep: Vec<usize> = (0..self.rank()).filter(|&i| self.dims()[i] == dims.get(i + offset).copied().unwrap_or(0)).collect();
-        let src = if keep.len() == self.rank() { self.clone() } else {
+        let keep: Vec<usize> = (0..self.rank())
+            .filter(|&i| self.dims()[i] == dims.get(i + offset).copied().unwrap_or(0))
+            .collect();
+        let src = if keep.len() == self.rank() {
+            self.clone()
+        } else {
             let kept: Vec<usize> = keep.iter().map(|&i| self.dims()[i]).collect();
             Tensor::apply_at(Op::Reshape { dims: kept }, &[self], location)?
         };
         let broadcast_dimensions: Vec<usize> = keep.iter().map(|&i| i + offset).collect();
-        Tensor::apply_at(Op::BroadcastInDim { dims: dims.to_vec(), broadcast_dimensions }, &[&src], location)
+        Tensor::apply_at(
+            Op::BroadcastInDim {
+                dims: dims.to_vec(),
+                broadcast_dimensions,
+            },
+            &[&src],
+            location,
+        )
     }
 
     /// A constant of this tensor's dtype, recorded on its device (part of the graph: use
@@ -181,13 +201,23 @@ impl Tensor {
         if dims == self.dims() {
             return Ok(self.clone());
         }
-        Tensor::apply(Op::Reshape { dims: dims.to_vec() }, &[self])
+        Tensor::apply(
+            Op::Reshape {
+                dims: dims.to_vec(),
+            },
+            &[self],
+        )
     }
 
     /// Reorders dimensions: output dimension `i` is input dimension `perm[i]`.
     #[track_caller]
     pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
-        Tensor::apply(Op::Transpose { perm: perm.to_vec() }, &[self])
+        Tensor::apply(
+            Op::Transpose {
+                perm: perm.to_vec(),
+            },
+            &[self],
+        )
     }
 
     /// Swaps two dimensions (negative indices count from the end).
@@ -214,9 +244,21 @@ impl Tensor {
     pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor> {
         let location = Location::caller();
         let d = dim_index("narrow", dim, self.dims(), location)?;
-        let start_v: Vec<usize> = (0..self.rank()).map(|i| if i == d { start } else { 0 }).collect();
-        let limit: Vec<usize> = (0..self.rank()).map(|i| if i == d { start + len } else { self.dims()[i] }).collect();
-        Tensor::apply_at(Op::Slice { start: start_v, limit, stride: vec![1; self.rank()] }, &[self], location)
+        let start_v: Vec<usize> = (0..self.rank())
+            .map(|i| if i == d { start } else { 0 })
+            .collect();
+        let limit: Vec<usize> = (0..self.rank())
+            .map(|i| if i == d { start + len } else { self.dims()[i] })
+            .collect();
+        Tensor::apply_at(
+            Op::Slice {
+                start: start_v,
+                limit,
+                stride: vec![1; self.rank()],
+            },
+            &[self],
+            location,
+        )
     }
 
     /// Concatenates along `dim`.
@@ -225,15 +267,26 @@ impl Tensor {
         Tensor::apply(Op::Concatenate { dim }, tensors)
     }
 
-    fn reduce(&self, op: ReduceOp, dims: &[isize], keepdim: bool, location: &'static Location<'static>) -> Result<Tensor> {
-        let mut ds: Vec<usize> = dims.iter().map(|&d| dim_index(op.name(), d, self.dims(), location)).collect::<Result<_>>()?;
+    fn reduce(
+        &self,
+        op: ReduceOp,
+        dims: &[isize],
+        keepdim: bool,
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
+        let mut ds: Vec<usize> = dims
+            .iter()
+            .map(|&d| dim_index(op.name(), d, self.dims(), location))
+            .collect::<Result<_>>()?;
         ds.sort_unstable();
         ds.dedup();
         let reduced = Tensor::apply_at(Op::Reduce(op, ds.clone()), &[self], location)?;
         if !keepdim {
             return Ok(reduced);
         }
-        let kept: Vec<usize> = (0..self.rank()).map(|i| if ds.contains(&i) { 1 } else { self.dims()[i] }).collect();
+        let kept: Vec<usize> = (0..self.rank())
+            .map(|i| if ds.contains(&i) { 1 } else { self.dims()[i] })
+            .collect();
         Tensor::apply_at(Op::Reshape { dims: kept }, &[&reduced], location)
     }
 
@@ -294,7 +347,14 @@ impl Tensor {
     pub fn argmax(&self, dim: isize) -> Result<Tensor> {
         let location = Location::caller();
         let d = dim_index("argmax", dim, self.dims(), location)?;
-        Tensor::apply_at(Op::ArgMax { dim: d, index_dtype: DType::I32 }, &[self], location)
+        Tensor::apply_at(
+            Op::ArgMax {
+                dim: d,
+                index_dtype: DType::I32,
+            },
+            &[self],
+            location,
+        )
     }
 
     /// Index of the minimum along `dim` (i32 indices, first on ties).
@@ -302,7 +362,14 @@ impl Tensor {
     pub fn argmin(&self, dim: isize) -> Result<Tensor> {
         let location = Location::caller();
         let d = dim_index("argmin", dim, self.dims(), location)?;
-        Tensor::apply_at(Op::ArgMin { dim: d, index_dtype: DType::I32 }, &[self], location)
+        Tensor::apply_at(
+            Op::ArgMin {
+                dim: d,
+                index_dtype: DType::I32,
+            },
+            &[self],
+            location,
+        )
     }
 
     /// Matrix product over the last two dimensions; leading (batch) dimensions must be equal,
@@ -314,7 +381,12 @@ impl Tensor {
         if ra >= 2 && rb == 2 {
             // [..., m, k] x [k, n]: contract the last dimension directly.
             return Tensor::apply_at(
-                Op::DotGeneral { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![ra - 1], rhs_contract: vec![0] },
+                Op::DotGeneral {
+                    lhs_batch: vec![],
+                    rhs_batch: vec![],
+                    lhs_contract: vec![ra - 1],
+                    rhs_contract: vec![0],
+                },
                 &[self, rhs],
                 location,
             );
@@ -355,7 +427,12 @@ impl Tensor {
         let location = Location::caller();
         let r = self.rank();
         let y = Tensor::apply_at(
-            Op::DotGeneral { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![r.saturating_sub(1)], rhs_contract: vec![1] },
+            Op::DotGeneral {
+                lhs_batch: vec![],
+                rhs_batch: vec![],
+                lhs_contract: vec![r.saturating_sub(1)],
+                rhs_contract: vec![1],
+            },
             &[self, weight],
             location,
         )?;

@@ -40,7 +40,10 @@ fn loaded() -> &'static Mutex<HashMap<PathBuf, Arc<Plugin>>> {
 impl Plugin {
     /// Loads the plugin at `path` (once per process) and initializes it.
     pub fn load(path: &Path) -> Result<Arc<Plugin>> {
-        let load_err = |message: String| Error::PluginLoad { path: path.display().to_string(), message };
+        let load_err = |message: String| Error::PluginLoad {
+            path: path.display().to_string(),
+            message,
+        };
         let canonical = path.canonicalize().map_err(|e| load_err(e.to_string()))?;
         let mut map = loaded().lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = map.get(&canonical) {
@@ -49,7 +52,8 @@ impl Plugin {
         super::logging::quiet_plugin_logs();
         // SAFETY: loading a shared library runs its initializers; the path names a PJRT plugin
         // the user chose. Nothing else can be checked before loading.
-        let lib = unsafe { libloading::Library::new(&canonical) }.map_err(|e| load_err(e.to_string()))?;
+        let lib =
+            unsafe { libloading::Library::new(&canonical) }.map_err(|e| load_err(e.to_string()))?;
         // SAFETY: `GetPjrtApi` is the documented entry point of every PJRT plugin and takes no
         // arguments; a library without it is refused below.
         let get_api: libloading::Symbol<unsafe extern "C" fn() -> *const sys::PJRT_Api> =
@@ -63,7 +67,11 @@ impl Plugin {
         // SAFETY: non-null, and the plugin keeps its API table alive while the library is loaded;
         // the library is stored in the returned Plugin which lives in a process-wide map.
         let api: &'static sys::PJRT_Api = unsafe { &*raw };
-        let plugin = Plugin { api, path: canonical.clone(), _lib: lib };
+        let plugin = Plugin {
+            api,
+            path: canonical.clone(),
+            _lib: lib,
+        };
         plugin.check_version()?;
         let mut args = sys::PJRT_Plugin_Initialize_Args::new();
         pjrt_call!(&plugin, PJRT_Plugin_Initialize, &mut args)?;
@@ -75,7 +83,9 @@ impl Plugin {
     fn check_version(&self) -> Result<()> {
         let (major, minor) = self.api_version();
         let ours = (sys::PJRT_API_MAJOR as i32, sys::PJRT_API_MINOR as i32);
-        if self.api.struct_size < std::mem::offset_of!(sys::PJRT_Api, PJRT_Plugin_Initialize) || major != ours.0 {
+        if self.api.struct_size < std::mem::offset_of!(sys::PJRT_Api, PJRT_Plugin_Initialize)
+            || major != ours.0
+        {
             return Err(Error::PluginLoad {
                 path: self.path.display().to_string(),
                 message: format!(
@@ -89,7 +99,10 @@ impl Plugin {
 
     /// The plugin's PJRT C API version (major, minor).
     pub fn api_version(&self) -> (i32, i32) {
-        (self.api.pjrt_api_version.major_version, self.api.pjrt_api_version.minor_version)
+        (
+            self.api.pjrt_api_version.major_version,
+            self.api.pjrt_api_version.minor_version,
+        )
     }
 
     /// The library this plugin was loaded from.
@@ -112,9 +125,18 @@ impl Plugin {
         if err.is_null() {
             return Ok(());
         }
-        let mut msg = sys::PJRT_Error_Message_Args { error: err, ..Args::new() };
-        let mut code = sys::PJRT_Error_GetCode_Args { error: err, ..Args::new() };
-        let mut destroy = sys::PJRT_Error_Destroy_Args { error: err, ..Args::new() };
+        let mut msg = sys::PJRT_Error_Message_Args {
+            error: err,
+            ..Args::new()
+        };
+        let mut code = sys::PJRT_Error_GetCode_Args {
+            error: err,
+            ..Args::new()
+        };
+        let mut destroy = sys::PJRT_Error_Destroy_Args {
+            error: err,
+            ..Args::new()
+        };
         // SAFETY: `err` is a live error returned by the plugin; these three functions are part of
         // every API version. The message is copied before the error is destroyed.
         let (message, raw_code) = unsafe {
@@ -131,7 +153,11 @@ impl Plugin {
             }
             (message, raw_code)
         };
-        Err(Error::Pjrt { api_fn, code: PjrtErrorCode::from_raw(raw_code), message })
+        Err(Error::Pjrt {
+            api_fn,
+            code: PjrtErrorCode::from_raw(raw_code),
+            message,
+        })
     }
 }
 
@@ -158,5 +184,7 @@ pub(crate) unsafe fn cstring_from(ptr: *const std::os::raw::c_char) -> String {
         return String::new();
     }
     // SAFETY: guaranteed by the caller.
-    unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(ptr) }
+        .to_string_lossy()
+        .into_owned()
 }

@@ -28,7 +28,10 @@ impl std::fmt::Debug for Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        let mut args = sys::PJRT_Buffer_Destroy_Args { buffer: self.raw, ..Args::new() };
+        let mut args = sys::PJRT_Buffer_Destroy_Args {
+            buffer: self.raw,
+            ..Args::new()
+        };
         if let Err(e) = pjrt_call!(self.client.plugin_ref(), PJRT_Buffer_Destroy, &mut args) {
             tracing::warn!("destroying a PJRT buffer failed: {e}");
         }
@@ -58,9 +61,15 @@ pub(crate) fn await_event(plugin: &Plugin, event: *mut sys::PJRT_Event) -> Resul
     if event.is_null() {
         return Ok(());
     }
-    let mut wait = sys::PJRT_Event_Await_Args { event, ..Args::new() };
+    let mut wait = sys::PJRT_Event_Await_Args {
+        event,
+        ..Args::new()
+    };
     let waited = pjrt_call!(plugin, PJRT_Event_Await, &mut wait);
-    let mut destroy = sys::PJRT_Event_Destroy_Args { event, ..Args::new() };
+    let mut destroy = sys::PJRT_Event_Destroy_Args {
+        event,
+        ..Args::new()
+    };
     let destroyed = pjrt_call!(plugin, PJRT_Event_Destroy, &mut destroy);
     waited.and(destroyed)
 }
@@ -79,8 +88,17 @@ impl Client {
             device: self.raw_device(device)?,
             ..Args::new()
         };
-        pjrt_call!(self.plugin_ref(), PJRT_Client_BufferFromHostBuffer, &mut args)?;
-        let buffer = Buffer { client: self.clone(), raw: args.buffer, dtype: host.dtype(), dims: host.dims().to_vec() };
+        pjrt_call!(
+            self.plugin_ref(),
+            PJRT_Client_BufferFromHostBuffer,
+            &mut args
+        )?;
+        let buffer = Buffer {
+            client: self.clone(),
+            raw: args.buffer,
+            dtype: host.dtype(),
+            dims: host.dims().to_vec(),
+        };
         await_event(self.plugin_ref(), args.done_with_host_buffer)?;
         Ok(buffer)
     }
@@ -88,13 +106,27 @@ impl Client {
     /// Wraps a buffer the plugin returned (an execution output), reading its type and shape.
     pub(crate) fn adopt_buffer(&self, raw: *mut sys::PJRT_Buffer) -> Result<Buffer> {
         // The buffer is owned from here on, so even a failed query below frees it.
-        let mut buffer = Buffer { client: self.clone(), raw, dtype: DType::F32, dims: Vec::new() };
-        let mut ty = sys::PJRT_Buffer_ElementType_Args { buffer: raw, ..Args::new() };
+        let mut buffer = Buffer {
+            client: self.clone(),
+            raw,
+            dtype: DType::F32,
+            dims: Vec::new(),
+        };
+        let mut ty = sys::PJRT_Buffer_ElementType_Args {
+            buffer: raw,
+            ..Args::new()
+        };
         pjrt_call!(self.plugin_ref(), PJRT_Buffer_ElementType, &mut ty)?;
         buffer.dtype = from_pjrt_type(ty.type_).ok_or_else(|| Error::Argument {
-            message: format!("the plugin returned a buffer of unsupported element type {}", ty.type_),
+            message: format!(
+                "the plugin returned a buffer of unsupported element type {}",
+                ty.type_
+            ),
         })?;
-        let mut dims = sys::PJRT_Buffer_Dimensions_Args { buffer: raw, ..Args::new() };
+        let mut dims = sys::PJRT_Buffer_Dimensions_Args {
+            buffer: raw,
+            ..Args::new()
+        };
         pjrt_call!(self.plugin_ref(), PJRT_Buffer_Dimensions, &mut dims)?;
         if !dims.dims.is_null() {
             // SAFETY: the plugin returned `num_dims` dimensions owned by the buffer.
@@ -133,7 +165,11 @@ impl Buffer {
             dst_size: data.len(),
             ..Args::new()
         };
-        pjrt_call!(self.client.plugin_ref(), PJRT_Buffer_ToHostBuffer, &mut args)?;
+        pjrt_call!(
+            self.client.plugin_ref(),
+            PJRT_Buffer_ToHostBuffer,
+            &mut args
+        )?;
         await_event(self.client.plugin_ref(), args.event)?;
         HostTensor::from_bytes(self.dtype, &self.dims, data)
     }

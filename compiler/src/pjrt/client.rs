@@ -31,7 +31,10 @@ unsafe impl Sync for ClientInner {}
 
 impl Drop for ClientInner {
     fn drop(&mut self) {
-        let mut args = sys::PJRT_Client_Destroy_Args { client: self.raw, ..Args::new() };
+        let mut args = sys::PJRT_Client_Destroy_Args {
+            client: self.raw,
+            ..Args::new()
+        };
         if let Err(e) = pjrt_call!(&self.plugin, PJRT_Client_Destroy, &mut args) {
             tracing::warn!("destroying the PJRT client failed: {e}");
         }
@@ -65,7 +68,9 @@ impl Client {
         let mut named = Vec::new();
         if let Some(n) = options.cpu_device_count {
             if n < 1 {
-                return Err(Error::Argument { message: format!("cpu_device_count must be at least 1, got {n}") });
+                return Err(Error::Argument {
+                    message: format!("cpu_device_count must be at least 1, got {n}"),
+                });
             }
             let mut v = sys::PJRT_NamedValue { ..Args::new() };
             v.name = name.as_ptr();
@@ -89,23 +94,37 @@ impl Client {
             platform_name: String::new(),
             platform_version: String::new(),
         };
-        let mut pn = sys::PJRT_Client_PlatformName_Args { client: raw, ..Args::new() };
+        let mut pn = sys::PJRT_Client_PlatformName_Args {
+            client: raw,
+            ..Args::new()
+        };
         pjrt_call!(plugin, PJRT_Client_PlatformName, &mut pn)?;
         // SAFETY: the plugin returned a (pointer, size) string it owns for the client's life.
         inner.platform_name = unsafe { string_from(pn.platform_name, pn.platform_name_size) };
-        let mut pv = sys::PJRT_Client_PlatformVersion_Args { client: raw, ..Args::new() };
+        let mut pv = sys::PJRT_Client_PlatformVersion_Args {
+            client: raw,
+            ..Args::new()
+        };
         pjrt_call!(plugin, PJRT_Client_PlatformVersion, &mut pv)?;
         // SAFETY: as above.
-        inner.platform_version = unsafe { string_from(pv.platform_version, pv.platform_version_size) };
-        let mut dv = sys::PJRT_Client_AddressableDevices_Args { client: raw, ..Args::new() };
+        inner.platform_version =
+            unsafe { string_from(pv.platform_version, pv.platform_version_size) };
+        let mut dv = sys::PJRT_Client_AddressableDevices_Args {
+            client: raw,
+            ..Args::new()
+        };
         pjrt_call!(plugin, PJRT_Client_AddressableDevices, &mut dv)?;
         if !dv.addressable_devices.is_null() {
             // SAFETY: the plugin returned an array of `num_addressable_devices` device pointers
             // owned by the client.
-            let devs = unsafe { std::slice::from_raw_parts(dv.addressable_devices, dv.num_addressable_devices) };
+            let devs = unsafe {
+                std::slice::from_raw_parts(dv.addressable_devices, dv.num_addressable_devices)
+            };
             inner.devices = devs.to_vec();
         }
-        Ok(Client { inner: Arc::new(inner) })
+        Ok(Client {
+            inner: Arc::new(inner),
+        })
     }
 
     /// The plugin's platform name (`cpu`, `cuda`, `neuron`).
@@ -134,9 +153,17 @@ impl Client {
     }
 
     pub(crate) fn raw_device(&self, d: Device) -> Result<*mut sys::PJRT_Device> {
-        self.inner.devices.get(d.0).copied().ok_or_else(|| Error::Argument {
-            message: format!("device {} does not exist (the client has {})", d.0, self.inner.devices.len()),
-        })
+        self.inner
+            .devices
+            .get(d.0)
+            .copied()
+            .ok_or_else(|| Error::Argument {
+                message: format!(
+                    "device {} does not exist (the client has {})",
+                    d.0,
+                    self.inner.devices.len()
+                ),
+            })
     }
 
     pub(crate) fn plugin_ref(&self) -> &Plugin {

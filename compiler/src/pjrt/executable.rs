@@ -24,8 +24,15 @@ unsafe impl Sync for LoadedExecutable {}
 
 impl Drop for LoadedExecutable {
     fn drop(&mut self) {
-        let mut args = sys::PJRT_LoadedExecutable_Destroy_Args { executable: self.raw, ..Args::new() };
-        if let Err(e) = pjrt_call!(self.client.plugin_ref(), PJRT_LoadedExecutable_Destroy, &mut args) {
+        let mut args = sys::PJRT_LoadedExecutable_Destroy_Args {
+            executable: self.raw,
+            ..Args::new()
+        };
+        if let Err(e) = pjrt_call!(
+            self.client.plugin_ref(),
+            PJRT_LoadedExecutable_Destroy,
+            &mut args
+        ) {
             tracing::warn!("destroying a PJRT executable failed: {e}");
         }
     }
@@ -45,7 +52,10 @@ struct ExecutableRef<'a> {
 
 impl Drop for ExecutableRef<'_> {
     fn drop(&mut self) {
-        let mut args = sys::PJRT_Executable_Destroy_Args { executable: self.raw, ..Args::new() };
+        let mut args = sys::PJRT_Executable_Destroy_Args {
+            executable: self.raw,
+            ..Args::new()
+        };
         if let Err(e) = pjrt_call!(self.client.plugin_ref(), PJRT_Executable_Destroy, &mut args) {
             tracing::warn!("destroying a PJRT executable view failed: {e}");
         }
@@ -77,21 +87,41 @@ impl Client {
 
     /// Loads an executable produced by [`LoadedExecutable::serialize`] with the same plugin.
     /// `signature` (from the program text) lets every launch check its arguments.
-    pub fn deserialize(&self, bytes: &[u8], signature: Option<Signature>) -> Result<LoadedExecutable> {
+    pub fn deserialize(
+        &self,
+        bytes: &[u8],
+        signature: Option<Signature>,
+    ) -> Result<LoadedExecutable> {
         let mut args = sys::PJRT_Executable_DeserializeAndLoad_Args {
             client: self.inner.raw,
             serialized_executable: bytes.as_ptr().cast(),
             serialized_executable_size: bytes.len(),
             ..Args::new()
         };
-        pjrt_call!(self.plugin_ref(), PJRT_Executable_DeserializeAndLoad, &mut args)?;
+        pjrt_call!(
+            self.plugin_ref(),
+            PJRT_Executable_DeserializeAndLoad,
+            &mut args
+        )?;
         self.wrap_executable(args.loaded_executable, signature)
     }
 
-    fn wrap_executable(&self, raw: *mut sys::PJRT_LoadedExecutable, signature: Option<Signature>) -> Result<LoadedExecutable> {
-        let mut exe = LoadedExecutable { client: self.clone(), raw, num_outputs: 0, signature };
+    fn wrap_executable(
+        &self,
+        raw: *mut sys::PJRT_LoadedExecutable,
+        signature: Option<Signature>,
+    ) -> Result<LoadedExecutable> {
+        let mut exe = LoadedExecutable {
+            client: self.clone(),
+            raw,
+            num_outputs: 0,
+            signature,
+        };
         let view = exe.executable()?;
-        let mut n = sys::PJRT_Executable_NumOutputs_Args { executable: view.raw, ..Args::new() };
+        let mut n = sys::PJRT_Executable_NumOutputs_Args {
+            executable: view.raw,
+            ..Args::new()
+        };
         pjrt_call!(self.plugin_ref(), PJRT_Executable_NumOutputs, &mut n)?;
         drop(view);
         exe.num_outputs = n.num_outputs;
@@ -101,9 +131,19 @@ impl Client {
 
 impl LoadedExecutable {
     fn executable(&self) -> Result<ExecutableRef<'_>> {
-        let mut args = sys::PJRT_LoadedExecutable_GetExecutable_Args { loaded_executable: self.raw, ..Args::new() };
-        pjrt_call!(self.client.plugin_ref(), PJRT_LoadedExecutable_GetExecutable, &mut args)?;
-        Ok(ExecutableRef { client: &self.client, raw: args.executable })
+        let mut args = sys::PJRT_LoadedExecutable_GetExecutable_Args {
+            loaded_executable: self.raw,
+            ..Args::new()
+        };
+        pjrt_call!(
+            self.client.plugin_ref(),
+            PJRT_LoadedExecutable_GetExecutable,
+            &mut args
+        )?;
+        Ok(ExecutableRef {
+            client: &self.client,
+            raw: args.executable,
+        })
     }
 
     /// Number of results per device.
@@ -118,16 +158,26 @@ impl LoadedExecutable {
 
     /// Checks one device's arguments against the signature: count, dtype and shape.
     fn check_args(&self, args: &[&Buffer]) -> Result<()> {
-        let Some(sig) = &self.signature else { return Ok(()) };
+        let Some(sig) = &self.signature else {
+            return Ok(());
+        };
         if args.len() != sig.params.len() {
             return Err(Error::Argument {
-                message: format!("the program takes {} arguments, {} given", sig.params.len(), args.len()),
+                message: format!(
+                    "the program takes {} arguments, {} given",
+                    sig.params.len(),
+                    args.len()
+                ),
             });
         }
         for (i, (b, want)) in args.iter().zip(&sig.params).enumerate() {
             if b.dtype() != want.dtype || b.dims() != want.dims.as_slice() {
                 return Err(Error::Argument {
-                    message: format!("argument {i} is {}{:?}, the program expects {want}", b.dtype(), b.dims()),
+                    message: format!(
+                        "argument {i} is {}{:?}, the program expects {want}",
+                        b.dtype(),
+                        b.dims()
+                    ),
                 });
             }
         }
@@ -142,15 +192,27 @@ impl LoadedExecutable {
     /// The plugin's serialized form of this executable, loadable with [`Client::deserialize`].
     pub fn serialize(&self) -> Result<Vec<u8>> {
         let view = self.executable()?;
-        let mut args = sys::PJRT_Executable_Serialize_Args { executable: view.raw, ..Args::new() };
-        pjrt_call!(self.client.plugin_ref(), PJRT_Executable_Serialize, &mut args)?;
+        let mut args = sys::PJRT_Executable_Serialize_Args {
+            executable: view.raw,
+            ..Args::new()
+        };
+        pjrt_call!(
+            self.client.plugin_ref(),
+            PJRT_Executable_Serialize,
+            &mut args
+        )?;
         let bytes = if args.serialized_bytes.is_null() {
             Vec::new()
         } else {
             // SAFETY: the plugin returned `serialized_bytes_size` bytes that stay valid until the
             // deleter below is called.
-            unsafe { std::slice::from_raw_parts(args.serialized_bytes as *const u8, args.serialized_bytes_size) }
-                .to_vec()
+            unsafe {
+                std::slice::from_raw_parts(
+                    args.serialized_bytes as *const u8,
+                    args.serialized_bytes_size,
+                )
+            }
+            .to_vec()
         };
         if let Some(deleter) = args.serialized_executable_deleter {
             // SAFETY: the deleter and the object it frees come from the same call; called once.
@@ -182,20 +244,32 @@ impl LoadedExecutable {
         self.execute_inner(per_device, &all)
     }
 
-    fn execute_inner(&self, per_device: &[Vec<&Buffer>], keep: &[usize]) -> Result<Vec<Vec<Buffer>>> {
+    fn execute_inner(
+        &self,
+        per_device: &[Vec<&Buffer>],
+        keep: &[usize],
+    ) -> Result<Vec<Vec<Buffer>>> {
         for args in per_device {
             self.check_args(args)?;
         }
         let num_args = per_device.first().map_or(0, |a| a.len());
         if per_device.iter().any(|a| a.len() != num_args) {
-            return Err(Error::Argument { message: "every device needs the same number of arguments".into() });
+            return Err(Error::Argument {
+                message: "every device needs the same number of arguments".into(),
+            });
         }
-        let raw_args: Vec<Vec<*mut sys::PJRT_Buffer>> =
-            per_device.iter().map(|a| a.iter().map(|b| b.raw).collect()).collect();
-        let arg_ptrs: Vec<*const *mut sys::PJRT_Buffer> = raw_args.iter().map(|a| a.as_ptr()).collect();
-        let mut raw_out: Vec<Vec<*mut sys::PJRT_Buffer>> =
-            per_device.iter().map(|_| vec![std::ptr::null_mut(); self.num_outputs]).collect();
-        let out_ptrs: Vec<*mut *mut sys::PJRT_Buffer> = raw_out.iter_mut().map(|o| o.as_mut_ptr()).collect();
+        let raw_args: Vec<Vec<*mut sys::PJRT_Buffer>> = per_device
+            .iter()
+            .map(|a| a.iter().map(|b| b.raw).collect())
+            .collect();
+        let arg_ptrs: Vec<*const *mut sys::PJRT_Buffer> =
+            raw_args.iter().map(|a| a.as_ptr()).collect();
+        let mut raw_out: Vec<Vec<*mut sys::PJRT_Buffer>> = per_device
+            .iter()
+            .map(|_| vec![std::ptr::null_mut(); self.num_outputs])
+            .collect();
+        let out_ptrs: Vec<*mut *mut sys::PJRT_Buffer> =
+            raw_out.iter_mut().map(|o| o.as_mut_ptr()).collect();
         let mut events: Vec<*mut sys::PJRT_Event> = vec![std::ptr::null_mut(); per_device.len()];
         let keep: Vec<i64> = keep.iter().map(|&i| i as i64).collect();
         let mut options = sys::PJRT_ExecuteOptions {
@@ -213,11 +287,20 @@ impl LoadedExecutable {
             device_complete_events: events.as_mut_ptr(),
             ..Args::new()
         };
-        pjrt_call!(self.client.plugin_ref(), PJRT_LoadedExecutable_Execute, &mut args)?;
+        pjrt_call!(
+            self.client.plugin_ref(),
+            PJRT_LoadedExecutable_Execute,
+            &mut args
+        )?;
         // Adopt every output first so that all are freed even if a later step fails.
         let adopted: Vec<Vec<Result<Buffer>>> = raw_out
             .iter()
-            .map(|outs| outs.iter().filter(|p| !p.is_null()).map(|&p| self.client.adopt_buffer(p)).collect())
+            .map(|outs| {
+                outs.iter()
+                    .filter(|p| !p.is_null())
+                    .map(|&p| self.client.adopt_buffer(p))
+                    .collect()
+            })
             .collect();
         let mut waited = Ok(());
         for e in events {
@@ -226,16 +309,20 @@ impl LoadedExecutable {
                 waited = r;
             }
         }
-        let results: Result<Vec<Vec<Buffer>>> =
-            adopted.into_iter().map(|outs| outs.into_iter().collect()).collect();
+        let results: Result<Vec<Vec<Buffer>>> = adopted
+            .into_iter()
+            .map(|outs| outs.into_iter().collect())
+            .collect();
         waited?;
         results
     }
 
     /// Convenience for tests and tools: copies `inputs` to device 0, runs, copies results back.
     pub fn execute_host(&self, inputs: &[HostTensor]) -> Result<Vec<HostTensor>> {
-        let bufs: Vec<Buffer> =
-            inputs.iter().map(|h| self.client.buffer_from_host(h, Device(0))).collect::<Result<_>>()?;
+        let bufs: Vec<Buffer> = inputs
+            .iter()
+            .map(|h| self.client.buffer_from_host(h, Device(0)))
+            .collect::<Result<_>>()?;
         let refs: Vec<&Buffer> = bufs.iter().collect();
         self.execute(&refs)?.iter().map(Buffer::to_host).collect()
     }

@@ -21,7 +21,11 @@ pub(crate) fn quiet_plugin_logs() {
         }
         for var in ["TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL"] {
             if std::env::var_os(var).is_none() {
-                let value = if var == "TF_CPP_MIN_LOG_LEVEL" { "3" } else { "0" };
+                let value = if var == "TF_CPP_MIN_LOG_LEVEL" {
+                    "3"
+                } else {
+                    "0"
+                };
                 // Set before the plugin's threads exist; the plugin reads it during its own
                 // initialization.
                 std::env::set_var(var, value);

@@ -29,7 +29,11 @@ pub struct CompileOptions {
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions { num_replicas: 1, num_partitions: 1, xla_overrides: BTreeMap::new() }
+        CompileOptions {
+            num_replicas: 1,
+            num_partitions: 1,
+            xla_overrides: BTreeMap::new(),
+        }
     }
 }
 

@@ -97,7 +97,10 @@ fn parse_tensor_body(body: &str) -> Option<ArgType> {
     // Element types never contain 'x'; dimensions are numbers.
     let elem = parts.pop()?;
     let dtype = DType::from_name(elem.trim())?;
-    let dims = parts.iter().map(|d| d.trim().parse::<usize>().ok()).collect::<Option<Vec<_>>>()?;
+    let dims = parts
+        .iter()
+        .map(|d| d.trim().parse::<usize>().ok())
+        .collect::<Option<Vec<_>>>()?;
     Some(ArgType { dtype, dims })
 }
 
@@ -106,12 +109,18 @@ mod tests {
     use super::*;
 
     fn t(dtype: DType, dims: &[usize]) -> ArgType {
-        ArgType { dtype, dims: dims.to_vec() }
+        ArgType {
+            dtype,
+            dims: dims.to_vec(),
+        }
     }
 
     #[test]
     fn plain_and_jax_style_signatures() {
-        let s = Signature::parse("func.func @main(%a: tensor<2x3xf32>, %b: tensor<i32>) -> tensor<2x3xf32> {").unwrap();
+        let s = Signature::parse(
+            "func.func @main(%a: tensor<2x3xf32>, %b: tensor<i32>) -> tensor<2x3xf32> {",
+        )
+        .unwrap();
         assert_eq!(s.params, vec![t(DType::F32, &[2, 3]), t(DType::I32, &[])]);
         assert_eq!(s.results, vec![t(DType::F32, &[2, 3])]);
 
@@ -124,8 +133,17 @@ mod tests {
 
     #[test]
     fn unreadable_signatures_give_none() {
-        assert_eq!(Signature::parse("func.func @other(%a: tensor<2xf32>)"), None);
-        assert_eq!(Signature::parse("func.func @main(%a: tensor<?x2xf32>) -> tensor<2xf32>"), None);
-        assert_eq!(Signature::parse("func.func @main(%a: tensor<2xcomplex<f32>>) -> tensor<2xf32>"), None);
+        assert_eq!(
+            Signature::parse("func.func @other(%a: tensor<2xf32>)"),
+            None
+        );
+        assert_eq!(
+            Signature::parse("func.func @main(%a: tensor<?x2xf32>) -> tensor<2xf32>"),
+            None
+        );
+        assert_eq!(
+            Signature::parse("func.func @main(%a: tensor<2xcomplex<f32>>) -> tensor<2xf32>"),
+            None
+        );
     }
 }

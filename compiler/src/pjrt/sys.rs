@@ -1,5 +1,10 @@
 //! Raw bindings generated at build time from the plugin package's `pjrt_c_api.h`.
-#![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
+#![allow(
+    non_upper_case_globals,
+    non_camel_case_types,
+    non_snake_case,
+    dead_code
+)]
 #![allow(clippy::all, unsafe_op_in_unsafe_fn)]
 
 /// An argument struct of the C API, created with its `struct_size` set from the header's

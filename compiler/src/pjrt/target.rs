@@ -8,7 +8,9 @@ use super::client::{Client, ClientOptions};
 use crate::error::{Error, Result};
 
 /// A device family neuron-pc can compile for. All share one code path; only the plugin differs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Target {
     Cpu,
@@ -92,7 +94,12 @@ pub fn find_plugin(target: Target) -> Result<PathBuf> {
     }
     site_packages_dirs()
         .iter()
-        .flat_map(|sp| target.site_packages_paths().iter().map(move |rel| sp.join(rel)))
+        .flat_map(|sp| {
+            target
+                .site_packages_paths()
+                .iter()
+                .map(move |rel| sp.join(rel))
+        })
         .find(|p| p.is_file())
         .ok_or_else(not_found)
 }
@@ -116,7 +123,9 @@ fn site_packages_dirs() -> Vec<PathBuf> {
 }
 
 fn venv_site_packages(venv: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(venv.join("lib")) else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(venv.join("lib")) else {
+        return Vec::new();
+    };
     let mut found: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path().join("site-packages")))
         .filter(|p| p.is_dir())
@@ -128,13 +137,17 @@ fn venv_site_packages(venv: &Path) -> Vec<PathBuf> {
 /// The active `python3`'s site-packages, asked only when nothing closer had the plugin.
 fn python_site_packages() -> Vec<PathBuf> {
     let out = std::process::Command::new("python3")
-        .args(["-c", "import site\nfor p in site.getsitepackages()+[site.getusersitepackages()]: print(p)"])
+        .args([
+            "-c",
+            "import site\nfor p in site.getsitepackages()+[site.getusersitepackages()]: print(p)",
+        ])
         .stderr(std::process::Stdio::null())
         .output();
     match out {
-        Ok(o) if o.status.success() => {
-            String::from_utf8_lossy(&o.stdout).lines().map(PathBuf::from).collect()
-        }
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(PathBuf::from)
+            .collect(),
         _ => Vec::new(),
     }
 }
