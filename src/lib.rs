@@ -23,6 +23,7 @@ pub mod models;
 pub mod nn;
 pub mod optim;
 mod persist;
+pub mod state;
 pub mod tensor;
 
 pub use autodiff::grad;

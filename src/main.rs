@@ -1,6 +1,7 @@
 //! The `neuron-pc` command line.
 
 mod aot;
+mod cache_cmd;
 mod cli_targets;
 
 use clap::{Parser, Subcommand};
@@ -28,6 +29,8 @@ enum Command {
     /// Report the graphs a job makes: counts, sizes, shape-only variants, and graphs a real run
     /// needed that the trial run never produced.
     Analyze(aot::analyze::AnalyzeArgs),
+    /// Look after the persistent compile cache: ls, stats, show, verify, prune, rm, clear.
+    Cache(cache_cmd::CacheArgs),
     /// Internal: one compilation in its own process (run by `compile` and `compile-graphs`).
     #[command(name = "__compile-worker", hide = true)]
     CompileWorker(aot::worker::WorkerArgs),
@@ -54,6 +57,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::CompileGraphs(args) => aot::graphs_cmd::run(args),
         Command::RunGraph(args) => aot::run_graph::run(args),
         Command::Analyze(args) => aot::analyze::run(args),
+        Command::Cache(args) => cache_cmd::run(args),
         Command::CompileWorker(args) => aot::worker::run(args),
     }
 }

@@ -92,7 +92,7 @@ impl Persistent {
     pub fn replace(&self, key: &CacheKey, text: &str, bytes: Vec<u8>, compile_ms: f64) {
         if let Ok(k) = StoreKey::parse(&key.hex) {
             self.cache
-                .put(&k, &bytes, text, &key.components, compile_ms);
+                .replace(&k, &bytes, text, &key.components, compile_ms);
         }
     }
 }
