@@ -101,18 +101,18 @@ pub fn run(args: CacheArgs) -> anyhow::Result<i32> {
                 print_json(&entries)?;
             } else {
                 println!(
-                    "{:<64}  {:<6}  {:>12}  {:>10}  {:>10}",
-                    "KEY", "TIER", "BYTES", "COMPILE_MS", "CREATED"
+                    "{:<64}  {:<6}  {:>12}  {:>10}  {:>9}",
+                    "KEY", "TIER", "BYTES", "COMPILE_MS", "AGE"
                 );
                 for e in &entries {
                     let tier = serde_json::to_value(e.tier)?;
                     println!(
-                        "{:<64}  {:<6}  {:>12}  {:>10.1}  {:>10}",
+                        "{:<64}  {:<6}  {:>12}  {:>10.1}  {:>9}",
                         e.key,
                         tier.as_str().unwrap_or("?"),
                         e.executable_size,
                         e.compile_ms,
-                        e.created_at
+                        age(e.created_at)
                     );
                 }
             }
@@ -185,6 +185,20 @@ pub fn run(args: CacheArgs) -> anyhow::Result<i32> {
     }
 }
 
+/// `created_at` (unix seconds) as a short age like `42s`, `7m`, `3h`, `12d`.
+fn age(created_at: u64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let s = now.saturating_sub(created_at);
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}
+
 fn show(key: &str, other: Option<&str>, common: &Common) -> anyhow::Result<i32> {
     let k = parse_key(key)?;
     let cache = open(common)?;
@@ -249,7 +263,11 @@ fn show(key: &str, other: Option<&str>, common: &Common) -> anyhow::Result<i32> 
         println!("program        {} bytes", r.program_size);
         println!("compile        {:.1} ms", r.compile_ms);
         println!("tool version   {}", r.tool_version);
-        println!("created at     {} (unix seconds)", r.created_at);
+        println!(
+            "created        {} ago (unix time {})",
+            age(r.created_at),
+            r.created_at
+        );
         println!("format         {}", r.format_version);
         println!(
             "signed         {}",
