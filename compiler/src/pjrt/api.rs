@@ -50,6 +50,7 @@ impl Plugin {
             return Ok(p.clone());
         }
         super::logging::quiet_plugin_logs();
+        super::malloc::tune_allocator_once();
         // SAFETY: loading a shared library runs its initializers; the path names a PJRT plugin
         // the user chose. Nothing else can be checked before loading.
         let lib =
