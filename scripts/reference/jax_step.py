@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""The example job's training step written in JAX, timed the way JAX users run it.
+
+Same model and sizes as examples/train_text_encoder.rs (vocabulary 8192, embedding 128,
+sequence 32, MLP 128-512-512-256 with exact GELU, 64 classes, batch 64, AdamW with weight decay
+0.01), one `jax.jit` step with donated parameters and optimizer state. Prints the median and
+10th percentile of 200 steps after 20 warm-up steps, and with --export FILE writes the step's
+StableHLO (to run it through neuron-pc's runtime with examples/hlo_steptime.rs).
+
+Needs jax and numpy (not in the project's .venv): `scripts/bench` runs this when
+NEURON_PC_BENCH_JAX names a Python that has them.
+"""
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+VOCAB, EMBED, SEQ, BATCH, CLASSES = 8192, 128, 32, 64, 64
+MLP = [512, 512, 256]
+
+
+def init(rng):
+    def linear(fan_in, fan_out):
+        bound = 1 / np.sqrt(fan_in)
+        return (rng.uniform(-bound, bound, (fan_out, fan_in)).astype(np.float32),
+                rng.uniform(-bound, bound, (fan_out,)).astype(np.float32))
+
+    p = {"emb": rng.standard_normal((VOCAB, EMBED)).astype(np.float32)}
+    width = EMBED
+    for k, out in enumerate(MLP):
+        p[f"w{k}"], p[f"b{k}"] = linear(width, out)
+        width = out
+    p["pw"], p["pb"] = linear(width, CLASSES)
+    return p
+
+
+def forward(p, ids, mask):
+    e = p["emb"][ids]
+    h = (e * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+    for k in range(len(MLP)):
+        h = jax.nn.gelu(h @ p[f"w{k}"].T + p[f"b{k}"], approximate=False)
+    return h @ p["pw"].T + p["pb"]
+
+
+def loss_fn(p, ids, mask, labels):
+    logp = jax.nn.log_softmax(forward(p, ids, mask))
+    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], 1))
+
+
+def step(p, m, v, t, ids, mask, labels, lr):
+    loss, g = jax.value_and_grad(loss_fn)(p, ids, mask, labels)
+    b1, b2, eps, wd = 0.9, 0.999, 1e-8, 0.01
+    t = t + 1
+    m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
+    v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
+    bc1, bc2 = 1 - b1**t, 1 - b2**t
+    p = jax.tree.map(
+        lambda p, m, v: p * (1 - lr * wd) - lr / bc1 * m / (jnp.sqrt(v) / jnp.sqrt(bc2) + eps),
+        p, m, v)
+    return p, m, v, t, loss
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--export")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    p = jax.tree.map(jnp.asarray, init(rng))
+    m = jax.tree.map(jnp.zeros_like, p)
+    v = jax.tree.map(jnp.zeros_like, p)
+    t = jnp.float32(0)
+    ids = jnp.asarray(rng.integers(0, VOCAB, (BATCH, SEQ)).astype(np.int32))
+    mask = jnp.ones((BATCH, SEQ), jnp.float32)
+    labels = jnp.asarray(rng.integers(0, CLASSES, (BATCH,)).astype(np.int32))
+    lr = jnp.float32(1e-3)
+    f = jax.jit(step, donate_argnums=(0, 1, 2))
+    if args.export:
+        with open(args.export, "w") as out:
+            out.write(f.lower(p, m, v, t, ids, mask, labels, lr).as_text())
+    for _ in range(20):
+        p, m, v, t, loss = f(p, m, v, t, ids, mask, labels, lr)
+    loss.block_until_ready()
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        p, m, v, t, loss = f(p, m, v, t, ids, mask, labels, lr)
+        loss.block_until_ready()
+        times.append(time.perf_counter() - start)
+    print(f"| JAX {jax.__version__} jit step, donated state | {np.median(times) * 1e3:.2f} ms |")
+
+
+if __name__ == "__main__":
+    main()
