@@ -7,6 +7,8 @@ pub mod env;
 pub mod graphs_cmd;
 pub mod npy;
 pub mod pool;
+pub mod procs;
+pub mod progress;
 pub mod report;
 pub mod run_graph;
 pub mod signals;

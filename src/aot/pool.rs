@@ -1,21 +1,24 @@
 //! The scheduler: takes graphs as a source yields them, skips cached and duplicate ones, and
 //! compiles the rest in worker processes (`neuron-pc __compile-worker`), at most `jobs` at a
-//! time, polling every 50 ms. A worker killed by a signal (the OOM killer's SIGKILL, a crash) is
-//! retried once with one worker fewer; a worker past the timeout is killed; either way, and on a
-//! compiler error, that graph alone fails and the rest go on.
+//! time. Workers are kept for the next graph, so each loads the plugin once. A worker killed by
+//! a signal (the OOM killer's SIGKILL, a crash) has its graph retried once with one worker
+//! fewer; a worker past the timeout is killed; either way, and on a compiler error, that graph
+//! alone fails and the rest go on.
 
 use std::collections::{HashSet, VecDeque};
-use std::io::{IsTerminal, Write};
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use neuron_pc_cache::Lookup;
 
 use super::env::{store_key, AotEnv};
+use super::procs::{Busy, Message, Spawner, Worker};
+use super::progress::Progress;
 use super::worker::WorkerResult;
-use super::{in_shard, signals, WORKER_SUBCOMMAND};
+use super::{in_shard, signals};
 
 /// One graph to compile.
 #[derive(Clone, Debug)]
@@ -72,215 +75,263 @@ pub struct PoolSummary {
     pub retries: usize,
 }
 
-struct Running {
-    job: GraphJob,
-    child: Child,
-    started: Instant,
-    attempt: u32,
-    result: PathBuf,
-    stderr: PathBuf,
-}
-
 const POLL: Duration = Duration::from_millis(50);
 
 /// Runs until the source is finished and every queued graph is done (or Ctrl-C).
 pub fn run(env: &AotEnv, cfg: &PoolConfig, source: &mut dyn Source) -> anyhow::Result<PoolSummary> {
-    let mut summary = PoolSummary::default();
+    let mut s = Sched {
+        env,
+        cfg,
+        summary: PoolSummary::default(),
+        queue: VecDeque::new(),
+        limit: cfg.jobs.max(1),
+        first_start: None,
+        last_end: None,
+    };
     let mut seen: HashSet<String> = HashSet::new();
-    let mut queue: VecDeque<(GraphJob, u32)> = VecDeque::new();
-    let mut running: Vec<Running> = Vec::new();
-    let mut limit = cfg.jobs.max(1);
-    let mut first_start: Option<Instant> = None;
-    let mut last_end: Option<Instant> = None;
+    let mut workers: Vec<Worker> = Vec::new();
     let mut progress = Progress::new();
-    let exe = std::env::current_exe()?;
+    let (tx, rx) = mpsc::channel::<Message>();
     let flags_text = {
         let mut f = env.flags.clone();
         f.retry_failed = false;
         f.cache_dir = None;
         f.to_string()
     };
+    let mut spawner = Spawner::new(
+        std::env::current_exe()?,
+        flags_text,
+        env.cache_url.clone(),
+        cfg.work_dir.clone(),
+        tx,
+    );
+    let mut inbox: Vec<Message> = Vec::new();
     loop {
         if signals::interrupted() {
             source.stop();
-            for mut r in running.drain(..) {
-                signals::kill_hard(r.child.id());
-                let _ = r.child.wait();
+            for mut w in workers.drain(..) {
+                w.kill();
+                let sent: Vec<Message> = rx.try_iter().collect();
+                let Some(b) = w.busy.take() else { continue };
+                let done = sent
+                    .into_iter()
+                    .find(|m| m.worker == w.id && m.result.key == b.job.key);
                 // A worker may have stored its entry just before it was stopped.
-                let done: Option<WorkerResult> = std::fs::read(&r.result)
-                    .ok()
-                    .and_then(|b| serde_json::from_slice(&b).ok());
-                let stored = env.cache.contains(&store_key(&r.job.key)?);
+                let stored = env.cache.contains(&store_key(&b.job.key)?);
                 let (outcome, ms) = match done {
-                    Some(w) if stored => ("compiled", w.compile_ms),
+                    Some(m) if stored => ("compiled", m.result.compile_ms),
                     _ if stored => ("compiled", 0.0),
                     _ => ("interrupted", 0.0),
                 };
-                summary.graphs.push(report(&r.job, outcome, ms, None));
+                s.summary.graphs.push(report(&b.job, outcome, ms, None));
             }
-            for (job, _) in queue.drain(..) {
-                summary.graphs.push(report(&job, "interrupted", 0.0, None));
+            for (job, _) in s.queue.drain(..) {
+                s.summary
+                    .graphs
+                    .push(report(&job, "interrupted", 0.0, None));
             }
-            summary.interrupted = true;
+            s.summary.interrupted = true;
             break;
         }
         for job in source.poll() {
-            if !seen.insert(job.key.clone()) {
-                continue;
-            }
-            if !in_shard(&job.key, cfg.shard) {
-                summary.graphs.push(report(&job, "other-shard", 0.0, None));
-                continue;
-            }
-            match env.cache.get(&store_key(&job.key)?) {
-                Lookup::Hit(_) => summary.graphs.push(report(&job, "cached", 0.0, None)),
-                Lookup::Failed(f) if !cfg.retry_failed => {
-                    let msg = format!(
-                        "recorded failure (use --retry-failed): {}",
-                        first_line(&f.message)
-                    );
-                    summary.graphs.push(report(&job, "failed", 0.0, Some(msg)));
-                }
-                _ if cfg.dry_run => summary.graphs.push(report(&job, "found", 0.0, None)),
-                _ => queue.push_back((job, 0)),
+            if seen.insert(job.key.clone()) {
+                s.admit(job)?;
             }
         }
-        // Reap finished and overdue workers.
-        let mut i = 0;
-        while i < running.len() {
-            let overdue = running[i].started.elapsed() > cfg.timeout;
-            let status = match running[i].child.try_wait()? {
-                Some(s) => Some(s),
-                None if overdue => {
-                    signals::kill_hard(running[i].child.id());
-                    let _ = running[i].child.wait();
-                    None
-                }
-                None => {
-                    i += 1;
-                    continue;
-                }
-            };
-            let r = running.swap_remove(i);
-            last_end = Some(Instant::now());
-            let outcome: WorkerResult = std::fs::read(&r.result)
-                .ok()
-                .and_then(|b| serde_json::from_slice(&b).ok())
-                .unwrap_or_default();
-            match status {
-                None => {
-                    let msg = format!(
-                        "timed out after {:.0} s (worker killed)",
-                        cfg.timeout.as_secs_f64()
-                    );
-                    env.cache.put_failure(&store_key(&r.job.key)?, &msg);
-                    summary.graphs.push(report(
-                        &r.job,
-                        "failed",
-                        r.started.elapsed().as_secs_f64() * 1e3,
-                        Some(msg),
-                    ));
-                }
-                Some(s) if s.success() => {
-                    summary
-                        .graphs
-                        .push(report(&r.job, "compiled", outcome.compile_ms, None))
-                }
-                Some(s) if s.signal().is_some() => {
-                    let sig = s.signal().unwrap_or(0);
-                    if r.attempt == 0 {
-                        // Killed from outside (often the OOM killer): try again with fewer
-                        // compilations competing for memory.
-                        limit = limit.saturating_sub(1).max(1);
-                        summary.retries += 1;
-                        eprintln!(
-                            "worker for {} killed by signal {sig}; retrying with {limit} worker(s)",
-                            short(&r.job.key)
-                        );
-                        queue.push_front((r.job, 1));
-                    } else {
-                        let msg =
-                            format!("worker killed by signal {sig} twice (crash or out of memory)");
-                        env.cache.put_failure(&store_key(&r.job.key)?, &msg);
-                        summary
-                            .graphs
-                            .push(report(&r.job, "failed", 0.0, Some(msg)));
+        inbox.extend(rx.try_iter());
+        for m in inbox.drain(..) {
+            if let Some(w) = workers.iter_mut().find(|w| w.id == m.worker) {
+                if w.busy.as_ref().is_some_and(|b| b.job.key == m.result.key) {
+                    if let Some(b) = w.busy.take() {
+                        s.done(b, m.result)?;
                     }
                 }
-                Some(s) => {
-                    let msg = if !outcome.message.is_empty() {
-                        outcome.message
-                    } else {
-                        let err = std::fs::read_to_string(&r.stderr).unwrap_or_default();
-                        format!(
-                            "worker exited with {}: {}",
-                            s.code().unwrap_or(-1),
-                            last_line(&err)
-                        )
-                    };
-                    summary
-                        .graphs
-                        .push(report(&r.job, "failed", outcome.compile_ms, Some(msg)));
-                }
             }
         }
-        while running.len() < limit {
-            let Some((job, attempt)) = queue.pop_front() else {
+        let mut i = 0;
+        while i < workers.len() {
+            let overdue = workers[i]
+                .busy
+                .as_ref()
+                .is_some_and(|b| b.started.elapsed() > cfg.timeout);
+            if overdue {
+                let mut w = workers.swap_remove(i);
+                w.kill();
+                if let Some(b) = w.busy.take() {
+                    s.timed_out(b)?;
+                }
+                continue;
+            }
+            let Some(status) = workers[i].exited() else {
+                i += 1;
+                continue;
+            };
+            let mut w = workers.swap_remove(i);
+            w.drain_reader();
+            // A result it sent before it died still counts.
+            for m in rx.try_iter() {
+                let mine =
+                    m.worker == w.id && w.busy.as_ref().is_some_and(|b| b.job.key == m.result.key);
+                match w.busy.take() {
+                    Some(b) if mine => s.done(b, m.result)?,
+                    other => {
+                        w.busy = other;
+                        inbox.push(m);
+                    }
+                }
+            }
+            let tail = w.stderr_tail();
+            if let Some(b) = w.busy.take() {
+                s.died(b, status, &tail)?;
+            }
+        }
+        // Fewer workers after a kill: let idle ones go.
+        while workers.len() > s.limit {
+            let Some(pos) = workers.iter().position(|w| w.busy.is_none()) else {
                 break;
             };
-            first_start.get_or_insert_with(Instant::now);
-            running.push(spawn(&exe, env, cfg, &flags_text, job, attempt)?);
+            workers.swap_remove(pos).finish();
         }
-        progress.show(&summary, queue.len(), running.len(), false);
-        if running.is_empty() && queue.is_empty() && source.finished() {
+        while !s.queue.is_empty() {
+            let idx = match workers.iter().position(|w| w.busy.is_none()) {
+                Some(i) => i,
+                None if workers.len() < s.limit => {
+                    workers.push(spawner.spawn()?);
+                    workers.len() - 1
+                }
+                None => break,
+            };
+            let Some((job, attempt)) = s.queue.pop_front() else {
+                break;
+            };
+            s.first_start.get_or_insert_with(Instant::now);
+            // A worker that cannot take it has died: noticed next round, retried there.
+            workers[idx].start(job, attempt);
+        }
+        let running = workers.iter().filter(|w| w.busy.is_some()).count();
+        progress.show(&s.summary, s.queue.len(), running, false);
+        if running == 0 && s.queue.is_empty() && source.finished() {
             break;
         }
-        std::thread::sleep(POLL);
+        if let Ok(m) = rx.recv_timeout(POLL) {
+            inbox.push(m);
+        }
     }
-    progress.show(&summary, 0, 0, true);
-    if let (Some(a), Some(b)) = (first_start, last_end) {
+    for w in workers {
+        w.finish();
+    }
+    progress.show(&s.summary, 0, 0, true);
+    let mut summary = s.summary;
+    if let (Some(a), Some(b)) = (s.first_start, s.last_end) {
         summary.compile_wall_ms = b.duration_since(a).as_secs_f64() * 1e3;
     }
     Ok(summary)
 }
 
-fn spawn(
-    exe: &Path,
-    env: &AotEnv,
-    cfg: &PoolConfig,
-    flags_text: &str,
-    job: GraphJob,
-    attempt: u32,
-) -> anyhow::Result<Running> {
-    let result = cfg
-        .work_dir
-        .join(format!("{}.{attempt}.result.json", job.key));
-    let stderr = cfg.work_dir.join(format!("{}.{attempt}.stderr", job.key));
-    let _ = std::fs::remove_file(&result);
-    let mut cmd = Command::new(exe);
-    cmd.arg(WORKER_SUBCOMMAND)
-        .arg("--mlir")
-        .arg(&job.mlir)
-        .arg("--key")
-        .arg(&job.key)
-        .arg("--result")
-        .arg(&result)
-        .env("NEURON_CC_FLAGS", flags_text)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&stderr)?);
-    if let Some(u) = &env.cache_url {
-        cmd.arg("--cache").arg(u);
+/// The scheduler's bookkeeping.
+struct Sched<'a> {
+    env: &'a AotEnv,
+    cfg: &'a PoolConfig,
+    summary: PoolSummary,
+    queue: VecDeque<(GraphJob, u32)>,
+    limit: usize,
+    first_start: Option<Instant>,
+    last_end: Option<Instant>,
+}
+
+impl Sched<'_> {
+    /// A newly found graph: other shard, cached, recorded failure, dry run, or queued.
+    fn admit(&mut self, job: GraphJob) -> anyhow::Result<()> {
+        let g = &mut self.summary.graphs;
+        if !in_shard(&job.key, self.cfg.shard) {
+            g.push(report(&job, "other-shard", 0.0, None));
+            return Ok(());
+        }
+        match self.env.cache.get(&store_key(&job.key)?) {
+            Lookup::Hit(_) => g.push(report(&job, "cached", 0.0, None)),
+            Lookup::Failed(f) if !self.cfg.retry_failed => {
+                let msg = format!(
+                    "recorded failure (use --retry-failed): {}",
+                    first_line(&f.message)
+                );
+                g.push(report(&job, "failed", 0.0, Some(msg)));
+            }
+            _ if self.cfg.dry_run => g.push(report(&job, "found", 0.0, None)),
+            _ => self.queue.push_back((job, 0)),
+        }
+        Ok(())
     }
-    let child = cmd.spawn()?;
-    Ok(Running {
-        job,
-        child,
-        started: Instant::now(),
-        attempt,
-        result,
-        stderr,
-    })
+
+    /// A worker answered.
+    fn done(&mut self, b: Busy, r: WorkerResult) -> anyhow::Result<()> {
+        self.last_end = Some(Instant::now());
+        let g = if r.ok {
+            report(&b.job, "compiled", r.compile_ms, None)
+        } else {
+            report(&b.job, "failed", r.compile_ms, Some(r.message))
+        };
+        self.summary.graphs.push(g);
+        Ok(())
+    }
+
+    fn timed_out(&mut self, b: Busy) -> anyhow::Result<()> {
+        self.last_end = Some(Instant::now());
+        let msg = format!(
+            "timed out after {:.0} s (worker killed)",
+            self.cfg.timeout.as_secs_f64()
+        );
+        self.env.cache.put_failure(&store_key(&b.job.key)?, &msg);
+        let ms = b.started.elapsed().as_secs_f64() * 1e3;
+        self.summary
+            .graphs
+            .push(report(&b.job, "failed", ms, Some(msg)));
+        Ok(())
+    }
+
+    /// A worker died while compiling `b`; `tail` is its last stderr line for that job.
+    fn died(&mut self, b: Busy, status: ExitStatus, tail: &str) -> anyhow::Result<()> {
+        self.last_end = Some(Instant::now());
+        let with_tail = |m: String| {
+            if tail.is_empty() {
+                m
+            } else {
+                format!("{m}: {tail}")
+            }
+        };
+        match status.signal() {
+            Some(sig) if b.attempt == 0 => {
+                // Killed from outside (often the OOM killer): try again with fewer
+                // compilations competing for memory.
+                self.limit = self.limit.saturating_sub(1).max(1);
+                self.summary.retries += 1;
+                eprintln!(
+                    "worker compiling {} killed by signal {sig}; retrying with {} worker(s)",
+                    short(&b.job.key),
+                    self.limit
+                );
+                self.queue.push_front((b.job, 1));
+            }
+            Some(sig) => {
+                let msg = with_tail(format!(
+                    "worker killed by signal {sig} twice (crash or out of memory)"
+                ));
+                self.env.cache.put_failure(&store_key(&b.job.key)?, &msg);
+                self.summary
+                    .graphs
+                    .push(report(&b.job, "failed", 0.0, Some(msg)));
+            }
+            None => {
+                let msg = with_tail(format!(
+                    "worker exited with status {}",
+                    status.code().unwrap_or(-1)
+                ));
+                self.summary
+                    .graphs
+                    .push(report(&b.job, "failed", 0.0, Some(msg)));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn report(
@@ -309,58 +360,4 @@ fn first_line(s: &str) -> String {
         .find(|l| !l.trim().is_empty())
         .unwrap_or("")
         .to_string()
-}
-
-fn last_line(s: &str) -> String {
-    s.lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .to_string()
-}
-
-/// The progress line: redrawn in place on a terminal, else a plain line every 2 s on change.
-struct Progress {
-    tty: bool,
-    last: Instant,
-    last_text: String,
-}
-
-impl Progress {
-    fn new() -> Progress {
-        Progress {
-            tty: std::io::stderr().is_terminal(),
-            last: Instant::now(),
-            last_text: String::new(),
-        }
-    }
-
-    fn show(&mut self, s: &PoolSummary, queued: usize, running: usize, last: bool) {
-        let count = |o: &str| s.graphs.iter().filter(|g| g.outcome == o).count();
-        let text = format!(
-            "found {} | compiled {} | cached {} | failed {} | running {} | queued {}",
-            s.graphs.len() + queued + running,
-            count("compiled"),
-            count("cached"),
-            count("failed"),
-            running,
-            queued
-        );
-        let mut err = std::io::stderr();
-        if self.tty {
-            if text != self.last_text || last {
-                let _ = write!(err, "\r\x1b[2K{text}");
-                if last {
-                    let _ = writeln!(err);
-                }
-            }
-        } else if text != self.last_text && (last || self.last.elapsed() >= Duration::from_secs(2))
-        {
-            let _ = writeln!(err, "[neuron-pc compile] {text}");
-            self.last = Instant::now();
-        } else {
-            return;
-        }
-        self.last_text = text;
-    }
 }

@@ -1,11 +1,17 @@
-//! The hidden `__compile-worker` subcommand: compiles one program in its own process, so a
-//! compiler crash, hang or out-of-memory kill costs that graph only.
+//! The hidden `__compile-worker` subcommand: a process that compiles programs one at a time, so
+//! a compiler crash, hang or out-of-memory kill costs the graph it was compiling only.
 //!
-//! The parent passes the effective flags in `NEURON_CC_FLAGS`; the worker recomputes the key
+//! A worker loads the plugin and opens the cache once, then serves jobs until its stdin closes:
+//! one JSON [`WorkerJob`] per input line, one [`RESULT_PREFIX`]-marked JSON [`WorkerResult`] per
+//! job on stdout. Loading the plugin once per worker instead of once per graph is what lets
+//! `--jobs 2` approach a 2x speed-up on many small graphs.
+//!
+//! The parent passes the effective flags in `NEURON_CC_FLAGS`; the worker recomputes each key
 //! from the text, the options, the flags and its own compiler identity and refuses to store
 //! anything when that key differs from the one it was asked for (a different plugin or flag
 //! set would otherwise file an executable under someone else's key).
 
+use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -18,38 +24,33 @@ pub const CRASH_ENV: &str = "NEURON_PC_TEST_WORKER_CRASH";
 /// Test hook: a worker whose key starts with this prefix sleeps for an hour.
 pub const HANG_ENV: &str = "NEURON_PC_TEST_WORKER_HANG";
 
-/// Exit status of a worker whose compilation the compiler rejected (failure recorded).
-pub const EXIT_REJECTED: i32 = 3;
-/// Exit status of a worker that refused the job (key mismatch, unreadable program).
-pub const EXIT_REFUSED: i32 = 4;
+/// Marks result lines on stdout, so stray output from the plugin cannot be taken for one.
+pub const RESULT_PREFIX: &str = "NPC-WORKER-RESULT ";
 
 #[derive(clap::Args, Debug)]
 pub struct WorkerArgs {
-    /// The program text.
-    #[arg(long)]
-    pub mlir: PathBuf,
-    /// The key the parent expects.
-    #[arg(long)]
-    pub key: String,
-    /// Where to write the outcome (JSON).
-    #[arg(long)]
-    pub result: PathBuf,
     #[arg(long)]
     pub cache: Option<String>,
 }
 
-/// What a worker reports back.
-#[derive(serde::Serialize, serde::Deserialize, Debug, Default)]
-pub struct WorkerResult {
-    pub ok: bool,
-    pub compile_ms: f64,
-    pub message: String,
+/// One compilation asked of a worker.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
+pub struct WorkerJob {
+    /// The key the parent expects.
+    pub key: String,
+    /// The program text's file.
+    pub mlir: PathBuf,
 }
 
-fn write_result(path: &std::path::Path, r: &WorkerResult) {
-    if let Ok(bytes) = serde_json::to_vec(r) {
-        let _ = std::fs::write(path, bytes);
-    }
+/// What a worker reports back for one job.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Default, Clone)]
+pub struct WorkerResult {
+    pub key: String,
+    /// Compiled and stored.
+    pub ok: bool,
+    pub compile_ms: f64,
+    /// The compiler's (or the cache's) message when not ok.
+    pub message: String,
 }
 
 fn matches_prefix(var: &str, key: &str) -> bool {
@@ -57,30 +58,44 @@ fn matches_prefix(var: &str, key: &str) -> bool {
 }
 
 pub fn run(args: WorkerArgs) -> anyhow::Result<i32> {
-    let refuse = |message: String| {
-        eprintln!("worker: {message}");
-        write_result(
-            &args.result,
-            &WorkerResult {
-                ok: false,
-                compile_ms: 0.0,
-                message,
-            },
-        );
-        Ok(EXIT_REFUSED)
-    };
-    let text = match std::fs::read_to_string(&args.mlir) {
-        Ok(t) => t,
-        Err(e) => return refuse(format!("{}: {e}", args.mlir.display())),
-    };
     let flags = CompilerFlags::from_env().map_err(|e| anyhow::anyhow!("NEURON_CC_FLAGS: {e}"))?;
     let env = AotEnv::open(flags, args.cache.as_deref())?;
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout().lock();
+    for line in stdin.lock().lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let job: WorkerJob = serde_json::from_str(&line)
+            .map_err(|e| anyhow::anyhow!("bad job line {line:?}: {e}"))?;
+        let result = compile_one(&env, &job);
+        writeln!(out, "{RESULT_PREFIX}{}", serde_json::to_string(&result)?)?;
+        out.flush()?;
+    }
+    Ok(0)
+}
+
+fn compile_one(env: &AotEnv, job: &WorkerJob) -> WorkerResult {
+    let fail = |compile_ms: f64, message: String| WorkerResult {
+        key: job.key.clone(),
+        ok: false,
+        compile_ms,
+        message,
+    };
+    let text = match std::fs::read_to_string(&job.mlir) {
+        Ok(t) => t,
+        Err(e) => return fail(0.0, format!("{}: {e}", job.mlir.display())),
+    };
     let key = env.key_of(&text);
-    if key.hex != args.key {
-        return refuse(format!(
-            "key mismatch: asked for {} but this compiler and flags give {}",
-            args.key, key.hex
-        ));
+    if key.hex != job.key {
+        return fail(
+            0.0,
+            format!(
+                "key mismatch: asked for {} but this compiler and flags give {}",
+                job.key, key.hex
+            ),
+        );
     }
     if matches_prefix(CRASH_ENV, &key.hex) {
         std::process::abort();
@@ -88,7 +103,10 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<i32> {
     if matches_prefix(HANG_ENV, &key.hex) {
         std::thread::sleep(std::time::Duration::from_secs(3600));
     }
-    let skey = store_key(&key.hex)?;
+    let skey = match store_key(&key.hex) {
+        Ok(k) => k,
+        Err(e) => return fail(0.0, e.to_string()),
+    };
     let started = Instant::now();
     let compiled = env
         .client
@@ -96,48 +114,24 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<i32> {
         .and_then(|exe| exe.serialize());
     let compile_ms = started.elapsed().as_secs_f64() * 1e3;
     match compiled {
-        Ok(bytes) => {
-            match env
-                .cache
-                .put(&skey, &bytes, &text, &key.components, compile_ms)
-            {
-                neuron_pc_cache::PutOutcome::Failed(m) => {
-                    let message = format!("compiled but not stored: {m}");
-                    write_result(
-                        &args.result,
-                        &WorkerResult {
-                            ok: false,
-                            compile_ms,
-                            message,
-                        },
-                    );
-                    Ok(EXIT_REFUSED)
-                }
-                _ => {
-                    write_result(
-                        &args.result,
-                        &WorkerResult {
-                            ok: true,
-                            compile_ms,
-                            message: String::new(),
-                        },
-                    );
-                    Ok(0)
-                }
+        Ok(bytes) => match env
+            .cache
+            .put(&skey, &bytes, &text, &key.components, compile_ms)
+        {
+            neuron_pc_cache::PutOutcome::Failed(m) => {
+                fail(compile_ms, format!("compiled but not stored: {m}"))
             }
-        }
+            _ => WorkerResult {
+                key: job.key.clone(),
+                ok: true,
+                compile_ms,
+                message: String::new(),
+            },
+        },
         Err(e) => {
             let message = e.to_string();
             env.cache.put_failure(&skey, &message);
-            write_result(
-                &args.result,
-                &WorkerResult {
-                    ok: false,
-                    compile_ms,
-                    message,
-                },
-            );
-            Ok(EXIT_REJECTED)
+            fail(compile_ms, message)
         }
     }
 }
