@@ -26,10 +26,14 @@ fn chain(x: &Tensor) -> neuron_pc::Result<Tensor> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // The first device in a process loads the plugin and creates its client: the floor of any
+    // process's time to first step.
+    let t = Instant::now();
     let device = LazyDevice::new(DeviceConfig {
         persistent_cache: false,
         ..DeviceConfig::default()
     })?;
+    let device_ms = t.elapsed().as_secs_f64() * 1e3;
     let x = device.from_slice(&[0.5f32; 4], &[4])?;
 
     // Tracing: 600 ops (plus the 300 scalar constants they use) per repetition.
@@ -106,6 +110,9 @@ fn main() -> anyhow::Result<()> {
     let ovh = median(overhead);
     println!("| measure | median |");
     println!("| --- | --- |");
+    println!(
+        "| first device in the process (plugin load + client), one sample | {device_ms:.0} ms |"
+    );
     println!("| tracing cost per op | {:.0} ns |", median(per_op));
     println!(
         "| mark_step host overhead, 600-node graph, memory hit (excl. execution) | {:.3} ms |",
