@@ -20,10 +20,14 @@ fn analyze_finds_shape_variants_and_graphs_the_trial_missed() {
         .output()
         .unwrap();
     assert!(real.status.success(), "{}", stderr(&real));
+    // The environment names an empty cache; --cache the one the real run filled.
+    let real_cache = dir.join("cache");
     let out = npc(
-        &dir.join("cache"),
+        &dir.join("empty-cache"),
         &[
             "analyze",
+            "--cache",
+            real_cache.to_str().unwrap(),
             "--json",
             "--graph-log",
             log.to_str().unwrap(),
@@ -42,6 +46,8 @@ fn analyze_finds_shape_variants_and_graphs_the_trial_missed() {
     let v = json(&out);
     assert_eq!(v["distinct"], 3, "{v}");
     assert_eq!(v["log_graphs"], 4);
+    // The real run compiled every graph of the trial into its cache.
+    assert_eq!(v["cached"].as_array().unwrap().len(), 3, "{v}");
     let groups = v["shape_groups"].as_array().unwrap();
     assert_eq!(groups.len(), 1, "{v}");
     assert_eq!(
@@ -70,6 +76,19 @@ fn analyze_finds_shape_variants_and_graphs_the_trial_missed() {
     let text = npc(&dir.join("cache"), &["analyze", x.to_str().unwrap()], &[]);
     let s = String::from_utf8_lossy(&text.stdout);
     assert!(s.contains("3 graphs, 3 distinct"), "{s}");
+    assert!(s.contains("3 already in the cache"), "{s}");
+    let none = npc(
+        &dir.join("cache"),
+        &[
+            "analyze",
+            "--cache",
+            dir.join("empty-cache").to_str().unwrap(),
+            x.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let s2 = String::from_utf8_lossy(&none.stdout);
+    assert!(s2.contains("0 already in the cache"), "{s2}");
     assert!(
         s.contains("parameter 0: f32[5,4] vs f32[6,4]") && s.contains("fixed-size batches"),
         "{s}"

@@ -6,6 +6,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use common::*;
 
@@ -215,4 +216,107 @@ fn a_program_the_compiler_rejects_fails_alone_and_is_recorded() {
         "{v2}"
     );
     assert_eq!(v2["cached"], 1);
+}
+
+/// Keys `compile-graphs --dry-run` computes for `dir` with `NEURON_CC_FLAGS=env_flags`.
+fn dry_keys(dir: &Path, env_flags: &str, args: &[&str]) -> Vec<String> {
+    let cache = tmp("flags-cache");
+    let out = Command::new(bin())
+        .args(
+            [
+                &["compile-graphs", "--dry-run", "--json"][..],
+                args,
+                &[dir.to_str().unwrap()],
+            ]
+            .concat(),
+        )
+        .env("NEURON_COMPILE_CACHE_URL", &cache)
+        .env("NEURON_CC_FLAGS", env_flags)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    keys(&json(&out), "found")
+}
+
+#[test]
+fn command_line_flags_win_over_neuron_cc_flags() {
+    let dir = tmp("flags-src");
+    std::fs::copy(data().join("mlp.mlir"), dir.join("mlp.mlir")).unwrap();
+    let o3 = dry_keys(&dir, "--optlevel 3", &[]);
+    let o1 = dry_keys(&dir, "--optlevel 1", &[]);
+    assert_ne!(o1, o3, "the opt level is part of the key");
+    assert_eq!(dry_keys(&dir, "--optlevel 1", &["--optlevel", "3"]), o3);
+    assert_eq!(dry_keys(&dir, "-O3", &["--optlevel", "O1"]), o1);
+}
+
+/// `n` distinct small programs in a fresh directory.
+fn small_programs(tag: &str, n: usize) -> PathBuf {
+    let dir = tmp(tag);
+    for i in 1..=n {
+        let t = format!("tensor<{i}x3xf32>");
+        std::fs::write(
+            dir.join(format!("p{i}.mlir")),
+            format!("func.func @main(%a: {t}) -> {t} {{\n  %0 = stablehlo.multiply %a, %a : {t}\n  %1 = stablehlo.add %0, %a : {t}\n  return %1 : {t}\n}}\n"),
+        )
+        .unwrap();
+    }
+    dir
+}
+
+#[test]
+fn workers_serve_several_graphs_each() {
+    let dir = small_programs("reuse-src", 5);
+    let cache = tmp("reuse");
+    let out = npc(
+        &cache,
+        &[
+            "compile-graphs",
+            "--json",
+            "--jobs",
+            "2",
+            dir.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = json(&out);
+    assert_eq!(v["compiled"], 5, "{v}");
+    // Two processes (one plugin load each) did all five.
+    assert_eq!(v["workers_started"], 2, "{v}");
+    assert_eq!(entry_keys(&cache), keys(&v, "compiled"));
+    // Each executable was stored under its own program's key: run one and check it.
+    let x = [1.5f32, -2.0, 0.25];
+    let mut npy_bytes = b"\x93NUMPY\x01\x00".to_vec();
+    let mut header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 3), }".to_string();
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    npy_bytes.extend((header.len() as u16).to_le_bytes());
+    npy_bytes.extend(header.as_bytes());
+    for v in x {
+        npy_bytes.extend(v.to_le_bytes());
+    }
+    let input = dir.join("x.npy");
+    std::fs::write(&input, npy_bytes).unwrap();
+    let o = tmp("reuse-out");
+    let r = npc(
+        &cache,
+        &[
+            "run-graph",
+            dir.join("p1.mlir").to_str().unwrap(),
+            "--json",
+            "--inputs",
+            input.to_str().unwrap(),
+            "--output-dir",
+            o.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert_eq!(json(&r)["executable"], "cached");
+    let (_, shape, got) = npy(&o.join("out0.npy"));
+    assert_eq!(shape, "(1, 3");
+    let want: Vec<f32> = x.iter().map(|v| v * v + v).collect();
+    assert_eq!(f32s(&got), want);
 }

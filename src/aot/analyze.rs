@@ -8,7 +8,10 @@ use std::process::Command;
 
 use anyhow::{anyhow, bail};
 
+use neuron_pc_cache::{Cache, CacheOptions};
+
 use super::compile_cmd::{exit_reason, read_record, GraphRecord, EXTRACT_DIR_ENV};
+use super::env::{store_key, CACHE_URL_ENV};
 use super::pool::short;
 use super::temp_dir;
 
@@ -21,6 +24,9 @@ pub struct AnalyzeArgs {
     pub graph_log: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
+    /// Compile cache URL (over NEURON_COMPILE_CACHE_URL): report which graphs it already holds.
+    #[arg(long)]
+    pub cache: Option<String>,
     /// The job to run in extract mode (after `--`).
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -57,6 +63,8 @@ pub struct Analysis {
     pub min_nodes: usize,
     pub max_nodes: usize,
     pub shape_groups: Vec<ShapeGroup>,
+    /// Keys of the trial's graphs already in the cache (a later `compile` skips them).
+    pub cached: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_graphs: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -155,11 +163,15 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
                 .split_first()
                 .ok_or_else(|| anyhow!("no command"))?;
             // No persistent cache: every graph is written, cached or not.
-            let status = Command::new(prog)
-                .args(rest)
+            let mut cmd = Command::new(prog);
+            cmd.args(rest)
                 .env(EXTRACT_DIR_ENV, &d)
                 .env("NEURON_PC_CACHE", "0")
-                .stdout(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null());
+            if let Some(u) = &args.cache {
+                cmd.env(CACHE_URL_ENV, u);
+            }
+            let status = cmd
                 .status()
                 .map_err(|e| anyhow!("cannot start {prog:?}: {e}"))?;
             trial_error = exit_reason(status);
@@ -180,6 +192,12 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
         }
         None => (None, None),
     };
+    let cache = open_cache(args.cache.as_deref())?;
+    let cached = records
+        .iter()
+        .filter(|r| store_key(&r.key).is_ok_and(|k| cache.contains(&k)))
+        .map(|r| r.key.clone())
+        .collect();
     let a = Analysis {
         graphs: records.len(),
         distinct: trial.len(),
@@ -187,6 +205,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
         min_nodes: records.iter().map(|r| r.nodes).min().unwrap_or(0),
         max_nodes: records.iter().map(|r| r.nodes).max().unwrap_or(0),
         shape_groups: shape_groups(&records),
+        cached,
         log_graphs,
         missing_from_trial,
     };
@@ -202,16 +221,37 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// The cache at `url` (or the environment's); only presence is asked of it, so no compiler
+/// identity is needed.
+fn open_cache(url: Option<&str>) -> anyhow::Result<Cache> {
+    let opts = CacheOptions::from_env().map_err(|e| anyhow!("compile cache options: {e}"))?;
+    match url {
+        Some(u) => Cache::open(u, opts),
+        None => Cache::from_env(opts),
+    }
+    .map_err(|e| anyhow!("compile cache: {e}"))
+}
+
 fn print_text(a: &Analysis, records: &[GraphRecord]) {
     println!(
-        "{} graphs, {} distinct, {}-{} ops",
-        a.graphs, a.distinct, a.min_nodes, a.max_nodes
+        "{} graphs, {} distinct, {}-{} ops, {} already in the cache",
+        a.graphs,
+        a.distinct,
+        a.min_nodes,
+        a.max_nodes,
+        a.cached.len()
     );
     for r in records {
+        let mark = if a.cached.contains(&r.key) {
+            "cached"
+        } else {
+            "new"
+        };
         println!(
-            "  {} {:>6} ops  {}  [{}]",
+            "  {} {:>6} ops  {:<6}  {}  [{}]",
             short(&r.key),
             r.nodes,
+            mark,
             r.site,
             r.params.join(", ")
         );

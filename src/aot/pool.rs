@@ -73,6 +73,8 @@ pub struct PoolSummary {
     pub interrupted: bool,
     /// Workers retried after being killed by a signal.
     pub retries: usize,
+    /// Worker processes started (each loads the plugin once).
+    pub workers_started: usize,
 }
 
 const POLL: Duration = Duration::from_millis(50);
@@ -222,6 +224,7 @@ pub fn run(env: &AotEnv, cfg: &PoolConfig, source: &mut dyn Source) -> anyhow::R
     }
     progress.show(&s.summary, 0, 0, true);
     let mut summary = s.summary;
+    summary.workers_started = spawner.started();
     if let (Some(a), Some(b)) = (s.first_start, s.last_end) {
         summary.compile_wall_ms = b.duration_since(a).as_secs_f64() * 1e3;
     }

@@ -65,6 +65,11 @@ impl Spawner {
         }
     }
 
+    /// Worker processes started so far.
+    pub fn started(&self) -> usize {
+        self.next_id
+    }
+
     /// Starts a worker; it loads the plugin while the caller goes on.
     pub fn spawn(&mut self) -> anyhow::Result<Worker> {
         let id = self.next_id;

@@ -26,6 +26,8 @@ pub struct RunReport<'a> {
     pub speedup: f64,
     pub jobs: usize,
     pub retries: usize,
+    /// Worker processes started.
+    pub workers_started: usize,
     /// The trial run's exit (compile only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trial_exit: Option<i32>,
@@ -81,6 +83,7 @@ impl<'a> RunReport<'a> {
             speedup,
             jobs,
             retries: s.retries,
+            workers_started: s.workers_started,
             trial_exit,
             dry_run,
             error,

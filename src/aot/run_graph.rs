@@ -48,7 +48,7 @@ pub fn run(args: RunGraphArgs) -> anyhow::Result<i32> {
     }
     let mut inputs = Vec::with_capacity(args.inputs.len());
     for (i, (path, want)) in args.inputs.iter().zip(&signature.params).enumerate() {
-        let t = npy::read(path)?;
+        let t = npy::read(path).map_err(|e| anyhow!("input {i}: {e}"))?;
         if t.dtype() != want.dtype || t.dims() != want.dims.as_slice() {
             bail!(
                 "input {i} ({}): {}{:?} does not match the program's parameter {i}: {want}",
