@@ -50,6 +50,8 @@ pub struct GraphReport {
     /// `compiled`, `cached`, `failed`, `found` (dry run), `other-shard`, `interrupted`.
     pub outcome: &'static str,
     pub compile_ms: f64,
+    /// The compiler's CPU time (0 when not compiled here).
+    pub cpu_ms: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }
@@ -268,11 +270,12 @@ impl Sched<'_> {
     /// A worker answered.
     fn done(&mut self, b: Busy, r: WorkerResult) -> anyhow::Result<()> {
         self.last_end = Some(Instant::now());
-        let g = if r.ok {
+        let mut g = if r.ok {
             report(&b.job, "compiled", r.compile_ms, None)
         } else {
             report(&b.job, "failed", r.compile_ms, Some(r.message))
         };
+        g.cpu_ms = r.cpu_ms;
         self.summary.graphs.push(g);
         Ok(())
     }
@@ -349,6 +352,7 @@ fn report(
         origin: job.origin.clone(),
         outcome,
         compile_ms,
+        cpu_ms: 0.0,
         message,
     }
 }
