@@ -212,6 +212,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
         shard: o.shard,
         dry_run: o.dry_run,
         work_dir: work.clone(),
+        prespawn: !o.dry_run as usize,
     };
     let mut source = ExtractDir::new(extract, Some(child));
     let summary = pool::run(&env, &cfg, &mut source)?;

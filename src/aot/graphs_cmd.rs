@@ -92,6 +92,7 @@ pub fn run(args: CompileGraphsArgs) -> anyhow::Result<i32> {
         shard: o.shard,
         dry_run: o.dry_run,
         work_dir: work.clone(),
+        prespawn: 0,
     };
     let summary = pool::run(&env, &cfg, &mut Files(jobs_list))?;
     let report = RunReport::new(

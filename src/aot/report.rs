@@ -22,9 +22,10 @@ pub struct RunReport<'a> {
     pub compile_wall_ms: f64,
     /// Sum of the compile times of the compiled graphs, as measured while running in parallel.
     pub sum_compile_ms: f64,
-    /// Estimated time to compile them one by one: per graph the smaller of its compile time and
-    /// its compiler CPU time, so compilations slowed by competing for cores are not counted at
-    /// their stretched length (which would inflate the speed-up).
+    /// Estimated time to compile them one by one in one worker: one worker start-up plus, per
+    /// graph, the smaller of its compile time and its compiler CPU time, so compilations slowed
+    /// by competing for cores are not counted at their stretched length (which would inflate
+    /// the speed-up).
     pub one_by_one_ms: f64,
     /// `one_by_one_ms / compile_wall_ms`.
     pub speedup: f64,
@@ -69,7 +70,8 @@ impl<'a> RunReport<'a> {
                     g.compile_ms
                 }
             })
-            .sum();
+            .sum::<f64>()
+            + s.worker_ready_ms;
         let speedup = if s.compile_wall_ms > 0.0 {
             one_by_one_ms / s.compile_wall_ms
         } else {
@@ -188,11 +190,13 @@ mod tests {
                 g("compiled", 300.0, 600.0),
                 g("failed", 900.0, 900.0),
             ],
-            compile_wall_ms: 900.0,
+            compile_wall_ms: 1000.0,
+            worker_ready_ms: 200.0,
             ..PoolSummary::default()
         };
         let r = RunReport::new(&s, 1000.0, 2, None, None, false);
-        assert_eq!(r.one_by_one_ms, 1800.0);
+        // One worker start-up plus 1000 + 500 + 300.
+        assert_eq!(r.one_by_one_ms, 2000.0);
         assert_eq!(r.sum_compile_ms, 2800.0);
         assert!((r.speedup - 2.0).abs() < 1e-12);
         assert_eq!(r.error.as_deref(), Some("1 graph(s) failed to compile"));

@@ -52,6 +52,9 @@ pub struct WorkerResult {
     /// CPU time of the compilation, all threads: what it costs when nothing else competes.
     #[serde(default)]
     pub cpu_ms: f64,
+    /// The worker's start-up (plugin load, client, cache): paid once per worker.
+    #[serde(default)]
+    pub ready_ms: f64,
     /// The compiler's (or the cache's) message when not ok.
     pub message: String,
 }
@@ -61,8 +64,10 @@ fn matches_prefix(var: &str, key: &str) -> bool {
 }
 
 pub fn run(args: WorkerArgs) -> anyhow::Result<i32> {
+    let started = Instant::now();
     let flags = CompilerFlags::from_env().map_err(|e| anyhow::anyhow!("NEURON_CC_FLAGS: {e}"))?;
     let env = AotEnv::open(flags, args.cache.as_deref())?;
+    let ready_ms = started.elapsed().as_secs_f64() * 1e3;
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
     for line in stdin.lock().lines() {
@@ -72,7 +77,8 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<i32> {
         }
         let job: WorkerJob = serde_json::from_str(&line)
             .map_err(|e| anyhow::anyhow!("bad job line {line:?}: {e}"))?;
-        let result = compile_one(&env, &job);
+        let mut result = compile_one(&env, &job);
+        result.ready_ms = ready_ms;
         writeln!(out, "{RESULT_PREFIX}{}", serde_json::to_string(&result)?)?;
         out.flush()?;
     }
@@ -85,6 +91,7 @@ fn compile_one(env: &AotEnv, job: &WorkerJob) -> WorkerResult {
         ok: false,
         compile_ms,
         cpu_ms: 0.0,
+        ready_ms: 0.0,
         message,
     };
     let text = match std::fs::read_to_string(&job.mlir) {
@@ -132,6 +139,7 @@ fn compile_one(env: &AotEnv, job: &WorkerJob) -> WorkerResult {
                 ok: true,
                 compile_ms,
                 cpu_ms,
+                ready_ms: 0.0,
                 message: String::new(),
             },
         },
