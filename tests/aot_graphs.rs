@@ -288,7 +288,7 @@ fn workers_serve_several_graphs_each() {
     let x = [1.5f32, -2.0, 0.25];
     let mut npy_bytes = b"\x93NUMPY\x01\x00".to_vec();
     let mut header = "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 3), }".to_string();
-    while (10 + header.len() + 1) % 64 != 0 {
+    while !(10 + header.len() + 1).is_multiple_of(64) {
         header.push(' ');
     }
     header.push('\n');
