@@ -61,3 +61,35 @@ impl Progress {
         self.last_text = text;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::pool::GraphReport;
+    use super::*;
+
+    #[test]
+    fn the_bar_counts_settled_graphs_of_all_found() {
+        let g = |outcome| GraphReport {
+            key: String::new(),
+            nodes: 0,
+            origin: String::new(),
+            outcome,
+            compile_ms: 0.0,
+            cpu_ms: 0.0,
+            message: None,
+        };
+        let s = PoolSummary {
+            graphs: vec![g("compiled"), g("cached"), g("failed")],
+            ..PoolSummary::default()
+        };
+        // 3 settled, 2 running, 1 queued: half of the 6 found.
+        assert_eq!(
+            line(&s, 1, 2),
+            format!(
+                "[{}{}] 3/6 | found 6 | compiled 1 | cached 1 | failed 1 | running 2 | queued 1",
+                "#".repeat(12),
+                "-".repeat(12)
+            )
+        );
+    }
+}

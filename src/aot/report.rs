@@ -80,12 +80,12 @@ impl<'a> RunReport<'a> {
         let failed = count("failed");
         let error = if s.interrupted {
             Some("interrupted (Ctrl-C); graphs compiled so far are in the cache".to_string())
-        } else if let Some(e) = trial_error {
-            Some(e)
-        } else if failed > 0 {
-            Some(format!("{failed} graph(s) failed to compile"))
         } else {
-            None
+            let failures = (failed > 0).then(|| format!("{failed} graph(s) failed to compile"));
+            match (trial_error, failures) {
+                (Some(t), Some(f)) => Some(format!("{t}; {f}")),
+                (t, f) => t.or(f),
+            }
         };
         RunReport {
             found: s.graphs.len(),
@@ -200,5 +200,17 @@ mod tests {
         assert_eq!(r.sum_compile_ms, 2800.0);
         assert!((r.speedup - 2.0).abs() < 1e-12);
         assert_eq!(r.error.as_deref(), Some("1 graph(s) failed to compile"));
+        let both = RunReport::new(
+            &s,
+            1.0,
+            2,
+            Some(3),
+            Some("the trial run exited".into()),
+            false,
+        );
+        assert_eq!(
+            both.error.as_deref(),
+            Some("the trial run exited; 1 graph(s) failed to compile")
+        );
     }
 }

@@ -109,6 +109,8 @@ fn compile_one(env: &AotEnv, job: &WorkerJob) -> WorkerResult {
         );
     }
     if matches_prefix(CRASH_ENV, &key.hex) {
+        // What a crashing compiler leaves on stderr; the parent records it with the failure.
+        eprintln!("injected compiler crash ({CRASH_ENV})");
         std::process::abort();
     }
     if matches_prefix(HANG_ENV, &key.hex) {
