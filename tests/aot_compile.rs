@@ -162,8 +162,13 @@ fn a_crashing_worker_and_a_hanging_one_fail_only_their_graph() {
     let v = json(&out);
     assert_eq!(keys(&v, "compiled"), vec![k[2].clone()]);
     assert_eq!(keys(&v, "failed"), vec![k[0].clone(), k[1].clone()]);
-    // The crash was retried once before it counted.
+    // The crash was retried once, with one worker fewer, before it counted.
     assert_eq!(v["retries"], 1);
+    assert!(
+        stderr(&out).contains("retrying with 1 worker(s)"),
+        "{}",
+        stderr(&out)
+    );
     let msg = |key: &str| {
         v["graphs"]
             .as_array()
