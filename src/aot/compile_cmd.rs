@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use super::env::{AotEnv, CACHE_URL_ENV};
+use neuron_pc_compiler::flags::CompilerFlags;
+
+use super::env::{cache_url, AotEnv, CACHE_URL_ENV};
 use super::pool::{self, GraphJob, PoolConfig, Source};
 use super::report::RunReport;
 use super::{default_jobs, signals, temp_dir, CompileOpts};
@@ -152,7 +154,8 @@ impl Source for ExtractDir {
 /// same keys the workers will.
 pub fn job_command(
     argv: &[String],
-    env: &AotEnv,
+    flags: &CompilerFlags,
+    cache_url: Option<&str>,
     extract_dir: &Path,
     stdout_to_stderr: bool,
 ) -> anyhow::Result<Command> {
@@ -165,11 +168,11 @@ pub fn job_command(
     cmd.args(rest)
         .env(EXTRACT_DIR_ENV, extract_dir)
         .env("NEURON_PC_CACHE", "0");
-    let mut flags = env.flags.clone();
+    let mut flags = flags.clone();
     flags.retry_failed = false;
     flags.cache_dir = None;
     cmd.env("NEURON_CC_FLAGS", flags.to_string());
-    if let Some(u) = &env.cache_url {
+    if let Some(u) = cache_url {
         cmd.env(CACHE_URL_ENV, u);
     }
     if stdout_to_stderr {
@@ -197,13 +200,24 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
     let started = Instant::now();
     signals::install();
     let o = &args.opts;
-    let env = AotEnv::open(o.flags.effective(o.retry_failed)?, o.cache.as_deref())?;
+    let flags = o.flags.effective(o.retry_failed)?;
+    let url = cache_url(&flags, o.cache.as_deref());
     let work = temp_dir("compile")?;
     let extract = work.join("graphs");
     std::fs::create_dir_all(&extract)?;
-    let child = job_command(&args.command, &env, &extract, true)?
+    // The job starts first: it runs while this process loads the plugin and opens the cache.
+    let child = job_command(&args.command, &flags, url.as_deref(), &extract, true)?
         .spawn()
         .map_err(|e| anyhow::anyhow!("cannot start {:?}: {e}", args.command[0]))?;
+    let mut source = ExtractDir::new(extract, Some(child));
+    let env = match AotEnv::open(flags, url.as_deref()) {
+        Ok(e) => e,
+        Err(e) => {
+            source.stop();
+            let _ = std::fs::remove_dir_all(&work);
+            return Err(e);
+        }
+    };
     let jobs = o.jobs.unwrap_or_else(default_jobs).max(1);
     let cfg = PoolConfig {
         jobs,
@@ -214,7 +228,6 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
         work_dir: work.clone(),
         prespawn: !o.dry_run as usize,
     };
-    let mut source = ExtractDir::new(extract, Some(child));
     let summary = pool::run(&env, &cfg, &mut source)?;
     let status = source.status();
     let trial_error = if summary.interrupted {

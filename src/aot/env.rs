@@ -31,10 +31,7 @@ impl AotEnv {
         let mut opts =
             CacheOptions::from_env().map_err(|e| anyhow!("compile cache options: {e}"))?;
         opts.compiler_version = identity.version_string();
-        let cache_url = url
-            .map(str::to_string)
-            .or_else(|| std::env::var(CACHE_URL_ENV).ok().filter(|v| !v.is_empty()))
-            .or_else(|| flags.cache_dir.clone());
+        let cache_url = cache_url(&flags, url);
         let cache = match &cache_url {
             Some(u) => Cache::open(u, opts),
             None => Cache::from_env(opts),
@@ -54,6 +51,14 @@ impl AotEnv {
     pub fn key_of(&self, text: &str) -> CacheKey {
         cache_key(text, &self.options, &self.flags, &self.identity)
     }
+}
+
+/// The cache URL in effect: `url` (from `--cache`), else `NEURON_COMPILE_CACHE_URL`, else the
+/// flags' cache directory; none means the cache crate's default.
+pub fn cache_url(flags: &CompilerFlags, url: Option<&str>) -> Option<String> {
+    url.map(str::to_string)
+        .or_else(|| std::env::var(CACHE_URL_ENV).ok().filter(|v| !v.is_empty()))
+        .or_else(|| flags.cache_dir.clone())
 }
 
 /// A hex key as the cache crate's key type.
