@@ -31,7 +31,8 @@ enum Command {
     Analyze(aot::analyze::AnalyzeArgs),
     /// Look after the persistent compile cache: ls, stats, show, verify, prune, rm, clear.
     Cache(cache_cmd::CacheArgs),
-    /// Internal: one compilation in its own process (run by `compile` and `compile-graphs`).
+    /// Internal: a worker process that compiles graphs one at a time (run by `compile` and
+    /// `compile-graphs`).
     #[command(name = "__compile-worker", hide = true)]
     CompileWorker(aot::worker::WorkerArgs),
 }
