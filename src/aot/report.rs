@@ -135,14 +135,18 @@ impl<'a> RunReport<'a> {
                 "total: {} found, {} compiled, {} cached, {} failed, {} other shard, {} interrupted",
                 self.found, self.compiled, self.cached, self.failed, self.other_shard, self.interrupted
             );
-            println!(
-                "wall time {:.2} s; compile phase {:.2} s with {} job(s); one by one (est.) {:.2} s; speed-up {:.2}x",
-                self.wall_ms / 1e3,
-                self.compile_wall_ms / 1e3,
-                self.jobs,
-                self.one_by_one_ms / 1e3,
-                self.speedup
-            );
+            if self.compiled + self.failed == 0 {
+                println!("wall time {:.2} s; nothing to compile", self.wall_ms / 1e3);
+            } else {
+                println!(
+                    "wall time {:.2} s; compile phase {:.2} s with {} job(s); one by one (est.) {:.2} s; speed-up {:.2}x",
+                    self.wall_ms / 1e3,
+                    self.compile_wall_ms / 1e3,
+                    self.jobs,
+                    self.one_by_one_ms / 1e3,
+                    self.speedup
+                );
+            }
         }
         match &self.error {
             Some(e) => {
