@@ -42,6 +42,14 @@ pub enum CheckpointError {
         path: PathBuf,
         problems: Vec<String>,
     },
+    /// A metadata entry (such as the step) that cannot be read.
+    #[error("checkpoint {path}: metadata {key} = {value:?} is not valid: {message}")]
+    Metadata {
+        path: PathBuf,
+        key: String,
+        value: String,
+        message: String,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, CheckpointError>;

@@ -1,3 +1,194 @@
-//! Moving a model's parameters (and optimizer state) between the device and a [`StateDict`].
+//! Moving a model's parameters (and its optimizer's state) between the device and a
+//! [`StateDict`], under PyTorch's names, so checkpoints move both ways between neuron-pc and
+//! `torch.nn.Module.state_dict()`.
 //!
-//! Placeholder module: filled in by the PyTorch interop work.
+//! Layout (the same as [`crate::checkpoint`] describes): parameters under their names
+//! (`mlp.0.weight`), AdamW state under [`OPTIMIZER_PREFIX`] (`optimizer.mlp.0.weight.exp_avg`,
+//! `optimizer.mlp.0.weight.exp_avg_sq`, `optimizer.step`), and the step in the metadata under
+//! [`STEP_KEY`].
+//!
+//! ```no_run
+//! # use std::path::Path;
+//! # use neuron_pc::{models::{TextEncoder, TextEncoderConfig}, nn::Module, optim::AdamW};
+//! # use neuron_pc::{checkpoint::StateDict, state, LazyDevice, Tensor};
+//! # fn main() -> neuron_pc::Result<()> {
+//! let device = LazyDevice::from_env()?;
+//! let model = TextEncoder::new(&device, TextEncoderConfig::default(), 0)?;
+//! let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
+//! let opt = AdamW::new(&device, &params, 0.01)?;
+//! // ... train ...
+//! state::training_state(&model, &opt, 100)?.save(Path::new("ckpt/last.safetensors"))?;
+//!
+//! // A file from `safetensors.torch.save_file(model.state_dict(), path)` loads the same way.
+//! let path = Path::new("ckpt/last.safetensors");
+//! let restored = state::load_training(&model, &opt, &StateDict::load(path)?, path)?;
+//! println!("step {:?}, optimizer state restored: {}", restored.step, restored.optimizer);
+//! # Ok(()) }
+//! ```
+//!
+//! Loading checks every name, shape and dtype first and reports all mismatches at once
+//! ([`crate::checkpoint::CheckpointError::Mismatch`]); on any error nothing is loaded.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use neuron_pc_compiler::DType;
+
+use crate::checkpoint::{CheckpointError, StateDict};
+use crate::error::Result;
+use crate::nn::Module;
+use crate::optim::AdamW;
+use crate::tensor::Tensor;
+
+/// Prefix of optimizer-state tensors in a training checkpoint.
+pub const OPTIMIZER_PREFIX: &str = "optimizer.";
+
+/// Metadata key holding the number of training steps taken.
+pub const STEP_KEY: &str = "step";
+
+/// What [`load_training`] restored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Restored {
+    /// The step recorded in the metadata, if the file has one (PyTorch's files do not).
+    pub step: Option<u64>,
+    /// Whether the optimizer state was loaded; `false` for a model-only file, which leaves
+    /// the optimizer as it was.
+    pub optimizer: bool,
+}
+
+/// Copies every parameter of `module` to the host under its PyTorch name: the equivalent of
+/// `model.state_dict()`. Pending parameters are computed first, by one `mark_step`.
+pub fn module_state<M: Module + ?Sized>(module: &M) -> Result<StateDict> {
+    let mut sd = StateDict::default();
+    download(module.parameters(), "", &mut sd)?;
+    Ok(sd)
+}
+
+/// Copies `opt`'s state to the host as `optimizer.<param name>.exp_avg`,
+/// `optimizer.<param name>.exp_avg_sq` and `optimizer.step`; `param_names` are the names of
+/// the parameters `opt` was made for, in the same order.
+pub fn adamw_state(opt: &AdamW, param_names: &[String]) -> Result<StateDict> {
+    let mut sd = StateDict::default();
+    download(opt.named_state(param_names), OPTIMIZER_PREFIX, &mut sd)?;
+    Ok(sd)
+}
+
+/// A full training checkpoint: the parameters of `module`, the state of `opt` (made for
+/// `module.parameters()` in that order) and `step` in the metadata.
+pub fn training_state<M: Module + ?Sized>(module: &M, opt: &AdamW, step: u64) -> Result<StateDict> {
+    let named = module.parameters();
+    let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
+    let mut sd = StateDict::default();
+    download(named, "", &mut sd)?;
+    download(opt.named_state(&names), OPTIMIZER_PREFIX, &mut sd)?;
+    sd.metadata.insert(STEP_KEY.to_string(), step.to_string());
+    Ok(sd)
+}
+
+/// Loads `sd` into the parameters of `module` (like `load_state_dict(strict=True)`): `sd` must
+/// hold exactly the module's parameters with the same shapes and dtypes. Tensors under
+/// [`OPTIMIZER_PREFIX`] are ignored, so the weights of a training checkpoint load too.
+/// `source` names the file in error messages.
+pub fn load_module<M: Module + ?Sized>(module: &M, sd: &StateDict, source: &Path) -> Result<()> {
+    let named = module.parameters();
+    let mut model_only = StateDict {
+        tensors: BTreeMap::new(),
+        metadata: sd.metadata.clone(),
+    };
+    for (name, t) in &sd.tensors {
+        if !name.starts_with(OPTIMIZER_PREFIX) {
+            model_only.tensors.insert(name.clone(), t.clone());
+        }
+    }
+    model_only.check_against(source, &expected(&named, ""), None)?;
+    upload(
+        &model_only,
+        named.iter().map(|(n, t)| (n.clone(), t)),
+        source,
+    )
+}
+
+/// Loads a training checkpoint into `module` and `opt` (made for `module.parameters()` in that
+/// order). A file with optimizer state must have all of it; a model-only file (no tensor under
+/// [`OPTIMIZER_PREFIX`], as PyTorch writes from `model.state_dict()`) loads the parameters
+/// alone. Everything is checked before anything is loaded.
+pub fn load_training<M: Module + ?Sized>(
+    module: &M,
+    opt: &AdamW,
+    sd: &StateDict,
+    source: &Path,
+) -> Result<Restored> {
+    let named = module.parameters();
+    let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
+    let state = opt.named_state(&names);
+    let has_optimizer = sd.tensors.keys().any(|k| k.starts_with(OPTIMIZER_PREFIX));
+    let mut want = expected(&named, "");
+    if has_optimizer {
+        want.extend(expected(&state, OPTIMIZER_PREFIX));
+    }
+    sd.check_against(source, &want, None)?;
+    let step = match sd.metadata.get(STEP_KEY) {
+        None => None,
+        Some(v) => Some(v.parse::<u64>().map_err(|e| CheckpointError::Metadata {
+            path: source.to_path_buf(),
+            key: STEP_KEY.to_string(),
+            value: v.clone(),
+            message: e.to_string(),
+        })?),
+    };
+    let mut targets: Vec<(String, &Tensor)> = named.iter().map(|(n, t)| (n.clone(), t)).collect();
+    if has_optimizer {
+        targets.extend(
+            state
+                .iter()
+                .map(|(n, t)| (format!("{OPTIMIZER_PREFIX}{n}"), t)),
+        );
+    }
+    upload(sd, targets, source)?;
+    Ok(Restored {
+        step,
+        optimizer: has_optimizer,
+    })
+}
+
+fn expected(named: &[(String, Tensor)], prefix: &str) -> BTreeMap<String, (DType, Vec<usize>)> {
+    named
+        .iter()
+        .map(|(n, t)| (format!("{prefix}{n}"), (t.dtype(), t.dims().to_vec())))
+        .collect()
+}
+
+fn download(named: Vec<(String, Tensor)>, prefix: &str, sd: &mut StateDict) -> Result<()> {
+    // One step graph for everything still pending instead of one implicit sync per tensor.
+    if let Some((_, t)) = named.iter().find(|(_, t)| t.is_pending()) {
+        t.device()?.mark_step()?;
+    }
+    for (name, t) in named {
+        sd.tensors.insert(format!("{prefix}{name}"), t.to_host()?);
+    }
+    Ok(())
+}
+
+/// Uploads every target's value and only then assigns them, so a failed upload loads nothing.
+/// The caller has checked that `sd` holds every name with the right shape and dtype.
+fn upload<'a>(
+    sd: &StateDict,
+    targets: impl IntoIterator<Item = (String, &'a Tensor)>,
+    source: &Path,
+) -> Result<()> {
+    let mut staged = Vec::new();
+    for (name, target) in targets {
+        let Some(host) = sd.tensors.get(&name) else {
+            return Err(CheckpointError::Mismatch {
+                path: source.to_path_buf(),
+                problems: vec![format!("  missing: {name}")],
+            }
+            .into());
+        };
+        staged.push((target, target.device()?.tensor(host)?));
+    }
+    for (target, value) in staged {
+        target.assign(&value)?;
+    }
+    Ok(())
+}
