@@ -8,7 +8,6 @@
 //! One step graph holds forward, backward and the AdamW update; the learning rate is a device
 //! scalar, so the whole run compiles two graphs (training and validation), once.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -19,6 +18,7 @@ use neuron_pc::data::{DeviceLoader, LastBatch};
 use neuron_pc::models::{accuracy, SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::Module;
 use neuron_pc::optim::{AdamW, WarmupCosine};
+use neuron_pc::state;
 use neuron_pc::{grad, DType, LazyDevice, Tensor};
 
 /// Train the example text encoder.
@@ -86,7 +86,6 @@ fn main() -> anyhow::Result<()> {
     };
     let model = TextEncoder::new(&device, config.clone(), args.seed)?;
     let named = model.parameters();
-    let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
     let params: Vec<Tensor> = named.iter().map(|(_, t)| t.clone()).collect();
     let mut opt = AdamW::new(&device, &params, args.weight_decay)?;
     let schedule = WarmupCosine {
@@ -100,7 +99,7 @@ fn main() -> anyhow::Result<()> {
     let ckpt_path = args.ckpt_dir.as_ref().map(|d| d.join("last.safetensors"));
     if let (true, Some(path)) = (args.resume, &ckpt_path) {
         if path.exists() {
-            start_step = load_checkpoint(&device, path, &names, &params, &opt)?;
+            start_step = load_checkpoint(path, &model, &opt)?;
             println!("resumed from {} at step {start_step}", path.display());
         }
     }
@@ -158,7 +157,7 @@ fn main() -> anyhow::Result<()> {
         }
         let ckpt_due = args.ckpt_every > 0 && (step + 1) % args.ckpt_every == 0;
         if let (true, Some(path)) = (ckpt_due || step + 1 == args.steps, &ckpt_path) {
-            save_checkpoint(path, step + 1, &names, &params, &opt)?;
+            save_checkpoint(path, step + 1, &model, &opt)?;
         }
     }
 
@@ -201,49 +200,33 @@ fn validate(
 fn save_checkpoint(
     path: &std::path::Path,
     step: u64,
-    names: &[String],
-    params: &[Tensor],
+    model: &TextEncoder,
     opt: &AdamW,
 ) -> anyhow::Result<()> {
-    let mut sd = StateDict::default();
-    for (name, p) in names.iter().zip(params) {
-        sd.tensors.insert(name.clone(), p.to_host()?);
-    }
-    for (name, t) in opt.named_state(names) {
-        sd.tensors.insert(format!("optimizer.{name}"), t.to_host()?);
-    }
-    sd.metadata.insert("step".into(), step.to_string());
-    sd.save(path)
+    state::training_state(model, opt, step)?
+        .save(path)
         .with_context(|| format!("saving {}", path.display()))
 }
 
+/// Restores the model and optimizer from a checkpoint written by `save_checkpoint`; returns
+/// the step it was saved at.
 fn load_checkpoint(
-    device: &LazyDevice,
     path: &std::path::Path,
-    names: &[String],
-    params: &[Tensor],
+    model: &TextEncoder,
     opt: &AdamW,
 ) -> anyhow::Result<u64> {
     let sd = StateDict::load(path)?;
-    let mut expected = BTreeMap::new();
-    let state = opt.named_state(names);
-    for (name, p) in names.iter().zip(params) {
-        expected.insert(name.clone(), (p.dtype(), p.dims().to_vec()));
+    if !sd
+        .tensors
+        .keys()
+        .any(|k| k.starts_with(state::OPTIMIZER_PREFIX))
+        || !sd.metadata.contains_key(state::STEP_KEY)
+    {
+        anyhow::bail!(
+            "{}: not a training checkpoint (needs optimizer state and a step)",
+            path.display()
+        );
     }
-    for (name, t) in &state {
-        expected.insert(format!("optimizer.{name}"), (t.dtype(), t.dims().to_vec()));
-    }
-    sd.check_against(path, &expected, None)?;
-    for (name, p) in names.iter().zip(params) {
-        p.assign(&device.tensor(&sd.tensors[name])?)?;
-    }
-    for (name, t) in &state {
-        t.assign(&device.tensor(&sd.tensors[&format!("optimizer.{name}")])?)?;
-    }
-    let step = sd
-        .metadata
-        .get("step")
-        .and_then(|s| s.parse().ok())
-        .context("checkpoint has no step")?;
-    Ok(step)
+    let restored = state::load_training(model, opt, &sd, path)?;
+    restored.step.context("checkpoint has no step")
 }
