@@ -148,12 +148,17 @@ fn main() -> anyhow::Result<()> {
         if (step + 1) % args.val_every == 0 || step + 1 == args.steps {
             let acc = validate(&device, &model, &task, args.val_batches, batch_size)?;
             println!(
-                "step {:>5}  validation accuracy {:.3} (chance {:.3})",
+                "step {:>5}  validation accuracy {:.3} (chance {:.3}){}",
                 step + 1,
                 acc,
-                1.0 / args.classes as f64
+                1.0 / args.classes as f64,
+                if extracting {
+                    "  (extract mode: not real)"
+                } else {
+                    ""
+                }
             );
-            last_val = Some(acc);
+            last_val = Some(acc).filter(|_| !extracting);
         }
         let ckpt_due = args.ckpt_every > 0 && (step + 1) % args.ckpt_every == 0;
         if let (true, Some(path)) = (ckpt_due || step + 1 == args.steps, &ckpt_path) {
