@@ -58,6 +58,14 @@ pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<Tensor> {
     Ok(norm)
 }
 
+/// An optimizer whose state can be saved and restored (see [`crate::state`]).
+pub trait OptimizerState {
+    /// The state tensors under PyTorch-like names (`<param name>.<slot>`), for parameters named
+    /// `param_names` in the order the optimizer was made for; shared with the optimizer, so
+    /// assigning to them restores its state.
+    fn named_state(&self, param_names: &[String]) -> Vec<(String, Tensor)>;
+}
+
 /// AdamW as in `torch.optim.AdamW` (decoupled weight decay, bias-corrected moments).
 pub struct AdamW {
     pub beta1: f64,
@@ -132,6 +140,12 @@ impl AdamW {
     }
 }
 
+impl OptimizerState for AdamW {
+    fn named_state(&self, param_names: &[String]) -> Vec<(String, Tensor)> {
+        AdamW::named_state(self, param_names)
+    }
+}
+
 /// SGD with momentum and (coupled) weight decay, as `torch.optim.SGD` with dampening 0.
 pub struct Sgd {
     pub momentum: f64,
@@ -176,6 +190,17 @@ impl Sgd {
             p.assign(&p.sub(&d.mul(lr)?)?)?;
         }
         Ok(())
+    }
+}
+
+impl OptimizerState for Sgd {
+    /// `<param name>.momentum_buffer` per parameter, as in `torch.optim.SGD`'s state.
+    fn named_state(&self, param_names: &[String]) -> Vec<(String, Tensor)> {
+        param_names
+            .iter()
+            .zip(&self.momentum_buffer)
+            .map(|(name, b)| (format!("{name}.momentum_buffer"), b.clone()))
+            .collect()
     }
 }
 

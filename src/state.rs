@@ -3,8 +3,9 @@
 //! `torch.nn.Module.state_dict()`.
 //!
 //! Layout (the same as [`crate::checkpoint`] describes): parameters under their names
-//! (`mlp.0.weight`), AdamW state under [`OPTIMIZER_PREFIX`] (`optimizer.mlp.0.weight.exp_avg`,
-//! `optimizer.mlp.0.weight.exp_avg_sq`, `optimizer.step`), and the step in the metadata under
+//! (`mlp.0.weight`), optimizer state under [`OPTIMIZER_PREFIX`] (AdamW:
+//! `optimizer.mlp.0.weight.exp_avg`, `optimizer.mlp.0.weight.exp_avg_sq`, `optimizer.step`; SGD:
+//! `optimizer.mlp.0.weight.momentum_buffer`), and the step in the metadata under
 //! [`STEP_KEY`].
 //!
 //! ```no_run
@@ -37,7 +38,7 @@ use neuron_pc_compiler::DType;
 use crate::checkpoint::{CheckpointError, StateDict};
 use crate::error::Result;
 use crate::nn::Module;
-use crate::optim::AdamW;
+use crate::optim::OptimizerState;
 use crate::tensor::Tensor;
 
 /// Prefix of optimizer-state tensors in a training checkpoint.
@@ -64,10 +65,14 @@ pub fn module_state<M: Module + ?Sized>(module: &M) -> Result<StateDict> {
     Ok(sd)
 }
 
-/// Copies `opt`'s state to the host as `optimizer.<param name>.exp_avg`,
-/// `optimizer.<param name>.exp_avg_sq` and `optimizer.step`; `param_names` are the names of
-/// the parameters `opt` was made for, in the same order.
-pub fn adamw_state(opt: &AdamW, param_names: &[String]) -> Result<StateDict> {
+/// Copies `opt`'s state to the host under [`OPTIMIZER_PREFIX`]: for AdamW
+/// `optimizer.<param name>.exp_avg`, `optimizer.<param name>.exp_avg_sq` and `optimizer.step`,
+/// for SGD `optimizer.<param name>.momentum_buffer`; `param_names` are the names of the
+/// parameters `opt` was made for, in the same order.
+pub fn optimizer_state<O: OptimizerState + ?Sized>(
+    opt: &O,
+    param_names: &[String],
+) -> Result<StateDict> {
     let mut sd = StateDict::default();
     download(opt.named_state(param_names), OPTIMIZER_PREFIX, &mut sd)?;
     Ok(sd)
@@ -75,7 +80,11 @@ pub fn adamw_state(opt: &AdamW, param_names: &[String]) -> Result<StateDict> {
 
 /// A full training checkpoint: the parameters of `module`, the state of `opt` (made for
 /// `module.parameters()` in that order) and `step` in the metadata.
-pub fn training_state<M: Module + ?Sized>(module: &M, opt: &AdamW, step: u64) -> Result<StateDict> {
+pub fn training_state<M: Module + ?Sized, O: OptimizerState + ?Sized>(
+    module: &M,
+    opt: &O,
+    step: u64,
+) -> Result<StateDict> {
     let named = module.parameters();
     let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
     let mut sd = StateDict::default();
@@ -112,9 +121,9 @@ pub fn load_module<M: Module + ?Sized>(module: &M, sd: &StateDict, source: &Path
 /// order). A file with optimizer state must have all of it; a model-only file (no tensor under
 /// [`OPTIMIZER_PREFIX`], as PyTorch writes from `model.state_dict()`) loads the parameters
 /// alone. Everything is checked before anything is loaded.
-pub fn load_training<M: Module + ?Sized>(
+pub fn load_training<M: Module + ?Sized, O: OptimizerState + ?Sized>(
     module: &M,
-    opt: &AdamW,
+    opt: &O,
     sd: &StateDict,
     source: &Path,
 ) -> Result<Restored> {

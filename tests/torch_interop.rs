@@ -26,7 +26,7 @@ use std::process::Command;
 use neuron_pc::checkpoint::StateDict;
 use neuron_pc::models::{TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::{cross_entropy, Module};
-use neuron_pc::optim::AdamW;
+use neuron_pc::optim::{AdamW, Sgd};
 use neuron_pc::{grad, state, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
 
 fn device() -> LazyDevice {
@@ -389,7 +389,7 @@ fn training_state_round_trips_and_a_pytorch_file_loads_as_parameters_alone() {
     let saved = state::training_state(&model, &opt, 7).unwrap();
     assert_eq!(saved.metadata["step"], "7");
     let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
-    let opt_only = state::adamw_state(&opt, &names).unwrap();
+    let opt_only = state::optimizer_state(&opt, &names).unwrap();
     assert_eq!(opt_only.tensors.len(), 2 * names.len() + 1);
     for (k, v) in &opt_only.tensors {
         assert!(k.starts_with("optimizer."), "{k}");
@@ -424,7 +424,10 @@ fn training_state_round_trips_and_a_pytorch_file_loads_as_parameters_alone() {
         }
     );
     assert_eq!(state::module_state(&other).unwrap().tensors, f.init.tensors);
-    assert_eq!(state::adamw_state(&other_opt, &names).unwrap(), opt_only);
+    assert_eq!(
+        state::optimizer_state(&other_opt, &names).unwrap(),
+        opt_only
+    );
 
     // Half of an optimizer state is an error naming what is missing; an unreadable step too.
     let mut partial = saved.clone();
@@ -446,6 +449,61 @@ fn training_state_round_trips_and_a_pytorch_file_loads_as_parameters_alone() {
 }
 
 /// Mean, variance and the largest magnitude of a tensor's values.
+/// SGD's momentum buffers are saved and restored: a restored run's next step equals the
+/// original's, bit for bit, which it would not with fresh (zero) buffers.
+#[test]
+fn sgd_momentum_state_round_trips() {
+    let f = fixture();
+    let dev = device();
+    let input = |k: &str| dev.tensor(&f.batch.tensors[k]).unwrap();
+    let lr = dev.scalar(0.05, DType::F32).unwrap();
+    let train_step = |model: &TextEncoder, opt: &mut Sgd| {
+        let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
+        let loss = model
+            .loss(&input("ids"), &input("mask"), &input("labels"))
+            .unwrap();
+        let grads = grad(&loss, &params.iter().collect::<Vec<_>>()).unwrap();
+        opt.step(&params, &grads, &lr).unwrap();
+        dev.mark_step().unwrap();
+    };
+    let new_sgd = |model: &TextEncoder| {
+        let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
+        Sgd::new(&dev, &params, 0.9, 1e-4).unwrap()
+    };
+    let model = model_with_torch_weights(&dev, &f);
+    let mut opt = new_sgd(&model);
+    train_step(&model, &mut opt);
+    train_step(&model, &mut opt);
+    let saved = state::training_state(&model, &opt, 2).unwrap();
+    let names: Vec<String> = model.parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        state::optimizer_state(&opt, &names)
+            .unwrap()
+            .tensors
+            .keys()
+            .filter(|k| k.ends_with(".momentum_buffer"))
+            .count(),
+        names.len()
+    );
+
+    let restored_model = TextEncoder::new(&dev, f.config.clone(), 9).unwrap();
+    let mut restored_opt = new_sgd(&restored_model);
+    let fresh_model = TextEncoder::new(&dev, f.config.clone(), 9).unwrap();
+    let mut fresh_opt = new_sgd(&fresh_model);
+    let path = tmp("sgd").join("sgd.safetensors");
+    let r = state::load_training(&restored_model, &restored_opt, &saved, &path).unwrap();
+    assert_eq!((r.step, r.optimizer), (Some(2), true));
+    state::load_module(&fresh_model, &saved, &path).unwrap(); // weights only
+
+    train_step(&model, &mut opt);
+    train_step(&restored_model, &mut restored_opt);
+    train_step(&fresh_model, &mut fresh_opt);
+    let weights = |m: &TextEncoder| state::module_state(m).unwrap().tensors;
+    assert_eq!(weights(&restored_model), weights(&model));
+    assert_ne!(weights(&fresh_model), weights(&model));
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
 fn moments(t: &HostTensor) -> (f64, f64, f64, usize) {
     let v = t.to_f64_vec();
     let n = v.len() as f64;
