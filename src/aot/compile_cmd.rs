@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use neuron_pc_compiler::flags::CompilerFlags;
 
 use super::env::{cache_url, AotEnv, CACHE_URL_ENV};
-use super::pool::{self, GraphJob, PoolConfig, Source};
+use super::pool::{self, GraphJob, Source};
 use super::report::RunReport;
-use super::{default_jobs, signals, temp_dir, CompileOpts};
+use super::{signals, temp_dir, CompileOpts};
 
 /// Extract-mode directory variable read by the lazy device.
 pub const EXTRACT_DIR_ENV: &str = "NEURON_PC_EXTRACT_DIR";
@@ -218,16 +218,8 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
             return Err(e);
         }
     };
-    let jobs = o.jobs.unwrap_or_else(default_jobs).max(1);
-    let cfg = PoolConfig {
-        jobs,
-        timeout: Duration::from_secs_f64(o.timeout.max(0.001)),
-        retry_failed: o.retry_failed,
-        shard: o.shard,
-        dry_run: o.dry_run,
-        work_dir: work.clone(),
-        prespawn: !o.dry_run as usize,
-    };
+    let cfg = o.pool_config(work.clone(), !o.dry_run as usize);
+    let jobs = cfg.jobs;
     let summary = pool::run(&env, &cfg, &mut source)?;
     let status = source.status();
     let trial_error = if summary.interrupted {

@@ -1,11 +1,11 @@
 //! `neuron-pc compile-graphs FILE|DIR...`: StableHLO text from any frontend into the cache.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use super::pool::{self, GraphJob, PoolConfig, Source};
+use super::pool::{self, GraphJob, Source};
 use super::report::RunReport;
-use super::{default_jobs, env::AotEnv, signals, temp_dir, CompileOpts};
+use super::{env::AotEnv, signals, temp_dir, CompileOpts};
 
 #[derive(clap::Args, Debug)]
 pub struct CompileGraphsArgs {
@@ -84,16 +84,8 @@ pub fn run(args: CompileGraphsArgs) -> anyhow::Result<i32> {
         });
     }
     let work = temp_dir("compile-graphs")?;
-    let jobs = o.jobs.unwrap_or_else(default_jobs).max(1);
-    let cfg = PoolConfig {
-        jobs,
-        timeout: Duration::from_secs_f64(o.timeout.max(0.001)),
-        retry_failed: o.retry_failed,
-        shard: o.shard,
-        dry_run: o.dry_run,
-        work_dir: work.clone(),
-        prespawn: 0,
-    };
+    let cfg = o.pool_config(work.clone(), 0);
+    let jobs = cfg.jobs;
     let summary = pool::run(&env, &cfg, &mut Files(jobs_list))?;
     let report = RunReport::new(
         &summary,

@@ -95,6 +95,22 @@ pub struct CompileOpts {
     pub flags: FlagArgs,
 }
 
+impl CompileOpts {
+    /// The worker pool's settings for these options; `prespawn` workers start before any
+    /// graph is known.
+    pub fn pool_config(&self, work_dir: std::path::PathBuf, prespawn: usize) -> pool::PoolConfig {
+        pool::PoolConfig {
+            jobs: self.jobs.unwrap_or_else(default_jobs).max(1),
+            timeout: std::time::Duration::from_secs_f64(self.timeout.max(0.001)),
+            retry_failed: self.retry_failed,
+            shard: self.shard,
+            dry_run: self.dry_run,
+            work_dir,
+            prespawn,
+        }
+    }
+}
+
 fn parse_shard(s: &str) -> Result<(u64, u64), String> {
     let (i, n) = s.split_once('/').ok_or("expected I/N, e.g. 0/4")?;
     let i: u64 = i.trim().parse().map_err(|_| "I must be a number")?;
