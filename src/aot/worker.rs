@@ -65,7 +65,7 @@ fn matches_prefix(var: &str, key: &str) -> bool {
 
 pub fn run(args: WorkerArgs) -> anyhow::Result<i32> {
     let started = Instant::now();
-    let flags = CompilerFlags::from_env().map_err(|e| anyhow::anyhow!("NEURON_CC_FLAGS: {e}"))?;
+    let flags = CompilerFlags::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
     let env = AotEnv::open(flags, args.cache.as_deref())?;
     let ready_ms = started.elapsed().as_secs_f64() * 1e3;
     let stdin = std::io::stdin();

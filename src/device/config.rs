@@ -76,8 +76,7 @@ fn path_env(name: &str) -> Option<PathBuf> {
 impl DeviceConfig {
     /// Reads `NEURON_CC_FLAGS`, `NEURON_COMPILE_CACHE_URL` and the `NEURON_PC_*` switches.
     pub fn from_env() -> Result<DeviceConfig> {
-        let flags = CompilerFlags::from_env()
-            .map_err(|e| Error::Config(format!("NEURON_CC_FLAGS: {e}")))?;
+        let flags = CompilerFlags::from_env().map_err(|e| Error::Config(e.to_string()))?;
         let cache_url = std::env::var(CACHE_URL_ENV)
             .ok()
             .filter(|v| !v.is_empty())
