@@ -13,6 +13,7 @@ pub mod optlevel;
 pub mod passes;
 pub mod pjrt;
 pub mod reference;
+pub mod rng;
 
 pub use dtype::DType;
 pub use error::{Error, PjrtErrorCode, Result};

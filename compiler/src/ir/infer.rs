@@ -44,9 +44,9 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             Ok(x.clone())
         }
         Op::Binary(b) => {
-            let (x, y) = binary(op, operands)?;
+            // `binary` checks that both operands have one type.
+            let (x, _) = binary(op, operands)?;
             dtype_in(op, x.dtype, b.dtypes())?;
-            let _ = y;
             Ok(x.clone())
         }
         Op::Compare(_) => {

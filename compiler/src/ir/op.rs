@@ -6,6 +6,27 @@ use crate::dtype::DType;
 
 use super::types::Literal;
 
+/// Declares a fieldless op enum with `ALL`, every variant in declaration order, generated from
+/// the declaration itself so that a new variant cannot be left out of it.
+macro_rules! op_enum {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident {
+            $( $(#[$vmeta:meta])* $variant:ident, )+
+        }
+    ) => {
+        $(#[$meta])*
+        $vis enum $name {
+            $( $(#[$vmeta])* $variant, )+
+        }
+
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: [$name; [$(stringify!($variant)),+].len()] = [$($name::$variant),+];
+        }
+    };
+}
+
 /// One primitive of the graph IR. Each maps onto StableHLO (a few onto a short fixed sequence
 /// of StableHLO ops). Shapes are static; broadcasting is explicit ([`Op::BroadcastInDim`]).
 ///
@@ -233,6 +254,7 @@ impl DTypeClass {
     }
 }
 
+op_enum! {
 /// Elementwise one-operand ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum UnaryOp {
@@ -254,28 +276,9 @@ pub enum UnaryOp {
     /// Logical not on pred, bitwise not on integers.
     Not,
 }
+}
 
 impl UnaryOp {
-    /// Every unary op.
-    pub const ALL: [UnaryOp; 16] = [
-        UnaryOp::Neg,
-        UnaryOp::Abs,
-        UnaryOp::Sign,
-        UnaryOp::Exp,
-        UnaryOp::Log,
-        UnaryOp::Log1p,
-        UnaryOp::Tanh,
-        UnaryOp::Logistic,
-        UnaryOp::Sqrt,
-        UnaryOp::Rsqrt,
-        UnaryOp::Sin,
-        UnaryOp::Cos,
-        UnaryOp::Erf,
-        UnaryOp::Floor,
-        UnaryOp::Ceil,
-        UnaryOp::Not,
-    ];
-
     /// A short lowercase name for messages.
     pub fn name(self) -> &'static str {
         match self {
@@ -341,6 +344,7 @@ impl UnaryOp {
     }
 }
 
+op_enum! {
 /// Elementwise two-operand ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BinaryOp {
@@ -360,23 +364,9 @@ pub enum BinaryOp {
     Or,
     Xor,
 }
+}
 
 impl BinaryOp {
-    /// Every binary op.
-    pub const ALL: [BinaryOp; 11] = [
-        BinaryOp::Add,
-        BinaryOp::Sub,
-        BinaryOp::Mul,
-        BinaryOp::Div,
-        BinaryOp::Rem,
-        BinaryOp::Pow,
-        BinaryOp::Max,
-        BinaryOp::Min,
-        BinaryOp::And,
-        BinaryOp::Or,
-        BinaryOp::Xor,
-    ];
-
     /// A short lowercase name for messages.
     pub fn name(self) -> &'static str {
         match self {
@@ -427,6 +417,7 @@ impl BinaryOp {
     }
 }
 
+op_enum! {
 /// Elementwise comparisons (result pred).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CompareOp {
@@ -437,18 +428,9 @@ pub enum CompareOp {
     Gt,
     Ge,
 }
+}
 
 impl CompareOp {
-    /// Every comparison.
-    pub const ALL: [CompareOp; 6] = [
-        CompareOp::Eq,
-        CompareOp::Ne,
-        CompareOp::Lt,
-        CompareOp::Le,
-        CompareOp::Gt,
-        CompareOp::Ge,
-    ];
-
     /// A short lowercase name for messages.
     pub fn name(self) -> &'static str {
         match self {
@@ -490,6 +472,7 @@ impl CompareOp {
     }
 }
 
+op_enum! {
 /// Reductions (also the combiner of the collectives).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ReduceOp {
@@ -498,11 +481,9 @@ pub enum ReduceOp {
     Min,
     Prod,
 }
+}
 
 impl ReduceOp {
-    /// Every reduction.
-    pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod];
-
     /// A short lowercase name for messages.
     pub fn name(self) -> &'static str {
         match self {

@@ -118,7 +118,9 @@ pub(crate) fn emit(e: &mut Emitter, v: &str, key: &str, dims: &[usize]) -> Strin
         let k = o.bin("add", &ks[(j + 1) % 3], &inc);
         x1 = o.bin("add", &x1, &k);
     }
-    let _ = x1;
+    // Only the first word is the result; the second word's last update stays in the text
+    // (XLA drops it) so programs and their cache keys are those of earlier versions.
+    drop(x1);
     let out = v.to_string();
     o.e.line(&format!(
         "{out} = \"stablehlo.reshape\"({x0}) : ({ty}) -> {}",

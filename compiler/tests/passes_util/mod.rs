@@ -8,32 +8,14 @@ use neuron_pc_compiler::ir::{Graph, Op, TensorType};
 use neuron_pc_compiler::reference::evaluate;
 use neuron_pc_compiler::{DType, HostTensor};
 
-/// A small deterministic generator (SplitMix64), so failures reproduce from the seed.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-    }
-}
+pub use neuron_pc_compiler::rng::SplitMix64 as Rng;
 
 /// Random values of `ty`: floats in [-1, 1), integers in 0..4, pred either way.
 pub fn random_tensor(rng: &mut Rng, ty: &TensorType) -> HostTensor {
     let n = ty.element_count();
     let vals: Vec<f64> = (0..n)
         .map(|_| match ty.dtype {
-            d if d.is_float() => rng.unit(),
+            d if d.is_float() => rng.uniform(-1.0, 1.0),
             DType::Pred => (rng.next_u64() & 1) as f64,
             _ => (rng.next_u64() % 4) as f64,
         })
@@ -69,7 +51,7 @@ pub fn step_inputs(c: step::StepConfig, seed: u64, g: &Graph) -> Vec<HostTensor>
     );
     let mask: Vec<f32> = (0..c.batch * c.seq)
         .map(|i| {
-            if i % c.seq == 0 || rng.unit() > -0.4 {
+            if i % c.seq == 0 || rng.uniform(-1.0, 1.0) > -0.4 {
                 1.0
             } else {
                 0.0
@@ -93,9 +75,9 @@ pub fn step_inputs(c: step::StepConfig, seed: u64, g: &Graph) -> Vec<HostTensor>
         let vals: Vec<f64> = (0..ty.element_count())
             .map(|_| {
                 if scale == 0.0 {
-                    rng.unit().abs() * 1e-4
+                    rng.uniform(-1.0, 1.0).abs() * 1e-4
                 } else {
-                    rng.unit() * scale
+                    rng.uniform(-1.0, 1.0) * scale
                 }
             })
             .collect();
