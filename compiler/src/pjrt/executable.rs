@@ -63,8 +63,19 @@ impl Drop for ExecutableRef<'_> {
 }
 
 impl Client {
-    /// Compiles a StableHLO program given as MLIR text.
+    /// Compiles a StableHLO program given as MLIR text; launches check their arguments
+    /// against the signature read from the text.
     pub fn compile(&self, mlir: &str, options: &CompileOptions) -> Result<LoadedExecutable> {
+        self.compile_with_signature(mlir, options, Signature::parse(mlir))
+    }
+
+    /// Compiles a program whose signature the caller knows (from the IR it was lowered from).
+    pub fn compile_with_signature(
+        &self,
+        mlir: &str,
+        options: &CompileOptions,
+        signature: Option<Signature>,
+    ) -> Result<LoadedExecutable> {
         let format = "mlir";
         let program = sys::PJRT_Program {
             code: mlir.as_ptr() as *mut _,
@@ -82,7 +93,7 @@ impl Client {
             ..Args::new()
         };
         pjrt_call!(self.plugin_ref(), PJRT_Client_Compile, &mut args)?;
-        self.wrap_executable(args.executable, Signature::parse(mlir))
+        self.wrap_executable(args.executable, signature)
     }
 
     /// Loads an executable produced by [`LoadedExecutable::serialize`] with the same plugin.
