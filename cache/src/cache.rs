@@ -49,6 +49,8 @@ pub enum Obtained {
         executable: Vec<u8>,
         /// How long compiling took.
         compile_ms: f64,
+        /// Whether it was stored (a read-only cache or failing storage keeps it out).
+        stored: PutOutcome,
     },
     /// Another process compiled it while this one waited.
     Waited(Hit),
@@ -636,10 +638,11 @@ impl Cache {
         let compile_ms = started.elapsed().as_secs_f64() * 1e3;
         let outcome = match result {
             Ok(executable) => {
-                self.put(key, &executable, program, key_inputs, compile_ms);
+                let stored = self.put(key, &executable, program, key_inputs, compile_ms);
                 Ok(Obtained::Compiled {
                     executable,
                     compile_ms,
+                    stored,
                 })
             }
             Err(message) => {

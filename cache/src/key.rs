@@ -4,8 +4,26 @@ use crate::error::{Error, Result};
 
 /// A cache key: exactly 64 lowercase hex characters (a SHA-256 computed by the compiler crate).
 /// Validation is what keeps object names inside the cache root: no separators, no dots, no NUL.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// It serializes as that text and deserializes only through the same validation.
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(into = "String", try_from = "String")]
 pub struct CacheKey(String);
+
+impl From<CacheKey> for String {
+    fn from(k: CacheKey) -> String {
+        k.0
+    }
+}
+
+impl TryFrom<String> for CacheKey {
+    type Error = Error;
+
+    fn try_from(s: String) -> Result<CacheKey> {
+        CacheKey::parse(&s)
+    }
+}
 
 impl CacheKey {
     /// Validates `s`; anything but 64 lowercase hex characters is an error.
@@ -24,6 +42,11 @@ impl CacheKey {
     /// The key as text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The first 12 characters, as tables and logs show a key.
+    pub fn short(&self) -> &str {
+        &self.0[..12]
     }
 
     /// Two-character shard directory, so no directory holds every entry.
