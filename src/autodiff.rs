@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::panic::Location;
 use std::sync::{Arc, Weak};
 
-use neuron_pc_compiler::ir::{BinaryOp, Literal, Op, ReduceOp, TensorType, UnaryOp};
+use neuron_pc_compiler::ir::{BinaryOp, Op, ReduceOp, TensorType, UnaryOp};
 
 use crate::device::trace::Value;
 use crate::device::{lock, DeviceInner};
@@ -83,11 +83,15 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
             continue;
         };
         let (op, ty) = lock(&dev.interner).op_of(node.op_id).clone();
-        let y = dev.detached(v.clone(), ty);
+        let y = Tensor {
+            cell: dev.detached_cell(v.clone(), ty),
+        };
         let xs: Vec<Tensor> = node
             .operands
             .iter()
-            .map(|o| dev.detached(o.clone(), value_type(&dev, o)))
+            .map(|o| Tensor {
+                cell: dev.detached_cell(o.clone(), value_type(&dev, o)),
+            })
             .collect();
         let grads = vjp(&op, &xs, &y, &g, location)?;
         for (operand, gi) in node.operands.iter().zip(grads) {
@@ -146,13 +150,16 @@ fn topo_order(root: &Value) -> Vec<Value> {
 }
 
 fn non_diff(op: &Op, location: &'static Location<'static>) -> Error {
-    Error::Op {
+    let reason = match op {
+        Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => {
+            "collectives other than a sum all-reduce have no gradient rule yet"
+        }
+        _ => "it has no derivative on the float path to the loss",
+    };
+    Error::NotDifferentiable {
         location,
-        source: neuron_pc_compiler::Error::Shape {
-            op: "grad",
-            operands: op.name().to_string(),
-            message: format!("{} is not differentiable", op.name()),
-        },
+        op: op.name(),
+        reason,
     }
 }
 
@@ -603,133 +610,35 @@ fn dot_general_vjp(
     Ok(vec![Some(dl), Some(dr)])
 }
 
-impl Tensor {
-    /// Zeros of this tensor's type (a constant of the graph).
-    #[track_caller]
-    pub fn zeros_like(&self) -> Result<Tensor> {
-        let dev = self.device_inner()?;
-        Tensor::apply_nullary(
-            &dev,
-            Op::Constant(Literal::splat(self.dtype(), 0.0, self.dims())),
-        )
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::CacheConfig;
+    use crate::{DeviceConfig, LazyDevice};
 
-    /// Pads with the scalar `value` (same dtype): `low`/`high` entries before/after each
-    /// dimension (negative ones crop), `interior` entries between neighbouring elements.
-    #[track_caller]
-    pub fn pad(
-        &self,
-        low: Vec<i64>,
-        high: Vec<i64>,
-        interior: Vec<usize>,
-        value: &Tensor,
-    ) -> Result<Tensor> {
-        Tensor::apply(
-            Op::Pad {
-                low,
-                high,
-                interior,
+    #[test]
+    fn an_op_without_a_gradient_rule_is_a_typed_error_naming_it() {
+        let dev = LazyDevice::new(DeviceConfig {
+            cache: CacheConfig::disabled(),
+            ..DeviceConfig::default()
+        })
+        .unwrap();
+        let x = dev.from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+        let gathered = Tensor::apply(
+            Op::AllGather {
+                dim: 0,
+                replica_groups: vec![vec![0]],
             },
-            &[self, value],
+            &[&x],
         )
-    }
-
-    /// Elements `start[d], start[d] + stride[d], ...` below `limit[d]` of each dimension.
-    #[track_caller]
-    pub fn slice_strided(
-        &self,
-        start: &[usize],
-        limit: &[usize],
-        stride: &[usize],
-    ) -> Result<Tensor> {
-        Tensor::apply(
-            Op::Slice {
-                start: start.to_vec(),
-                limit: limit.to_vec(),
-                stride: stride.to_vec(),
-            },
-            &[self],
-        )
-    }
-
-    /// The `sizes` window at `starts` (one scalar integer tensor per dimension, so the offset
-    /// can change between steps without a new graph; clamped to keep the window inside).
-    #[track_caller]
-    pub fn dynamic_slice(&self, starts: &[&Tensor], sizes: &[usize]) -> Result<Tensor> {
-        let mut operands = vec![self];
-        operands.extend_from_slice(starts);
-        Tensor::apply(
-            Op::DynamicSlice {
-                sizes: sizes.to_vec(),
-            },
-            &operands,
-        )
-    }
-
-    /// This tensor with `update` written at `starts` (scalar integer tensors, clamped).
-    #[track_caller]
-    pub fn dynamic_update_slice(&self, update: &Tensor, starts: &[&Tensor]) -> Result<Tensor> {
-        let mut operands = vec![self, update];
-        operands.extend_from_slice(starts);
-        Tensor::apply(Op::DynamicUpdateSlice, &operands)
-    }
-
-    /// The IR's `dot_general`: contracts `lhs_contract[k]` of this tensor with `rhs_contract[k]`
-    /// of `rhs`, batching over paired `lhs_batch`/`rhs_batch`; the result has the batch
-    /// dimensions, then this tensor's free ones, then `rhs`'s free ones.
-    #[track_caller]
-    pub fn dot_general(
-        &self,
-        rhs: &Tensor,
-        lhs_batch: &[usize],
-        rhs_batch: &[usize],
-        lhs_contract: &[usize],
-        rhs_contract: &[usize],
-    ) -> Result<Tensor> {
-        let op = Op::DotGeneral {
-            lhs_batch: lhs_batch.to_vec(),
-            rhs_batch: rhs_batch.to_vec(),
-            lhs_contract: lhs_contract.to_vec(),
-            rhs_contract: rhs_contract.to_vec(),
-        };
-        Tensor::apply(op, &[self, rhs])
-    }
-
-    /// The IR's `broadcast_in_dim`: operand dimension `i` becomes result dimension
-    /// `broadcast_dimensions[i]` (equal size, or 1 to stretch); the result has `dims`.
-    #[track_caller]
-    pub fn broadcast_in_dim(
-        &self,
-        dims: &[usize],
-        broadcast_dimensions: &[usize],
-    ) -> Result<Tensor> {
-        Tensor::apply(
-            Op::BroadcastInDim {
-                dims: dims.to_vec(),
-                broadcast_dimensions: broadcast_dimensions.to_vec(),
-            },
-            &[self],
-        )
-    }
-}
-
-impl DeviceInner {
-    /// A tensor over an existing value that is not registered as pending: it never becomes a
-    /// step output by itself (used for intermediate values during differentiation).
-    pub(crate) fn detached(self: &Arc<Self>, value: Value, ty: TensorType) -> Tensor {
-        use crate::tensor::{Cell, State};
-        let state = match value {
-            Value::Node(n) => State::Pending(n),
-            Value::Data(d) => State::Data(d),
-        };
-        Tensor {
-            cell: Arc::new(Cell {
-                id: u64::MAX,
-                ty,
-                device: Arc::downgrade(self),
-                state: std::sync::Mutex::new(state),
-                donor: std::sync::Mutex::new(None),
-            }),
+        .unwrap();
+        let loss = gathered.sum_all().unwrap();
+        match grad(&loss, &[&x]) {
+            Err(Error::NotDifferentiable { op, location, .. }) => {
+                assert_eq!(op, "all_gather");
+                assert!(location.file().ends_with("autodiff.rs"), "{location}");
+            }
+            other => panic!("expected NotDifferentiable, got {other:?}"),
         }
     }
 }

@@ -36,8 +36,16 @@ pub enum Error {
     NewGraphAfterWarmup(String),
 
     /// A compilation failed (now or, recorded in the cache, earlier).
-    #[error("compiling graph {key} failed: {message}")]
-    CompileFailed { key: String, message: String },
+    #[error("compiling graph {key} failed: {source}")]
+    CompileFailed { key: String, source: CompileError },
+
+    /// `grad` met an op on a float path from a parameter to the loss that has no gradient.
+    #[error("{location}: {op} is not differentiable ({reason})")]
+    NotDifferentiable {
+        location: &'static Location<'static>,
+        op: &'static str,
+        reason: &'static str,
+    },
 
     /// Extract mode could not write a graph.
     #[error("extract mode: {0}")]
@@ -45,6 +53,17 @@ pub enum Error {
 
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
+}
+
+/// Why no executable could be had (see `crate::compile::Compiler::get_or_compile`).
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    /// The compiler (or lowering, or loading) failed here.
+    #[error(transparent)]
+    Compiler(#[from] neuron_pc_compiler::Error),
+    /// A failure this compiler recorded in the cache earlier (not retried unless asked).
+    #[error("{0}")]
+    Recorded(String),
 }
 
 /// The crate's result type.

@@ -15,6 +15,7 @@
 
 pub mod autodiff;
 pub mod checkpoint;
+pub mod compile;
 pub mod data;
 pub mod device;
 mod error;
@@ -22,7 +23,6 @@ pub mod logging;
 pub mod models;
 pub mod nn;
 pub mod optim;
-mod persist;
 pub mod state;
 pub mod tensor;
 

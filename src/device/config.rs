@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use neuron_pc_compiler::flags::CompilerFlags;
 use neuron_pc_compiler::pjrt::Target;
 
+use crate::compile::CacheConfig;
 use crate::error::{Error, Result};
 
 /// Directory that puts devices in extract mode (set by `neuron-pc compile`).
@@ -16,20 +17,14 @@ pub const NO_NEW_GRAPHS_ENV: &str = "NEURON_PC_NO_COMPILE_AFTER_WARMUP";
 pub const DEBUG_STEPS_ENV: &str = "NEURON_PC_DEBUG_STEPS";
 /// A file to append one JSON line per new graph to (read by `neuron-pc analyze`).
 pub const GRAPH_LOG_ENV: &str = "NEURON_PC_GRAPH_LOG";
-/// Compile cache location (a directory, `file://...` or `s3://bucket/prefix`).
-pub const CACHE_URL_ENV: &str = "NEURON_COMPILE_CACHE_URL";
-/// `0` turns the persistent cache off (in-memory only).
-pub const USE_CACHE_ENV: &str = "NEURON_PC_CACHE";
 
 /// Everything a [`crate::LazyDevice`] needs to start.
 #[derive(Clone, Debug)]
 pub struct DeviceConfig {
     /// Compiler flags; their `target` picks the plugin.
     pub flags: CompilerFlags,
-    /// The persistent cache's URL; `None` uses the default local directory.
-    pub cache_url: Option<String>,
-    /// Whether to use a persistent cache at all.
-    pub persistent_cache: bool,
+    /// The persistent compile cache ([`CacheConfig::disabled`] for none).
+    pub cache: CacheConfig,
     /// Which of the client's devices to run on.
     pub device_index: usize,
     /// CPU plugin: how many devices the client exposes.
@@ -50,8 +45,7 @@ impl Default for DeviceConfig {
     fn default() -> Self {
         DeviceConfig {
             flags: CompilerFlags::default(),
-            cache_url: None,
-            persistent_cache: true,
+            cache: CacheConfig::default(),
             device_index: 0,
             cpu_device_count: None,
             extract_dir: None,
@@ -74,17 +68,14 @@ fn path_env(name: &str) -> Option<PathBuf> {
 }
 
 impl DeviceConfig {
-    /// Reads `NEURON_CC_FLAGS`, `NEURON_COMPILE_CACHE_URL` and the `NEURON_PC_*` switches.
+    /// Reads `NEURON_CC_FLAGS`, the cache's variables (see [`CacheConfig::resolve`]) and the
+    /// `NEURON_PC_*` switches.
     pub fn from_env() -> Result<DeviceConfig> {
         let flags = CompilerFlags::from_env().map_err(|e| Error::Config(e.to_string()))?;
-        let cache_url = std::env::var(CACHE_URL_ENV)
-            .ok()
-            .filter(|v| !v.is_empty())
-            .or_else(|| flags.cache_dir.clone());
+        let cache = CacheConfig::resolve(None, &flags)?;
         Ok(DeviceConfig {
             flags,
-            cache_url,
-            persistent_cache: std::env::var(USE_CACHE_ENV).map_or(true, |v| v != "0"),
+            cache,
             extract_dir: path_env(EXTRACT_DIR_ENV),
             fail_on_new_graph_after_warmup: flag_env(NO_NEW_GRAPHS_ENV),
             debug_steps: flag_env(DEBUG_STEPS_ENV),

@@ -3,8 +3,7 @@
 
 mod config;
 mod diagnose;
-mod extract;
-pub(crate) mod jit;
+mod executables;
 mod metrics;
 mod step;
 pub(crate) mod trace;
@@ -15,20 +14,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
-use neuron_pc_compiler::ir::{Literal, Op, TensorType};
+use neuron_pc_compiler::ir::{Op, TensorType};
 use neuron_pc_compiler::pjrt::{find_plugin, Buffer, Client, ClientOptions, Device, Plugin};
-use neuron_pc_compiler::{DType, HostTensor};
+use neuron_pc_compiler::HostTensor;
 
 pub use config::{
-    DeviceConfig, CACHE_URL_ENV, DEBUG_STEPS_ENV, EXTRACT_DIR_ENV, GRAPH_LOG_ENV,
-    NO_NEW_GRAPHS_ENV, USE_CACHE_ENV,
+    DeviceConfig, DEBUG_STEPS_ENV, EXTRACT_DIR_ENV, GRAPH_LOG_ENV, NO_NEW_GRAPHS_ENV,
 };
 pub use metrics::Metrics;
 
+use crate::compile::Compiler;
 use crate::error::{Error, Result};
-use crate::tensor::{Cell, State, Tensor};
-use jit::{Jit, StepExecutable};
-use trace::{DeviceData, Interner};
+use executables::{How, StepExecutable};
+use trace::{Cell, DeviceData, Interner, Node, Value};
 
 /// A device that records tensor operations and runs them as compiled step graphs.
 ///
@@ -40,7 +38,8 @@ pub struct LazyDevice {
 }
 
 pub(crate) struct DeviceInner {
-    pub client: Client,
+    /// Compiles (or finds in the cache) every new step graph; owns the PJRT client.
+    pub compiler: Compiler,
     pub device: Device,
     pub config: DeviceConfig,
     pub interner: Mutex<Interner>,
@@ -48,7 +47,6 @@ pub(crate) struct DeviceInner {
     pub pending: Mutex<Vec<Weak<Cell>>>,
     pub executables: Mutex<HashMap<Vec<u32>, Arc<StepExecutable>>>,
     pub metrics: Mutex<Metrics>,
-    pub jit: Jit,
     pub sites: Mutex<diagnose::Sites>,
     next_tensor_id: AtomicU64,
 }
@@ -58,7 +56,7 @@ impl std::fmt::Debug for LazyDevice {
         write!(
             f,
             "LazyDevice({} device {})",
-            self.inner.client.platform_name(),
+            self.inner.client().platform_name(),
             self.inner.device.0
         )
     }
@@ -93,16 +91,15 @@ impl LazyDevice {
                 client.device_count()
             )));
         }
-        let jit = Jit::new(&client, &config)?;
+        let compiler = Compiler::for_job(client, config.flags.clone(), &config.cache)?;
         Ok(LazyDevice {
             inner: Arc::new(DeviceInner {
                 device: Device(config.device_index),
-                client,
+                compiler,
                 interner: Mutex::new(Interner::default()),
                 pending: Mutex::new(Vec::new()),
                 executables: Mutex::new(HashMap::default()),
                 metrics: Mutex::new(Metrics::default()),
-                jit,
                 sites: Mutex::new(diagnose::Sites::default()),
                 next_tensor_id: AtomicU64::new(0),
                 config,
@@ -125,82 +122,6 @@ impl LazyDevice {
         lock(&self.inner.metrics).clone()
     }
 
-    /// Copies `host` to the device; the tensor holds device data (nothing pending).
-    pub fn tensor(&self, host: &HostTensor) -> Result<Tensor> {
-        let data = self.inner.upload(host, false)?;
-        Ok(self.inner.new_tensor(data.ty(), State::Data(data)))
-    }
-
-    /// A scalar on the device, for values that change between steps (learning rate, step
-    /// count, loss scale, seeds): it enters the graph as an input, so changing it does not make
-    /// a new graph. Plain Rust numbers used in ops become constants of the graph instead.
-    pub fn scalar(&self, value: f64, dtype: DType) -> Result<Tensor> {
-        self.tensor(&HostTensor::from_f64s(dtype, &[value], &[])?)
-    }
-
-    /// Copies `values` (shape `dims`) to the device.
-    pub fn from_slice<T: neuron_pc_compiler::Element>(
-        &self,
-        values: &[T],
-        dims: &[usize],
-    ) -> Result<Tensor> {
-        self.tensor(&HostTensor::from_slice(values, dims)?)
-    }
-
-    /// A tensor filled with `value` (recorded as a constant of the graph).
-    #[track_caller]
-    pub fn full(&self, value: f64, dims: &[usize], dtype: DType) -> Result<Tensor> {
-        Tensor::apply_nullary(
-            &self.inner,
-            Op::Constant(Literal::splat(dtype, value, dims)),
-        )
-    }
-
-    /// Zeros (a constant of the graph).
-    #[track_caller]
-    pub fn zeros(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
-        self.full(0.0, dims, dtype)
-    }
-
-    /// Ones (a constant of the graph).
-    #[track_caller]
-    pub fn ones(&self, dims: &[usize], dtype: DType) -> Result<Tensor> {
-        self.full(1.0, dims, dtype)
-    }
-
-    /// `0, 1, ..., n-1`.
-    #[track_caller]
-    pub fn arange(&self, n: usize, dtype: DType) -> Result<Tensor> {
-        Tensor::apply_nullary(
-            &self.inner,
-            Op::Iota {
-                dims: vec![n],
-                dim: 0,
-                dtype,
-            },
-        )
-    }
-
-    /// Uniform values in [0, 1) from a counter-based generator keyed by `key` (a `u32[2]`
-    /// device tensor, so a new key per step does not make a new graph).
-    #[track_caller]
-    pub fn rand(&self, key: &Tensor, dims: &[usize]) -> Result<Tensor> {
-        let bits = Tensor::apply(
-            Op::RandomBits {
-                dims: dims.to_vec(),
-            },
-            &[key],
-        )?;
-        // The top 24 bits give every float32 in [0, 1) with spacing 2^-24.
-        let top = bits.div(&bits.constant_like(256.0)?)?;
-        top.to_dtype(DType::F32)?.mul_scalar(1.0 / 16_777_216.0)
-    }
-
-    /// A `u32[2]` key for [`LazyDevice::rand`] and dropout, from a seed.
-    pub fn key(&self, seed: u64) -> Result<Tensor> {
-        self.from_slice(&[(seed >> 32) as u32, seed as u32], &[2])
-    }
-
     /// Runs everything pending: one graph over every live tensor with a pending value.
     #[track_caller]
     pub fn mark_step(&self) -> Result<()> {
@@ -212,19 +133,49 @@ impl LazyDevice {
 }
 
 impl DeviceInner {
-    pub(crate) fn new_tensor(self: &Arc<Self>, ty: TensorType, state: State) -> Tensor {
-        let pending = matches!(state, State::Pending(_));
+    /// The PJRT client of the device's target.
+    pub(crate) fn client(&self) -> &Client {
+        self.compiler.client()
+    }
+
+    /// A new cell holding `value`; a pending one joins the next step's outputs.
+    pub(crate) fn new_cell(self: &Arc<Self>, ty: TensorType, value: Value) -> Arc<Cell> {
+        let pending = value.is_pending();
         let cell = Arc::new(Cell {
             id: self.next_tensor_id.fetch_add(1, Ordering::Relaxed),
             ty,
             device: Arc::downgrade(self),
-            state: Mutex::new(state),
+            value: Mutex::new(value),
             donor: Mutex::new(None),
         });
         if pending {
             lock(&self.pending).push(Arc::downgrade(&cell));
         }
-        Tensor { cell }
+        cell
+    }
+
+    /// A cell over an existing value that is not registered as pending: it never becomes a
+    /// step output by itself (intermediate values during differentiation).
+    pub(crate) fn detached_cell(self: &Arc<Self>, value: Value, ty: TensorType) -> Arc<Cell> {
+        Arc::new(Cell {
+            id: u64::MAX,
+            ty,
+            device: Arc::downgrade(self),
+            value: Mutex::new(value),
+            donor: Mutex::new(None),
+        })
+    }
+
+    /// Records `op` (of result type `ty`) over `operands` as a new pending cell.
+    pub(crate) fn record(
+        self: &Arc<Self>,
+        op: Op,
+        ty: TensorType,
+        operands: Vec<Value>,
+    ) -> Arc<Cell> {
+        let op_id = lock(&self.interner).op(op, ty.clone());
+        let node = Arc::new(Node { op_id, operands });
+        self.new_cell(ty, Value::Node(node))
     }
 
     /// Registers a tensor that became pending again (an in-place update).
@@ -233,7 +184,7 @@ impl DeviceInner {
     }
 
     pub(crate) fn upload(&self, host: &HostTensor, zero_filled: bool) -> Result<Arc<DeviceData>> {
-        let buffer = self.client.buffer_from_host(host, self.device)?;
+        let buffer = self.client().buffer_from_host(host, self.device)?;
         {
             let mut m = lock(&self.metrics);
             m.transfers_to_device += 1;
@@ -274,7 +225,7 @@ impl DeviceInner {
         let mut cells: Vec<Arc<Cell>> = weak
             .iter()
             .filter_map(Weak::upgrade)
-            .filter(|c| matches!(*lock(&c.state), State::Pending(_)))
+            .filter(|c| lock(&c.value).is_pending())
             .collect();
         cells.sort_by_key(|c| c.id);
         cells.dedup_by_key(|c| c.id);
@@ -291,9 +242,9 @@ impl DeviceInner {
         let started = Instant::now();
         let roots: Vec<_> = cells
             .iter()
-            .filter_map(|c| match &*lock(&c.state) {
-                State::Pending(node) => Some(node.clone()),
-                State::Data(_) => None,
+            .filter_map(|c| match &*lock(&c.value) {
+                Value::Node(node) => Some(node.clone()),
+                Value::Data(_) => None,
             })
             .collect();
         if roots.is_empty() {
@@ -309,12 +260,12 @@ impl DeviceInner {
         let (exe, how) = match known {
             Some(exe) => {
                 lock(&self.metrics).memory_hits += 1;
-                (exe, jit::Obtained::Memory)
+                (exe, How::Memory)
             }
             None => {
                 let graph = traced.to_graph(&lock(&self.interner))?;
                 diagnose::check_new_graph(self, site, &graph)?;
-                let (exe, how) = self.jit.obtain(self, &graph, &aliases, site)?;
+                let (exe, how) = executables::obtain(self, &graph, &aliases, site)?;
                 lock(&self.metrics).graphs_seen += 1;
                 lock(&self.executables).insert(traced.identity.clone(), exe.clone());
                 (exe, how)
@@ -323,14 +274,14 @@ impl DeviceInner {
         drop(roots);
         let outputs = self.run(&exe, &mut traced, &aliases)?;
         for (cell, data) in cells.iter().zip(outputs) {
-            *lock(&cell.state) = State::Data(data);
+            *lock(&cell.value) = Value::Data(data);
             *lock(&cell.donor) = None;
         }
         diagnose::step_done(self, site);
         if self.config.debug_steps {
             tracing::info!(
-                "mark_step at {site}: graph {} ({} ops), {how:?}, {:.3} ms",
-                &exe.key[..12.min(exe.key.len())],
+                "mark_step at {site}: graph {} ({} ops), {how}, {:.3} ms",
+                exe.key.short(),
                 traced.op_count,
                 started.elapsed().as_secs_f64() * 1e3
             );

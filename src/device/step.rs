@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use neuron_pc_compiler::ir::{Graph, NodeId};
 
-use super::trace::{DeviceData, Interner, Node, Value};
+use super::trace::{Cell, DeviceData, Interner, Node, Value};
 use crate::error::Result;
 
 const PARAM_MARK: u32 = u32::MAX;
@@ -129,23 +129,19 @@ impl Traced {
     /// `(parameter, output)` pairs where output `j`'s tensor held parameter `i`'s data before an
     /// in-place update (same type): candidates for donation. Added to the identity, since they
     /// change the program.
-    pub fn donations(&mut self, cells: &[Arc<crate::tensor::Cell>]) -> Vec<(usize, usize)> {
+    pub fn donations(&mut self, cells: &[Arc<Cell>]) -> Vec<(usize, usize)> {
         let mut aliases = Vec::new();
         for (j, cell) in cells.iter().enumerate() {
-            let Some(d) = crate::device::lock(&cell.donor)
-                .as_ref()
-                .and_then(|w| w.upgrade())
-            else {
+            let Some(d) = super::lock(&cell.donor).as_ref().and_then(|w| w.upgrade()) else {
                 continue;
             };
             let Some(i) = self.params.iter().position(|p| Arc::ptr_eq(p, &d)) else {
                 continue;
             };
-            let out_ty = match &self.entries[self.outputs[j] as usize] {
-                Entry::Op { node, .. } => node.op_id,
-                Entry::Param { .. } => continue,
-            };
-            let _ = out_ty;
+            // An output that is a parameter passed through has nothing to update in place.
+            if matches!(self.entries[self.outputs[j] as usize], Entry::Param { .. }) {
+                continue;
+            }
             if cell.ty == d.ty() && !aliases.iter().any(|&(p, _)| p == i) {
                 aliases.push((i, j));
             }

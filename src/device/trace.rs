@@ -1,11 +1,12 @@
-//! The recorded computation: an immutable DAG of nodes that pending tensors point into.
+//! The recorded computation: an immutable DAG of nodes that pending tensors point into, and
+//! the cell behind every tensor (its type, its value: a node or device data, and its donor).
 //!
 //! Each node carries a small integer for its (op, result type), interned per device, so a step
 //! graph's identity can be written as a compact list of integers (see `step.rs`) and compared
 //! exactly, with no hash collisions to worry about, on every `mark_step`.
 
 use rustc_hash::FxHashMap as HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use neuron_pc_compiler::ir::{Op, TensorType};
 use neuron_pc_compiler::pjrt::Buffer;
@@ -19,11 +20,31 @@ pub(crate) struct DeviceData {
     pub ty_id: u32,
 }
 
-/// An operand: another recorded node, or data already on the device.
+/// A value: recorded but not computed (a node), or on the device. It is both a node's operand
+/// and the state of a tensor.
 #[derive(Clone)]
 pub(crate) enum Value {
     Node(Arc<Node>),
     Data(Arc<DeviceData>),
+}
+
+impl Value {
+    pub fn is_pending(&self) -> bool {
+        matches!(self, Value::Node(_))
+    }
+}
+
+/// What a tensor handle shares: one per recorded op result or uploaded value.
+pub(crate) struct Cell {
+    /// Creation order; pending outputs of a step are ordered by it.
+    pub id: u64,
+    pub ty: TensorType,
+    pub device: Weak<super::DeviceInner>,
+    pub value: Mutex<Value>,
+    /// The device data this tensor held before an in-place update made it pending: if the
+    /// step graph reads that data and nothing else holds it, its buffer is donated to the new
+    /// value (updated in place instead of copied).
+    pub donor: Mutex<Option<Weak<DeviceData>>>,
 }
 
 /// One recorded op application.

@@ -1,16 +1,18 @@
 //! Lazy tensors. Every op records a node (its shape and dtype checked at the call site) and
 //! returns at once; values are computed at the next `mark_step`, or when read.
 
+mod create;
 mod ops;
+mod primitives;
 mod shape;
 
 use std::panic::Location;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use neuron_pc_compiler::ir::{Op, TensorType};
 use neuron_pc_compiler::{DType, Element, HostTensor};
 
-use crate::device::trace::{DeviceData, Node, Value};
+use crate::device::trace::{Cell, Value};
 use crate::device::{lock, DeviceInner, LazyDevice};
 use crate::error::{Error, Result};
 
@@ -21,30 +23,12 @@ pub struct Tensor {
     pub(crate) cell: Arc<Cell>,
 }
 
-pub(crate) struct Cell {
-    /// Creation order; pending outputs of a step are ordered by it.
-    pub id: u64,
-    pub ty: TensorType,
-    pub device: Weak<DeviceInner>,
-    pub state: Mutex<State>,
-    /// The device data this tensor held before an in-place update made it pending: if the
-    /// step graph reads that data and nothing else holds it, its buffer is donated to the new
-    /// value (updated in place instead of copied).
-    pub donor: Mutex<Option<Weak<DeviceData>>>,
-}
-
-pub(crate) enum State {
-    /// Recorded but not computed.
-    Pending(Arc<Node>),
-    /// On the device.
-    Data(Arc<DeviceData>),
-}
-
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = match &*lock(&self.cell.state) {
-            State::Pending(_) => "pending",
-            State::Data(_) => "data",
+        let state = if lock(&self.cell.value).is_pending() {
+            "pending"
+        } else {
+            "data"
         };
         write!(f, "Tensor({}, {state})", self.cell.ty)
     }
@@ -78,7 +62,7 @@ impl Tensor {
 
     /// True when the value has not been computed yet.
     pub fn is_pending(&self) -> bool {
-        matches!(*lock(&self.cell.state), State::Pending(_))
+        lock(&self.cell.value).is_pending()
     }
 
     pub(crate) fn device_inner(&self) -> Result<Arc<DeviceInner>> {
@@ -93,10 +77,7 @@ impl Tensor {
     }
 
     pub(crate) fn value(&self) -> Value {
-        match &*lock(&self.cell.state) {
-            State::Pending(n) => Value::Node(n.clone()),
-            State::Data(d) => Value::Data(d.clone()),
-        }
+        lock(&self.cell.value).clone()
     }
 
     /// Records `op` over `operands` (shape-checked now, reported at the caller's line).
@@ -128,7 +109,9 @@ impl Tensor {
         let ty = neuron_pc_compiler::ir::infer(&op, &types)
             .map_err(|source| Error::Op { location, source })?;
         let values = operands.iter().map(|t| t.value()).collect();
-        Ok(dev.record(op, ty, values))
+        Ok(Tensor {
+            cell: dev.record(op, ty, values),
+        })
     }
 
     /// Records an op with no tensor operands (constants, iota) on `dev`.
@@ -137,7 +120,9 @@ impl Tensor {
         let location = Location::caller();
         let ty = neuron_pc_compiler::ir::infer(&op, &[])
             .map_err(|source| Error::Op { location, source })?;
-        Ok(dev.record(op, ty, Vec::new()))
+        Ok(Tensor {
+            cell: dev.record(op, ty, Vec::new()),
+        })
     }
 
     /// Copies the value to the host, computing it first if it is pending (an implicit sync).
@@ -148,9 +133,9 @@ impl Tensor {
         if self.is_pending() {
             dev.sync(vec![self.cell.clone()], site, false)?;
         }
-        let data = match &*lock(&self.cell.state) {
-            State::Data(d) => d.clone(),
-            State::Pending(_) => unreachable!("sync leaves data behind or fails"),
+        let data = match &*lock(&self.cell.value) {
+            Value::Data(d) => d.clone(),
+            Value::Node(_) => unreachable!("sync leaves data behind or fails"),
         };
         dev.download(&data)
     }
@@ -200,26 +185,15 @@ impl Tensor {
             });
         }
         let dev = self.device_inner()?;
-        let new_state = match value.value() {
-            Value::Node(n) => State::Pending(n),
-            Value::Data(d) => State::Data(d),
-        };
-        let pending = matches!(new_state, State::Pending(_));
-        let old = std::mem::replace(&mut *lock(&self.cell.state), new_state);
-        if let (true, State::Data(d)) = (pending, &old) {
+        let new_value = value.value();
+        let pending = new_value.is_pending();
+        let old = std::mem::replace(&mut *lock(&self.cell.value), new_value);
+        if let (true, Value::Data(d)) = (pending, &old) {
             *lock(&self.cell.donor) = Some(Arc::downgrade(d));
         }
         if pending {
             dev.register_pending(&self.cell);
         }
         Ok(())
-    }
-}
-
-impl DeviceInner {
-    pub(crate) fn record(self: &Arc<Self>, op: Op, ty: TensorType, operands: Vec<Value>) -> Tensor {
-        let op_id = lock(&self.interner).op(op, ty.clone());
-        let node = Arc::new(Node { op_id, operands });
-        self.new_tensor(ty, State::Pending(node))
     }
 }

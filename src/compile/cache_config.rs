@@ -1,0 +1,152 @@
+//! Which persistent cache a process uses, decided in one place for the lazy device, the
+//! ahead-of-time worker and every `neuron-pc` command.
+//!
+//! Precedence for the location: a `--cache` flag, then `NEURON_COMPILE_CACHE_URL`, then the
+//! `--cache_dir` word of `NEURON_CC_FLAGS`, then the default local directory. `NEURON_PC_CACHE=0`
+//! turns the persistent cache off. The `NEURON_PC_CACHE_*` variables (read-only, signing, local
+//! tier, size bound, S3 timeouts) become the cache's options.
+
+use neuron_pc_cache::{Cache, CacheOptions, Error as CacheError};
+use neuron_pc_compiler::flags::CompilerFlags;
+use neuron_pc_compiler::key::CompilerIdentity;
+
+use crate::error::{Error, Result};
+
+pub use neuron_pc_cache::CACHE_URL_ENV;
+/// `0` turns the persistent cache off (executables are kept in memory only).
+pub const USE_CACHE_ENV: &str = "NEURON_PC_CACHE";
+
+/// A resolved cache configuration: where, whether, and how.
+#[derive(Clone, Debug)]
+pub struct CacheConfig {
+    /// A directory, `file:///dir` or `s3://bucket/prefix`; `None` is the default local
+    /// directory ([`neuron_pc_cache::default_dir`]).
+    pub url: Option<String>,
+    /// Whether to use a persistent cache at all.
+    pub enabled: bool,
+    /// Read-only, signing, tiers, size bound, S3 timeouts.
+    pub options: CacheOptions,
+}
+
+impl Default for CacheConfig {
+    /// The default local directory with default options (the environment is not read: see
+    /// [`CacheConfig::resolve`]).
+    fn default() -> Self {
+        CacheConfig {
+            url: None,
+            enabled: true,
+            options: CacheOptions::default(),
+        }
+    }
+}
+
+impl CacheConfig {
+    /// No persistent cache: every new graph is compiled, executables live in memory only.
+    pub fn disabled() -> CacheConfig {
+        CacheConfig {
+            enabled: false,
+            ..CacheConfig::default()
+        }
+    }
+
+    /// The cache at `url` with default options.
+    pub fn at(url: impl Into<String>) -> CacheConfig {
+        CacheConfig {
+            url: Some(url.into()),
+            ..CacheConfig::default()
+        }
+    }
+
+    /// The configuration in effect for `url_flag` (a command's `--cache`) under `flags` and
+    /// the environment (see the module docs for the precedence).
+    pub fn resolve(url_flag: Option<&str>, flags: &CompilerFlags) -> Result<CacheConfig> {
+        let url = url_flag
+            .filter(|u| !u.is_empty())
+            .map(str::to_string)
+            .or_else(|| std::env::var(CACHE_URL_ENV).ok().filter(|v| !v.is_empty()))
+            .or_else(|| flags.cache_dir.clone());
+        let options =
+            CacheOptions::from_env().map_err(|e| Error::Config(format!("compile cache: {e}")))?;
+        Ok(CacheConfig {
+            url,
+            enabled: std::env::var(USE_CACHE_ENV).map_or(true, |v| v != "0"),
+            options,
+        })
+    }
+
+    /// The location as given, or the default directory.
+    pub fn location(&self) -> String {
+        match &self.url {
+            Some(u) => u.clone(),
+            None => neuron_pc_cache::default_dir().display().to_string(),
+        }
+    }
+
+    /// Opens the cache; every failure is an error (what a command that looks after the cache
+    /// wants). `compiler` names the compiler in failure records.
+    pub fn open(
+        &self,
+        compiler: Option<&CompilerIdentity>,
+    ) -> std::result::Result<Cache, CacheError> {
+        let mut opts = self.options.clone();
+        if let Some(c) = compiler {
+            opts.compiler_version = c.version_string();
+        }
+        Cache::open(&self.location(), opts)
+    }
+
+    /// Opens the cache for a training job: `None` when disabled. Configuration the user must
+    /// fix (an invalid URL, refused credentials) is an error; storage that cannot be used is
+    /// said once, loudly, and the job goes on compiling without it.
+    pub fn open_for_job(&self, compiler: &CompilerIdentity) -> Result<Option<Cache>> {
+        if !self.enabled {
+            return Ok(None);
+        }
+        match self.open(Some(compiler)) {
+            Ok(cache) => Ok(Some(cache)),
+            Err(e @ (CacheError::InvalidUrl { .. } | CacheError::Denied { .. })) => {
+                Err(Error::Config(format!("compile cache: {e}")))
+            }
+            Err(e) => {
+                tracing::error!(
+                    "compile cache {} unavailable ({e}); this job compiles every graph itself",
+                    self.location()
+                );
+                Ok(None)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flag_wins_over_the_flags_cache_dir() {
+        let flags = CompilerFlags {
+            cache_dir: Some("/from/flags".into()),
+            ..CompilerFlags::default()
+        };
+        let c = CacheConfig::resolve(Some("/from/flag"), &flags).unwrap();
+        assert_eq!(c.url.as_deref(), Some("/from/flag"));
+        // Without the flag the environment variable (if a test runner set one) or the flags'
+        // directory decides; never the default while either is present.
+        let c = CacheConfig::resolve(None, &flags).unwrap();
+        let want = std::env::var(CACHE_URL_ENV)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| "/from/flags".into());
+        assert_eq!(c.url.as_deref(), Some(want.as_str()));
+    }
+
+    #[test]
+    fn disabled_and_default_locations() {
+        assert!(!CacheConfig::disabled().enabled);
+        assert_eq!(
+            CacheConfig::default().location(),
+            neuron_pc_cache::default_dir().display().to_string()
+        );
+        assert_eq!(CacheConfig::at("s3://b/p").location(), "s3://b/p");
+    }
+}

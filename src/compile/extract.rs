@@ -1,0 +1,134 @@
+//! The extract protocol between a job and `neuron-pc compile` / `analyze`, written by the lazy
+//! device and read by the command line with these same types.
+//!
+//! - Extract mode (`NEURON_PC_EXTRACT_DIR=dir`): each new graph not already cached becomes
+//!   `<key>.mlir` (the program) and then `<key>.json` (a [`GraphRecord`]), each through a
+//!   temporary name and a rename. The record is written last, so a reader that sees a record
+//!   always sees the whole program.
+//! - The graph log (`NEURON_PC_GRAPH_LOG=file`): one [`GraphLogLine`] of JSON per new graph of
+//!   a real run, which `analyze --log` compares with a trial run.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::panic::Location;
+use std::path::Path;
+
+use neuron_pc_compiler::ir::Graph;
+
+use super::Key;
+use crate::error::{Error, Result};
+
+/// What the `<key>.json` record of an extracted graph holds.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GraphRecord {
+    pub key: String,
+    #[serde(default)]
+    pub components: BTreeMap<String, String>,
+    /// Ops in the graph (parameters excluded).
+    #[serde(default)]
+    pub nodes: usize,
+    /// Parameter types, like `f32[64,32]`.
+    #[serde(default)]
+    pub params: Vec<String>,
+    #[serde(default)]
+    pub outputs: Vec<String>,
+    /// The user's source line of the mark_step (or read) that produced it.
+    #[serde(default)]
+    pub site: String,
+    /// Process id of the job that produced it.
+    #[serde(default)]
+    pub pid: u32,
+}
+
+impl GraphRecord {
+    /// The record of `graph`, keyed `key`, cut at `site`.
+    pub fn new(key: &Key, graph: &Graph, site: &Location<'_>) -> GraphRecord {
+        GraphRecord {
+            key: key.hex().to_string(),
+            components: key.inputs.components.clone(),
+            nodes: graph.op_count(),
+            params: param_types(graph),
+            outputs: graph
+                .outputs()
+                .iter()
+                .map(|&o| graph.node_type(o).to_string())
+                .collect(),
+            site: site.to_string(),
+            pid: std::process::id(),
+        }
+    }
+
+    /// Reads one `<key>.json` record.
+    pub fn read(path: &Path) -> std::io::Result<GraphRecord> {
+        let bytes = std::fs::read(path)?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }
+}
+
+fn param_types(graph: &Graph) -> Vec<String> {
+    graph
+        .parameter_types()
+        .iter()
+        .map(|t| t.to_string())
+        .collect()
+}
+
+/// Writes one extracted graph into `dir`: the program, then its record.
+pub(crate) fn write_graph(
+    dir: &Path,
+    key: &Key,
+    text: &str,
+    graph: &Graph,
+    site: &Location<'_>,
+) -> Result<()> {
+    let err = |e: std::io::Error| Error::Extract(format!("{}: {e}", dir.display()));
+    std::fs::create_dir_all(dir).map_err(err)?;
+    let record = GraphRecord::new(key, graph, site);
+    let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Extract(e.to_string()))?;
+    let write = crate::checkpoint::write_atomic;
+    write(&dir.join(format!("{key}.mlir")), text.as_bytes()).map_err(err)?;
+    write(&dir.join(format!("{key}.json")), &json).map_err(err)
+}
+
+/// One line of the graph log: a graph this run needed, and the step it first appeared at.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GraphLogLine {
+    pub key: String,
+    pub step: u64,
+    #[serde(default)]
+    pub nodes: usize,
+    #[serde(default)]
+    pub params: Vec<String>,
+    #[serde(default)]
+    pub site: String,
+}
+
+/// Appends to the graph log; a failure is a warning (the log is a diagnostic aid).
+pub(crate) fn append_graph_log(
+    path: &Path,
+    key: &Key,
+    graph: &Graph,
+    site: &Location<'_>,
+    step: u64,
+) {
+    let line = GraphLogLine {
+        key: key.hex().to_string(),
+        step,
+        nodes: graph.op_count(),
+        params: param_types(graph),
+        site: site.to_string(),
+    };
+    let result = (|| -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        let mut text = serde_json::to_string(&line).map_err(std::io::Error::other)?;
+        text.push('\n');
+        f.write_all(text.as_bytes())
+    })();
+    if let Err(e) = result {
+        tracing::warn!("graph log {}: {e}", path.display());
+    }
+}

@@ -1,0 +1,382 @@
+//! Compile-with-cache: the one place where a program becomes a loaded executable.
+//!
+//! A [`Compiler`] owns what a compilation needs: the PJRT client of the target, the compiler
+//! flags and the compile options they give, the compiler's identity (which enters every key)
+//! and the opened persistent cache. The lazy device calls [`Compiler::lower`] on each new step
+//! graph and [`Compiler::get_or_compile`] on the program; the worker processes of
+//! `neuron-pc compile` call the same `get_or_compile` on the programs a trial run extracted,
+//! so keys, entries, failure records and leases agree between the two by construction.
+
+mod cache_config;
+pub mod extract;
+
+use std::cell::RefCell;
+use std::time::Instant;
+
+use neuron_pc_cache::{Cache, Lookup, Obtained as CacheObtained, PutOutcome, Tier};
+use neuron_pc_compiler::flags::CompilerFlags;
+use neuron_pc_compiler::ir::{Graph, TensorType};
+use neuron_pc_compiler::key::{cache_key, CacheKey, CompilerIdentity};
+use neuron_pc_compiler::pjrt::{ArgType, Client, CompileOptions, LoadedExecutable, Signature};
+
+pub use cache_config::{CacheConfig, CACHE_URL_ENV, USE_CACHE_ENV};
+
+pub use crate::error::CompileError;
+use crate::error::{Error, Result};
+
+/// A program's cache key, held in the compiler's form (hex and the named key inputs) and the
+/// cache's validated form, converted once when the key is computed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Key {
+    /// The hex key and the named inputs it was computed from.
+    pub inputs: CacheKey,
+    /// The same key as the cache stores it.
+    pub store: neuron_pc_cache::CacheKey,
+}
+
+impl Key {
+    /// Wraps a computed key.
+    pub fn new(inputs: CacheKey) -> Key {
+        // The compiler's keys are hex-encoded SHA-256 digests, always valid cache keys.
+        let store = neuron_pc_cache::CacheKey::parse(&inputs.hex)
+            .expect("a SHA-256 hex digest is a valid cache key");
+        Key { inputs, store }
+    }
+
+    /// 64 lowercase hex characters.
+    pub fn hex(&self) -> &str {
+        &self.inputs.hex
+    }
+
+    /// The first 12 characters, as tables and logs show a key.
+    pub fn short(&self) -> &str {
+        &self.inputs.hex[..12]
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.hex())
+    }
+}
+
+/// A StableHLO program ready to compile: its text, key and signature.
+#[derive(Clone, Debug)]
+pub struct Program {
+    pub text: String,
+    pub key: Key,
+    /// Parameter and result types (from the IR for traced graphs, read from the text for
+    /// programs of other frontends); every launch checks its arguments against it.
+    pub signature: Option<Signature>,
+}
+
+/// Where an executable came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// The persistent cache's local tier.
+    Disk,
+    /// The persistent cache's remote tier (S3).
+    Remote,
+    /// Compiled by this process.
+    Compiled,
+    /// Compiled by another process while this one waited on its lease.
+    Waited,
+}
+
+/// What became of a freshly compiled executable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// Written to the cache.
+    Yes,
+    /// Not written: the cache is read-only.
+    ReadOnly,
+    /// Not written: this compiler has no persistent cache.
+    NoCache,
+    /// Writing failed on every tier (the executable is still used).
+    Failed(String),
+    /// Not compiled here (a hit, or another process's compilation).
+    NotApplicable,
+}
+
+/// A loaded executable and how it was obtained.
+#[derive(Debug)]
+pub struct Obtained {
+    pub executable: LoadedExecutable,
+    pub source: Source,
+    pub stored: Stored,
+    /// Wall time of compiling here (0 unless compiled).
+    pub compile_ms: f64,
+    /// Wall time of loading serialized bytes (0 when compiled here).
+    pub load_ms: f64,
+}
+
+/// The compiler of one process: target client, flags, options, identity and cache.
+pub struct Compiler {
+    client: Client,
+    flags: CompilerFlags,
+    options: CompileOptions,
+    identity: CompilerIdentity,
+    cache: Option<Cache>,
+}
+
+impl std::fmt::Debug for Compiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Compiler")
+            .field("compiler", &self.identity.version_string())
+            .field("flags", &self.flags.to_string())
+            .field("cache", &self.cache.as_ref().map(Cache::describe))
+            .finish()
+    }
+}
+
+impl Compiler {
+    /// A compiler for `client` under `flags`, storing into `cache` (none: memory only).
+    pub fn new(client: Client, flags: CompilerFlags, cache: Option<Cache>) -> Result<Compiler> {
+        let identity = CompilerIdentity::of(&client)?;
+        Ok(Compiler {
+            options: neuron_pc_compiler::passes::compile_options(&flags),
+            client,
+            flags,
+            identity,
+            cache,
+        })
+    }
+
+    /// A compiler whose cache is opened from `config` the way a training job opens it (see
+    /// [`CacheConfig::open_for_job`]).
+    pub fn for_job(client: Client, flags: CompilerFlags, config: &CacheConfig) -> Result<Compiler> {
+        let mut c = Compiler::new(client, flags, None)?;
+        c.cache = config.open_for_job(&c.identity)?;
+        Ok(c)
+    }
+
+    /// A compiler whose cache must open (the `neuron-pc` commands): any failure is an error.
+    pub fn with_cache(
+        client: Client,
+        flags: CompilerFlags,
+        config: &CacheConfig,
+    ) -> Result<Compiler> {
+        let mut c = Compiler::new(client, flags, None)?;
+        let cache = config
+            .open(Some(&c.identity))
+            .map_err(|e| Error::Config(format!("compile cache: {e}")))?;
+        c.cache = Some(cache);
+        Ok(c)
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn flags(&self) -> &CompilerFlags {
+        &self.flags
+    }
+
+    pub fn identity(&self) -> &CompilerIdentity {
+        &self.identity
+    }
+
+    /// The persistent cache, if any.
+    pub fn cache(&self) -> Option<&Cache> {
+        self.cache.as_ref()
+    }
+
+    /// The key of compiling `text` with this compiler.
+    pub fn key_of(&self, text: &str) -> Key {
+        Key::new(cache_key(text, &self.options, &self.flags, &self.identity))
+    }
+
+    /// Runs the graph passes the flags ask for, lowers the result to StableHLO (with `aliases`
+    /// as `(parameter, output)` donation pairs) and keys it. The signature comes from the IR.
+    pub fn lower(&self, graph: &Graph, aliases: &[(usize, usize)]) -> Result<Program> {
+        let optimized = neuron_pc_compiler::passes::run_pipeline(graph, &self.flags)?;
+        let text = neuron_pc_compiler::lower::to_stablehlo_with_aliases(&optimized, aliases)?;
+        Ok(Program {
+            key: self.key_of(&text),
+            signature: Some(signature_of(&optimized)),
+            text,
+        })
+    }
+
+    /// A program given as text by another frontend (its signature is read from the text).
+    pub fn program(&self, text: String) -> Program {
+        Program {
+            key: self.key_of(&text),
+            signature: Signature::parse(&text),
+            text,
+        }
+    }
+
+    /// True when the cache holds a verified entry for `key`.
+    pub fn contains(&self, key: &Key) -> bool {
+        self.cache.as_ref().is_some_and(|c| c.contains(&key.store))
+    }
+
+    /// The executable of `program`: loaded from the cache, waited for while another process
+    /// compiles it, or compiled here and stored. An entry that does not load is a miss:
+    /// compiled again and replaced. A failure recorded earlier is returned as
+    /// [`CompileError::Recorded`] unless the flags ask to retry failed compilations.
+    pub fn get_or_compile(&self, program: &Program) -> Result<Obtained, CompileError> {
+        let Some(cache) = &self.cache else {
+            let started = Instant::now();
+            let executable = self.compile_here(program)?;
+            return Ok(Obtained {
+                executable,
+                source: Source::Compiled,
+                stored: Stored::NoCache,
+                compile_ms: ms_since(started),
+                load_ms: 0.0,
+            });
+        };
+        // The compile closure keeps the loaded executable and the typed error; the cache sees
+        // the serialized bytes and the message.
+        let fresh: RefCell<Option<LoadedExecutable>> = RefCell::new(None);
+        let failure: RefCell<Option<neuron_pc_compiler::Error>> = RefCell::new(None);
+        let compile = || -> std::result::Result<Vec<u8>, String> {
+            let result = self
+                .compile_here(program)
+                .and_then(|exe| exe.serialize().map(|bytes| (exe, bytes)));
+            match result {
+                Ok((exe, bytes)) => {
+                    *fresh.borrow_mut() = Some(exe);
+                    Ok(bytes)
+                }
+                Err(e) => {
+                    let message = e.to_string();
+                    *failure.borrow_mut() = Some(e);
+                    Err(message)
+                }
+            }
+        };
+        let obtained = cache.get_or_compile(
+            &program.key.store,
+            &program.text,
+            &program.key.inputs.components,
+            self.flags.retry_failed,
+            compile,
+        );
+        let (hit, source) = match obtained {
+            Ok(CacheObtained::Compiled {
+                compile_ms, stored, ..
+            }) => {
+                let executable = fresh
+                    .into_inner()
+                    .expect("the cache reports a compilation only after the closure succeeded");
+                return Ok(Obtained {
+                    executable,
+                    source: Source::Compiled,
+                    stored: match stored {
+                        PutOutcome::Stored => Stored::Yes,
+                        PutOutcome::ReadOnly => Stored::ReadOnly,
+                        PutOutcome::Failed(m) => Stored::Failed(m),
+                    },
+                    compile_ms,
+                    load_ms: 0.0,
+                });
+            }
+            Ok(CacheObtained::Hit(h)) => {
+                let source = match h.tier {
+                    Tier::Local => Source::Disk,
+                    Tier::Remote => Source::Remote,
+                };
+                (h, source)
+            }
+            Ok(CacheObtained::Waited(h)) => (h, Source::Waited),
+            Err(e) => {
+                return Err(match failure.into_inner() {
+                    Some(e) => CompileError::Compiler(e),
+                    None => CompileError::Recorded(e.to_string()),
+                })
+            }
+        };
+        let started = Instant::now();
+        match self
+            .client
+            .deserialize(&hit.executable, program.signature.clone())
+        {
+            Ok(executable) => Ok(Obtained {
+                executable,
+                source,
+                stored: Stored::NotApplicable,
+                compile_ms: 0.0,
+                load_ms: ms_since(started),
+            }),
+            Err(e) => {
+                // A verified entry this plugin cannot load: compile here and replace it.
+                tracing::warn!(
+                    "cache entry {} does not load ({e}); compiling it again",
+                    program.key
+                );
+                self.recompile_and_replace(cache, program)
+            }
+        }
+    }
+
+    /// Compiles `program` and overwrites its cache entry.
+    fn recompile_and_replace(
+        &self,
+        cache: &Cache,
+        program: &Program,
+    ) -> Result<Obtained, CompileError> {
+        let started = Instant::now();
+        let executable = self.compile_here(program)?;
+        let compile_ms = ms_since(started);
+        let stored = match executable.serialize() {
+            Ok(bytes) => match cache.replace(
+                &program.key.store,
+                &bytes,
+                &program.text,
+                &program.key.inputs.components,
+                compile_ms,
+            ) {
+                PutOutcome::Stored => Stored::Yes,
+                PutOutcome::ReadOnly => Stored::ReadOnly,
+                PutOutcome::Failed(m) => Stored::Failed(m),
+            },
+            Err(e) => Stored::Failed(e.to_string()),
+        };
+        Ok(Obtained {
+            executable,
+            source: Source::Compiled,
+            stored,
+            compile_ms,
+            load_ms: 0.0,
+        })
+    }
+
+    fn compile_here(&self, program: &Program) -> neuron_pc_compiler::Result<LoadedExecutable> {
+        self.client
+            .compile_with_signature(&program.text, &self.options, program.signature.clone())
+    }
+
+    /// What the cache holds for `key`, without compiling: `Some(true)` for an entry,
+    /// `Some(false)` for a recorded failure, `None` for nothing (or no cache).
+    pub fn lookup(&self, key: &Key) -> Option<bool> {
+        match self.cache.as_ref()?.get(&key.store) {
+            Lookup::Hit(_) => Some(true),
+            Lookup::Failed(_) => Some(false),
+            Lookup::Miss => None,
+        }
+    }
+}
+
+/// The parameter and result types of `graph`.
+pub fn signature_of(graph: &Graph) -> Signature {
+    let arg = |t: &TensorType| ArgType {
+        dtype: t.dtype,
+        dims: t.dims.clone(),
+    };
+    Signature {
+        params: graph.parameter_types().iter().map(arg).collect(),
+        results: graph
+            .outputs()
+            .iter()
+            .map(|&o| arg(graph.node_type(o)))
+            .collect(),
+    }
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
+}

@@ -1,0 +1,110 @@
+//! The executable of a step graph: found in this process's memory, extracted for
+//! `neuron-pc compile` (extract mode), or obtained from the device's [`Compiler`] (the
+//! persistent cache or a compilation), with the device's counters kept.
+//!
+//! [`Compiler`]: crate::compile::Compiler
+
+use std::panic::Location;
+use std::sync::Arc;
+
+use neuron_pc_compiler::ir::{Graph, TensorType};
+use neuron_pc_compiler::pjrt::LoadedExecutable;
+
+use super::{lock, DeviceInner};
+use crate::compile::{extract, Key, Source};
+use crate::error::{Error, Result};
+
+/// An executable for one step graph (absent in extract mode, where nothing runs).
+pub(crate) struct StepExecutable {
+    pub loaded: Option<LoadedExecutable>,
+    pub key: Key,
+    pub output_types: Vec<TensorType>,
+}
+
+/// Where a step's executable came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum How {
+    /// This process had it already.
+    Memory,
+    /// Extract mode: written out for `neuron-pc compile`, not compiled.
+    Extracted,
+    /// From the compiler: a cache tier, a compilation, or another process's compilation.
+    Obtained(Source),
+}
+
+impl std::fmt::Display for How {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            How::Memory => "memory hit",
+            How::Extracted => "extracted",
+            How::Obtained(Source::Disk) => "disk hit",
+            How::Obtained(Source::Remote) => "remote hit",
+            How::Obtained(Source::Compiled) => "compiled",
+            How::Obtained(Source::Waited) => "compiled by another process",
+        })
+    }
+}
+
+/// The executable of a graph not found in memory.
+pub(crate) fn obtain(
+    dev: &Arc<DeviceInner>,
+    graph: &Graph,
+    aliases: &[(usize, usize)],
+    site: &'static Location<'static>,
+) -> Result<(Arc<StepExecutable>, How)> {
+    let output_types: Vec<TensorType> = graph
+        .outputs()
+        .iter()
+        .map(|&id| graph.node_type(id).clone())
+        .collect();
+    let compiler = &dev.compiler;
+    let program = compiler.lower(graph, aliases)?;
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        tracing::debug!(key = %program.key, components = ?program.key.inputs.components, "cache key");
+    }
+    if let Some(dir) = &dev.config.extract_dir {
+        if !compiler.contains(&program.key) {
+            extract::write_graph(dir, &program.key, &program.text, graph, site)?;
+            lock(&dev.metrics).graphs_extracted += 1;
+        }
+        let exe = StepExecutable {
+            loaded: None,
+            key: program.key,
+            output_types,
+        };
+        return Ok((Arc::new(exe), How::Extracted));
+    }
+    let obtained = match compiler.get_or_compile(&program) {
+        Ok(o) => o,
+        Err(source) => {
+            lock(&dev.metrics).compile_failures += 1;
+            return Err(Error::CompileFailed {
+                key: program.key.hex().to_string(),
+                source,
+            });
+        }
+    };
+    {
+        let mut m = lock(&dev.metrics);
+        match obtained.source {
+            Source::Compiled => {
+                m.compiles += 1;
+                m.compile_ms += obtained.compile_ms;
+            }
+            Source::Disk => m.disk_hits += 1,
+            Source::Remote => m.remote_hits += 1,
+            Source::Waited => m.waited_for_others += 1,
+        }
+        m.load_ms += obtained.load_ms;
+    }
+    if let Some(log) = &dev.config.graph_log {
+        let step = lock(&dev.metrics).steps;
+        extract::append_graph_log(log, &program.key, graph, site, step);
+    }
+    let exe = StepExecutable {
+        loaded: Some(obtained.executable),
+        key: program.key,
+        output_types,
+    };
+    Ok((Arc::new(exe), How::Obtained(obtained.source)))
+}
