@@ -1,68 +1,37 @@
-//! The `neuron-pc` command line.
+//! The `neuron-pc` binary: parses the command line and runs it (see [`cli`]).
 
-mod aot;
-mod cache_cmd;
-mod cli_targets;
+mod cli;
 
-use clap::{Parser, Subcommand};
-
-/// Train on XLA accelerators without waiting on the compiler: ahead-of-time compilation of
-/// every step graph and a shared, content-addressed cache of compiled executables.
-#[derive(Parser)]
-#[command(name = "neuron-pc", version, about, long_about = None)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// List compile targets, where their PJRT plugins are and whether they load.
-    Targets(cli_targets::TargetsArgs),
-    /// Run a job in extract mode and compile every graph it makes into the cache, in parallel
-    /// worker processes, while it runs: `neuron-pc compile [OPTIONS] -- <command> [args...]`.
-    Compile(aot::compile_cmd::CompileArgs),
-    /// Compile StableHLO text files (from any frontend, e.g. a JAX export) into the cache.
-    CompileGraphs(aot::graphs_cmd::CompileGraphsArgs),
-    /// Compile (or load from the cache) one StableHLO program and run it on .npy inputs.
-    RunGraph(aot::run_graph::RunGraphArgs),
-    /// Report the graphs a job makes: counts, sizes, shape-only variants, and graphs a real run
-    /// needed that the trial run never produced.
-    Analyze(aot::analyze::AnalyzeArgs),
-    /// Look after the persistent compile cache: ls, stats, show, verify, prune, rm, clear.
-    Cache(cache_cmd::CacheArgs),
-    /// Internal: a worker process that compiles graphs one at a time (run by `compile` and
-    /// `compile-graphs`).
-    #[command(name = "__compile-worker", hide = true)]
-    CompileWorker(aot::worker::WorkerArgs),
-}
+use clap::Parser;
 
 fn main() {
-    init_logging();
+    neuron_pc::logging::init_default();
     // clap exits with 2 on usage errors and 0 for --help/--version.
-    let cli = Cli::parse();
-    let code = match run(cli) {
+    let args = cli::Cli::parse();
+    let code = match cli::run(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // The final error of the command, one line: the chain without repeats.
+            eprintln!("error: {}", error_chain(&e));
             1
         }
     };
     std::process::exit(code);
 }
 
-fn run(cli: Cli) -> anyhow::Result<i32> {
-    match cli.command {
-        Command::Targets(args) => cli_targets::run(args),
-        Command::Compile(args) => aot::compile_cmd::run(args),
-        Command::CompileGraphs(args) => aot::graphs_cmd::run(args),
-        Command::RunGraph(args) => aot::run_graph::run(args),
-        Command::Analyze(args) => aot::analyze::run(args),
-        Command::Cache(args) => cache_cmd::run(args),
-        Command::CompileWorker(args) => aot::worker::run(args),
+/// `e` and its causes joined by ": ", skipping a cause whose text the previous message
+/// already ends with (wrappers that repeat their source).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
     }
-}
-
-fn init_logging() {
-    neuron_pc::logging::init_default();
+    out
 }

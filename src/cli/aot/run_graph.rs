@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail};
-use neuron_pc_cache::Lookup;
+use neuron_pc::compile::Source;
 use neuron_pc_compiler::pjrt::Signature;
 
-use super::env::{store_key, AotEnv};
+use super::env::AotEnv;
 use super::{npy, FlagArgs};
 
 #[derive(clap::Args, Debug)]
@@ -60,24 +60,19 @@ pub fn run(args: RunGraphArgs) -> anyhow::Result<i32> {
         inputs.push(t);
     }
     let env = AotEnv::open(args.flags.effective(false)?, args.cache.as_deref())?;
-    let key = env.key_of(&text);
-    let skey = store_key(&key.hex)?;
+    let program = env.compiler.program(text);
+    let key = program.key.clone();
     let started = Instant::now();
-    let (exe, how) = match env.cache.get(&skey) {
-        Lookup::Hit(h) => (
-            env.client
-                .deserialize(&h.executable, Some(signature.clone()))?,
-            "cached",
-        ),
-        _ => {
-            let exe = env.client.compile(&text, &env.options)?;
-            let ms = started.elapsed().as_secs_f64() * 1e3;
-            if let Ok(bytes) = exe.serialize() {
-                env.cache.put(&skey, &bytes, &text, &key.components, ms);
-            }
-            (exe, "compiled")
-        }
+    let obtained = env
+        .compiler
+        .get_or_compile(&program)
+        .map_err(|e| anyhow!("compiling {}: {e}", args.file.display()))?;
+    let how = match obtained.source {
+        Source::Compiled => "compiled",
+        Source::Disk | Source::Remote => "cached",
+        Source::Waited => "compiled by another process",
     };
+    let exe = obtained.executable;
     let obtain_ms = started.elapsed().as_secs_f64() * 1e3;
     let t = Instant::now();
     let outputs = exe.execute_host(&inputs)?;
@@ -95,12 +90,12 @@ pub fn run(args: RunGraphArgs) -> anyhow::Result<i32> {
         ));
     }
     if args.json {
-        let v = serde_json::json!({"key": key.hex, "executable": how, "obtain_ms": obtain_ms, "run_ms": run_ms, "outputs": written});
+        let v = serde_json::json!({"key": key.hex(), "executable": how, "obtain_ms": obtain_ms, "run_ms": run_ms, "outputs": written});
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
             "{} ({how} in {obtain_ms:.1} ms, ran in {run_ms:.2} ms)",
-            &key.hex[..12]
+            key.short()
         );
         for w in written {
             println!("  {w}");

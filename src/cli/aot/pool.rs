@@ -14,22 +14,12 @@ use std::time::{Duration, Instant};
 
 use neuron_pc_cache::Lookup;
 
-use super::env::{store_key, AotEnv};
+use super::env::AotEnv;
+pub use super::jobs::{GraphJob, GraphReport, Outcome, PoolSummary};
 use super::procs::{Busy, Message, Spawner, Worker};
 use super::progress::Progress;
-use super::worker::WorkerResult;
+use super::worker::{WorkerOutcome, WorkerResult};
 use super::{in_shard, signals};
-
-/// One graph to compile.
-#[derive(Clone, Debug)]
-pub struct GraphJob {
-    pub key: String,
-    pub mlir: PathBuf,
-    /// Op count (from the extract record, or estimated from the text).
-    pub nodes: usize,
-    /// Where it came from: the mark_step site or the file name.
-    pub origin: String,
-}
 
 /// Yields graphs over time.
 pub trait Source {
@@ -39,21 +29,6 @@ pub trait Source {
     fn finished(&mut self) -> bool;
     /// Stop producing (Ctrl-C).
     fn stop(&mut self);
-}
-
-/// How one graph ended.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct GraphReport {
-    pub key: String,
-    pub nodes: usize,
-    pub origin: String,
-    /// `compiled`, `cached`, `failed`, `found` (dry run), `other-shard`, `interrupted`.
-    pub outcome: &'static str,
-    pub compile_ms: f64,
-    /// The compiler's CPU time (0 when not compiled here).
-    pub cpu_ms: f64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
 }
 
 /// Settings of one scheduling run.
@@ -66,22 +41,6 @@ pub struct PoolConfig {
     pub work_dir: PathBuf,
     /// Workers to start before any graph is known (their plugin loads while the job starts).
     pub prespawn: usize,
-}
-
-/// What the run did.
-#[derive(Debug, Default)]
-pub struct PoolSummary {
-    pub graphs: Vec<GraphReport>,
-    /// From the first worker started to the last one finished.
-    pub compile_wall_ms: f64,
-    pub interrupted: bool,
-    /// Workers retried after being killed by a signal.
-    pub retries: usize,
-    /// Worker processes started (each loads the plugin once).
-    pub workers_started: usize,
-    /// The shortest worker start-up seen (what compiling one by one in one process pays once);
-    /// 0 when a worker was started ahead of the graphs.
-    pub worker_ready_ms: f64,
 }
 
 const POLL: Duration = Duration::from_millis(50);
@@ -97,12 +56,12 @@ pub fn run(env: &AotEnv, cfg: &PoolConfig, source: &mut dyn Source) -> anyhow::R
         first_start: None,
         last_end: None,
     };
-    let mut seen: HashSet<String> = HashSet::new();
+    let mut seen: HashSet<neuron_pc_cache::CacheKey> = HashSet::new();
     let mut workers: Vec<Worker> = Vec::new();
-    let mut progress = Progress::new();
+    let mut progress = Progress::new(cfg.dry_run);
     let (tx, rx) = mpsc::channel::<Message>();
     let flags_text = {
-        let mut f = env.flags.clone();
+        let mut f = env.compiler.flags().clone();
         f.retry_failed = false;
         f.cache_dir = None;
         f.to_string()
@@ -110,7 +69,7 @@ pub fn run(env: &AotEnv, cfg: &PoolConfig, source: &mut dyn Source) -> anyhow::R
     let mut spawner = Spawner::new(
         std::env::current_exe()?,
         flags_text,
-        env.cache_url.clone(),
+        env.cache.url.clone(),
         cfg.work_dir.clone(),
         tx,
     );
@@ -131,18 +90,20 @@ pub fn run(env: &AotEnv, cfg: &PoolConfig, source: &mut dyn Source) -> anyhow::R
                     .into_iter()
                     .find(|m| m.worker == w.id && m.result.key == b.job.key);
                 // A worker may have stored its entry just before it was stopped.
-                let stored = env.cache.contains(&store_key(&b.job.key)?);
+                let stored = env.cache().contains(&b.job.key);
                 let (outcome, ms) = match done {
-                    Some(m) if stored => ("compiled", m.result.compile_ms),
-                    _ if stored => ("compiled", 0.0),
-                    _ => ("interrupted", 0.0),
+                    Some(m) if stored => (Outcome::Compiled, m.result.compile_ms),
+                    _ if stored => (Outcome::Compiled, 0.0),
+                    _ => (Outcome::Interrupted, 0.0),
                 };
-                s.summary.graphs.push(report(&b.job, outcome, ms, None));
+                s.summary
+                    .graphs
+                    .push(GraphReport::new(&b.job, outcome, ms, None));
             }
             for (job, _) in s.queue.drain(..) {
                 s.summary
                     .graphs
-                    .push(report(&job, "interrupted", 0.0, None));
+                    .push(GraphReport::new(&job, Outcome::Interrupted, 0.0, None));
             }
             s.summary.interrupted = true;
             break;
@@ -259,19 +220,19 @@ impl Sched<'_> {
     fn admit(&mut self, job: GraphJob) -> anyhow::Result<()> {
         let g = &mut self.summary.graphs;
         if !in_shard(&job.key, self.cfg.shard) {
-            g.push(report(&job, "other-shard", 0.0, None));
+            g.push(GraphReport::new(&job, Outcome::OtherShard, 0.0, None));
             return Ok(());
         }
-        match self.env.cache.get(&store_key(&job.key)?) {
-            Lookup::Hit(_) => g.push(report(&job, "cached", 0.0, None)),
+        match self.env.cache().get(&job.key) {
+            Lookup::Hit(_) => g.push(GraphReport::new(&job, Outcome::Cached, 0.0, None)),
             Lookup::Failed(f) if !self.cfg.retry_failed => {
                 let msg = format!(
                     "recorded failure (use --retry-failed): {}",
                     first_line(&f.message)
                 );
-                g.push(report(&job, "failed", 0.0, Some(msg)));
+                g.push(GraphReport::new(&job, Outcome::Failed, 0.0, Some(msg)));
             }
-            _ if self.cfg.dry_run => g.push(report(&job, "found", 0.0, None)),
+            _ if self.cfg.dry_run => g.push(GraphReport::new(&job, Outcome::Found, 0.0, None)),
             _ => self.queue.push_back((job, 0)),
         }
         Ok(())
@@ -288,11 +249,13 @@ impl Sched<'_> {
         {
             self.summary.worker_ready_ms = r.ready_ms;
         }
-        let mut g = if r.ok {
-            report(&b.job, "compiled", r.compile_ms, None)
-        } else {
-            report(&b.job, "failed", r.compile_ms, Some(r.message))
+        let (outcome, message) = match r.outcome {
+            WorkerOutcome::Stored => (Outcome::Compiled, None),
+            WorkerOutcome::ReadOnly => (Outcome::ReadOnly, None),
+            WorkerOutcome::Cached => (Outcome::Cached, None),
+            WorkerOutcome::Failed => (Outcome::Failed, Some(r.message)),
         };
+        let mut g = GraphReport::new(&b.job, outcome, r.compile_ms, message);
         g.cpu_ms = r.cpu_ms;
         self.summary.graphs.push(g);
         Ok(())
@@ -304,11 +267,11 @@ impl Sched<'_> {
             "timed out after {:.0} s (worker killed)",
             self.cfg.timeout.as_secs_f64()
         );
-        self.env.cache.put_failure(&store_key(&b.job.key)?, &msg);
+        self.env.cache().put_failure(&b.job.key, &msg);
         let ms = b.started.elapsed().as_secs_f64() * 1e3;
         self.summary
             .graphs
-            .push(report(&b.job, "failed", ms, Some(msg)));
+            .push(GraphReport::new(&b.job, Outcome::Failed, ms, Some(msg)));
         Ok(())
     }
 
@@ -328,9 +291,9 @@ impl Sched<'_> {
                 // compilations competing for memory.
                 self.limit = self.limit.saturating_sub(1).max(1);
                 self.summary.retries += 1;
-                eprintln!(
+                tracing::warn!(
                     "worker compiling {} killed by signal {sig}; retrying with {} worker(s)",
-                    short(&b.job.key),
+                    b.job.key.short(),
                     self.limit
                 );
                 self.queue.push_front((b.job, 1));
@@ -339,10 +302,10 @@ impl Sched<'_> {
                 let msg = with_tail(format!(
                     "worker killed by signal {sig} twice (crash or out of memory)"
                 ));
-                self.env.cache.put_failure(&store_key(&b.job.key)?, &msg);
+                self.env.cache().put_failure(&b.job.key, &msg);
                 self.summary
                     .graphs
-                    .push(report(&b.job, "failed", 0.0, Some(msg)));
+                    .push(GraphReport::new(&b.job, Outcome::Failed, 0.0, Some(msg)));
             }
             None => {
                 let msg = with_tail(format!(
@@ -351,33 +314,11 @@ impl Sched<'_> {
                 ));
                 self.summary
                     .graphs
-                    .push(report(&b.job, "failed", 0.0, Some(msg)));
+                    .push(GraphReport::new(&b.job, Outcome::Failed, 0.0, Some(msg)));
             }
         }
         Ok(())
     }
-}
-
-fn report(
-    job: &GraphJob,
-    outcome: &'static str,
-    compile_ms: f64,
-    message: Option<String>,
-) -> GraphReport {
-    GraphReport {
-        key: job.key.clone(),
-        nodes: job.nodes,
-        origin: job.origin.clone(),
-        outcome,
-        compile_ms,
-        cpu_ms: 0.0,
-        message,
-    }
-}
-
-/// The first 12 hex digits of a key.
-pub fn short(key: &str) -> &str {
-    key.get(..12).unwrap_or(key)
 }
 
 fn first_line(s: &str) -> String {

@@ -8,9 +8,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use neuron_pc::compile::extract::GraphRecord;
+use neuron_pc::compile::{CacheConfig, CACHE_URL_ENV, USE_CACHE_ENV};
+use neuron_pc_cache::CacheKey;
 use neuron_pc_compiler::flags::CompilerFlags;
 
-use super::env::{cache_url, AotEnv, CACHE_URL_ENV};
+use super::env::AotEnv;
 use super::pool::{self, GraphJob, Source};
 use super::report::RunReport;
 use super::{signals, temp_dir, CompileOpts};
@@ -66,17 +69,21 @@ impl ExtractDir {
         new.sort();
         for path in new {
             self.seen.insert(path.clone());
-            match read_record(&path) {
-                Ok(rec) => {
-                    let mlir = self.dir.join(format!("{}.mlir", rec.key));
+            let read = GraphRecord::read(&path).and_then(|rec| {
+                let key = CacheKey::parse(&rec.key).map_err(std::io::Error::other)?;
+                Ok((rec, key))
+            });
+            match read {
+                Ok((rec, key)) => {
+                    let mlir = self.dir.join(format!("{key}.mlir"));
                     self.pending.push(GraphJob {
-                        key: rec.key,
+                        key,
                         mlir,
                         nodes: rec.nodes,
                         origin: rec.site,
                     });
                 }
-                Err(e) => eprintln!("warning: {}: {e}", path.display()),
+                Err(e) => tracing::warn!("extracted graph {}: {e}", path.display()),
             }
         }
     }
@@ -89,24 +96,6 @@ impl ExtractDir {
             }
         }
     }
-}
-
-/// The fields of an extraction record (`GraphRecord` in the device's extract module, which is
-/// private to the library) that the AOT commands read.
-#[derive(serde::Deserialize, Debug, Clone)]
-pub struct GraphRecord {
-    pub key: String,
-    #[serde(default)]
-    pub nodes: usize,
-    #[serde(default)]
-    pub params: Vec<String>,
-    #[serde(default)]
-    pub site: String,
-}
-
-/// Reads one `<key>.json` extraction record.
-pub fn read_record(path: &Path) -> anyhow::Result<GraphRecord> {
-    Ok(serde_json::from_slice(&std::fs::read(path)?)?)
 }
 
 impl Source for ExtractDir {
@@ -142,7 +131,7 @@ impl Source for ExtractDir {
                 std::thread::sleep(Duration::from_millis(20));
             }
             if self.status.is_none() {
-                signals::kill_hard(c.id());
+                let _ = c.kill();
                 self.status = c.wait().ok();
             }
             self.child = None;
@@ -167,7 +156,7 @@ pub fn job_command(
     // report then counts cached graphs too, and the skip decision is made here, in one place.
     cmd.args(rest)
         .env(EXTRACT_DIR_ENV, extract_dir)
-        .env("NEURON_PC_CACHE", "0");
+        .env(USE_CACHE_ENV, "0");
     let mut flags = flags.clone();
     flags.retry_failed = false;
     flags.cache_dir = None;
@@ -201,7 +190,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
     signals::install();
     let o = &args.opts;
     let flags = o.flags.effective(o.retry_failed)?;
-    let url = cache_url(&flags, o.cache.as_deref());
+    let url = CacheConfig::resolve(o.cache.as_deref(), &flags)?.url;
     let work = temp_dir("compile")?;
     let extract = work.join("graphs");
     std::fs::create_dir_all(&extract)?;

@@ -75,9 +75,9 @@ pub fn run(args: CompileGraphsArgs) -> anyhow::Result<i32> {
     for path in collect(&args.paths)? {
         let text = std::fs::read_to_string(&path)
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let key = env.key_of(&text);
+        let key = env.compiler.key_of(&text);
         jobs_list.push(GraphJob {
-            key: key.hex,
+            key: key.store,
             nodes: count_ops(&text),
             origin: path.display().to_string(),
             mlir: path,

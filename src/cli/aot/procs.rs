@@ -8,9 +8,9 @@ use std::sync::mpsc::Sender;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::pool::GraphJob;
+use super::jobs::GraphJob;
 use super::worker::{WorkerJob, WorkerResult, RESULT_PREFIX};
-use super::{signals, WORKER_SUBCOMMAND};
+use super::WORKER_SUBCOMMAND;
 
 /// A result line from worker `id`.
 pub struct Message {
@@ -160,7 +160,8 @@ impl Worker {
 
     /// Kills the process and reaps it.
     pub fn kill(&mut self) {
-        signals::kill_hard(self.child.id());
+        // An error means it already exited; waiting then reaps it.
+        let _ = self.child.kill();
         let _ = self.child.wait();
         self.drain_reader();
     }

@@ -1,12 +1,15 @@
 //! `neuron-pc cache ...`: look after the persistent compile cache.
 //!
 //! Data goes to stdout (a table, or JSON with `--json`); logs go to stderr. The cache is the
-//! one named by `--cache`, else `NEURON_COMPILE_CACHE_URL`, else the local default.
+//! one named by `--cache`, else `NEURON_COMPILE_CACHE_URL`, else `NEURON_CC_FLAGS`'
+//! `--cache_dir`, else the local default (see `neuron_pc::compile::CacheConfig::resolve`).
 
 use std::collections::BTreeSet;
 
 use anyhow::{bail, Context};
-use neuron_pc_cache::{parse_size, Cache, CacheKey, CacheOptions, Lookup};
+use neuron_pc::compile::CacheConfig;
+use neuron_pc_cache::{parse_size, Cache, CacheKey, Lookup};
+use neuron_pc_compiler::flags::CompilerFlags;
 
 /// `neuron-pc cache <command>`.
 #[derive(clap::Args, Debug)]
@@ -21,8 +24,9 @@ pub struct Common {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// The cache: a directory, file:///dir or s3://bucket/prefix.
-    #[arg(long = "cache", value_name = "URL", env = "NEURON_COMPILE_CACHE_URL")]
+    /// The cache: a directory, file:///dir or s3://bucket/prefix (over
+    /// NEURON_COMPILE_CACHE_URL and NEURON_CC_FLAGS' --cache_dir).
+    #[arg(long = "cache", value_name = "URL")]
     pub cache: Option<String>,
 }
 
@@ -73,12 +77,9 @@ pub enum CacheCommand {
 }
 
 fn open(common: &Common) -> anyhow::Result<Cache> {
-    let opts = CacheOptions::from_env()?;
-    let cache = match common.cache.as_deref().filter(|u| !u.is_empty()) {
-        Some(url) => Cache::open(url, opts),
-        None => Cache::from_env(opts),
-    };
-    let cache = cache.context("opening the compile cache")?;
+    let flags = CompilerFlags::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let config = CacheConfig::resolve(common.cache.as_deref(), &flags)?;
+    let cache = config.open(None).context("opening the compile cache")?;
     tracing::debug!("compile cache: {}", cache.describe());
     Ok(cache)
 }

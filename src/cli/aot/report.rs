@@ -1,6 +1,6 @@
 //! The summary after a compile run: a table on stdout (or one JSON object), and the exit status.
 
-use super::pool::{short, PoolSummary};
+use super::jobs::{GraphReport, Outcome, PoolSummary};
 
 /// Counts and timings of one run, as printed by `--json`.
 #[derive(serde::Serialize, Debug)]
@@ -15,7 +15,9 @@ pub struct RunReport<'a> {
     pub other_shard: usize,
     /// Not compiled because of Ctrl-C.
     pub interrupted: usize,
-    pub graphs: &'a [super::pool::GraphReport],
+    /// Compiled but not stored: the cache is read-only.
+    pub read_only: usize,
+    pub graphs: &'a [GraphReport],
     /// Whole command, trial run included.
     pub wall_ms: f64,
     /// First worker start to last worker end.
@@ -52,17 +54,17 @@ impl<'a> RunReport<'a> {
         trial_error: Option<String>,
         dry_run: bool,
     ) -> RunReport<'a> {
-        let count = |o: &str| s.graphs.iter().filter(|g| g.outcome == o).count();
+        let count = |o: Outcome| s.count(o);
         let sum_compile_ms: f64 = s
             .graphs
             .iter()
-            .filter(|g| g.outcome == "compiled")
+            .filter(|g| g.outcome == Outcome::Compiled)
             .map(|g| g.compile_ms)
             .sum();
         let one_by_one_ms: f64 = s
             .graphs
             .iter()
-            .filter(|g| g.outcome == "compiled")
+            .filter(|g| g.outcome == Outcome::Compiled)
             .map(|g| {
                 if g.cpu_ms > 0.0 {
                     g.compile_ms.min(g.cpu_ms)
@@ -77,7 +79,7 @@ impl<'a> RunReport<'a> {
         } else {
             0.0
         };
-        let failed = count("failed");
+        let failed = count(Outcome::Failed);
         let error = if s.interrupted {
             Some("interrupted (Ctrl-C); graphs compiled so far are in the cache".to_string())
         } else {
@@ -89,11 +91,12 @@ impl<'a> RunReport<'a> {
         };
         RunReport {
             found: s.graphs.len(),
-            cached: count("cached"),
-            compiled: count("compiled"),
+            cached: count(Outcome::Cached),
+            compiled: count(Outcome::Compiled),
             failed,
-            other_shard: count("other-shard"),
-            interrupted: count("interrupted"),
+            other_shard: count(Outcome::OtherShard),
+            interrupted: count(Outcome::Interrupted),
+            read_only: count(Outcome::ReadOnly),
             graphs: &s.graphs,
             wall_ms,
             compile_wall_ms: s.compile_wall_ms,
@@ -121,7 +124,7 @@ impl<'a> RunReport<'a> {
             for g in self.graphs {
                 println!(
                     "{:<14} {:>7} {:>11.1}  {:<12} {}",
-                    short(&g.key),
+                    g.key.short(),
                     g.nodes,
                     g.compile_ms,
                     g.outcome,
@@ -135,7 +138,13 @@ impl<'a> RunReport<'a> {
                 "total: {} found, {} compiled, {} cached, {} failed, {} other shard, {} interrupted",
                 self.found, self.compiled, self.cached, self.failed, self.other_shard, self.interrupted
             );
-            if self.compiled + self.failed == 0 {
+            if self.read_only > 0 {
+                println!(
+                    "{} graph(s) compiled but not stored: the cache is read-only",
+                    self.read_only
+                );
+            }
+            if self.compiled + self.read_only + self.failed == 0 {
                 println!("wall time {:.2} s; nothing to compile", self.wall_ms / 1e3);
             } else {
                 println!(
@@ -168,19 +177,19 @@ fn first_line(s: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use super::super::pool::{GraphReport, PoolSummary};
+    use super::super::jobs::GraphJob;
     use super::*;
 
-    fn g(outcome: &'static str, compile_ms: f64, cpu_ms: f64) -> GraphReport {
-        GraphReport {
-            key: "k".into(),
+    fn g(outcome: Outcome, compile_ms: f64, cpu_ms: f64) -> GraphReport {
+        let job = GraphJob {
+            key: neuron_pc_cache::CacheKey::parse(&"0".repeat(64)).unwrap(),
+            mlir: Default::default(),
             nodes: 1,
             origin: String::new(),
-            outcome,
-            compile_ms,
-            cpu_ms,
-            message: None,
-        }
+        };
+        let mut r = GraphReport::new(&job, outcome, compile_ms, None);
+        r.cpu_ms = cpu_ms;
+        r
     }
 
     #[test]
@@ -189,10 +198,10 @@ mod tests {
             // Stretched to 2 s by a competing compile but 1 s of CPU; no CPU figure; a
             // multi-threaded compile (CPU over wall); a failure, not counted.
             graphs: vec![
-                g("compiled", 2000.0, 1000.0),
-                g("compiled", 500.0, 0.0),
-                g("compiled", 300.0, 600.0),
-                g("failed", 900.0, 900.0),
+                g(Outcome::Compiled, 2000.0, 1000.0),
+                g(Outcome::Compiled, 500.0, 0.0),
+                g(Outcome::Compiled, 300.0, 600.0),
+                g(Outcome::Failed, 900.0, 900.0),
             ],
             compile_wall_ms: 1000.0,
             worker_ready_ms: 200.0,

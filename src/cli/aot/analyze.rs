@@ -8,11 +8,13 @@ use std::process::Command;
 
 use anyhow::{anyhow, bail};
 
-use neuron_pc_cache::{Cache, CacheOptions};
+use neuron_pc::compile::extract::{GraphLogLine as LogLine, GraphRecord};
+use neuron_pc::compile::{CacheConfig, CACHE_URL_ENV, USE_CACHE_ENV};
+use neuron_pc::device::EXTRACT_DIR_ENV;
+use neuron_pc_cache::{Cache, CacheKey};
+use neuron_pc_compiler::flags::CompilerFlags;
 
-use super::compile_cmd::{exit_reason, read_record, GraphRecord, EXTRACT_DIR_ENV};
-use super::env::{store_key, CACHE_URL_ENV};
-use super::pool::short;
+use super::compile_cmd::exit_reason;
 use super::temp_dir;
 
 #[derive(clap::Args, Debug)]
@@ -40,19 +42,6 @@ pub struct ShapeGroup {
     pub keys: Vec<String>,
     /// Per differing parameter: its index and the shapes seen.
     pub differing: Vec<(usize, Vec<String>)>,
-}
-
-/// A graph the real run needed that the trial run did not produce.
-#[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
-pub struct LogLine {
-    pub key: String,
-    pub step: u64,
-    #[serde(default)]
-    pub nodes: usize,
-    #[serde(default)]
-    pub params: Vec<String>,
-    #[serde(default)]
-    pub site: String,
 }
 
 #[derive(serde::Serialize, Debug)]
@@ -118,7 +107,7 @@ fn read_dir_records(dir: &Path) -> anyhow::Result<Vec<GraphRecord>> {
     for e in entries {
         let p = e?.path();
         if p.extension().is_some_and(|x| x == "json") {
-            out.push(read_record(&p).map_err(|e| anyhow!("{}: {e}", p.display()))?);
+            out.push(GraphRecord::read(&p).map_err(|e| anyhow!("{}: {e}", p.display()))?);
         }
     }
     out.sort_by(|a, b| a.key.cmp(&b.key));
@@ -166,7 +155,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
             let mut cmd = Command::new(prog);
             cmd.args(rest)
                 .env(EXTRACT_DIR_ENV, &d)
-                .env("NEURON_PC_CACHE", "0")
+                .env(USE_CACHE_ENV, "0")
                 .stdout(std::process::Stdio::null());
             if let Some(u) = &args.cache {
                 cmd.env(CACHE_URL_ENV, u);
@@ -195,7 +184,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
     let cache = open_cache(args.cache.as_deref())?;
     let cached = records
         .iter()
-        .filter(|r| store_key(&r.key).is_ok_and(|k| cache.contains(&k)))
+        .filter(|r| CacheKey::parse(&r.key).is_ok_and(|k| cache.contains(&k)))
         .map(|r| r.key.clone())
         .collect();
     let a = Analysis {
@@ -223,13 +212,16 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
 
 /// The cache at `url` (or the environment's); only presence is asked of it, so no compiler
 /// identity is needed.
+/// The first 12 characters of a key as tables show it.
+fn short(key: &str) -> &str {
+    key.get(..12).unwrap_or(key)
+}
+
 fn open_cache(url: Option<&str>) -> anyhow::Result<Cache> {
-    let opts = CacheOptions::from_env().map_err(|e| anyhow!("compile cache options: {e}"))?;
-    match url {
-        Some(u) => Cache::open(u, opts),
-        None => Cache::from_env(opts),
-    }
-    .map_err(|e| anyhow!("compile cache: {e}"))
+    let flags = CompilerFlags::from_env().map_err(|e| anyhow!("{e}"))?;
+    CacheConfig::resolve(url, &flags)?
+        .open(None)
+        .map_err(|e| anyhow!("compile cache: {e}"))
 }
 
 fn print_text(a: &Analysis, records: &[GraphRecord]) {
@@ -299,6 +291,7 @@ mod tests {
             nodes: 5,
             params: params.iter().map(|s| s.to_string()).collect(),
             site: site.into(),
+            ..GraphRecord::default()
         }
     }
 

@@ -9,19 +9,27 @@
 //! The parent passes the effective flags in `NEURON_CC_FLAGS`; the worker recomputes each key
 //! from the text, the options, the flags and its own compiler identity and refuses to store
 //! anything when that key differs from the one it was asked for (a different plugin or flag
-//! set would otherwise file an executable under someone else's key).
+//! set would otherwise file an executable under someone else's key). Compiling and storing is
+//! the library's [`neuron_pc::compile::Compiler::get_or_compile`], the same call the lazy
+//! device makes, so leases, failure records and read-only caches behave the same in both.
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
+use neuron_pc::compile::{CompileError, Source, Stored};
+use neuron_pc_cache::CacheKey;
 use neuron_pc_compiler::flags::CompilerFlags;
 
-use super::env::{store_key, AotEnv};
+use super::env::AotEnv;
 
-/// Test hook: a worker whose key starts with this prefix aborts (honoured only here).
+/// Test hook: a worker whose key starts with this prefix aborts (only in builds with the
+/// `test-hooks` feature).
+#[cfg(feature = "test-hooks")]
 pub const CRASH_ENV: &str = "NEURON_PC_TEST_WORKER_CRASH";
-/// Test hook: a worker whose key starts with this prefix sleeps for an hour.
+/// Test hook: a worker whose key starts with this prefix sleeps for an hour (only in builds
+/// with the `test-hooks` feature).
+#[cfg(feature = "test-hooks")]
 pub const HANG_ENV: &str = "NEURON_PC_TEST_WORKER_HANG";
 
 /// Marks result lines on stdout, so stray output from the plugin cannot be taken for one.
@@ -37,17 +45,30 @@ pub struct WorkerArgs {
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
 pub struct WorkerJob {
     /// The key the parent expects.
-    pub key: String,
+    pub key: CacheKey,
     /// The program text's file.
     pub mlir: PathBuf,
 }
 
-/// What a worker reports back for one job.
-#[derive(serde::Serialize, serde::Deserialize, Debug, Default, Clone)]
-pub struct WorkerResult {
-    pub key: String,
+/// How a job ended in the worker.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum WorkerOutcome {
     /// Compiled and stored.
-    pub ok: bool,
+    Stored,
+    /// Compiled; the cache is read-only, so nothing was stored.
+    ReadOnly,
+    /// Found in the cache (another process stored it meanwhile).
+    Cached,
+    /// Not compiled, or compiled and not stored (see the message).
+    Failed,
+}
+
+/// What a worker reports back for one job.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
+pub struct WorkerResult {
+    pub key: CacheKey,
+    pub outcome: WorkerOutcome,
     pub compile_ms: f64,
     /// CPU time of the compilation, all threads: what it costs when nothing else competes.
     #[serde(default)]
@@ -55,17 +76,31 @@ pub struct WorkerResult {
     /// The worker's start-up (plugin load, client, cache): paid once per worker.
     #[serde(default)]
     pub ready_ms: f64,
-    /// The compiler's (or the cache's) message when not ok.
+    /// The compiler's (or the cache's) message when failed.
+    #[serde(default)]
     pub message: String,
 }
 
-fn matches_prefix(var: &str, key: &str) -> bool {
-    std::env::var(var).is_ok_and(|p| !p.is_empty() && key.starts_with(&p))
+#[cfg(feature = "test-hooks")]
+fn test_hooks(key: &CacheKey) {
+    let matches =
+        |var: &str| std::env::var(var).is_ok_and(|p| !p.is_empty() && key.as_str().starts_with(&p));
+    if matches(CRASH_ENV) {
+        // What a crashing compiler leaves on stderr; the parent records it with the failure.
+        eprintln!("injected compiler crash ({CRASH_ENV})");
+        std::process::abort();
+    }
+    if matches(HANG_ENV) {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
 }
 
 pub fn run(args: WorkerArgs) -> anyhow::Result<i32> {
     let started = Instant::now();
-    let flags = CompilerFlags::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut flags = CompilerFlags::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
+    // The parent sends only graphs it decided to compile, recorded failures included when the
+    // user asked to retry them.
+    flags.retry_failed = true;
     let env = AotEnv::open(flags, args.cache.as_deref())?;
     let ready_ms = started.elapsed().as_secs_f64() * 1e3;
     let stdin = std::io::stdin();
@@ -86,69 +121,58 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<i32> {
 }
 
 fn compile_one(env: &AotEnv, job: &WorkerJob) -> WorkerResult {
-    let fail = |compile_ms: f64, message: String| WorkerResult {
+    let result = |outcome, compile_ms, cpu_ms, message: String| WorkerResult {
         key: job.key.clone(),
-        ok: false,
+        outcome,
         compile_ms,
-        cpu_ms: 0.0,
+        cpu_ms,
         ready_ms: 0.0,
         message,
     };
     let text = match std::fs::read_to_string(&job.mlir) {
         Ok(t) => t,
-        Err(e) => return fail(0.0, format!("{}: {e}", job.mlir.display())),
+        Err(e) => {
+            let m = format!("{}: {e}", job.mlir.display());
+            return result(WorkerOutcome::Failed, 0.0, 0.0, m);
+        }
     };
-    let key = env.key_of(&text);
-    if key.hex != job.key {
-        return fail(
-            0.0,
-            format!(
-                "key mismatch: asked for {} but this compiler and flags give {}",
-                job.key, key.hex
-            ),
+    let program = env.compiler.program(text);
+    if program.key.store != job.key {
+        let m = format!(
+            "key mismatch: asked for {} but this compiler and flags give {}",
+            job.key, program.key
         );
+        return result(WorkerOutcome::Failed, 0.0, 0.0, m);
     }
-    if matches_prefix(CRASH_ENV, &key.hex) {
-        // What a crashing compiler leaves on stderr; the parent records it with the failure.
-        eprintln!("injected compiler crash ({CRASH_ENV})");
-        std::process::abort();
-    }
-    if matches_prefix(HANG_ENV, &key.hex) {
-        std::thread::sleep(std::time::Duration::from_secs(3600));
-    }
-    let skey = match store_key(&key.hex) {
-        Ok(k) => k,
-        Err(e) => return fail(0.0, e.to_string()),
-    };
+    #[cfg(feature = "test-hooks")]
+    test_hooks(&job.key);
     let started = Instant::now();
     let cpu_started = process_cpu_ms();
-    let compiled = env
-        .client
-        .compile(&text, &env.options)
-        .and_then(|exe| exe.serialize());
+    let obtained = env.compiler.get_or_compile(&program);
     let compile_ms = started.elapsed().as_secs_f64() * 1e3;
     let cpu_ms = process_cpu_ms() - cpu_started;
-    match compiled {
-        Ok(bytes) => match env
-            .cache
-            .put(&skey, &bytes, &text, &key.components, compile_ms)
-        {
-            neuron_pc_cache::PutOutcome::Failed(m) => {
-                fail(compile_ms, format!("compiled but not stored: {m}"))
+    match obtained {
+        Ok(o) => match (o.source, o.stored) {
+            (Source::Compiled, Stored::Yes) => {
+                result(WorkerOutcome::Stored, o.compile_ms, cpu_ms, String::new())
             }
-            _ => WorkerResult {
-                key: job.key.clone(),
-                ok: true,
-                compile_ms,
-                cpu_ms,
-                ready_ms: 0.0,
-                message: String::new(),
-            },
+            (Source::Compiled, Stored::ReadOnly) => {
+                result(WorkerOutcome::ReadOnly, o.compile_ms, cpu_ms, String::new())
+            }
+            (Source::Compiled, Stored::Failed(why)) => {
+                let m = format!("compiled but not stored: {why}");
+                result(WorkerOutcome::Failed, o.compile_ms, cpu_ms, m)
+            }
+            (Source::Compiled, Stored::NoCache | Stored::NotApplicable) => {
+                let m = "compiled but not stored: no cache is open".to_string();
+                result(WorkerOutcome::Failed, o.compile_ms, cpu_ms, m)
+            }
+            (Source::Disk | Source::Remote | Source::Waited, _) => {
+                result(WorkerOutcome::Cached, 0.0, 0.0, String::new())
+            }
         },
-        Err(e) => {
-            let message = e.to_string();
-            env.cache.put_failure(&skey, &message);
-            fail(compile_ms, message)
+        Err(e @ (CompileError::Compiler(_) | CompileError::Recorded(_))) => {
+            result(WorkerOutcome::Failed, compile_ms, cpu_ms, e.to_string())
         }
     }
 }

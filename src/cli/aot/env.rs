@@ -1,0 +1,35 @@
+//! What every AOT command needs: the library's [`Compiler`] for the effective flags, with the
+//! cache resolved and opened the one way the lazy device resolves it, so keys and entries agree.
+
+use anyhow::Context;
+use neuron_pc::compile::{CacheConfig, Compiler};
+use neuron_pc_cache::Cache;
+use neuron_pc_compiler::flags::CompilerFlags;
+use neuron_pc_compiler::pjrt::{find_plugin, Client, ClientOptions, Plugin};
+
+/// The compiler and cache of one AOT command.
+pub struct AotEnv {
+    pub compiler: Compiler,
+    /// How the cache was resolved (workers are started with the same location).
+    pub cache: CacheConfig,
+}
+
+impl AotEnv {
+    /// Loads the target's plugin and opens the cache at `url` (a `--cache` flag; `None`: the
+    /// environment's or the default, see [`CacheConfig::resolve`]).
+    pub fn open(flags: CompilerFlags, url: Option<&str>) -> anyhow::Result<AotEnv> {
+        let cache = CacheConfig::resolve(url, &flags)?;
+        let plugin =
+            Plugin::load(&find_plugin(flags.target)?).context("loading the PJRT plugin")?;
+        let client = Client::new(&plugin, &ClientOptions::default())?;
+        let compiler = Compiler::with_cache(client, flags, &cache)?;
+        Ok(AotEnv { compiler, cache })
+    }
+
+    /// The opened cache.
+    pub fn cache(&self) -> &Cache {
+        self.compiler
+            .cache()
+            .expect("Compiler::with_cache always opens a cache")
+    }
+}
