@@ -30,7 +30,7 @@ fn main() -> anyhow::Result<()> {
     // process's time to first step.
     let t = Instant::now();
     let device = LazyDevice::new(DeviceConfig {
-        persistent_cache: false,
+        cache: neuron_pc::compile::CacheConfig::disabled(),
         ..DeviceConfig::default()
     })?;
     let device_ms = t.elapsed().as_secs_f64() * 1e3;

@@ -2,39 +2,34 @@
 //! PyTorch's parameter names and default initialisation so state dicts move between the two.
 
 use neuron_pc_compiler::ir::Op;
+use neuron_pc_compiler::rng::SplitMix64;
 use neuron_pc_compiler::{DType, HostTensor};
 
 use crate::device::LazyDevice;
 use crate::error::Result;
 use crate::tensor::Tensor;
 
-/// A small deterministic generator (SplitMix64) for parameter initialisation on the host.
+/// The host-side generator for parameter initialisation (the workspace's one SplitMix64).
 #[derive(Clone, Debug)]
-pub struct HostRng(u64);
+pub struct HostRng(SplitMix64);
 
 impl HostRng {
     pub fn new(seed: u64) -> HostRng {
-        HostRng(seed)
+        HostRng(SplitMix64::new(seed))
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in [0, 1).
     pub fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        self.0.unit()
     }
 
     /// Standard normal (Box-Muller).
     pub fn normal(&mut self) -> f64 {
-        let u1 = self.uniform().max(f64::MIN_POSITIVE);
-        let u2 = self.uniform();
-        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
+        self.0.normal()
     }
 
     /// `n` values uniform in [-bound, bound).

@@ -7,7 +7,7 @@ use neuron_pc::{grad, DType, DeviceConfig, LazyDevice, Result, Tensor};
 
 fn device() -> LazyDevice {
     let config = DeviceConfig {
-        persistent_cache: false,
+        cache: neuron_pc::compile::CacheConfig::disabled(),
         ..DeviceConfig::default()
     };
     LazyDevice::new(config).expect("cpu device: run scripts/setup")

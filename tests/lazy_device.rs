@@ -4,7 +4,7 @@ use neuron_pc::{DeviceConfig, Error, HostTensor, LazyDevice, Tensor};
 
 fn device() -> LazyDevice {
     LazyDevice::new(DeviceConfig {
-        persistent_cache: false,
+        cache: neuron_pc::compile::CacheConfig::disabled(),
         ..DeviceConfig::default()
     })
     .expect("cpu device: run scripts/setup")
@@ -131,7 +131,7 @@ fn dropped_tensors_are_not_outputs_and_reads_sync_only_what_they_need() {
 fn a_smaller_last_batch_is_diagnosed_and_can_be_made_an_error() {
     for strict in [false, true] {
         let dev = LazyDevice::new(DeviceConfig {
-            persistent_cache: false,
+            cache: neuron_pc::compile::CacheConfig::disabled(),
             fail_on_new_graph_after_warmup: strict,
             ..DeviceConfig::default()
         })

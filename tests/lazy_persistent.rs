@@ -128,7 +128,7 @@ fn a_corrupt_cache_entry_is_a_miss_not_a_wrong_result() {
 fn extract_mode_writes_graphs_and_flags_zero_filled_reads() {
     let dir = tmp("extract");
     let dev = LazyDevice::new(DeviceConfig {
-        persistent_cache: false,
+        cache: neuron_pc::compile::CacheConfig::disabled(),
         extract_dir: Some(dir.clone()),
         ..DeviceConfig::default()
     })

@@ -31,7 +31,7 @@ use neuron_pc::{grad, state, DType, DeviceConfig, HostTensor, LazyDevice, Tensor
 
 fn device() -> LazyDevice {
     let config = DeviceConfig {
-        persistent_cache: false,
+        cache: neuron_pc::compile::CacheConfig::disabled(),
         ..DeviceConfig::default()
     };
     LazyDevice::new(config).expect("cpu device: run scripts/setup")

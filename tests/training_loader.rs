@@ -10,7 +10,7 @@ use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
 
 fn device() -> LazyDevice {
     LazyDevice::new(DeviceConfig {
-        persistent_cache: false,
+        cache: neuron_pc::compile::CacheConfig::disabled(),
         ..DeviceConfig::default()
     })
     .expect("cpu device: run scripts/setup")

@@ -36,7 +36,7 @@ pub fn vals(v: &[f64], dims: &[usize]) -> In {
 /// Every check is a new graph by design: no warm-up, so no recompile warnings.
 pub fn device() -> LazyDevice {
     let config = DeviceConfig {
-        persistent_cache: false,
+        cache: neuron_pc::compile::CacheConfig::disabled(),
         warmup_steps: u64::MAX,
         ..DeviceConfig::default()
     };
