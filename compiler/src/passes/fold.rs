@@ -49,7 +49,7 @@ impl NodeRewrite for Fold {
 
 impl Fold {
     fn try_fold(&self, b: &Builder, node: &Node, operands: &[NodeId]) -> Option<Literal> {
-        if operands.is_empty() || !foldable(&node.op) {
+        if operands.is_empty() || !node.op.is_foldable() {
             return None;
         }
         let lits: Vec<&Literal> = operands
@@ -109,34 +109,6 @@ fn elementwise(op: &Op) -> bool {
         op,
         Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert(_)
     )
-}
-
-/// Ops whose value is fixed by their operands on this replica.
-fn foldable(op: &Op) -> bool {
-    match op {
-        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => false,
-        Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => false,
-        Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Compare(_)
-        | Op::Select
-        | Op::Convert(_)
-        | Op::BroadcastInDim { .. }
-        | Op::Reshape { .. }
-        | Op::Transpose { .. }
-        | Op::Slice { .. }
-        | Op::DynamicSlice { .. }
-        | Op::DynamicUpdateSlice
-        | Op::Concatenate { .. }
-        | Op::Pad { .. }
-        | Op::Reduce(..)
-        | Op::ArgMax { .. }
-        | Op::ArgMin { .. }
-        | Op::DotGeneral { .. }
-        | Op::Gather
-        | Op::ScatterAdd
-        | Op::RandomBits { .. } => true,
-    }
 }
 
 /// Evaluates `op` on constant operands with the reference evaluator.
