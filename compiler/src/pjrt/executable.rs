@@ -1,7 +1,8 @@
 //! Compiling, serializing, loading and executing programs.
 
-use super::buffer::{await_event, Buffer};
+use super::buffer::Buffer;
 use super::client::{Client, Device};
+use super::event::Event;
 use super::options::CompileOptions;
 use super::signature::Signature;
 use super::sys::{self, Args};
@@ -60,6 +61,17 @@ impl Drop for ExecutableRef<'_> {
             tracing::warn!("destroying a PJRT executable view failed: {e}");
         }
     }
+}
+
+/// Per device: the outputs, and the completion event (none if complete at launch).
+type PerDevice = (Vec<Vec<Buffer>>, Vec<Option<Event>>);
+
+/// A launched execution: outputs now, contents when `done` is ready.
+#[derive(Debug)]
+pub struct Launched {
+    pub outputs: Vec<Buffer>,
+    /// None when the plugin reported the work complete at launch.
+    pub done: Option<Event>,
 }
 
 impl Client {
@@ -237,29 +249,50 @@ impl LoadedExecutable {
     /// [`LoadedExecutable::execute_donating`]).
     pub fn execute(&self, args: &[&Buffer]) -> Result<Vec<Buffer>> {
         let all: Vec<usize> = (0..args.len()).collect();
-        let mut out = self.execute_inner(&[args.to_vec()], &all)?;
-        Ok(out.pop().unwrap_or_default())
+        self.execute_donating(args, &all)
     }
 
     /// Like [`LoadedExecutable::execute`], but arguments not listed in `keep` may be donated:
     /// where the program aliases them to an output, their buffers are reused for it and must
     /// not be used afterwards.
     pub fn execute_donating(&self, args: &[&Buffer], keep: &[usize]) -> Result<Vec<Buffer>> {
-        let mut out = self.execute_inner(&[args.to_vec()], keep)?;
-        Ok(out.pop().unwrap_or_default())
+        let launched = self.launch(args, keep)?;
+        if let Some(done) = &launched.done {
+            done.wait()?;
+        }
+        Ok(launched.outputs)
+    }
+
+    /// Starts running on one device and returns at once: the outputs (valid buffers whose
+    /// contents are ready when `done` is) and the completion event. `keep` is as for
+    /// [`LoadedExecutable::execute_donating`]. An error found while running is `done`'s.
+    pub fn launch(&self, args: &[&Buffer], keep: &[usize]) -> Result<Launched> {
+        let (mut outputs, mut events) = self.launch_inner(&[args.to_vec()], keep)?;
+        Ok(Launched {
+            outputs: outputs.pop().unwrap_or_default(),
+            done: events.pop().flatten(),
+        })
     }
 
     /// Runs one replica per entry of `per_device` (a program compiled with that many replicas).
     pub fn execute_replicated(&self, per_device: &[Vec<&Buffer>]) -> Result<Vec<Vec<Buffer>>> {
         let all: Vec<usize> = (0..per_device.first().map_or(0, |a| a.len())).collect();
-        self.execute_inner(per_device, &all)
+        let (outputs, events) = self.launch_inner(per_device, &all)?;
+        let mut waited = Ok(());
+        for e in events.iter().flatten() {
+            let r = e.wait();
+            if waited.is_ok() {
+                waited = r;
+            }
+        }
+        waited.map(|()| outputs)
     }
 
-    fn execute_inner(
+    fn launch_inner(
         &self,
         per_device: &[Vec<&Buffer>],
         keep: &[usize],
-    ) -> Result<Vec<Vec<Buffer>>> {
+    ) -> Result<PerDevice> {
         for args in per_device {
             self.check_args(args)?;
         }
@@ -303,7 +336,11 @@ impl LoadedExecutable {
             PJRT_LoadedExecutable_Execute,
             &mut args
         )?;
-        // Adopt every output first so that all are freed even if a later step fails.
+        // Adopt every output and event first so that all are freed even if one step fails.
+        let events: Vec<Option<Event>> = events
+            .into_iter()
+            .map(|e| Event::adopt(&self.client, e))
+            .collect();
         let adopted: Vec<Vec<Result<Buffer>>> = raw_out
             .iter()
             .map(|outs| {
@@ -313,19 +350,11 @@ impl LoadedExecutable {
                     .collect()
             })
             .collect();
-        let mut waited = Ok(());
-        for e in events {
-            let r = await_event(self.client.plugin_ref(), e);
-            if waited.is_ok() {
-                waited = r;
-            }
-        }
-        let results: Result<Vec<Vec<Buffer>>> = adopted
+        let outputs: Vec<Vec<Buffer>> = adopted
             .into_iter()
             .map(|outs| outs.into_iter().collect())
-            .collect();
-        waited?;
-        results
+            .collect::<Result<_>>()?;
+        Ok((outputs, events))
     }
 
     /// Convenience for tests and tools: copies `inputs` to device 0, runs, copies results back.

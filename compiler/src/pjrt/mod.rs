@@ -31,6 +31,7 @@ macro_rules! pjrt_call {
 pub mod api;
 mod buffer;
 mod client;
+mod event;
 mod executable;
 mod logging;
 mod malloc;
@@ -42,7 +43,8 @@ mod target;
 pub use api::Plugin;
 pub use buffer::Buffer;
 pub use client::{Client, ClientOptions, Device};
-pub use executable::LoadedExecutable;
+pub use event::Event;
+pub use executable::{Launched, LoadedExecutable};
 pub use logging::plugin_logs_enabled;
 pub use malloc::{tune_allocator_once, MALLOC_TUNING_VAR};
 pub use options::{CompileOptions, OverrideValue};
