@@ -126,15 +126,23 @@ fn main() -> anyhow::Result<()> {
             opt.step(&params, &grads, &lr)?;
             loss
         };
+        // mark_step launches the step and returns; reading the loss waits for it. Read it only
+        // when it is printed, as PyTorch/XLA jobs do, so tracing the next step overlaps this
+        // step's execution.
         device.mark_step()?;
+        let log_due = (step + 1) % args.log_every == 0 || step + 1 == args.steps;
+        let loss_value = if args.loss_log || log_due || first_step_at.is_none() {
+            loss.item()?
+        } else {
+            f64::NAN
+        };
         if first_step_at.is_none() {
             first_step_at = Some(process_start.elapsed());
         }
-        let loss_value = loss.item()?;
         if args.loss_log {
             println!("{{\"step\": {}, \"loss\": {loss_value:.9e}}}", step + 1);
         }
-        if (step + 1) % args.log_every == 0 || step + 1 == args.steps {
+        if log_due {
             println!(
                 "step {:>5}  loss {loss_value:.4}{}",
                 step + 1,

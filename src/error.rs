@@ -47,6 +47,16 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// A step failed to launch, or failed while running (reported at the first wait for it: a
+    /// read of one of its values, a later step using them, the bound on steps in flight, or
+    /// the device's drop).
+    #[error("{site}: the step of this mark_step (step {step}) failed: {message}")]
+    StepFailed {
+        site: &'static Location<'static>,
+        step: u64,
+        message: String,
+    },
+
     /// Extract mode could not write a graph.
     #[error("extract mode: {0}")]
     Extract(String),

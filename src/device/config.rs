@@ -15,6 +15,8 @@ pub const EXTRACT_DIR_ENV: &str = "NEURON_PC_EXTRACT_DIR";
 pub const NO_NEW_GRAPHS_ENV: &str = "NEURON_PC_NO_COMPILE_AFTER_WARMUP";
 /// Any value but `0` logs every mark_step at info level.
 pub const DEBUG_STEPS_ENV: &str = "NEURON_PC_DEBUG_STEPS";
+/// How many launched steps may run at once before `mark_step` waits for the oldest.
+pub const MAX_IN_FLIGHT_ENV: &str = "NEURON_PC_MAX_STEPS_IN_FLIGHT";
 /// A file to append one JSON line per new graph to (read by `neuron-pc analyze`).
 pub const GRAPH_LOG_ENV: &str = "NEURON_PC_GRAPH_LOG";
 
@@ -39,6 +41,13 @@ pub struct DeviceConfig {
     pub debug_steps: bool,
     /// Append one JSON line per new graph here.
     pub graph_log: Option<PathBuf>,
+    /// Steps that may be running at once: `mark_step` launches a step and returns, and waits
+    /// for the oldest only past this bound (1: every step is waited for before `mark_step`
+    /// returns). Bounds the memory of outputs not yet computed.
+    pub max_steps_in_flight: usize,
+    /// Write a Chrome trace-event timeline of the device's phases here when it is dropped
+    /// (`NEURON_PC_TRACE`; see [`crate::timeline`]).
+    pub trace: Option<PathBuf>,
 }
 
 impl Default for DeviceConfig {
@@ -53,6 +62,8 @@ impl Default for DeviceConfig {
             fail_on_new_graph_after_warmup: false,
             debug_steps: false,
             graph_log: None,
+            max_steps_in_flight: 2,
+            trace: None,
         }
     }
 }
@@ -80,6 +91,20 @@ impl DeviceConfig {
             fail_on_new_graph_after_warmup: flag_env(NO_NEW_GRAPHS_ENV),
             debug_steps: flag_env(DEBUG_STEPS_ENV),
             graph_log: path_env(GRAPH_LOG_ENV),
+            trace: path_env(crate::timeline::TRACE_ENV),
+            max_steps_in_flight: match std::env::var(MAX_IN_FLIGHT_ENV) {
+                Ok(v) if !v.is_empty() => v
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .ok_or_else(|| {
+                        Error::Config(format!(
+                            "{MAX_IN_FLIGHT_ENV}={v:?}: expected a whole number of at least 1"
+                        ))
+                    })?,
+                _ => 2,
+            },
             ..DeviceConfig::default()
         })
     }

@@ -58,7 +58,9 @@ pub(crate) fn obtain(
         .map(|&id| graph.node_type(id).clone())
         .collect();
     let compiler = &dev.compiler;
+    let lowering = std::time::Instant::now();
     let program = compiler.lower(graph, aliases)?;
+    dev.phase("lower", lowering, Some(program.key.short()));
     if tracing::enabled!(tracing::Level::DEBUG) {
         tracing::debug!(key = %program.key, components = ?program.key.inputs.components, "cache key");
     }
@@ -74,7 +76,16 @@ pub(crate) fn obtain(
         };
         return Ok((Arc::new(exe), How::Extracted));
     }
-    let obtained = match compiler.get_or_compile(&program) {
+    let obtaining = std::time::Instant::now();
+    let obtained = compiler.get_or_compile(&program);
+    let phase = match &obtained {
+        Ok(o) if o.source == Source::Compiled => "compile",
+        Ok(o) if o.source == Source::Waited => "wait for another process's compile",
+        Ok(_) => "cache load",
+        Err(_) => "compile (failed)",
+    };
+    dev.phase(phase, obtaining, Some(program.key.short()));
+    let obtained = match obtained {
         Ok(o) => o,
         Err(source) => {
             lock(&dev.metrics).compile_failures += 1;

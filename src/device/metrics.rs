@@ -1,7 +1,5 @@
 //! Counters of what a device did, in the spirit of PyTorch/XLA's metrics report.
 
-use std::time::Duration;
-
 /// A snapshot of a device's counters (see [`crate::LazyDevice::metrics`]).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Metrics {
@@ -107,8 +105,4 @@ impl Metrics {
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }
-}
-
-pub(crate) fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }

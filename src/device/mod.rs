@@ -4,6 +4,7 @@
 mod config;
 mod diagnose;
 mod executables;
+mod inflight;
 mod metrics;
 mod step;
 pub(crate) mod trace;
@@ -19,13 +20,16 @@ use neuron_pc_compiler::pjrt::{find_plugin, Buffer, Client, ClientOptions, Devic
 use neuron_pc_compiler::HostTensor;
 
 pub use config::{
-    DeviceConfig, DEBUG_STEPS_ENV, EXTRACT_DIR_ENV, GRAPH_LOG_ENV, NO_NEW_GRAPHS_ENV,
+    DeviceConfig, DEBUG_STEPS_ENV, EXTRACT_DIR_ENV, GRAPH_LOG_ENV, MAX_IN_FLIGHT_ENV,
+    NO_NEW_GRAPHS_ENV,
 };
 pub use metrics::Metrics;
 
 use crate::compile::Compiler;
 use crate::error::{Error, Result};
+use crate::timeline::{Timeline, DEVICE_TRACK, HOST_TRACK};
 use executables::{How, StepExecutable};
+use inflight::{InFlight, StepRun};
 use trace::{Cell, DeviceData, Interner, Node, Value};
 
 /// A device that records tensor operations and runs them as compiled step graphs.
@@ -48,6 +52,12 @@ pub(crate) struct DeviceInner {
     pub executables: Mutex<HashMap<Vec<u32>, Arc<StepExecutable>>>,
     pub metrics: Mutex<Metrics>,
     pub sites: Mutex<diagnose::Sites>,
+    /// Launched steps that may still be running.
+    in_flight: InFlight,
+    /// The phases of every step, when a timeline was asked for.
+    pub timeline: Option<Timeline>,
+    /// When the last `mark_step` returned (the start of the next step's tracing).
+    last_step_end: Mutex<Instant>,
     next_tensor_id: AtomicU64,
 }
 
@@ -101,6 +111,14 @@ impl LazyDevice {
                 executables: Mutex::new(HashMap::default()),
                 metrics: Mutex::new(Metrics::default()),
                 sites: Mutex::new(diagnose::Sites::default()),
+                in_flight: InFlight::default(),
+                timeline: config.trace.as_ref().map(|p| {
+                    let t = Timeline::new(p);
+                    t.name_track(HOST_TRACK, "host: trace, step cut, compile, launch, wait");
+                    t.name_track(DEVICE_TRACK, "device: execution");
+                    t
+                }),
+                last_step_end: Mutex::new(Instant::now()),
                 next_tensor_id: AtomicU64::new(0),
                 config,
             }),
@@ -117,9 +135,18 @@ impl LazyDevice {
         self.inner.config.extract_dir.is_some()
     }
 
-    /// A snapshot of the counters.
+    /// A snapshot of the counters (steps still running are not in `execute_ms` yet).
     pub fn metrics(&self) -> Metrics {
+        let done = self.inner.in_flight.retire_finished();
+        self.inner.account(&done);
         lock(&self.inner.metrics).clone()
+    }
+
+    /// Waits for every launched step; the first failure among them, naming its `mark_step`.
+    pub fn synchronize(&self) -> Result<()> {
+        let (done, result) = self.inner.in_flight.drain();
+        self.inner.account(&done);
+        result
     }
 
     /// Runs everything pending: one graph over every live tensor with a pending value.
@@ -184,27 +211,72 @@ impl DeviceInner {
     }
 
     pub(crate) fn upload(&self, host: &HostTensor, zero_filled: bool) -> Result<Arc<DeviceData>> {
+        let started = Instant::now();
         let buffer = self.client().buffer_from_host(host, self.device)?;
+        self.phase("transfer to device", started, None);
         {
             let mut m = lock(&self.metrics);
             m.transfers_to_device += 1;
             m.bytes_to_device += host.bytes().len() as u64;
         }
-        Ok(self.wrap_buffer(buffer, zero_filled))
+        Ok(self.wrap_buffer(buffer, zero_filled, None))
     }
 
-    pub(crate) fn wrap_buffer(&self, buffer: Buffer, zero_filled: bool) -> Arc<DeviceData> {
+    pub(crate) fn wrap_buffer(
+        &self,
+        buffer: Buffer,
+        zero_filled: bool,
+        producer: Option<Arc<StepRun>>,
+    ) -> Arc<DeviceData> {
         let ty = TensorType::new(buffer.dtype(), buffer.dims().to_vec());
         let ty_id = lock(&self.interner).ty(&ty);
         Arc::new(DeviceData {
             buffer,
             zero_filled,
             ty_id,
+            producer,
         })
     }
 
+    /// Adds the execution times of steps that left the in-flight queue to the metrics (and
+    /// their executions to the timeline).
+    fn account(&self, done: &[Arc<StepRun>]) {
+        if done.is_empty() {
+            return;
+        }
+        let mut m = lock(&self.metrics);
+        for r in done {
+            m.execute_ms += r.execute_ms().unwrap_or(0.0);
+            if let (Some(t), Some(end)) = (&self.timeline, r.finished_at()) {
+                t.span(
+                    DEVICE_TRACK,
+                    "execute",
+                    r.launched,
+                    end,
+                    &[("graph", r.graph.clone().into()), ("step", r.step.into())],
+                );
+            }
+        }
+    }
+
+    /// Records a host-side phase on the timeline, if there is one.
+    pub(crate) fn phase(&self, name: &str, start: Instant, graph: Option<&str>) {
+        if let Some(t) = &self.timeline {
+            let args: Vec<(&str, serde_json::Value)> =
+                graph.map(|g| ("graph", g.into())).into_iter().collect();
+            t.span(HOST_TRACK, name, start, Instant::now(), &args);
+        }
+    }
+
     pub(crate) fn download(&self, data: &DeviceData) -> Result<HostTensor> {
+        if let Some(p) = &data.producer {
+            let waited = Instant::now();
+            p.wait()?;
+            self.phase("wait", waited, Some(&p.graph));
+        }
+        let started = Instant::now();
         let host = data.buffer.to_host()?;
+        self.phase("transfer to host", started, None);
         let mut m = lock(&self.metrics);
         m.transfers_to_host += 1;
         m.bytes_to_host += host.bytes().len() as u64;
@@ -240,6 +312,10 @@ impl DeviceInner {
         explicit: bool,
     ) -> Result<()> {
         let started = Instant::now();
+        if let (true, Some(t)) = (explicit, &self.timeline) {
+            let traced_from = *lock(&self.last_step_end);
+            t.span(HOST_TRACK, "trace", traced_from, started, &[]);
+        }
         let roots: Vec<_> = cells
             .iter()
             .filter_map(|c| match &*lock(&c.value) {
@@ -257,6 +333,7 @@ impl DeviceInner {
         let mut traced = step::trace(&roots);
         let aliases = traced.donations(&cells);
         let known = lock(&self.executables).get(&traced.identity).cloned();
+        self.phase("step cut", started, None);
         let (exe, how) = match known {
             Some(exe) => {
                 lock(&self.metrics).memory_hits += 1;
@@ -272,7 +349,7 @@ impl DeviceInner {
             }
         };
         drop(roots);
-        let outputs = self.run(&exe, &mut traced, &aliases)?;
+        let outputs = self.run(&exe, &mut traced, &aliases, site)?;
         for (cell, data) in cells.iter().zip(outputs) {
             *lock(&cell.value) = Value::Data(data);
             *lock(&cell.donor) = None;
@@ -286,6 +363,9 @@ impl DeviceInner {
                 started.elapsed().as_secs_f64() * 1e3
             );
         }
+        if explicit {
+            *lock(&self.last_step_end) = Instant::now();
+        }
         Ok(())
     }
 
@@ -295,6 +375,7 @@ impl DeviceInner {
         exe: &StepExecutable,
         traced: &mut step::Traced,
         aliases: &[(usize, usize)],
+        site: &'static Location<'static>,
     ) -> Result<Vec<Arc<DeviceData>>> {
         let Some(loaded) = &exe.loaded else {
             return exe
@@ -312,19 +393,62 @@ impl DeviceInner {
                     || Arc::strong_count(&traced.params[i]) != 1 + traced.data_refs[i]
             })
             .collect();
+        // A value whose step failed fails every step that uses it; a buffer about to be
+        // donated must be computed before it is reused in place.
+        for (i, d) in traced.params.iter().enumerate() {
+            if let Some(p) = &d.producer {
+                if p.is_finished() || !keep.contains(&i) {
+                    p.wait()?;
+                }
+            }
+        }
         let args: Vec<&Buffer> = traced.params.iter().map(|d| &d.buffer).collect();
-        let t = Instant::now();
-        let outs = loaded.execute_donating(&args, &keep)?;
+        let step = lock(&self.metrics).steps;
+        let launch_started = Instant::now();
+        let launched = loaded.launch(&args, &keep).map_err(|e| Error::StepFailed {
+            site,
+            step,
+            message: e.to_string(),
+        })?;
+        let graph = exe.key.short().to_string();
+        self.phase("launch", launch_started, Some(&graph));
+        let run = Arc::new(StepRun::new(launched.done, site, step, graph));
         let zero_filled = traced.params.iter().any(|d| d.zero_filled);
-        let result: Vec<Arc<DeviceData>> = outs
+        let result: Vec<Arc<DeviceData>> = launched
+            .outputs
             .into_iter()
-            .map(|b| self.wrap_buffer(b, zero_filled))
+            .map(|b| self.wrap_buffer(b, zero_filled, Some(run.clone())))
             .collect();
-        let mut m = lock(&self.metrics);
-        m.donated_buffers += (traced.params.len() - keep.len()) as u64;
-        m.last_step_outputs = result.len() as u64;
-        m.executions += 1;
-        m.execute_ms += metrics::ms(t.elapsed());
+        {
+            let mut m = lock(&self.metrics);
+            m.donated_buffers += (traced.params.len() - keep.len()) as u64;
+            m.last_step_outputs = result.len() as u64;
+            m.executions += 1;
+        }
+        let bound_started = Instant::now();
+        let (done, waited) = self.in_flight.push(run, self.config.max_steps_in_flight);
+        if done.len() > 1 || bound_started.elapsed().as_micros() > 50 {
+            self.phase("wait (steps in flight)", bound_started, None);
+        }
+        self.account(&done);
+        waited?;
         Ok(result)
+    }
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        // Steps still running write into buffers this device owns: wait for them.
+        let (done, result) = self.in_flight.drain();
+        if let Err(e) = result {
+            tracing::error!("a step failed and its values were never read: {e}");
+        }
+        self.account(&done);
+        if let Some(t) = &self.timeline {
+            match t.write() {
+                Ok(()) => tracing::info!("timeline written to {}", t.path().display()),
+                Err(e) => tracing::error!("timeline {}: {e}", t.path().display()),
+            }
+        }
     }
 }

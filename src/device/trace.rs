@@ -18,6 +18,8 @@ pub(crate) struct DeviceData {
     pub zero_filled: bool,
     /// The buffer's type, interned by the owning device.
     pub ty_id: u32,
+    /// The step that computes this value, while it may still be running (none for uploads).
+    pub producer: Option<Arc<super::inflight::StepRun>>,
 }
 
 /// A value: recorded but not computed (a node), or on the device. It is both a node's operand

@@ -1,0 +1,165 @@
+//! Asynchronous execution: `mark_step` launches a step and returns; its outputs carry the
+//! step's completion. A read of an output, a donation of one, the bound on steps in flight and
+//! the device's drop wait for it. A failure inside a step surfaces at that wait as an error
+//! naming the `mark_step` that launched it.
+//!
+//! Execution time is measured from launch to completion by a callback on the step's event, so
+//! the metrics stay honest however late the step is waited for.
+
+use std::collections::VecDeque;
+use std::panic::Location;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use neuron_pc_compiler::pjrt::Event;
+
+use super::lock;
+use crate::error::{Error, Result};
+
+/// One launched step.
+pub(crate) struct StepRun {
+    /// None when the plugin reported the work complete at launch.
+    done: Option<Event>,
+    pub site: &'static Location<'static>,
+    /// The device's step count when it was launched.
+    pub step: u64,
+    /// The graph's key, as logs show it.
+    pub graph: String,
+    pub launched: Instant,
+    /// Set by the completion callback: when, and the error message if it failed.
+    finished: Arc<OnceLock<(Instant, Option<String>)>>,
+    /// The outcome of the first wait, so every later wait reports the same.
+    waited: OnceLock<Option<String>>,
+}
+
+impl StepRun {
+    /// Tracks a launched step; registers the completion callback that timestamps it.
+    pub fn new(
+        done: Option<Event>,
+        site: &'static Location<'static>,
+        step: u64,
+        graph: String,
+    ) -> StepRun {
+        let launched = Instant::now();
+        let finished = Arc::new(OnceLock::new());
+        match &done {
+            None => {
+                let _ = finished.set((launched, None));
+            }
+            Some(event) => {
+                let slot = finished.clone();
+                let registered = event.on_ready(move |status| {
+                    let _ = slot.set((Instant::now(), status.err().map(|e| e.to_string())));
+                });
+                if let Err(e) = registered {
+                    // Without the callback, completion is timed when the step is waited for.
+                    tracing::debug!("completion callback not registered ({e})");
+                }
+            }
+        }
+        StepRun {
+            done,
+            site,
+            step,
+            graph,
+            launched,
+            finished,
+            waited: OnceLock::new(),
+        }
+    }
+
+    /// True once the step completed.
+    pub fn is_finished(&self) -> bool {
+        self.finished.get().is_some()
+            || self.waited.get().is_some()
+            || self
+                .done
+                .as_ref()
+                .is_none_or(|e| e.is_ready().unwrap_or(false))
+    }
+
+    /// Blocks until the step completed; its failure as an error naming its `mark_step`.
+    pub fn wait(&self) -> Result<()> {
+        let failure = self.waited.get_or_init(|| {
+            let waited = self.done.as_ref().map_or(Ok(()), Event::wait);
+            let _ = self
+                .finished
+                .set((Instant::now(), waited.as_ref().err().map(|e| e.to_string())));
+            waited.err().map(|e| e.to_string())
+        });
+        match failure {
+            None => Ok(()),
+            Some(message) => Err(Error::StepFailed {
+                site: self.site,
+                step: self.step,
+                message: message.clone(),
+            }),
+        }
+    }
+
+    /// Launch to completion, in ms (None while running).
+    pub fn execute_ms(&self) -> Option<f64> {
+        let at = self.finished_at()?;
+        Some(at.duration_since(self.launched).as_secs_f64() * 1e3)
+    }
+
+    /// When the step completed (None while running).
+    pub fn finished_at(&self) -> Option<Instant> {
+        self.finished.get().map(|(at, _)| *at)
+    }
+}
+
+/// The steps of one device that may still be running, oldest first.
+#[derive(Default)]
+pub(crate) struct InFlight {
+    runs: Mutex<VecDeque<Arc<StepRun>>>,
+}
+
+impl InFlight {
+    /// Adds a launched step; when more than `bound` are in flight, waits for the oldest ones
+    /// (a bound of 1 makes execution synchronous). Returns the steps that left the queue, for
+    /// their execution time.
+    pub fn push(&self, run: Arc<StepRun>, bound: usize) -> (Vec<Arc<StepRun>>, Result<()>) {
+        let mut runs = lock(&self.runs);
+        runs.push_back(run);
+        let mut retired = Vec::new();
+        let mut result = Ok(());
+        while runs.len() > bound.max(1) || runs.front().is_some_and(|r| r.is_finished()) {
+            let Some(oldest) = runs.pop_front() else {
+                break;
+            };
+            let r = oldest.wait();
+            if result.is_ok() {
+                result = r;
+            }
+            retired.push(oldest);
+        }
+        (retired, result)
+    }
+
+    /// Waits for every step in flight (the device's drop, `synchronize`).
+    pub fn drain(&self) -> (Vec<Arc<StepRun>>, Result<()>) {
+        let runs: Vec<Arc<StepRun>> = lock(&self.runs).drain(..).collect();
+        let mut result = Ok(());
+        for r in &runs {
+            let w = r.wait();
+            if result.is_ok() {
+                result = w;
+            }
+        }
+        (runs, result)
+    }
+
+    /// Steps that completed, removed from the queue (without blocking).
+    pub fn retire_finished(&self) -> Vec<Arc<StepRun>> {
+        let mut runs = lock(&self.runs);
+        let mut out = Vec::new();
+        while runs.front().is_some_and(|r| r.is_finished()) {
+            if let Some(r) = runs.pop_front() {
+                let _ = r.wait();
+                out.push(r);
+            }
+        }
+        out
+    }
+}
