@@ -25,6 +25,7 @@ pub mod nn;
 pub mod optim;
 pub mod state;
 pub mod tensor;
+pub mod timeline;
 
 pub use autodiff::grad;
 pub use device::{DeviceConfig, LazyDevice, Metrics};

@@ -138,3 +138,62 @@ fn a_trial_run_that_fails_half_way_keeps_what_was_compiled() {
     );
     assert_eq!(entry_keys(&cache).len(), 3);
 }
+
+#[test]
+fn compile_writes_one_timeline_of_the_trial_run_and_every_workers_compiles() {
+    let cache = tmp("trace");
+    let trace = cache.with_extension("trace.json");
+    let probe = probe();
+    let out = npc(
+        &cache,
+        &[
+            "compile",
+            "--json",
+            "--jobs",
+            "2",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--",
+            probe.to_str().unwrap(),
+            "--steps",
+            "2",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = json(&out);
+    let compiled: Vec<String> = keys(&v, "compiled")
+        .iter()
+        .map(|k| k[..12].to_string())
+        .collect();
+    assert_eq!(compiled.len(), 3, "{v}");
+    let events = neuron_pc::timeline::read(&trace).expect("the timeline parses");
+    // One compile event per compiled graph, on worker tracks, naming the graph.
+    let mut traced: Vec<String> = events
+        .iter()
+        .filter(|e| e.name == "compile" && e.tid >= 100)
+        .map(|e| e.args["graph"].as_str().unwrap().to_string())
+        .collect();
+    traced.sort();
+    let mut want = compiled.clone();
+    want.sort();
+    assert_eq!(traced, want);
+    // The trial run as a whole, and the trial job's own device phases (another process).
+    let trial = events
+        .iter()
+        .find(|e| e.name == "trial run")
+        .expect("trial run event");
+    let job_lowered: Vec<&neuron_pc::timeline::TraceEvent> = events
+        .iter()
+        .filter(|e| e.name == "lower" && e.pid != trial.pid)
+        .collect();
+    assert_eq!(job_lowered.len(), 3, "the job lowers each graph once");
+    for e in &job_lowered {
+        assert!(compiled.contains(&e.args["graph"].as_str().unwrap().to_string()));
+        // The job's phases fall inside the trial run's span (one clock for both processes).
+        assert!(e.ts + 1e3 >= trial.ts && e.ts <= trial.ts + trial.dur.unwrap() + 1e3);
+    }
+    // JSON has the compile efficiency figure.
+    assert!(v["compile_efficiency"].as_f64().unwrap() > 0.0, "{v}");
+    let _ = std::fs::remove_file(&trace);
+}

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use neuron_pc::compile::extract::GraphRecord;
 use neuron_pc::compile::{CacheConfig, CACHE_URL_ENV, USE_CACHE_ENV};
+use neuron_pc::timeline::{Timeline, TRACE_ENV};
 use neuron_pc_cache::CacheKey;
 use neuron_pc_compiler::flags::CompilerFlags;
 
@@ -18,13 +19,19 @@ use super::pool::{self, GraphJob, Source};
 use super::report::RunReport;
 use super::{signals, temp_dir, CompileOpts};
 
-/// Extract-mode directory variable read by the lazy device.
-pub const EXTRACT_DIR_ENV: &str = "NEURON_PC_EXTRACT_DIR";
+pub use neuron_pc::device::EXTRACT_DIR_ENV;
+
+/// The timeline track of the trial run as a whole.
+const TRIAL_TRACK: u64 = 0;
 
 #[derive(clap::Args, Debug)]
 pub struct CompileArgs {
     #[command(flatten)]
     pub opts: CompileOpts,
+    /// Write a Chrome trace-event timeline (Perfetto, chrome://tracing) of the trial run's
+    /// device phases and each worker's compiles to this file.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
     /// The job to run (after `--`).
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -194,8 +201,19 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
     let work = temp_dir("compile")?;
     let extract = work.join("graphs");
     std::fs::create_dir_all(&extract)?;
+    let timeline = args.trace.as_ref().map(|p| {
+        let t = Timeline::new(p);
+        t.name_track(TRIAL_TRACK, "trial run (whole job)");
+        std::sync::Arc::new(t)
+    });
+    let job_trace = work.join("trial-timeline.json");
     // The job starts first: it runs while this process loads the plugin and opens the cache.
-    let child = job_command(&args.command, &flags, url.as_deref(), &extract, true)?
+    let mut cmd = job_command(&args.command, &flags, url.as_deref(), &extract, true)?;
+    if timeline.is_some() {
+        cmd.env(TRACE_ENV, &job_trace);
+    }
+    let trial_started = Instant::now();
+    let child = cmd
         .spawn()
         .map_err(|e| anyhow::anyhow!("cannot start {:?}: {e}", args.command[0]))?;
     let mut source = ExtractDir::new(extract, Some(child));
@@ -207,10 +225,24 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
             return Err(e);
         }
     };
-    let cfg = o.pool_config(work.clone(), !o.dry_run as usize);
+    let mut cfg = o.pool_config(work.clone(), !o.dry_run as usize);
+    cfg.timeline = timeline.clone();
     let jobs = cfg.jobs;
     let summary = pool::run(&env, &cfg, &mut source)?;
     let status = source.status();
+    if let Some(t) = &timeline {
+        t.span(TRIAL_TRACK, "trial run", trial_started, Instant::now(), &[]);
+        for w in 0..summary.workers_started {
+            t.name_track(pool::worker_track(w), &format!("compile worker {w}"));
+        }
+        match neuron_pc::timeline::read(&job_trace) {
+            Ok(events) => t.extend(events),
+            Err(e) => tracing::warn!("the trial run's timeline: {e}"),
+        }
+        if let Err(e) = t.write() {
+            tracing::error!("timeline {}: {e}", t.path().display());
+        }
+    }
     let trial_error = if summary.interrupted {
         None
     } else {

@@ -108,6 +108,7 @@ impl CompileOpts {
             dry_run: self.dry_run,
             work_dir,
             prespawn,
+            timeline: None,
         }
     }
 }

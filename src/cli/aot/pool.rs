@@ -41,6 +41,13 @@ pub struct PoolConfig {
     pub work_dir: PathBuf,
     /// Workers to start before any graph is known (their plugin loads while the job starts).
     pub prespawn: usize,
+    /// Record each compile on this timeline (`--trace`), one track per worker.
+    pub timeline: Option<std::sync::Arc<neuron_pc::timeline::Timeline>>,
+}
+
+/// The timeline track of worker `id`.
+pub fn worker_track(id: usize) -> u64 {
+    100 + id as u64
 }
 
 const POLL: Duration = Duration::from_millis(50);
@@ -239,6 +246,23 @@ impl Sched<'_> {
     }
 
     /// A worker answered.
+    /// Puts `b`'s compile on the timeline, if there is one.
+    fn trace(&self, b: &Busy, outcome: Outcome) {
+        if let Some(t) = &self.cfg.timeline {
+            t.span(
+                worker_track(b.worker),
+                "compile",
+                b.started,
+                Instant::now(),
+                &[
+                    ("graph", b.job.key.short().into()),
+                    ("outcome", outcome.as_str().into()),
+                    ("origin", b.job.origin.clone().into()),
+                ],
+            );
+        }
+    }
+
     fn done(&mut self, b: Busy, r: WorkerResult) -> anyhow::Result<()> {
         self.last_end = Some(Instant::now());
         // A worker started ahead of the graphs loads its plugin outside the compile window;
@@ -255,6 +279,7 @@ impl Sched<'_> {
             WorkerOutcome::Cached => (Outcome::Cached, None),
             WorkerOutcome::Failed => (Outcome::Failed, Some(r.message)),
         };
+        self.trace(&b, outcome);
         let mut g = GraphReport::new(&b.job, outcome, r.compile_ms, message);
         g.cpu_ms = r.cpu_ms;
         self.summary.graphs.push(g);
@@ -263,6 +288,7 @@ impl Sched<'_> {
 
     fn timed_out(&mut self, b: Busy) -> anyhow::Result<()> {
         self.last_end = Some(Instant::now());
+        self.trace(&b, Outcome::Failed);
         let msg = format!(
             "timed out after {:.0} s (worker killed)",
             self.cfg.timeout.as_secs_f64()
@@ -278,6 +304,7 @@ impl Sched<'_> {
     /// A worker died while compiling `b`; `tail` is its last stderr line for that job.
     fn died(&mut self, b: Busy, status: ExitStatus, tail: &str) -> anyhow::Result<()> {
         self.last_end = Some(Instant::now());
+        self.trace(&b, Outcome::Failed);
         let with_tail = |m: String| {
             if tail.is_empty() {
                 m

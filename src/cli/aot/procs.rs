@@ -21,6 +21,8 @@ pub struct Message {
 /// The graph a worker is compiling.
 pub struct Busy {
     pub job: GraphJob,
+    /// The worker compiling it.
+    pub worker: usize,
     pub attempt: u32,
     pub started: Instant,
     /// Length of the worker's stderr file when the job was handed over.
@@ -129,6 +131,7 @@ impl Worker {
         let stderr_from = std::fs::metadata(&self.stderr).map_or(0, |m| m.len());
         self.busy = Some(Busy {
             job,
+            worker: self.id,
             attempt,
             started: Instant::now(),
             stderr_from,

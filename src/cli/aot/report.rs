@@ -31,6 +31,13 @@ pub struct RunReport<'a> {
     pub one_by_one_ms: f64,
     /// `one_by_one_ms / compile_wall_ms`.
     pub speedup: f64,
+    /// Compiler CPU time of the graphs compiled (all threads of every worker).
+    pub compile_cpu_ms: f64,
+    /// min(jobs, cores): the cores the compile phase could use.
+    pub cores_used: usize,
+    /// `compile_cpu_ms / (compile_wall_ms x cores_used)`: how busy the compile phase kept the
+    /// cores it had (1.0 = every core compiling the whole time).
+    pub compile_efficiency: f64,
     pub jobs: usize,
     pub retries: usize,
     /// Worker processes started.
@@ -80,6 +87,19 @@ impl<'a> RunReport<'a> {
             0.0
         };
         let failed = count(Outcome::Failed);
+        let compile_cpu_ms: f64 = s
+            .graphs
+            .iter()
+            .filter(|g| matches!(g.outcome, Outcome::Compiled | Outcome::ReadOnly))
+            .map(|g| g.cpu_ms)
+            .sum();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores_used = jobs.clamp(1, cores);
+        let compile_efficiency = if s.compile_wall_ms > 0.0 {
+            compile_cpu_ms / (s.compile_wall_ms * cores_used as f64)
+        } else {
+            0.0
+        };
         let error = if s.interrupted {
             Some("interrupted (Ctrl-C); graphs compiled so far are in the cache".to_string())
         } else {
@@ -103,6 +123,9 @@ impl<'a> RunReport<'a> {
             sum_compile_ms,
             one_by_one_ms,
             speedup,
+            compile_cpu_ms,
+            cores_used,
+            compile_efficiency,
             jobs,
             retries: s.retries,
             workers_started: s.workers_started,
@@ -154,6 +177,13 @@ impl<'a> RunReport<'a> {
                     self.jobs,
                     self.one_by_one_ms / 1e3,
                     self.speedup
+                );
+                println!(
+                    "compile efficiency {:.2} (compiler CPU {:.2} s over {:.2} s x {} core(s))",
+                    self.compile_efficiency,
+                    self.compile_cpu_ms / 1e3,
+                    self.compile_wall_ms / 1e3,
+                    self.cores_used
                 );
             }
         }
@@ -212,6 +242,13 @@ mod tests {
         assert_eq!(r.one_by_one_ms, 2000.0);
         assert_eq!(r.sum_compile_ms, 2800.0);
         assert!((r.speedup - 2.0).abs() < 1e-12);
+        // CPU 1000 + 0 + 600 of the compiled graphs over 1 s with min(2 jobs, cores) cores.
+        assert_eq!(r.compile_cpu_ms, 1600.0);
+        let cores = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(2);
+        assert_eq!(r.cores_used, cores);
+        assert!((r.compile_efficiency - 1600.0 / (1000.0 * cores as f64)).abs() < 1e-12);
         assert_eq!(r.error.as_deref(), Some("1 graph(s) failed to compile"));
         let both = RunReport::new(
             &s,
