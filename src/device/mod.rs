@@ -200,7 +200,7 @@ impl DeviceInner {
         ty: TensorType,
         operands: Vec<Value>,
     ) -> Arc<Cell> {
-        let op_id = lock(&self.interner).op(op, ty.clone());
+        let op_id = lock(&self.interner).op(op, &ty);
         let node = Arc::new(Node { op_id, operands });
         self.new_cell(ty, Value::Node(node))
     }

@@ -6,6 +6,7 @@
 //! exactly, with no hash collisions to worry about, on every `mark_step`.
 
 use rustc_hash::FxHashMap as HashMap;
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, Weak};
 
 use neuron_pc_compiler::ir::{Op, TensorType};
@@ -57,23 +58,31 @@ pub(crate) struct Node {
 }
 
 /// Distinct (op, result type) pairs and distinct types seen by one device.
+///
+/// Ops are found by the hash of `(op, type)` and compared by reference, so a hit (almost every
+/// op of every step after the first) allocates nothing.
 #[derive(Default)]
 pub(crate) struct Interner {
-    ops: HashMap<(Op, TensorType), u32>,
+    ops: HashMap<u64, Vec<u32>>,
     op_list: Vec<(Op, TensorType)>,
     types: HashMap<TensorType, u32>,
     type_list: Vec<TensorType>,
 }
 
 impl Interner {
-    pub fn op(&mut self, op: Op, ty: TensorType) -> u32 {
-        let key = (op, ty);
-        if let Some(&id) = self.ops.get(&key) {
-            return id;
+    pub fn op(&mut self, op: Op, ty: &TensorType) -> u32 {
+        let hash = rustc_hash::FxBuildHasher.hash_one((&op, ty));
+        if let Some(ids) = self.ops.get(&hash) {
+            for &id in ids {
+                let (o, t) = &self.op_list[id as usize];
+                if *o == op && t == ty {
+                    return id;
+                }
+            }
         }
         let id = self.op_list.len() as u32;
-        self.op_list.push(key.clone());
-        self.ops.insert(key, id);
+        self.op_list.push((op, ty.clone()));
+        self.ops.entry(hash).or_default().push(id);
         id
     }
 

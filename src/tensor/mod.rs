@@ -105,8 +105,19 @@ impl Tensor {
                 op: op.name(),
             });
         }
-        let types: Vec<&TensorType> = operands.iter().map(|t| &t.cell.ty).collect();
-        let ty = neuron_pc_compiler::ir::infer(&op, &types)
+        // Operand types on the stack for the usual one to four operands (this runs per op).
+        let mut few: [&TensorType; 4] = [&first.cell.ty; 4];
+        let many: Vec<&TensorType>;
+        let types: &[&TensorType] = if operands.len() <= few.len() {
+            for (slot, t) in few.iter_mut().zip(operands) {
+                *slot = &t.cell.ty;
+            }
+            &few[..operands.len()]
+        } else {
+            many = operands.iter().map(|t| &t.cell.ty).collect();
+            &many
+        };
+        let ty = neuron_pc_compiler::ir::infer(&op, types)
             .map_err(|source| Error::Op { location, source })?;
         let values = operands.iter().map(|t| t.value()).collect();
         Ok(Tensor {
