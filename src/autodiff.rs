@@ -335,7 +335,7 @@ fn vjp(
                 .collect();
             let interior: Vec<usize> = stride.iter().map(|&s| s - 1).collect();
             let zero = g.constant_like(0.0)?;
-            vec![Some(g.pad(low, high, interior, &zero)?)]
+            vec![Some(g.pad(&low, &high, &interior, &zero)?)]
         }
         // d/dx dynamic_slice(x, s) = g written into zeros at the same (clamped) offsets
         Op::DynamicSlice { .. } => {
@@ -380,7 +380,7 @@ fn vjp(
             let gp = if pre.iter().chain(&post).all(|&p| p == 0) {
                 g.clone()
             } else {
-                g.pad(pre, post, vec![0; src.len()], &g.constant_like(0.0)?)?
+                g.pad(&pre, &post, &vec![0; src.len()], &g.constant_like(0.0)?)?
             };
             let start: Vec<usize> = low.iter().map(|&l| l.max(0) as usize).collect();
             let stride: Vec<usize> = interior.iter().map(|&i| i + 1).collect();
@@ -395,12 +395,9 @@ fn vjp(
                 .collect();
             let dx = gp.slice_strided(&start, &limit, &stride)?;
             // 1 where the output holds the pad value (exact, unlike sum(g) - sum(dx))
-            let is_pad = x[0].zeros_like()?.pad(
-                low.clone(),
-                high.clone(),
-                interior.clone(),
-                &g.constant_like(1.0)?,
-            )?;
+            let is_pad = x[0]
+                .zeros_like()?
+                .pad(low, high, interior, &g.constant_like(1.0)?)?;
             let dv = g.mul(&is_pad)?.sum_all()?;
             vec![Some(dx), Some(dv)]
         }
@@ -441,6 +438,8 @@ fn vjp(
         }
         // integer result: no gradient flows back
         Op::ArgMax { .. } | Op::ArgMin { .. } => vec![None],
+        // d/dx stop_gradient(x) = 0 by definition (detach): nothing flows back
+        Op::StopGradient => vec![None],
         // d(l . r) = g . r over r's free dims (for l), l . g over l's free dims (for r)
         Op::DotGeneral {
             lhs_batch,
@@ -619,16 +618,16 @@ impl Tensor {
     #[track_caller]
     pub fn pad(
         &self,
-        low: Vec<i64>,
-        high: Vec<i64>,
-        interior: Vec<usize>,
+        low: &[i64],
+        high: &[i64],
+        interior: &[usize],
         value: &Tensor,
     ) -> Result<Tensor> {
         Tensor::apply(
             Op::Pad {
-                low,
-                high,
-                interior,
+                low: low.to_vec(),
+                high: high.to_vec(),
+                interior: interior.to_vec(),
             },
             &[self, value],
         )

@@ -210,6 +210,7 @@ fn write_op(w: &mut Writer, op: &Op) {
             w.u8(23);
             w.usizes(dims);
         }
+        Op::StopGradient => w.u8(27),
         Op::AllReduce { op, replica_groups } => {
             w.u8(24);
             w.u8(reduce_tag(*op));

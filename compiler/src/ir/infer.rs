@@ -333,6 +333,7 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             dims.extend(free(r, rhs_batch, rhs_contract));
             Ok(TensorType::new(l.dtype, dims))
         }
+        Op::StopGradient => Ok(unary(op, operands)?.clone()),
         Op::Gather => {
             arity(op, operands, 2)?;
             let (t, i) = (operands[0], operands[1]);

@@ -88,6 +88,9 @@ pub enum Op {
     /// Operand: a `u32[2]` key. Result `u32[dims]`: element `i` (row-major) is the first word
     /// of threefry-2x32 (20 rounds) of the counter `(0, i)` under that key.
     RandomBits { dims: Vec<usize> },
+    /// The operand's value unchanged; differentiation treats it as a constant (PyTorch's
+    /// `detach`, JAX's `stop_gradient`). Lowers to no StableHLO op.
+    StopGradient,
     /// Reduces the operand across the replicas of each group (result has its type).
     AllReduce {
         op: ReduceOp,
@@ -133,6 +136,7 @@ impl Op {
             Op::Gather => "gather",
             Op::ScatterAdd => "scatter_add",
             Op::RandomBits { .. } => "random_bits",
+            Op::StopGradient => "stop_gradient",
             Op::AllReduce { .. } => "all_reduce",
             Op::AllGather { .. } => "all_gather",
             Op::ReduceScatter { .. } => "reduce_scatter",
@@ -148,7 +152,9 @@ impl fmt::Display for Op {
             Op::Parameter { index } => write!(f, "{n}{{index={index}}}"),
             Op::Constant(lit) => write!(f, "{n}({lit})"),
             Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select => f.write_str(n),
-            Op::DynamicUpdateSlice | Op::Gather | Op::ScatterAdd => f.write_str(n),
+            Op::DynamicUpdateSlice | Op::Gather | Op::ScatterAdd | Op::StopGradient => {
+                f.write_str(n)
+            }
             Op::Convert(d) => write!(f, "{n}{{{d}}}"),
             Op::Iota { dims, dim, dtype } => write!(f, "{n}{{dims={dims:?}, dim={dim}, dtype={dtype}}}"),
             Op::BroadcastInDim { dims, broadcast_dimensions } => {

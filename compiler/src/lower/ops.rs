@@ -129,6 +129,8 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             )
         }
         Op::RandomBits { dims } => return Ok(random::emit(e, &v, &args[0], dims)),
+        // only differentiation sees it: the value is the operand's
+        Op::StopGradient => return Ok(args[0].clone()),
         Op::AllReduce { op, replica_groups: g } => {
             let region = combiner_region(&v, op.combiner(), node.ty.dtype, false);
             format!("{v} = \"stablehlo.all_reduce\"({arg_list}) ({region}) {{replica_groups = {}}} : {sig}", replica_groups(g))

@@ -135,6 +135,7 @@ fn foldable(op: &Op) -> bool {
         | Op::DotGeneral { .. }
         | Op::Gather
         | Op::ScatterAdd
+        | Op::StopGradient
         | Op::RandomBits { .. } => true,
     }
 }
