@@ -207,6 +207,17 @@ pub fn log_softmax(x: &Tensor, dim: isize) -> Result<Tensor> {
 /// One-hot rows: integer `labels [n]` → `[n, classes]` of `dtype`.
 #[track_caller]
 pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
+    if !labels.dtype().is_int() {
+        return Err(crate::tensor::shape_error(
+            "one_hot",
+            labels.ty().to_string(),
+            format!(
+                "labels must have an integer dtype, got {} (convert class indices with to_dtype(DType::I32))",
+                labels.dtype()
+            ),
+            std::panic::Location::caller(),
+        ));
+    }
     let n = labels.dims()[0];
     let dev = labels.device_inner()?;
     let iota = Tensor::apply_nullary(

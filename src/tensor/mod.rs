@@ -1,8 +1,13 @@
 //! Lazy tensors. Every op records a node (its shape and dtype checked at the call site) and
 //! returns at once; values are computed at the next `mark_step`, or when read.
 
+mod math;
+mod matmul;
 mod ops;
 mod shape;
+mod shape_ops;
+
+pub(crate) use shape::shape_error;
 
 use std::panic::Location;
 use std::sync::{Arc, Mutex, Weak};
