@@ -1,6 +1,7 @@
 //! Lazy tensors. Every op records a node (its shape and dtype checked at the call site) and
 //! returns at once; values are computed at the next `mark_step`, or when read.
 
+mod conv;
 mod math;
 mod matmul;
 mod ops;

@@ -126,3 +126,102 @@ pub fn assert_close(got: &[f64], want: &[f64], tol: f64, what: &str) {
         );
     }
 }
+
+/// `torch.nn.functional.conv{1,2}d` by its definition: input `[n, c, s..]`, weight
+/// `[o, c / groups, k..]`, zeros outside the input. Returns (values, dims).
+#[allow(clippy::too_many_arguments)]
+pub fn conv(
+    x: &[f64],
+    xd: &[usize],
+    w: &[f64],
+    wd: &[usize],
+    bias: Option<&[f64]>,
+    stride: &[usize],
+    padding: &[usize],
+    dilation: &[usize],
+    groups: usize,
+) -> (Vec<f64>, Vec<usize>) {
+    let k = xd.len() - 2;
+    let (n, c, o) = (xd[0], xd[1], wd[0]);
+    let (cg, og) = (c / groups, o / groups);
+    let out: Vec<usize> = (0..k)
+        .map(|i| (xd[2 + i] + 2 * padding[i] - dilation[i] * (wd[2 + i] - 1) - 1) / stride[i] + 1)
+        .collect();
+    let mut od = vec![n, o];
+    od.extend(&out);
+    let kernel = &wd[2..];
+    let kk: usize = kernel.iter().product();
+    let vals = (0..od.iter().product())
+        .map(|flat| {
+            let idx = unravel(flat, &od);
+            let (b, oc) = (idx[0], idx[1]);
+            let g = oc / og;
+            let mut acc = bias.map_or(0.0, |b| b[oc]);
+            for ci in 0..cg {
+                for kf in 0..kk {
+                    let koff = unravel(kf, kernel);
+                    let mut xi = vec![b, g * cg + ci];
+                    let mut inside = true;
+                    for i in 0..k {
+                        let p = (idx[2 + i] * stride[i] + koff[i] * dilation[i]) as i64
+                            - padding[i] as i64;
+                        inside &= p >= 0 && (p as usize) < xd[2 + i];
+                        xi.push(p.max(0) as usize);
+                    }
+                    if inside {
+                        let mut wi = vec![oc, ci];
+                        wi.extend(&koff);
+                        acc += x[ravel(&xi, xd)] * w[ravel(&wi, wd)];
+                    }
+                }
+            }
+            acc
+        })
+        .collect();
+    (vals, od)
+}
+
+/// Max or average pooling by definition (`-inf` / zero padding; the average divides by the
+/// kernel size, PyTorch's `count_include_pad=True`).
+pub fn pool(
+    x: &[f64],
+    xd: &[usize],
+    kernel: &[usize],
+    stride: &[usize],
+    padding: &[usize],
+    max: bool,
+) -> (Vec<f64>, Vec<usize>) {
+    let k = kernel.len();
+    let out: Vec<usize> = (0..k)
+        .map(|i| (xd[2 + i] + 2 * padding[i] - kernel[i]) / stride[i] + 1)
+        .collect();
+    let mut od = xd[..2].to_vec();
+    od.extend(&out);
+    let kk: usize = kernel.iter().product();
+    let vals = (0..od.iter().product())
+        .map(|flat| {
+            let idx = unravel(flat, &od);
+            let mut acc = if max { f64::NEG_INFINITY } else { 0.0 };
+            for kf in 0..kk {
+                let koff = unravel(kf, kernel);
+                let mut xi = idx[..2].to_vec();
+                let mut inside = true;
+                for i in 0..k {
+                    let p = (idx[2 + i] * stride[i] + koff[i]) as i64 - padding[i] as i64;
+                    inside &= p >= 0 && (p as usize) < xd[2 + i];
+                    xi.push(p.max(0) as usize);
+                }
+                if inside {
+                    let v = x[ravel(&xi, xd)];
+                    acc = if max { acc.max(v) } else { acc + v };
+                }
+            }
+            if max {
+                acc
+            } else {
+                acc / kk as f64
+            }
+        })
+        .collect();
+    (vals, od)
+}
