@@ -121,7 +121,14 @@ fn conv_rejects_bad_shapes_with_errors() {
 fn pooling_matches_the_definition() {
     let dev = device();
     let mut rng = HostRng::new(32);
-    let cases: [(&[usize], &[usize], &[usize], &[usize]); 5] = [
+    // (input dims, kernel, stride, padding)
+    type PoolCase = (
+        &'static [usize],
+        &'static [usize],
+        &'static [usize],
+        &'static [usize],
+    );
+    let cases: [PoolCase; 5] = [
         (&[2, 3, 8], &[2], &[2], &[0]),
         (&[1, 2, 9], &[3], &[2], &[1]),
         (&[2, 2, 6, 6], &[2, 2], &[2, 2], &[0, 0]),

@@ -158,7 +158,7 @@ impl Tensor {
             )));
         }
         let (c_in, c_out) = (self.dims()[1], weight.dims()[0]);
-        if groups == 0 || c_in % groups != 0 || c_out % groups != 0 {
+        if groups == 0 || !c_in.is_multiple_of(groups) || !c_out.is_multiple_of(groups) {
             return Err(err(format!(
                 "groups ({groups}) must divide the input channels ({c_in}) and the output channels ({c_out})"
             )));
@@ -287,9 +287,9 @@ impl Tensor {
             return Err(err("stride and dilation must be at least 1".into()));
         }
         let mut out = Vec::with_capacity(k);
-        for i in 0..k {
+        for (i, &size) in spatial.iter().enumerate() {
             let reach = window.dilation[i] * (window.kernel[i].max(1) - 1) + 1;
-            let padded = spatial[i] + 2 * window.padding[i];
+            let padded = size + 2 * window.padding[i];
             if window.kernel[i] == 0 || padded < reach {
                 return Err(err(format!(
                     "spatial dimension {i}: a kernel of {} (dilation {}) does not fit {} padded entries",
