@@ -13,6 +13,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod amp;
 pub mod autodiff;
 pub mod checkpoint;
 pub mod data;
@@ -21,6 +22,9 @@ mod error;
 pub mod logging;
 pub mod models;
 pub mod nn;
+mod nn_conv;
+mod nn_loss;
+mod nn_norm;
 pub mod optim;
 mod persist;
 pub mod state;

@@ -8,6 +8,10 @@ use crate::device::LazyDevice;
 use crate::error::Result;
 use crate::tensor::Tensor;
 
+pub use crate::nn_conv::{Conv1d, Conv2d, ConvConfig, ConvLayer};
+pub use crate::nn_loss::{cross_entropy_with, CrossEntropyOptions};
+pub use crate::nn_norm::{BatchNorm, GroupNorm, RMSNorm};
+
 /// A small deterministic generator (SplitMix64) for parameter initialisation on the host.
 #[derive(Clone, Debug)]
 pub struct HostRng(u64);
@@ -297,6 +301,13 @@ impl MultiHeadAttention {
     /// `x [b, s, e]`, optional `mask [b, s]` (1 = attend, 0 = padding) → `[b, s, e]`.
     #[track_caller]
     pub fn forward(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        self.forward_with(x, mask, false)
+    }
+
+    /// As [`MultiHeadAttention::forward`]; with `causal`, position `i` attends only to
+    /// positions `<= i` (PyTorch's `is_causal=True` / a square subsequent mask).
+    #[track_caller]
+    pub fn forward_with(&self, x: &Tensor, mask: Option<&Tensor>, causal: bool) -> Result<Tensor> {
         let (b, s, e) = (x.dims()[0], x.dims()[1], x.dims()[2]);
         let h = self.heads;
         let d = e / h;
@@ -320,6 +331,29 @@ impl MultiHeadAttention {
                 scores.add(&bias)?
             }
             None => scores,
+        };
+        let scores = if causal {
+            // key position j > query position i gets a large negative score
+            let dev = x.device_inner()?;
+            let pos = |dim: usize| {
+                Tensor::apply_nullary(
+                    &dev,
+                    Op::Iota {
+                        dims: vec![s, s],
+                        dim,
+                        dtype: DType::I32,
+                    },
+                )
+            };
+            let future = pos(1)?.gt(&pos(0)?)?;
+            let bias = Tensor::where_cond(
+                &future,
+                &scores.constant_like(-1e9)?,
+                &scores.constant_like(0.0)?,
+            )?;
+            scores.add(&bias)?
+        } else {
+            scores
         };
         let attn = softmax(&scores, -1)?;
         let ctx = attn
