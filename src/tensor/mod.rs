@@ -1,6 +1,8 @@
 //! Lazy tensors. Every op records a node (its shape and dtype checked at the call site) and
 //! returns at once; values are computed at the next `mark_step`, or when read.
+#![doc = include_str!("op_index.md")]
 
+mod collective;
 mod conv;
 mod math;
 mod matmul;
@@ -8,6 +10,8 @@ mod ops;
 mod shape;
 mod shape_ops;
 
+/// The combiner of [`Tensor::all_reduce`] and [`Tensor::reduce_scatter`].
+pub use neuron_pc_compiler::ir::ReduceOp;
 pub(crate) use shape::shape_error;
 
 use std::panic::Location;
