@@ -456,6 +456,18 @@ fn vjp(
             rhs_contract,
             location,
         )?,
+        // d conv(x, w): the vjp of the same convolution written as pad + strided slices +
+        // dot_general (im2col), whose rules are above
+        Op::Convolution {
+            stride,
+            padding,
+            dilation,
+            groups,
+        } => {
+            let (dx, dw) =
+                Tensor::convolution_vjp(&x[0], &x[1], g, (stride, padding, dilation), *groups)?;
+            vec![Some(dx), Some(dw)]
+        }
         // d/dtable gather(table, i) = g scattered (summed) into the rows that were read, which
         // are the clamped indices
         Op::Gather => {

@@ -1,10 +1,11 @@
 //! Convolution and pooling over 1 or 2 spatial dimensions (PyTorch's NCL / NCHW layouts).
 //!
-//! Built as an honest composite rather than a StableHLO `convolution` primitive: the input is
-//! padded, one strided slice per kernel offset gathers the patches (im2col), and a single
-//! `dot_general` batched over the groups contracts them with the weight. Gradients therefore
-//! come from the pad, slice and `dot_general` rules, and every backend runs it. The cost is a
-//! `kernel size`-times larger patch tensor than a native convolution needs.
+//! `conv1d`/`conv2d` record one [`Op::Convolution`] (StableHLO `convolution`, so the backend
+//! compiler sees a real convolution). Its gradient is the vjp of the same convolution written as
+//! an im2col composite: the input padded, one strided slice per kernel offset gathering the
+//! patches, and one `dot_general` batched over the groups; the pad, slice and `dot_general`
+//! rules differentiate that. Pooling is that patch gather followed by a max or a sum (an honest
+//! composite; the patch tensor is `kernel size` times the output).
 
 use std::panic::Location;
 
@@ -182,8 +183,49 @@ impl Tensor {
             padding,
             dilation,
         };
+        // the shape errors name the user's op, not the primitive
+        x.window_out(op, &window, location)?;
+        let y = Tensor::apply_at(
+            Op::Convolution {
+                stride: stride.to_vec(),
+                padding: padding.to_vec(),
+                dilation: dilation.to_vec(),
+                groups,
+            },
+            &[&x, &w],
+            location,
+        )?;
+        match bias {
+            Some(b) => {
+                let mut bd = vec![c_out];
+                bd.extend(std::iter::repeat_n(1, k));
+                y.add(&b.reshape_at(&bd, location)?)
+            }
+            None => Ok(y),
+        }
+    }
+
+    /// The convolution as an im2col composite (pad, one strided slice per kernel offset, one
+    /// `dot_general` batched over the groups): the same values as [`Op::Convolution`], built
+    /// from primitives that have gradient rules.
+    fn conv_composite(
+        &self,
+        w: &Tensor,
+        (stride, padding, dilation): (&[usize], &[usize], &[usize]),
+        groups: usize,
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
+        let x = self;
+        let k = stride.len();
+        let (c_in, c_out) = (x.dims()[1], w.dims()[0]);
+        let window = Window {
+            kernel: &w.dims()[2..],
+            stride,
+            padding,
+            dilation,
+        };
         let zero = x.constant_like(0.0)?;
-        let (patches, out) = x.patches(op, &window, &zero, location)?; // [n, c, kk, out..]
+        let (patches, out) = x.patches("convolution", &window, &zero, location)?; // [n, c, kk, out..]
         let n = x.dims()[0];
         let kk: usize = window.kernel.iter().product();
         let cg = c_in / groups;
@@ -208,13 +250,27 @@ impl Tensor {
         let mut dims = vec![n, c_out];
         dims.extend_from_slice(&out);
         let y = y.reshape_at(&dims, location)?;
-        match bias {
-            Some(b) => {
-                let mut bd = vec![c_out];
-                bd.extend(std::iter::repeat_n(1, k));
-                y.add(&b.reshape_at(&bd, location)?)
-            }
-            None => Ok(y),
+        Ok(y)
+    }
+
+    /// Gradients of [`Op::Convolution`] with respect to its input and kernel for the output
+    /// gradient `g`: the vjp of [`Tensor::conv_composite`] on stopped copies of the operands, so
+    /// only the paths through this convolution count.
+    pub(crate) fn convolution_vjp(
+        x: &Tensor,
+        w: &Tensor,
+        g: &Tensor,
+        geometry: (&[usize], &[usize], &[usize]),
+        groups: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        let location = Location::caller();
+        let (xd, wd, gd) = (x.detach()?, w.detach()?, g.detach()?);
+        let y = xd.conv_composite(&wd, geometry, groups, location)?;
+        let loss = y.mul(&gd)?.sum_all()?;
+        let mut grads = crate::grad(&loss, &[&xd, &wd])?.into_iter();
+        match (grads.next(), grads.next()) {
+            (Some(dx), Some(dw)) => Ok((dx, dw)),
+            _ => unreachable!("grad returns one gradient per tensor asked for"),
         }
     }
 
@@ -268,16 +324,13 @@ impl Tensor {
         }
     }
 
-    /// `[n, c, spatial..]` → (`[n, c, kernel offsets, out..]`, out): one strided slice of the
-    /// padded input per kernel offset (row-major over the kernel).
-    fn patches(
+    /// The output's spatial sizes, or an error naming `op` when the window does not fit.
+    fn window_out(
         &self,
         op: &'static str,
         window: &Window<'_>,
-        pad_value: &Tensor,
         location: &'static Location<'static>,
-    ) -> Result<(Tensor, Vec<usize>)> {
-        let k = window.kernel.len();
+    ) -> Result<Vec<usize>> {
         let spatial = &self.dims()[2..];
         let err = |message: String| shape_error(op, self.ty().to_string(), message, location);
         if [window.stride, window.dilation]
@@ -286,7 +339,7 @@ impl Tensor {
         {
             return Err(err("stride and dilation must be at least 1".into()));
         }
-        let mut out = Vec::with_capacity(k);
+        let mut out = Vec::with_capacity(spatial.len());
         for (i, &size) in spatial.iter().enumerate() {
             let reach = window.dilation[i] * (window.kernel[i].max(1) - 1) + 1;
             let padded = size + 2 * window.padding[i];
@@ -298,6 +351,20 @@ impl Tensor {
             }
             out.push((padded - reach) / window.stride[i] + 1);
         }
+        Ok(out)
+    }
+
+    /// `[n, c, spatial..]` → (`[n, c, kernel offsets, out..]`, out): one strided slice of the
+    /// padded input per kernel offset (row-major over the kernel).
+    fn patches(
+        &self,
+        op: &'static str,
+        window: &Window<'_>,
+        pad_value: &Tensor,
+        location: &'static Location<'static>,
+    ) -> Result<(Tensor, Vec<usize>)> {
+        let k = window.kernel.len();
+        let out = self.window_out(op, window, location)?;
         let x = if window.padding.iter().all(|&p| p == 0) {
             self.clone()
         } else {

@@ -211,6 +211,18 @@ fn write_op(w: &mut Writer, op: &Op) {
             w.usizes(dims);
         }
         Op::StopGradient => w.u8(27),
+        Op::Convolution {
+            stride,
+            padding,
+            dilation,
+            groups,
+        } => {
+            w.u8(28);
+            w.usizes(stride);
+            w.usizes(padding);
+            w.usizes(dilation);
+            w.len(*groups);
+        }
         Op::AllReduce { op, replica_groups } => {
             w.u8(24);
             w.u8(reduce_tag(*op));

@@ -78,6 +78,16 @@ pub enum Op {
         lhs_contract: Vec<usize>,
         rhs_contract: Vec<usize>,
     },
+    /// StableHLO `convolution` in PyTorch's layouts: operands `lhs [n, c_in, spatial..]` and
+    /// `rhs [c_out, c_in / groups, kernel..]` of one dtype; result `[n, c_out, out..]`. Per
+    /// spatial dimension: the window `stride`, zero `padding` on both sides, and the kernel's
+    /// `dilation`; `groups` splits the channels (PyTorch's `groups`).
+    Convolution {
+        stride: Vec<usize>,
+        padding: Vec<usize>,
+        dilation: Vec<usize>,
+        groups: usize,
+    },
     /// Row lookup: operands `table [n, rest..]` and integer `indices` of any shape; result
     /// `indices.dims ++ rest`. Indices are clamped into `0..n` (StableHLO gather semantics).
     Gather,
@@ -133,6 +143,7 @@ impl Op {
             Op::ArgMax { .. } => "argmax",
             Op::ArgMin { .. } => "argmin",
             Op::DotGeneral { .. } => "dot_general",
+            Op::Convolution { .. } => "convolution",
             Op::Gather => "gather",
             Op::ScatterAdd => "scatter_add",
             Op::RandomBits { .. } => "random_bits",
@@ -177,6 +188,10 @@ impl fmt::Display for Op {
             Op::DotGeneral { lhs_batch, rhs_batch, lhs_contract, rhs_contract } => write!(
                 f,
                 "{n}{{batch={lhs_batch:?}x{rhs_batch:?}, contract={lhs_contract:?}x{rhs_contract:?}}}"
+            ),
+            Op::Convolution { stride, padding, dilation, groups } => write!(
+                f,
+                "{n}{{stride={stride:?}, padding={padding:?}, dilation={dilation:?}, groups={groups}}}"
             ),
             Op::RandomBits { dims } => write!(f, "{n}{{dims={dims:?}}}"),
             Op::AllReduce { op, replica_groups } => {

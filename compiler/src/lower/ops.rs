@@ -105,6 +105,19 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
                 fields.join(", ")
             )
         }
+        Op::Convolution { stride, padding, dilation, groups } => {
+            let k = stride.len();
+            let spatial: Vec<String> = (0..k).map(|i| i.to_string()).collect();
+            let s = spatial.join(", ");
+            let pads: Vec<String> = padding.iter().map(|p| format!("[{p}, {p}]")).collect();
+            format!(
+                "{v} = \"stablehlo.convolution\"({arg_list}) {{batch_group_count = 1 : i64, dimension_numbers = #stablehlo.conv<[b, f, {s}]x[o, i, {s}]->[b, f, {s}]>, feature_group_count = {groups} : i64, lhs_dilation = {}, padding = dense<[{}]> : tensor<{k}x2xi64>, rhs_dilation = {}, window_strides = {}}} : {sig}",
+                i64_array(&vec![1i64; k]),
+                pads.join(", "),
+                i64_array(&to_i64(dilation)),
+                i64_array(&to_i64(stride))
+            )
+        }
         Op::Gather => {
             let (table, idx) = (graph.node_type(node.operands[0]), graph.node_type(node.operands[1]));
             let k = idx.rank();

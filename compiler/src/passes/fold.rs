@@ -136,6 +136,7 @@ fn foldable(op: &Op) -> bool {
         | Op::Gather
         | Op::ScatterAdd
         | Op::StopGradient
+        | Op::Convolution { .. }
         | Op::RandomBits { .. } => true,
     }
 }

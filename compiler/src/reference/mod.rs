@@ -11,6 +11,7 @@
 //! and combines their values in each collective.
 
 mod collective;
+mod conv;
 mod data;
 mod elementwise;
 mod random;
@@ -163,6 +164,12 @@ fn eval_node(node: &Node, a: &[&Value]) -> Result<Data> {
             out,
             (lhs_batch, rhs_batch, lhs_contract, rhs_contract),
         ),
+        Op::Convolution {
+            stride,
+            padding,
+            dilation,
+            groups,
+        } => conv::convolution(a[0], a[1], out, (stride, padding, dilation), *groups),
         Op::Gather => structural::gather(a[0], a[1], out),
         Op::ScatterAdd => structural::scatter_add(a[0], a[1], a[2]),
         Op::RandomBits { .. } => random::random_bits(a[0], out.element_count()),
