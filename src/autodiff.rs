@@ -304,7 +304,7 @@ fn vjp(
             let s = if perm.iter().enumerate().all(|(i, &p)| i == p) {
                 s
             } else {
-                s.permute(&perm)?
+                s.permute_dims(&perm)?
             };
             vec![Some(s.reshape(src)?)]
         }
@@ -316,7 +316,7 @@ fn vjp(
             for (i, &p) in perm.iter().enumerate() {
                 inv[p] = i;
             }
-            vec![Some(g.permute(&inv)?)]
+            vec![Some(g.permute_dims(&inv)?)]
         }
         // d/dx slice(x) = g placed back at start + i * stride, zeros elsewhere
         Op::Slice { start, stride, .. } => {
@@ -579,7 +579,7 @@ fn dot_general_vjp(
                 .position(|&x| x == r)
                 .expect("contract dim");
     }
-    let dl = dl.permute(&pos_l)?;
+    let dl = dl.permute_dims(&pos_l)?;
 
     // drhs = lhs . g over lhs's free dims → [batch, lhs's remaining (its contract dims, in lhs
     // order), rhs_free].
@@ -610,7 +610,7 @@ fn dot_general_vjp(
     for (i, &d) in rhs_free.iter().enumerate() {
         pos_r[d] = nb + lhs_remaining.len() + i;
     }
-    let dr = dr.permute(&pos_r)?;
+    let dr = dr.permute_dims(&pos_r)?;
     Ok(vec![Some(dl), Some(dr)])
 }
 

@@ -139,6 +139,15 @@ fn shape_ops_move_the_right_elements() {
         assert_eq!(values(&t), v);
     }
     assert!(x.unsqueeze(4).is_err() && x.unsqueeze(-5).is_err());
+    // permute takes negative dimensions like torch.permute
+    let p = x.permute(&[-1, 0, -2]).unwrap();
+    assert_eq!(p.dims(), &[4, 2, 3]);
+    let got = values(&p);
+    for (o, g) in got.iter().enumerate() {
+        let idx = unravel(o, &[4, 2, 3]);
+        assert_eq!(*g, v[ravel(&[idx[1], idx[2], idx[0]], &[2, 3, 4])]);
+    }
+    assert!(x.permute(&[0, 1, 3]).is_err());
     assert!(x.flatten(2, 1).is_err());
 
     // stack / split / chunk against index arithmetic

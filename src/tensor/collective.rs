@@ -5,6 +5,9 @@
 
 use neuron_pc_compiler::ir::{Op, ReduceOp};
 
+use std::panic::Location;
+
+use super::shape::dim_index;
 use super::Tensor;
 use crate::error::Result;
 
@@ -23,13 +26,16 @@ impl Tensor {
 
     /// The group's tensors concatenated along `dim`, on every replica of the group.
     #[track_caller]
-    pub fn all_gather(&self, dim: usize, replica_groups: &[Vec<usize>]) -> Result<Tensor> {
-        Tensor::apply(
+    pub fn all_gather(&self, dim: isize, replica_groups: &[Vec<usize>]) -> Result<Tensor> {
+        let location = Location::caller();
+        let dim = dim_index("all_gather", dim, self.dims(), location)?;
+        Tensor::apply_at(
             Op::AllGather {
                 dim,
                 replica_groups: replica_groups.to_vec(),
             },
             &[self],
+            location,
         )
     }
 
@@ -39,16 +45,19 @@ impl Tensor {
     pub fn reduce_scatter(
         &self,
         op: ReduceOp,
-        dim: usize,
+        dim: isize,
         replica_groups: &[Vec<usize>],
     ) -> Result<Tensor> {
-        Tensor::apply(
+        let location = Location::caller();
+        let dim = dim_index("reduce_scatter", dim, self.dims(), location)?;
+        Tensor::apply_at(
             Op::ReduceScatter {
                 op,
                 dim,
                 replica_groups: replica_groups.to_vec(),
             },
             &[self],
+            location,
         )
     }
 }

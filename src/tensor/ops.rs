@@ -228,9 +228,21 @@ impl Tensor {
         )
     }
 
-    /// Reorders dimensions: output dimension `i` is input dimension `perm[i]`.
+    /// Reorders dimensions: output dimension `i` is input dimension `perm[i]` (negative
+    /// entries count from the end, as in `torch.permute`).
     #[track_caller]
-    pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
+    pub fn permute(&self, perm: &[isize]) -> Result<Tensor> {
+        let location = Location::caller();
+        let perm: Vec<usize> = perm
+            .iter()
+            .map(|&d| dim_index("permute", d, self.dims(), location))
+            .collect::<Result<_>>()?;
+        Tensor::apply_at(Op::Transpose { perm }, &[self], location)
+    }
+
+    /// [`Tensor::permute`] with dimensions already resolved (the gradient rules use it).
+    #[track_caller]
+    pub(crate) fn permute_dims(&self, perm: &[usize]) -> Result<Tensor> {
         Tensor::apply(
             Op::Transpose {
                 perm: perm.to_vec(),
