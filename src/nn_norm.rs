@@ -31,6 +31,10 @@ fn per_channel(t: &Tensor, rank: usize) -> Result<Tensor> {
 /// `torch.nn.BatchNorm1d/2d`: in training it normalises with the batch's mean and biased
 /// variance and moves the running statistics by `momentum` (the running variance takes the
 /// unbiased batch variance); in evaluation it uses the running statistics.
+///
+/// The running statistics are buffers, not parameters: [`Module::named_params`] lists only
+/// `weight` and `bias` (so optimisers never update the statistics); save and load them with
+/// [`BatchNorm::named_buffers`].
 pub struct BatchNorm {
     pub weight: Tensor,
     pub bias: Tensor,

@@ -28,6 +28,19 @@ fn readme_quotes_the_example_verbatim() {
 }
 
 #[test]
+fn readme_links_stay_inside_the_repository() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    for bad in ["](http", "../shared/", "DESIGN.md"] {
+        assert!(
+            !readme.contains(bad),
+            "README.md refers outside the repository: {bad}"
+        );
+    }
+    assert!(readme.contains("`docs/design.md`"));
+    assert!(root().join("docs/design.md").is_file());
+}
+
+#[test]
 fn the_example_trains() {
     let job = Path::new(env!("CARGO_BIN_EXE_neuron-pc"))
         .parent()
