@@ -60,6 +60,18 @@ pub trait Module {
         self.named_params("", &mut v);
         v
     }
+
+    /// Appends `(prefix + name, tensor)` for every buffer: state a checkpoint holds but no
+    /// optimiser updates (PyTorch's `named_buffers()`, such as `BatchNorm`'s running
+    /// statistics). None by default; a module holding a `BatchNorm` forwards to it.
+    fn named_buffers(&self, _prefix: &str, _out: &mut Vec<(String, Tensor)>) {}
+
+    /// Parameters, then buffers: what PyTorch's `state_dict()` holds.
+    fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut v = self.parameters();
+        self.named_buffers("", &mut v);
+        v
+    }
 }
 
 fn join(prefix: &str, name: &str) -> String {

@@ -33,13 +33,16 @@ fn per_channel(t: &Tensor, rank: usize) -> Result<Tensor> {
 /// unbiased batch variance); in evaluation it uses the running statistics.
 ///
 /// The running statistics are buffers, not parameters: [`Module::named_params`] lists only
-/// `weight` and `bias` (so optimisers never update the statistics); save and load them with
-/// [`BatchNorm::named_buffers`].
+/// `weight` and `bias` (so optimisers never update the statistics), and
+/// [`Module::named_buffers`] the statistics, which `state::module_state` and
+/// `state::load_module` save and load with the parameters, as PyTorch's `state_dict()` does.
 pub struct BatchNorm {
     pub weight: Tensor,
     pub bias: Tensor,
     pub running_mean: Tensor,
     pub running_var: Tensor,
+    /// Training steps taken (i64 scalar, PyTorch's `num_batches_tracked`).
+    pub num_batches_tracked: Tensor,
     pub eps: f64,
     pub momentum: f64,
     /// `model.train()` / `model.eval()`.
@@ -54,6 +57,7 @@ impl BatchNorm {
             bias: filled(device, 0.0, channels)?,
             running_mean: filled(device, 0.0, channels)?,
             running_var: filled(device, 1.0, channels)?,
+            num_batches_tracked: device.tensor(&HostTensor::zeros(DType::I64, &[]))?,
             eps: 1e-5,
             momentum: 0.1,
             training: true,
@@ -101,6 +105,8 @@ impl BatchNorm {
                 .add(&unbiased.detach()?.to_dtype(dt)?.mul_scalar(m)?)?;
             self.running_mean.assign(&new_mean)?;
             self.running_var.assign(&new_var)?;
+            let tracked = &self.num_batches_tracked;
+            tracked.assign(&tracked.add(&tracked.constant_like(1.0)?)?)?;
             (mean, var)
         } else {
             (self.running_mean.clone(), self.running_var.clone())
@@ -113,20 +119,22 @@ impl BatchNorm {
             .mul(&per_channel(&self.weight, rank)?)?
             .add(&per_channel(&self.bias, rank)?)
     }
-
-    /// The running statistics under PyTorch's buffer names (`running_mean`, `running_var`).
-    pub fn named_buffers(&self, prefix: &str) -> Vec<(String, Tensor)> {
-        vec![
-            (join(prefix, "running_mean"), self.running_mean.clone()),
-            (join(prefix, "running_var"), self.running_var.clone()),
-        ]
-    }
 }
 
 impl Module for BatchNorm {
     fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
         out.push((join(prefix, "weight"), self.weight.clone()));
         out.push((join(prefix, "bias"), self.bias.clone()));
+    }
+
+    /// `running_mean`, `running_var`, `num_batches_tracked`, as PyTorch names them.
+    fn named_buffers(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        out.push((join(prefix, "running_mean"), self.running_mean.clone()));
+        out.push((join(prefix, "running_var"), self.running_var.clone()));
+        out.push((
+            join(prefix, "num_batches_tracked"),
+            self.num_batches_tracked.clone(),
+        ));
     }
 }
 

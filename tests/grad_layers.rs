@@ -17,6 +17,7 @@ fn layer_gradients() {
     let stats = (
         c.f64s(&[0.1, -0.2, 0.3], &[ch]),
         c.f64s(&[1.0, 1.5, 0.5], &[ch]),
+        c.i32s(&[0], &[]),
     );
     for training in [true, false] {
         c.op(
@@ -32,6 +33,7 @@ fn layer_gradients() {
                     bias: x[2].clone(),
                     running_mean: stats.0.clone(),
                     running_var: stats.1.clone(),
+                    num_batches_tracked: stats.2.clone(),
                     eps: 1e-5,
                     momentum: 0.1,
                     training,

@@ -13,11 +13,12 @@
 use std::path::Path;
 
 use neuron_pc::checkpoint::StateDict;
+use neuron_pc::nn::Module;
 use neuron_pc::nn::{
     cross_entropy_with, BatchNorm, CrossEntropyOptions, GroupNorm, Linear, MultiHeadAttention,
     RMSNorm,
 };
-use neuron_pc::{grad, DeviceConfig, LazyDevice, Result, Tensor};
+use neuron_pc::{grad, state, DeviceConfig, LazyDevice, Result, Tensor};
 
 struct Fixture {
     dev: LazyDevice,
@@ -121,6 +122,7 @@ fn norms_match_pytorch() {
             bias: x[2].clone(),
             running_mean: bn.running_mean.clone(),
             running_var: bn.running_var.clone(),
+            num_batches_tracked: bn.num_batches_tracked.clone(),
             eps: 1e-5,
             momentum: 0.1,
             training: true,
@@ -135,6 +137,7 @@ fn norms_match_pytorch() {
         bias: fx.tensor("batchnorm.bias"),
         running_mean: bn.running_mean.clone(),
         running_var: bn.running_var.clone(),
+        num_batches_tracked: bn.num_batches_tracked.clone(),
         eps: 1e-5,
         momentum: 0.1,
         training: false,
@@ -143,6 +146,30 @@ fn norms_match_pytorch() {
     fx.compare("batchnorm.eval.out", &y, 1e-5, false);
     // evaluation leaves the running statistics alone
     fx.compare("batchnorm.running_mean", &eval.running_mean, 1e-6, false);
+
+    // the statistics are buffers: saved and loaded with PyTorch's state_dict() names, never
+    // handed to an optimiser
+    let names = |v: Vec<(String, Tensor)>| v.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+    assert_eq!(names(bn.parameters()), ["weight", "bias"]);
+    let sd = state::module_state(&bn).unwrap();
+    assert_eq!(
+        sd.tensors.keys().collect::<Vec<_>>(),
+        [
+            "bias",
+            "num_batches_tracked",
+            "running_mean",
+            "running_var",
+            "weight"
+        ]
+    );
+    assert_eq!(
+        sd.tensors["num_batches_tracked"].to_vec::<i64>().unwrap(),
+        [1]
+    );
+    let fresh = BatchNorm::new(dev, 3).unwrap();
+    state::load_module(&fresh, &sd, Path::new("bn.safetensors")).unwrap();
+    fx.compare("batchnorm.running_var", &fresh.running_var, 1e-6, false);
+    assert_eq!(fresh.num_batches_tracked.to_vec::<i64>().unwrap(), [1]);
 
     fx.check("groupnorm", &["x", "weight", "bias"], |x| {
         GroupNorm {
