@@ -468,6 +468,19 @@ fn vjp(
                 Tensor::convolution_vjp(&x[0], &x[1], g, (stride, padding, dilation), *groups)?;
             vec![Some(dx), Some(dw)]
         }
+        // d reduce_window(x): the vjp of the same windows gathered by strided slices and reduced
+        // with `reduce` (max: to the window's maximum; sum: to every element of the window)
+        Op::ReduceWindow {
+            op: r,
+            window,
+            stride,
+            padding,
+        } => vec![Some(Tensor::reduce_window_vjp(
+            &x[0],
+            g,
+            *r,
+            (window, stride, padding),
+        )?)],
         // d/dtable gather(table, i) = g scattered (summed) into the rows that were read, which
         // are the clamped indices
         Op::Gather => {

@@ -3,7 +3,7 @@
 
 mod ops_common;
 
-use neuron_pc_compiler::ir::{infer, Op};
+use neuron_pc_compiler::ir::{infer, Op, ReduceOp};
 use neuron_pc_compiler::DType;
 use ops_common::{check_op_scaled, ty, Domain};
 
@@ -127,4 +127,81 @@ fn convolution_shape_errors() {
         &[&ty(DType::I32, &[1, 1, 3]), &ty(DType::I32, &[1, 1, 1])],
     );
     assert!(ints.is_err());
+}
+
+fn window(op: ReduceOp, window: &[usize], stride: &[usize], padding: &[usize]) -> Op {
+    Op::ReduceWindow {
+        op,
+        window: window.to_vec(),
+        stride: stride.to_vec(),
+        padding: padding.to_vec(),
+    }
+}
+
+#[test]
+fn reduce_window_matches_the_reference() {
+    // (operand, op, result dims)
+    type Case = (Vec<usize>, Op, Vec<usize>);
+    let cases: Vec<Case> = vec![
+        (
+            vec![2, 3, 8],
+            window(ReduceOp::Max, &[1, 1, 2], &[1, 1, 2], &[0, 0, 0]),
+            vec![2, 3, 4],
+        ),
+        (
+            vec![1, 2, 9],
+            window(ReduceOp::Sum, &[1, 1, 3], &[1, 1, 2], &[0, 0, 1]),
+            vec![1, 2, 5],
+        ),
+        (
+            vec![2, 2, 7, 5],
+            window(ReduceOp::Max, &[1, 1, 3, 2], &[1, 1, 2, 1], &[0, 0, 1, 1]),
+            vec![2, 2, 4, 6],
+        ),
+        (
+            vec![4, 6],
+            window(ReduceOp::Min, &[2, 3], &[2, 3], &[0, 0]),
+            vec![2, 2],
+        ),
+        (
+            vec![3, 5],
+            window(ReduceOp::Sum, &[3, 2], &[1, 2], &[1, 1]),
+            vec![3, 3],
+        ),
+    ];
+    for d in [DType::F32, DType::F64, DType::BF16] {
+        for (seed, (x, op, out)) in cases.iter().enumerate() {
+            assert_eq!(infer(op, &[&ty(d, x)]).unwrap(), ty(d, out), "{op}");
+            check_op_scaled(
+                op.clone(),
+                &[ty(d, x)],
+                &[Domain::Range(-4.0, 4.0)],
+                seed as u64,
+                4.0,
+            );
+        }
+    }
+    let f = |dims: &[usize]| ty(DType::F32, dims);
+    for (op, want) in [
+        (
+            window(ReduceOp::Max, &[2], &[1], &[0]),
+            "one entry per dimension",
+        ),
+        (
+            window(ReduceOp::Max, &[1, 7], &[1, 1], &[0, 0]),
+            "does not fit",
+        ),
+        (
+            window(ReduceOp::Max, &[1, 2], &[1, 0], &[0, 0]),
+            "does not fit",
+        ),
+    ] {
+        let e = infer(&op, &[&f(&[2, 5])]).unwrap_err().to_string();
+        assert!(e.contains(want) && e.contains("reduce_window"), "{e}");
+    }
+    assert!(infer(
+        &window(ReduceOp::Sum, &[1], &[1], &[0]),
+        &[&ty(DType::I32, &[3])]
+    )
+    .is_err());
 }

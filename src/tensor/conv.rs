@@ -4,8 +4,9 @@
 //! compiler sees a real convolution). Its gradient is the vjp of the same convolution written as
 //! an im2col composite: the input padded, one strided slice per kernel offset gathering the
 //! patches, and one `dot_general` batched over the groups; the pad, slice and `dot_general`
-//! rules differentiate that. Pooling is that patch gather followed by a max or a sum (an honest
-//! composite; the patch tensor is `kernel size` times the output).
+//! rules differentiate that. Pooling records one [`Op::ReduceWindow`] (StableHLO
+//! `reduce_window`); its gradient is likewise the vjp of the windows gathered by strided slices
+//! and reduced.
 
 use std::panic::Location;
 
@@ -306,22 +307,100 @@ impl Tensor {
                 location,
             ));
         }
-        let fill = match reduce {
-            ReduceOp::Max => f64::NEG_INFINITY,
-            ReduceOp::Sum | ReduceOp::Min | ReduceOp::Prod => 0.0,
-        };
-        let window = Window {
+        let geometry = Window {
             kernel,
             stride,
             padding,
             dilation: &vec![1; k],
         };
-        let (patches, _) = self.patches(op, &window, &self.constant_like(fill)?, location)?;
-        let pooled = Tensor::apply_at(Op::Reduce(reduce, vec![2]), &[&patches], location)?;
+        self.window_out(op, &geometry, location)?;
+        let mut window = vec![1, 1];
+        window.extend_from_slice(kernel);
+        let mut strides = vec![1, 1];
+        strides.extend_from_slice(stride);
+        let mut pads = vec![0, 0];
+        pads.extend_from_slice(padding);
+        let pooled = Tensor::apply_at(
+            Op::ReduceWindow {
+                op: reduce,
+                window,
+                stride: strides,
+                padding: pads,
+            },
+            &[self],
+            location,
+        )?;
         match reduce {
             ReduceOp::Sum => pooled.mul_scalar(1.0 / kernel.iter().product::<usize>() as f64),
             ReduceOp::Max | ReduceOp::Min | ReduceOp::Prod => Ok(pooled),
         }
+    }
+
+    /// Gradient of [`Op::ReduceWindow`] for the output gradient `g`: the vjp of the same
+    /// reduction written as one strided slice of the padded input per window offset, stacked
+    /// and reduced with `reduce` (so a maximum's gradient goes to the window's maximum; tied
+    /// maxima share it).
+    pub(crate) fn reduce_window_vjp(
+        x: &Tensor,
+        g: &Tensor,
+        reduce: ReduceOp,
+        (window, stride, padding): (&[usize], &[usize], &[usize]),
+    ) -> Result<Tensor> {
+        let location = Location::caller();
+        let (xd, gd) = (x.detach()?, g.detach()?);
+        let fill = match reduce {
+            ReduceOp::Sum => 0.0,
+            ReduceOp::Prod => 1.0,
+            ReduceOp::Max => f64::NEG_INFINITY,
+            ReduceOp::Min => f64::INFINITY,
+        };
+        let padded = if padding.iter().all(|&p| p == 0) {
+            xd.clone()
+        } else {
+            let edge: Vec<i64> = padding.iter().map(|&p| p as i64).collect();
+            Tensor::apply_at(
+                Op::Pad {
+                    low: edge.clone(),
+                    high: edge,
+                    interior: vec![0; padding.len()],
+                },
+                &[&xd, &xd.constant_like(fill)?],
+                location,
+            )?
+        };
+        let out = g.dims();
+        let offsets: usize = window.iter().product();
+        let mut with_axis = vec![1];
+        with_axis.extend_from_slice(out);
+        let mut slices = Vec::with_capacity(offsets);
+        for flat in 0..offsets {
+            // row-major window offset
+            let mut rest = flat;
+            let mut start = vec![0; window.len()];
+            for i in (0..window.len()).rev() {
+                start[i] = rest % window[i];
+                rest /= window[i];
+            }
+            let limit: Vec<usize> = (0..window.len())
+                .map(|i| start[i] + (out[i] - 1) * stride[i] + 1)
+                .collect();
+            let piece = Tensor::apply_at(
+                Op::Slice {
+                    start,
+                    limit,
+                    stride: stride.to_vec(),
+                },
+                &[&padded],
+                location,
+            )?;
+            slices.push(piece.reshape_at(&with_axis, location)?);
+        }
+        let refs: Vec<&Tensor> = slices.iter().collect();
+        let stacked = Tensor::apply_at(Op::Concatenate { dim: 0 }, &refs, location)?;
+        let y = Tensor::apply_at(Op::Reduce(reduce, vec![0]), &[&stacked], location)?;
+        let loss = y.mul(&gd)?.sum_all()?;
+        let mut grads = crate::grad(&loss, &[&xd])?;
+        Ok(grads.remove(0))
     }
 
     /// The output's spatial sizes, or an error naming `op` when the window does not fit.

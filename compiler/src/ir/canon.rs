@@ -211,6 +211,18 @@ fn write_op(w: &mut Writer, op: &Op) {
             w.usizes(dims);
         }
         Op::StopGradient => w.u8(27),
+        Op::ReduceWindow {
+            op,
+            window,
+            stride,
+            padding,
+        } => {
+            w.u8(29);
+            w.u8(reduce_tag(*op));
+            w.usizes(window);
+            w.usizes(stride);
+            w.usizes(padding);
+        }
         Op::Convolution {
             stride,
             padding,

@@ -334,6 +334,12 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             Ok(TensorType::new(l.dtype, dims))
         }
         Op::StopGradient => Ok(unary(op, operands)?.clone()),
+        Op::ReduceWindow {
+            window,
+            stride,
+            padding,
+            ..
+        } => reduce_window(op, operands, (window, stride, padding)),
         Op::Convolution {
             stride,
             padding,
@@ -518,6 +524,39 @@ fn convolution(
             )));
         }
         dims.push((padded - reach) / stride[i] + 1);
+    }
+    Ok(TensorType::new(x.dtype, dims))
+}
+
+/// Each dimension `d` with window `w`, stride `s` and padding `p` becomes `(d + 2p - w) / s + 1`.
+fn reduce_window(
+    op: &Op,
+    operands: &[&TensorType],
+    (window, stride, padding): (&[usize], &[usize], &[usize]),
+) -> Result<TensorType> {
+    let x = unary(op, operands)?;
+    dtype_in(op, x.dtype, DTypeClass::Float)?;
+    let e = |message: String| shape_error(op, operands, message);
+    if [window, stride, padding]
+        .iter()
+        .any(|v| v.len() != x.rank())
+    {
+        return Err(e(format!(
+            "window, stride and padding need one entry per dimension ({})",
+            x.rank()
+        )));
+    }
+    let mut dims = Vec::with_capacity(x.rank());
+    for (i, &d) in x.dims.iter().enumerate() {
+        if window[i] == 0 || stride[i] == 0 || d + 2 * padding[i] < window[i] {
+            return Err(e(format!(
+                "dimension {i}: window {} with stride {} does not fit {} padded entries",
+                window[i],
+                stride[i],
+                d + 2 * padding[i]
+            )));
+        }
+        dims.push((d + 2 * padding[i] - window[i]) / stride[i] + 1);
     }
     Ok(TensorType::new(x.dtype, dims))
 }

@@ -88,6 +88,15 @@ pub enum Op {
         dilation: Vec<usize>,
         groups: usize,
     },
+    /// StableHLO `reduce_window`: reduces each `window` (one size per operand dimension) placed
+    /// every `stride` over the operand padded by `padding` on both sides with the reduction's
+    /// identity (`-inf` for max, 0 for sum); result dimension `(d + 2 p - w) / s + 1`. Floats.
+    ReduceWindow {
+        op: ReduceOp,
+        window: Vec<usize>,
+        stride: Vec<usize>,
+        padding: Vec<usize>,
+    },
     /// Row lookup: operands `table [n, rest..]` and integer `indices` of any shape; result
     /// `indices.dims ++ rest`. Indices are clamped into `0..n` (StableHLO gather semantics).
     Gather,
@@ -144,6 +153,7 @@ impl Op {
             Op::ArgMin { .. } => "argmin",
             Op::DotGeneral { .. } => "dot_general",
             Op::Convolution { .. } => "convolution",
+            Op::ReduceWindow { .. } => "reduce_window",
             Op::Gather => "gather",
             Op::ScatterAdd => "scatter_add",
             Op::RandomBits { .. } => "random_bits",
@@ -192,6 +202,11 @@ impl fmt::Display for Op {
             Op::Convolution { stride, padding, dilation, groups } => write!(
                 f,
                 "{n}{{stride={stride:?}, padding={padding:?}, dilation={dilation:?}, groups={groups}}}"
+            ),
+            Op::ReduceWindow { op, window, stride, padding } => write!(
+                f,
+                "{n}{{op={}, window={window:?}, stride={stride:?}, padding={padding:?}}}",
+                op.name()
             ),
             Op::RandomBits { dims } => write!(f, "{n}{{dims={dims:?}}}"),
             Op::AllReduce { op, replica_groups } => {

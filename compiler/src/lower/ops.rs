@@ -118,6 +118,22 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
                 i64_array(&to_i64(stride))
             )
         }
+        Op::ReduceWindow { op, window, stride, padding } => {
+            let dtype = node.ty.dtype;
+            let init = format!("{v}_init");
+            e.line(&format!("{init} = stablehlo.constant {} : {}", dense(&reduce_init(*op, dtype)), tensor_of(dtype, &[])));
+            let region = combiner_region(&v, op.combiner(), dtype, true);
+            let pads: Vec<String> = padding.iter().map(|p| format!("[{p}, {p}]")).collect();
+            format!(
+                "{v} = \"stablehlo.reduce_window\"({arg_list}, {init}) ({region}) {{padding = dense<[{}]> : tensor<{}x2xi64>, window_dimensions = {}, window_strides = {}}} : ({}, {}) -> {ty}",
+                pads.join(", "),
+                padding.len(),
+                i64_array(&to_i64(window)),
+                i64_array(&to_i64(stride)),
+                arg_tys[0],
+                tensor_of(dtype, &[])
+            )
+        }
         Op::Gather => {
             let (table, idx) = (graph.node_type(node.operands[0]), graph.node_type(node.operands[1]));
             let k = idx.rank();

@@ -137,6 +137,7 @@ fn foldable(op: &Op) -> bool {
         | Op::ScatterAdd
         | Op::StopGradient
         | Op::Convolution { .. }
+        | Op::ReduceWindow { .. }
         | Op::RandomBits { .. } => true,
     }
 }

@@ -1,7 +1,8 @@
-//! `convolution` by its definition: every output element sums input times kernel over the
-//! channels of its group and the kernel window, with zeros outside the input.
+//! `convolution` and `reduce_window` by their definitions: every convolution output sums input
+//! times kernel over the channels of its group and the kernel window, with zeros outside the
+//! input; every window reduction combines the positions inside the input.
 
-use crate::ir::TensorType;
+use crate::ir::{ReduceOp, TensorType};
 
 use super::data::{for_each_index, strides, Data, Scalar, Value};
 
@@ -53,6 +54,46 @@ pub(crate) fn convolution(
         } else {
             Scalar::I(isum)
         });
+    });
+    Data::from_scalars(out.dtype, vals.into_iter())
+}
+
+/// `reduce_window` by definition: positions in the padding hold the reduction's identity, so
+/// they are skipped; max/min propagate NaN, as `reduce` does.
+pub(crate) fn reduce_window(
+    op: ReduceOp,
+    x: &Value,
+    out: &TensorType,
+    (window, stride, padding): (&[usize], &[usize], &[usize]),
+) -> Data {
+    let xs = strides(&x.ty.dims);
+    let mut vals = Vec::with_capacity(out.element_count());
+    for_each_index(&out.dims, |_, o| {
+        let mut acc = match op {
+            ReduceOp::Sum => 0.0,
+            ReduceOp::Prod => 1.0,
+            ReduceOp::Max => f64::NEG_INFINITY,
+            ReduceOp::Min => f64::INFINITY,
+        };
+        for_each_index(window, |_, k| {
+            let mut at = 0;
+            for (i, &ki) in k.iter().enumerate() {
+                let p = (o[i] * stride[i] + ki) as i64 - padding[i] as i64;
+                if p < 0 || p as usize >= x.ty.dims[i] {
+                    return;
+                }
+                at += p as usize * xs[i];
+            }
+            let v = x.data.get(at).as_f64();
+            acc = match op {
+                ReduceOp::Sum => acc + v,
+                ReduceOp::Prod => acc * v,
+                ReduceOp::Max | ReduceOp::Min if acc.is_nan() || v.is_nan() => f64::NAN,
+                ReduceOp::Max => acc.max(v),
+                ReduceOp::Min => acc.min(v),
+            };
+        });
+        vals.push(Scalar::F(acc));
     });
     Data::from_scalars(out.dtype, vals.into_iter())
 }

@@ -170,6 +170,12 @@ fn eval_node(node: &Node, a: &[&Value]) -> Result<Data> {
             dilation,
             groups,
         } => conv::convolution(a[0], a[1], out, (stride, padding, dilation), *groups),
+        Op::ReduceWindow {
+            op,
+            window,
+            stride,
+            padding,
+        } => conv::reduce_window(*op, a[0], out, (window, stride, padding)),
         Op::Gather => structural::gather(a[0], a[1], out),
         Op::ScatterAdd => structural::scatter_add(a[0], a[1], a[2]),
         Op::RandomBits { .. } => random::random_bits(a[0], out.element_count()),
