@@ -205,3 +205,43 @@ fn reduce_window_matches_the_reference() {
     )
     .is_err());
 }
+
+#[test]
+fn every_attribute_enters_the_graph_fingerprint() {
+    use neuron_pc_compiler::ir::Graph;
+    let fingerprint = |op: Op, x: &[usize], w: Option<&[usize]>| {
+        let mut g = Graph::new();
+        let mut params = vec![g.parameter(ty(DType::F32, x))];
+        if let Some(w) = w {
+            params.push(g.parameter(ty(DType::F32, w)));
+        }
+        let out = g.push(op, &params).unwrap();
+        g.set_outputs(&[out]).unwrap();
+        g.fingerprint()
+    };
+    let (x, w): (&[usize], &[usize]) = (&[1, 4, 9, 9], &[4, 2, 3, 3]);
+    let base = fingerprint(conv(&[1, 1], &[1, 1], &[1, 1], 2), x, Some(w));
+    for changed in [
+        conv(&[2, 1], &[1, 1], &[1, 1], 2),
+        conv(&[1, 1], &[0, 1], &[1, 1], 2),
+        conv(&[1, 1], &[1, 1], &[1, 2], 2),
+    ] {
+        assert_ne!(fingerprint(changed.clone(), x, Some(w)), base, "{changed}");
+    }
+    let w1: &[usize] = &[4, 1, 3, 3];
+    assert_ne!(
+        fingerprint(conv(&[1, 1], &[1, 1], &[1, 1], 4), x, Some(w1)),
+        fingerprint(conv(&[1, 1], &[1, 1], &[1, 1], 4), x, Some(&[4, 1, 3, 2])),
+    );
+    let pool =
+        |op, k: usize, s: usize, p: usize| window(op, &[1, 1, k, k], &[1, 1, s, s], &[0, 0, p, p]);
+    let base = fingerprint(pool(ReduceOp::Max, 3, 2, 1), x, None);
+    for changed in [
+        pool(ReduceOp::Sum, 3, 2, 1),
+        pool(ReduceOp::Max, 2, 2, 1),
+        pool(ReduceOp::Max, 3, 1, 1),
+        pool(ReduceOp::Max, 3, 2, 0),
+    ] {
+        assert_ne!(fingerprint(changed.clone(), x, None), base, "{changed}");
+    }
+}
