@@ -7,6 +7,7 @@ mod conv;
 mod math;
 mod matmul;
 mod ops;
+mod random;
 mod shape;
 mod shape_ops;
 
