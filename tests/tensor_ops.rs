@@ -200,6 +200,13 @@ fn shape_ops_move_the_right_elements() {
     assert!(x.split_sizes(&[1, 1], 1).is_err());
     assert!(x.split(0, 0).is_err() && x.chunk(0, 0).is_err());
     assert!(Tensor::cat(&[&x, &y], 3).is_err());
+    let e = Tensor::cat(&[&x, &x.flatten(1, 2).unwrap()], 0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cat:") && e.contains("f64[2,3,4], f64[2,12]") && e.contains("tensor_ops.rs"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -77,6 +77,18 @@ impl Tensor {
             ));
         };
         let d = dim_index("cat", dim, first.dims(), location)?;
+        let fits = |t: &&Tensor| {
+            t.rank() == first.rank()
+                && (0..t.rank()).all(|i| i == d || t.dims()[i] == first.dims()[i])
+        };
+        if let Some(other) = tensors.iter().find(|t| !fits(t)) {
+            return Err(shape_error(
+                "cat",
+                format!("{}, {}", first.ty(), other.ty()),
+                format!("every tensor must match the first except in dimension {dim}"),
+                location,
+            ));
+        }
         let common = tensors.iter().fold(first.dtype(), |acc, t| {
             super::shape::promote(acc, t.dtype())
         });
