@@ -311,7 +311,7 @@ fn vjp(
             let s = if perm.iter().enumerate().all(|(i, &p)| i == p) {
                 s
             } else {
-                s.permute(&perm)?
+                s.permute_dims(&perm)?
             };
             vec![Some(s.reshape(src)?)]
         }
@@ -323,7 +323,7 @@ fn vjp(
             for (i, &p) in perm.iter().enumerate() {
                 inv[p] = i;
             }
-            vec![Some(g.permute(&inv)?)]
+            vec![Some(g.permute_dims(&inv)?)]
         }
         // d/dx slice(x) = g placed back at start + i * stride, zeros elsewhere
         Op::Slice { start, stride, .. } => {
@@ -342,7 +342,7 @@ fn vjp(
                 .collect();
             let interior: Vec<usize> = stride.iter().map(|&s| s - 1).collect();
             let zero = g.constant_like(0.0)?;
-            vec![Some(g.pad(low, high, interior, &zero)?)]
+            vec![Some(g.pad(&low, &high, &interior, &zero)?)]
         }
         // d/dx dynamic_slice(x, s) = g written into zeros at the same (clamped) offsets
         Op::DynamicSlice { .. } => {
@@ -387,7 +387,7 @@ fn vjp(
             let gp = if pre.iter().chain(&post).all(|&p| p == 0) {
                 g.clone()
             } else {
-                g.pad(pre, post, vec![0; src.len()], &g.constant_like(0.0)?)?
+                g.pad(&pre, &post, &vec![0; src.len()], &g.constant_like(0.0)?)?
             };
             let start: Vec<usize> = low.iter().map(|&l| l.max(0) as usize).collect();
             let stride: Vec<usize> = interior.iter().map(|&i| i + 1).collect();
@@ -402,12 +402,9 @@ fn vjp(
                 .collect();
             let dx = gp.slice_strided(&start, &limit, &stride)?;
             // 1 where the output holds the pad value (exact, unlike sum(g) - sum(dx))
-            let is_pad = x[0].zeros_like()?.pad(
-                low.clone(),
-                high.clone(),
-                interior.clone(),
-                &g.constant_like(1.0)?,
-            )?;
+            let is_pad = x[0]
+                .zeros_like()?
+                .pad(low, high, interior, &g.constant_like(1.0)?)?;
             let dv = g.mul(&is_pad)?.sum_all()?;
             vec![Some(dx), Some(dv)]
         }
@@ -448,6 +445,8 @@ fn vjp(
         }
         // integer result: no gradient flows back
         Op::ArgMax { .. } | Op::ArgMin { .. } => vec![None],
+        // d/dx stop_gradient(x) = 0 by definition (detach): nothing flows back
+        Op::StopGradient => vec![None],
         // d(l . r) = g . r over r's free dims (for l), l . g over l's free dims (for r)
         Op::DotGeneral {
             lhs_batch,
@@ -464,6 +463,31 @@ fn vjp(
             rhs_contract,
             location,
         )?,
+        // d conv(x, w): the vjp of the same convolution written as pad + strided slices +
+        // dot_general (im2col), whose rules are above
+        Op::Convolution {
+            stride,
+            padding,
+            dilation,
+            groups,
+        } => {
+            let (dx, dw) =
+                Tensor::convolution_vjp(&x[0], &x[1], g, (stride, padding, dilation), *groups)?;
+            vec![Some(dx), Some(dw)]
+        }
+        // d reduce_window(x): the vjp of the same windows gathered by strided slices and reduced
+        // with `reduce` (max: to the window's maximum; sum: to every element of the window)
+        Op::ReduceWindow {
+            op: r,
+            window,
+            stride,
+            padding,
+        } => vec![Some(Tensor::reduce_window_vjp(
+            &x[0],
+            g,
+            *r,
+            (window, stride, padding),
+        )?)],
         // d/dtable gather(table, i) = g scattered (summed) into the rows that were read, which
         // are the clamped indices
         Op::Gather => {
@@ -575,7 +599,7 @@ fn dot_general_vjp(
                 .position(|&x| x == r)
                 .expect("contract dim");
     }
-    let dl = dl.permute(&pos_l)?;
+    let dl = dl.permute_dims(&pos_l)?;
 
     // drhs = lhs . g over lhs's free dims → [batch, lhs's remaining (its contract dims, in lhs
     // order), rhs_free].
@@ -606,7 +630,7 @@ fn dot_general_vjp(
     for (i, &d) in rhs_free.iter().enumerate() {
         pos_r[d] = nb + lhs_remaining.len() + i;
     }
-    let dr = dr.permute(&pos_r)?;
+    let dr = dr.permute_dims(&pos_r)?;
     Ok(vec![Some(dl), Some(dr)])
 }
 

@@ -13,6 +13,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod amp;
 pub mod autodiff;
 pub mod checkpoint;
 pub mod compile;

@@ -61,7 +61,7 @@ pub struct Restored {
 /// `model.state_dict()`. Pending parameters are computed first, by one `mark_step`.
 pub fn module_state<M: Module + ?Sized>(module: &M) -> Result<StateDict> {
     let mut sd = StateDict::default();
-    download(module.parameters(), "", &mut sd)?;
+    download(module.state_tensors(), "", &mut sd)?;
     Ok(sd)
 }
 
@@ -85,10 +85,9 @@ pub fn training_state<M: Module + ?Sized, O: OptimizerState + ?Sized>(
     opt: &O,
     step: u64,
 ) -> Result<StateDict> {
-    let named = module.parameters();
-    let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
+    let names: Vec<String> = module.parameters().into_iter().map(|(n, _)| n).collect();
     let mut sd = StateDict::default();
-    download(named, "", &mut sd)?;
+    download(module.state_tensors(), "", &mut sd)?;
     download(opt.named_state(&names), OPTIMIZER_PREFIX, &mut sd)?;
     sd.metadata.insert(STEP_KEY.to_string(), step.to_string());
     Ok(sd)
@@ -99,7 +98,7 @@ pub fn training_state<M: Module + ?Sized, O: OptimizerState + ?Sized>(
 /// [`OPTIMIZER_PREFIX`] are ignored, so the weights of a training checkpoint load too.
 /// `source` names the file in error messages.
 pub fn load_module<M: Module + ?Sized>(module: &M, sd: &StateDict, source: &Path) -> Result<()> {
-    let named = module.parameters();
+    let named = module.state_tensors();
     let mut model_only = StateDict {
         tensors: BTreeMap::new(),
         metadata: sd.metadata.clone(),
@@ -127,8 +126,8 @@ pub fn load_training<M: Module + ?Sized, O: OptimizerState + ?Sized>(
     sd: &StateDict,
     source: &Path,
 ) -> Result<Restored> {
-    let named = module.parameters();
-    let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
+    let names: Vec<String> = module.parameters().into_iter().map(|(n, _)| n).collect();
+    let named = module.state_tensors();
     let state = opt.named_state(&names);
     let has_optimizer = sd.tensors.keys().any(|k| k.starts_with(OPTIMIZER_PREFIX));
     let mut want = expected(&named, "");

@@ -223,12 +223,12 @@ fn shape_ops() {
     c.op(
         "pad interior + value",
         &[c.rand(&[2, 3], -1.0, 1.0), c.rand(&[], -1.0, 1.0)],
-        |x| x[0].pad(vec![1, 0], vec![0, 2], vec![1, 2], &x[1]),
+        |x| x[0].pad(&[1, 0], &[0, 2], &[1, 2], &x[1]),
     );
     c.op(
         "pad negative low/high",
         &[c.rand(&[3, 3], -1.0, 1.0), c.rand(&[], -1.0, 1.0)],
-        |x| x[0].pad(vec![-1, 1], vec![1, -2], vec![1, 0], &x[1]),
+        |x| x[0].pad(&[-1, 1], &[1, -2], &[1, 0], &x[1]),
     );
     c.finish();
 }

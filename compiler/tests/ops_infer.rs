@@ -156,6 +156,7 @@ fn result_types() {
             t(F32, &[8, 32, 16]),
         ),
         (Op::Gather, vec![t(F32, &[100]), t(U32, &[])], t(F32, &[])),
+        (Op::StopGradient, vec![t(BF16, &[3, 2])], t(BF16, &[3, 2])),
         (
             Op::ScatterAdd,
             vec![t(F32, &[100, 16]), t(I64, &[8]), t(F32, &[8, 16])],

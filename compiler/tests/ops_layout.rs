@@ -98,6 +98,14 @@ fn reshape_and_transpose() {
 }
 
 #[test]
+fn stop_gradient_passes_the_value() {
+    for d in DType::ALL {
+        check_op(Op::StopGradient, &[ty(d, &[2, 3])], &[ALL_RANGE], 5);
+        check_op(Op::StopGradient, &[ty(d, &[])], &[ALL_RANGE], 5);
+    }
+}
+
+#[test]
 fn static_slices() {
     for d in DType::ALL {
         let op = Op::Slice {

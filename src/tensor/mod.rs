@@ -1,10 +1,21 @@
 //! Lazy tensors. Every op records a node (its shape and dtype checked at the call site) and
 //! returns at once; values are computed at the next `mark_step`, or when read.
+#![doc = include_str!("op_index.md")]
 
+mod collective;
+mod conv;
 mod create;
+mod math;
+mod matmul;
 mod ops;
 mod primitives;
+mod random;
 mod shape;
+mod shape_ops;
+
+/// The combiner of [`Tensor::all_reduce`] and [`Tensor::reduce_scatter`].
+pub use neuron_pc_compiler::ir::ReduceOp;
+pub(crate) use shape::shape_error;
 
 use std::panic::Location;
 use std::sync::{Arc, Weak};

@@ -6,7 +6,7 @@ use std::panic::Location;
 use neuron_pc_compiler::ir::{BinaryOp, CompareOp, Literal, Op, ReduceOp, UnaryOp};
 use neuron_pc_compiler::DType;
 
-use super::shape::{broadcast_shape, dim_index};
+use super::shape::{broadcast_shape, dim_index, promote};
 use super::Tensor;
 use crate::error::Result;
 
@@ -89,16 +89,34 @@ binary_methods! {
 }
 
 impl Tensor {
-    fn broadcast_binary(
+    pub(crate) fn broadcast_binary(
         &self,
         op: Op,
         rhs: &Tensor,
         location: &'static Location<'static>,
     ) -> Result<Tensor> {
         let dims = broadcast_shape(op.name(), self.dims(), rhs.dims(), location)?;
-        let a = self.broadcast_to_at(&dims, location)?;
-        let b = rhs.broadcast_to_at(&dims, location)?;
+        let (a, b) = Tensor::promoted(self, rhs, location)?;
+        let a = a.broadcast_to_at(&dims, location)?;
+        let b = b.broadcast_to_at(&dims, location)?;
         Tensor::apply_at(op, &[&a, &b], location)
+    }
+
+    /// Both operands converted to their common dtype (PyTorch's type promotion).
+    pub(crate) fn promoted(
+        a: &Tensor,
+        b: &Tensor,
+        location: &'static Location<'static>,
+    ) -> Result<(Tensor, Tensor)> {
+        let common = promote(a.dtype(), b.dtype());
+        let convert = |t: &Tensor| -> Result<Tensor> {
+            if t.dtype() == common {
+                Ok(t.clone())
+            } else {
+                Tensor::apply_at(Op::Convert(common), &[t], location)
+            }
+        };
+        Ok((convert(a)?, convert(b)?))
     }
 
     /// Broadcasts to `dims` (NumPy rules).
@@ -107,7 +125,7 @@ impl Tensor {
         self.broadcast_to_at(dims, Location::caller())
     }
 
-    fn broadcast_to_at(
+    pub(crate) fn broadcast_to_at(
         &self,
         dims: &[usize],
         location: &'static Location<'static>,
@@ -180,9 +198,10 @@ impl Tensor {
         let location = Location::caller();
         let d1 = broadcast_shape("select", cond.dims(), on_true.dims(), location)?;
         let dims = broadcast_shape("select", &d1, on_false.dims(), location)?;
+        let (t, f) = Tensor::promoted(on_true, on_false, location)?;
         let c = cond.broadcast_to_at(&dims, location)?;
-        let t = on_true.broadcast_to_at(&dims, location)?;
-        let f = on_false.broadcast_to_at(&dims, location)?;
+        let t = t.broadcast_to_at(&dims, location)?;
+        let f = f.broadcast_to_at(&dims, location)?;
         Tensor::apply_at(Op::Select, &[&c, &t, &f], location)
     }
 
@@ -209,9 +228,21 @@ impl Tensor {
         )
     }
 
-    /// Reorders dimensions: output dimension `i` is input dimension `perm[i]`.
+    /// Reorders dimensions: output dimension `i` is input dimension `perm[i]` (negative
+    /// entries count from the end, as in `torch.permute`).
     #[track_caller]
-    pub fn permute(&self, perm: &[usize]) -> Result<Tensor> {
+    pub fn permute(&self, perm: &[isize]) -> Result<Tensor> {
+        let location = Location::caller();
+        let perm: Vec<usize> = perm
+            .iter()
+            .map(|&d| dim_index("permute", d, self.dims(), location))
+            .collect::<Result<_>>()?;
+        Tensor::apply_at(Op::Transpose { perm }, &[self], location)
+    }
+
+    /// [`Tensor::permute`] with dimensions already resolved (the gradient rules use it).
+    #[track_caller]
+    pub(crate) fn permute_dims(&self, perm: &[usize]) -> Result<Tensor> {
         Tensor::apply(
             Op::Transpose {
                 perm: perm.to_vec(),
@@ -229,14 +260,6 @@ impl Tensor {
         let mut perm: Vec<usize> = (0..self.rank()).collect();
         perm.swap(a, b);
         Tensor::apply_at(Op::Transpose { perm }, &[self], location)
-    }
-
-    /// Inserts a dimension of size 1 at `dim`.
-    #[track_caller]
-    pub fn unsqueeze(&self, dim: usize) -> Result<Tensor> {
-        let mut dims = self.dims().to_vec();
-        dims.insert(dim.min(dims.len()), 1);
-        Tensor::apply(Op::Reshape { dims }, &[self])
     }
 
     /// `len` entries of dimension `dim` starting at `start`.
@@ -261,13 +284,7 @@ impl Tensor {
         )
     }
 
-    /// Concatenates along `dim`.
-    #[track_caller]
-    pub fn cat(tensors: &[&Tensor], dim: usize) -> Result<Tensor> {
-        Tensor::apply(Op::Concatenate { dim }, tensors)
-    }
-
-    fn reduce(
+    pub(crate) fn reduce(
         &self,
         op: ReduceOp,
         dims: &[isize],
@@ -368,38 +385,6 @@ impl Tensor {
                 index_dtype: DType::I32,
             },
             &[self],
-            location,
-        )
-    }
-
-    /// Matrix product over the last two dimensions; leading (batch) dimensions must be equal,
-    /// or `rhs` may be a plain matrix shared by every batch entry.
-    #[track_caller]
-    pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
-        let location = Location::caller();
-        let (ra, rb) = (self.rank(), rhs.rank());
-        if ra >= 2 && rb == 2 {
-            // [..., m, k] x [k, n]: contract the last dimension directly.
-            return Tensor::apply_at(
-                Op::DotGeneral {
-                    lhs_batch: vec![],
-                    rhs_batch: vec![],
-                    lhs_contract: vec![ra - 1],
-                    rhs_contract: vec![0],
-                },
-                &[self, rhs],
-                location,
-            );
-        }
-        let batch: Vec<usize> = (0..ra.saturating_sub(2)).collect();
-        Tensor::apply_at(
-            Op::DotGeneral {
-                lhs_batch: batch.clone(),
-                rhs_batch: batch,
-                lhs_contract: vec![ra.saturating_sub(1)],
-                rhs_contract: vec![rb.saturating_sub(2)],
-            },
-            &[self, rhs],
             location,
         )
     }

@@ -23,16 +23,16 @@ impl Tensor {
     #[track_caller]
     pub fn pad(
         &self,
-        low: Vec<i64>,
-        high: Vec<i64>,
-        interior: Vec<usize>,
+        low: &[i64],
+        high: &[i64],
+        interior: &[usize],
         value: &Tensor,
     ) -> Result<Tensor> {
         Tensor::apply(
             Op::Pad {
-                low,
-                high,
-                interior,
+                low: low.to_vec(),
+                high: high.to_vec(),
+                interior: interior.to_vec(),
             },
             &[self, value],
         )

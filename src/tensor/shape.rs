@@ -2,7 +2,68 @@
 
 use std::panic::Location;
 
+use neuron_pc_compiler::DType;
+
 use crate::error::{Error, Result};
+
+/// A shape error of the tensor layer, reported at the user's call site.
+pub(crate) fn shape_error(
+    op: &'static str,
+    operands: String,
+    message: String,
+    location: &'static Location<'static>,
+) -> Error {
+    Error::Op {
+        location,
+        source: neuron_pc_compiler::Error::Shape {
+            op,
+            operands,
+            message,
+        },
+    }
+}
+
+/// PyTorch's type promotion for two tensor operands: a float beats an integer, an integer
+/// beats pred; within a kind the wider type wins, `f16` with `bf16` gives `f32`, and an unsigned
+/// integer with a signed one gives the signed type if it is wider, else `i64`.
+pub(crate) fn promote(a: DType, b: DType) -> DType {
+    fn kind(d: DType) -> u8 {
+        if d.is_float() {
+            2
+        } else if d.is_int() {
+            1
+        } else {
+            0
+        }
+    }
+    if a == b {
+        return a;
+    }
+    let (ka, kb) = (kind(a), kind(b));
+    if ka != kb {
+        return if ka > kb { a } else { b };
+    }
+    let (sa, sb) = (a.size_in_bytes(), b.size_in_bytes());
+    if a.is_float() {
+        return match (sa, sb) {
+            (2, 2) => DType::F32,
+            _ if sa >= sb => a,
+            _ => b,
+        };
+    }
+    match (a.is_signed_int(), b.is_signed_int()) {
+        (true, true) | (false, false) => {
+            if sa >= sb {
+                a
+            } else {
+                b
+            }
+        }
+        (true, false) if sa > sb => a,
+        (false, true) if sb > sa => b,
+        _ => DType::I64,
+    }
+}
 
 /// The broadcast shape of `a` and `b` under NumPy's rules (align from the right; a dimension
 /// of 1 stretches).
@@ -91,6 +152,31 @@ mod tests {
             e.contains("dimension 0: 2 vs 4") && e.contains("shape.rs"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn type_promotion_follows_pytorch() {
+        use DType::*;
+        // (a, b, torch.promote_types(a, b))
+        let table = [
+            (F32, F32, F32),
+            (I32, F32, F32),
+            (F16, I64, F16),
+            (F16, BF16, F32),
+            (F16, F32, F32),
+            (F64, F32, F64),
+            (BF16, F64, F64),
+            (I32, I64, I64),
+            (U8, I32, I32),
+            (U8, U32, U32),
+            (U32, I32, I64),
+            (U8, Pred, U8),
+            (Pred, F16, F16),
+        ];
+        for (a, b, want) in table {
+            assert_eq!(promote(a, b), want, "{a} with {b}");
+            assert_eq!(promote(b, a), want, "{b} with {a}");
+        }
     }
 
     #[test]

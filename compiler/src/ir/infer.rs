@@ -333,6 +333,19 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             dims.extend(free(r, rhs_batch, rhs_contract));
             Ok(TensorType::new(l.dtype, dims))
         }
+        Op::StopGradient => Ok(unary(op, operands)?.clone()),
+        Op::ReduceWindow {
+            window,
+            stride,
+            padding,
+            ..
+        } => reduce_window(op, operands, (window, stride, padding)),
+        Op::Convolution {
+            stride,
+            padding,
+            dilation,
+            groups,
+        } => convolution(op, operands, (stride, padding, dilation), *groups),
         Op::Gather => {
             arity(op, operands, 2)?;
             let (t, i) = (operands[0], operands[1]);
@@ -464,6 +477,88 @@ fn binary<'a>(op: &Op, operands: &[&'a TensorType]) -> Result<(&'a TensorType, &
         ));
     }
     Ok((x, y))
+}
+
+/// `[n, c_in, s..]` with `[c_out, c_in / groups, k..]` gives `[n, c_out, o..]`,
+/// `o = (s + 2 padding - dilation (k - 1) - 1) / stride + 1`.
+fn convolution(
+    op: &Op,
+    operands: &[&TensorType],
+    (stride, padding, dilation): (&[usize], &[usize], &[usize]),
+    groups: usize,
+) -> Result<TensorType> {
+    arity(op, operands, 2)?;
+    let e = |message: String| shape_error(op, operands, message);
+    let (x, w) = (operands[0], operands[1]);
+    dtype_in(op, x.dtype, DTypeClass::Float)?;
+    if x.dtype != w.dtype {
+        return Err(e("the input and the kernel must have the same dtype".into()));
+    }
+    let k = x.rank().saturating_sub(2);
+    if x.rank() < 3 || w.rank() != x.rank() {
+        return Err(e("expected an input [n, c, spatial..] and a kernel [o, c / groups, window..] of the same rank, at least 3".into()));
+    }
+    if [stride, padding, dilation].iter().any(|v| v.len() != k) {
+        return Err(e(format!(
+            "stride, padding and dilation need one entry per spatial dimension ({k})"
+        )));
+    }
+    if stride.contains(&0) || dilation.contains(&0) {
+        return Err(e("stride and dilation must be at least 1".into()));
+    }
+    let (c_in, c_out) = (x.dims[1], w.dims[0]);
+    if groups == 0 || w.dims[1] * groups != c_in || !c_out.is_multiple_of(groups) {
+        return Err(e(format!(
+            "{groups} groups do not fit {c_in} input channels, kernel input channels {} and {c_out} output channels",
+            w.dims[1]
+        )));
+    }
+    let mut dims = vec![x.dims[0], c_out];
+    for i in 0..k {
+        let padded = x.dims[2 + i] + 2 * padding[i];
+        let reach = dilation[i] * w.dims[2 + i].saturating_sub(1) + 1;
+        if w.dims[2 + i] == 0 || padded < reach {
+            return Err(e(format!(
+                "spatial dimension {i}: the window ({} with dilation {}) does not fit {padded} padded entries",
+                w.dims[2 + i], dilation[i]
+            )));
+        }
+        dims.push((padded - reach) / stride[i] + 1);
+    }
+    Ok(TensorType::new(x.dtype, dims))
+}
+
+/// Each dimension `d` with window `w`, stride `s` and padding `p` becomes `(d + 2p - w) / s + 1`.
+fn reduce_window(
+    op: &Op,
+    operands: &[&TensorType],
+    (window, stride, padding): (&[usize], &[usize], &[usize]),
+) -> Result<TensorType> {
+    let x = unary(op, operands)?;
+    dtype_in(op, x.dtype, DTypeClass::Float)?;
+    let e = |message: String| shape_error(op, operands, message);
+    if [window, stride, padding]
+        .iter()
+        .any(|v| v.len() != x.rank())
+    {
+        return Err(e(format!(
+            "window, stride and padding need one entry per dimension ({})",
+            x.rank()
+        )));
+    }
+    let mut dims = Vec::with_capacity(x.rank());
+    for (i, &d) in x.dims.iter().enumerate() {
+        if window[i] == 0 || stride[i] == 0 || d + 2 * padding[i] < window[i] {
+            return Err(e(format!(
+                "dimension {i}: window {} with stride {} does not fit {} padded entries",
+                window[i],
+                stride[i],
+                d + 2 * padding[i]
+            )));
+        }
+        dims.push((d + 2 * padding[i] - window[i]) / stride[i] + 1);
+    }
+    Ok(TensorType::new(x.dtype, dims))
 }
 
 fn dtype_in(op: &Op, dtype: DType, class: DTypeClass) -> Result<()> {

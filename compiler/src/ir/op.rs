@@ -99,6 +99,25 @@ pub enum Op {
         lhs_contract: Vec<usize>,
         rhs_contract: Vec<usize>,
     },
+    /// StableHLO `convolution` in PyTorch's layouts: operands `lhs [n, c_in, spatial..]` and
+    /// `rhs [c_out, c_in / groups, kernel..]` of one dtype; result `[n, c_out, out..]`. Per
+    /// spatial dimension: the window `stride`, zero `padding` on both sides, and the kernel's
+    /// `dilation`; `groups` splits the channels (PyTorch's `groups`).
+    Convolution {
+        stride: Vec<usize>,
+        padding: Vec<usize>,
+        dilation: Vec<usize>,
+        groups: usize,
+    },
+    /// StableHLO `reduce_window`: reduces each `window` (one size per operand dimension) placed
+    /// every `stride` over the operand padded by `padding` on both sides with the reduction's
+    /// identity (`-inf` for max, 0 for sum); result dimension `(d + 2 p - w) / s + 1`. Floats.
+    ReduceWindow {
+        op: ReduceOp,
+        window: Vec<usize>,
+        stride: Vec<usize>,
+        padding: Vec<usize>,
+    },
     /// Row lookup: operands `table [n, rest..]` and integer `indices` of any shape; result
     /// `indices.dims ++ rest`. Indices are clamped into `0..n` (StableHLO gather semantics).
     Gather,
@@ -109,6 +128,9 @@ pub enum Op {
     /// Operand: a `u32[2]` key. Result `u32[dims]`: element `i` (row-major) is the first word
     /// of threefry-2x32 (20 rounds) of the counter `(0, i)` under that key.
     RandomBits { dims: Vec<usize> },
+    /// The operand's value unchanged; differentiation treats it as a constant (PyTorch's
+    /// `detach`, JAX's `stop_gradient`). Lowers to no StableHLO op.
+    StopGradient,
     /// Reduces the operand across the replicas of each group (result has its type).
     AllReduce {
         op: ReduceOp,
@@ -154,6 +176,9 @@ impl Op {
             | Op::DotGeneral { .. }
             | Op::Gather
             | Op::ScatterAdd
+            | Op::StopGradient
+            | Op::Convolution { .. }
+            | Op::ReduceWindow { .. }
             | Op::RandomBits { .. } => true,
         }
     }
@@ -181,9 +206,12 @@ impl Op {
             Op::ArgMax { .. } => "argmax",
             Op::ArgMin { .. } => "argmin",
             Op::DotGeneral { .. } => "dot_general",
+            Op::Convolution { .. } => "convolution",
+            Op::ReduceWindow { .. } => "reduce_window",
             Op::Gather => "gather",
             Op::ScatterAdd => "scatter_add",
             Op::RandomBits { .. } => "random_bits",
+            Op::StopGradient => "stop_gradient",
             Op::AllReduce { .. } => "all_reduce",
             Op::AllGather { .. } => "all_gather",
             Op::ReduceScatter { .. } => "reduce_scatter",
@@ -199,7 +227,9 @@ impl fmt::Display for Op {
             Op::Parameter { index } => write!(f, "{n}{{index={index}}}"),
             Op::Constant(lit) => write!(f, "{n}({lit})"),
             Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select => f.write_str(n),
-            Op::DynamicUpdateSlice | Op::Gather | Op::ScatterAdd => f.write_str(n),
+            Op::DynamicUpdateSlice | Op::Gather | Op::ScatterAdd | Op::StopGradient => {
+                f.write_str(n)
+            }
             Op::Convert(d) => write!(f, "{n}{{{d}}}"),
             Op::Iota { dims, dim, dtype } => write!(f, "{n}{{dims={dims:?}, dim={dim}, dtype={dtype}}}"),
             Op::BroadcastInDim { dims, broadcast_dimensions } => {
@@ -222,6 +252,15 @@ impl fmt::Display for Op {
             Op::DotGeneral { lhs_batch, rhs_batch, lhs_contract, rhs_contract } => write!(
                 f,
                 "{n}{{batch={lhs_batch:?}x{rhs_batch:?}, contract={lhs_contract:?}x{rhs_contract:?}}}"
+            ),
+            Op::Convolution { stride, padding, dilation, groups } => write!(
+                f,
+                "{n}{{stride={stride:?}, padding={padding:?}, dilation={dilation:?}, groups={groups}}}"
+            ),
+            Op::ReduceWindow { op, window, stride, padding } => write!(
+                f,
+                "{n}{{op={}, window={window:?}, stride={stride:?}, padding={padding:?}}}",
+                op.name()
             ),
             Op::RandomBits { dims } => write!(f, "{n}{{dims={dims:?}}}"),
             Op::AllReduce { op, replica_groups } => {

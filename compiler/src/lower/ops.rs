@@ -105,6 +105,35 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
                 fields.join(", ")
             )
         }
+        Op::Convolution { stride, padding, dilation, groups } => {
+            let k = stride.len();
+            let spatial: Vec<String> = (0..k).map(|i| i.to_string()).collect();
+            let s = spatial.join(", ");
+            let pads: Vec<String> = padding.iter().map(|p| format!("[{p}, {p}]")).collect();
+            format!(
+                "{v} = \"stablehlo.convolution\"({arg_list}) {{batch_group_count = 1 : i64, dimension_numbers = #stablehlo.conv<[b, f, {s}]x[o, i, {s}]->[b, f, {s}]>, feature_group_count = {groups} : i64, lhs_dilation = {}, padding = dense<[{}]> : tensor<{k}x2xi64>, rhs_dilation = {}, window_strides = {}}} : {sig}",
+                i64_array(&vec![1i64; k]),
+                pads.join(", "),
+                i64_array(&to_i64(dilation)),
+                i64_array(&to_i64(stride))
+            )
+        }
+        Op::ReduceWindow { op, window, stride, padding } => {
+            let dtype = node.ty.dtype;
+            let init = format!("{v}_init");
+            e.line(&format!("{init} = stablehlo.constant {} : {}", dense(&reduce_init(*op, dtype)), tensor_of(dtype, &[])));
+            let region = combiner_region(&v, op.combiner(), dtype, true);
+            let pads: Vec<String> = padding.iter().map(|p| format!("[{p}, {p}]")).collect();
+            format!(
+                "{v} = \"stablehlo.reduce_window\"({arg_list}, {init}) ({region}) {{padding = dense<[{}]> : tensor<{}x2xi64>, window_dimensions = {}, window_strides = {}}} : ({}, {}) -> {ty}",
+                pads.join(", "),
+                padding.len(),
+                i64_array(&to_i64(window)),
+                i64_array(&to_i64(stride)),
+                arg_tys[0],
+                tensor_of(dtype, &[])
+            )
+        }
         Op::Gather => {
             let (table, idx) = (graph.node_type(node.operands[0]), graph.node_type(node.operands[1]));
             let k = idx.rank();
@@ -129,6 +158,8 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             )
         }
         Op::RandomBits { dims } => return Ok(random::emit(e, &v, &args[0], dims)),
+        // only differentiation sees it: the value is the operand's
+        Op::StopGradient => return Ok(args[0].clone()),
         Op::AllReduce { op, replica_groups: g } => {
             let region = combiner_region(&v, op.combiner(), node.ty.dtype, false);
             format!("{v} = \"stablehlo.all_reduce\"({arg_list}) ({region}) {{replica_groups = {}}} : {sig}", replica_groups(g))

@@ -288,11 +288,7 @@ impl LoadedExecutable {
         waited.map(|()| outputs)
     }
 
-    fn launch_inner(
-        &self,
-        per_device: &[Vec<&Buffer>],
-        keep: &[usize],
-    ) -> Result<PerDevice> {
+    fn launch_inner(&self, per_device: &[Vec<&Buffer>], keep: &[usize]) -> Result<PerDevice> {
         for args in per_device {
             self.check_args(args)?;
         }

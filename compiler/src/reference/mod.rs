@@ -11,6 +11,7 @@
 //! and combines their values in each collective.
 
 mod collective;
+mod conv;
 mod data;
 mod elementwise;
 mod random;
@@ -142,7 +143,7 @@ fn eval_node(node: &Node, a: &[&Value]) -> Result<Data> {
             broadcast_dimensions,
             ..
         } => structural::broadcast_in_dim(a[0], out, broadcast_dimensions),
-        Op::Reshape { .. } => a[0].data.clone(),
+        Op::Reshape { .. } | Op::StopGradient => a[0].data.clone(),
         Op::Transpose { perm } => structural::transpose(a[0], out, perm),
         Op::Slice { start, stride, .. } => structural::slice(a[0], out, start, stride),
         Op::DynamicSlice { .. } => structural::dynamic_slice(a[0], out, &starts(&a[1..])),
@@ -163,6 +164,18 @@ fn eval_node(node: &Node, a: &[&Value]) -> Result<Data> {
             out,
             (lhs_batch, rhs_batch, lhs_contract, rhs_contract),
         ),
+        Op::Convolution {
+            stride,
+            padding,
+            dilation,
+            groups,
+        } => conv::convolution(a[0], a[1], out, (stride, padding, dilation), *groups),
+        Op::ReduceWindow {
+            op,
+            window,
+            stride,
+            padding,
+        } => conv::reduce_window(*op, a[0], out, (window, stride, padding)),
         Op::Gather => structural::gather(a[0], a[1], out),
         Op::ScatterAdd => structural::scatter_add(a[0], a[1], a[2]),
         Op::RandomBits { .. } => random::random_bits(a[0], out.element_count()),

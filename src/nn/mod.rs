@@ -9,6 +9,14 @@ use crate::device::LazyDevice;
 use crate::error::Result;
 use crate::tensor::Tensor;
 
+mod conv;
+mod loss;
+mod norm;
+
+pub use conv::{Conv1d, Conv2d, ConvConfig, ConvLayer};
+pub use loss::{cross_entropy_with, CrossEntropyOptions};
+pub use norm::{BatchNorm, GroupNorm, RMSNorm};
+
 /// The host-side generator for parameter initialisation (the workspace's one SplitMix64).
 #[derive(Clone, Debug)]
 pub struct HostRng(SplitMix64);
@@ -49,6 +57,18 @@ pub trait Module {
     fn parameters(&self) -> Vec<(String, Tensor)> {
         let mut v = Vec::new();
         self.named_params("", &mut v);
+        v
+    }
+
+    /// Appends `(prefix + name, tensor)` for every buffer: state a checkpoint holds but no
+    /// optimiser updates (PyTorch's `named_buffers()`, such as `BatchNorm`'s running
+    /// statistics). None by default; a module holding a `BatchNorm` forwards to it.
+    fn named_buffers(&self, _prefix: &str, _out: &mut Vec<(String, Tensor)>) {}
+
+    /// Parameters, then buffers: what PyTorch's `state_dict()` holds.
+    fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut v = self.parameters();
+        self.named_buffers("", &mut v);
         v
     }
 }
@@ -202,6 +222,17 @@ pub fn log_softmax(x: &Tensor, dim: isize) -> Result<Tensor> {
 /// One-hot rows: integer `labels [n]` → `[n, classes]` of `dtype`.
 #[track_caller]
 pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
+    if !labels.dtype().is_int() {
+        return Err(crate::tensor::shape_error(
+            "one_hot",
+            labels.ty().to_string(),
+            format!(
+                "labels must have an integer dtype, got {} (convert class indices with to_dtype(DType::I32))",
+                labels.dtype()
+            ),
+            std::panic::Location::caller(),
+        ));
+    }
     let n = labels.dims()[0];
     let dev = labels.device_inner()?;
     let iota = Tensor::apply_nullary(
@@ -281,6 +312,13 @@ impl MultiHeadAttention {
     /// `x [b, s, e]`, optional `mask [b, s]` (1 = attend, 0 = padding) → `[b, s, e]`.
     #[track_caller]
     pub fn forward(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        self.forward_with(x, mask, false)
+    }
+
+    /// As [`MultiHeadAttention::forward`]; with `causal`, position `i` attends only to
+    /// positions `<= i` (PyTorch's `is_causal=True` / a square subsequent mask).
+    #[track_caller]
+    pub fn forward_with(&self, x: &Tensor, mask: Option<&Tensor>, causal: bool) -> Result<Tensor> {
         let (b, s, e) = (x.dims()[0], x.dims()[1], x.dims()[2]);
         let h = self.heads;
         let d = e / h;
@@ -304,6 +342,29 @@ impl MultiHeadAttention {
                 scores.add(&bias)?
             }
             None => scores,
+        };
+        let scores = if causal {
+            // key position j > query position i gets a large negative score
+            let dev = x.device_inner()?;
+            let pos = |dim: usize| {
+                Tensor::apply_nullary(
+                    &dev,
+                    Op::Iota {
+                        dims: vec![s, s],
+                        dim,
+                        dtype: DType::I32,
+                    },
+                )
+            };
+            let future = pos(1)?.gt(&pos(0)?)?;
+            let bias = Tensor::where_cond(
+                &future,
+                &scores.constant_like(-1e9)?,
+                &scores.constant_like(0.0)?,
+            )?;
+            scores.add(&bias)?
+        } else {
+            scores
         };
         let attn = softmax(&scores, -1)?;
         let ctx = attn

@@ -1,0 +1,142 @@
+//! Convolution layers with `torch.nn.Conv1d/Conv2d`'s parameter layout and default
+//! initialisation (weight and bias uniform in ±1/sqrt(fan_in), fan_in = in/groups × kernel).
+
+use neuron_pc_compiler::HostTensor;
+
+use crate::device::LazyDevice;
+use crate::error::Result;
+use crate::nn::{HostRng, Module};
+use crate::tensor::Tensor;
+
+/// Geometry shared by [`Conv1d`] and [`Conv2d`] (per spatial dimension for the 2-d layer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConvConfig<const K: usize> {
+    pub in_channels: usize,
+    pub out_channels: usize,
+    pub kernel: [usize; K],
+    pub stride: [usize; K],
+    pub padding: [usize; K],
+    pub dilation: [usize; K],
+    pub groups: usize,
+    pub bias: bool,
+}
+
+impl<const K: usize> ConvConfig<K> {
+    /// Stride 1, no padding, no dilation, one group, with a bias (PyTorch's defaults).
+    pub fn new(in_channels: usize, out_channels: usize, kernel: [usize; K]) -> Self {
+        ConvConfig {
+            in_channels,
+            out_channels,
+            kernel,
+            stride: [1; K],
+            padding: [0; K],
+            dilation: [1; K],
+            groups: 1,
+            bias: true,
+        }
+    }
+}
+
+/// Weight `[out, in / groups, kernel..]` and optional bias `[out]`.
+fn init<const K: usize>(
+    device: &LazyDevice,
+    rng: &mut HostRng,
+    c: &ConvConfig<K>,
+) -> Result<(Tensor, Option<Tensor>)> {
+    if c.groups == 0
+        || !c.in_channels.is_multiple_of(c.groups)
+        || !c.out_channels.is_multiple_of(c.groups)
+    {
+        return Err(crate::Error::Config(format!(
+            "Conv: groups ({}) must divide in_channels ({}) and out_channels ({})",
+            c.groups, c.in_channels, c.out_channels
+        )));
+    }
+    let per_group = c.in_channels / c.groups;
+    let fan_in = per_group * c.kernel.iter().product::<usize>();
+    let bound = 1.0 / (fan_in.max(1) as f64).sqrt();
+    let mut dims = vec![c.out_channels, per_group];
+    dims.extend_from_slice(&c.kernel);
+    let n: usize = dims.iter().product();
+    let weight = device.tensor(&HostTensor::from_slice(&rng.uniform_vec(n, bound), &dims)?)?;
+    let bias = if c.bias {
+        let b = rng.uniform_vec(c.out_channels, bound);
+        Some(device.tensor(&HostTensor::from_slice(&b, &[c.out_channels])?)?)
+    } else {
+        None
+    };
+    Ok((weight, bias))
+}
+
+fn named<const K: usize>(conv: &ConvLayer<K>, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+    let join = |n: &str| {
+        if prefix.is_empty() {
+            n.to_string()
+        } else {
+            format!("{prefix}.{n}")
+        }
+    };
+    out.push((join("weight"), conv.weight.clone()));
+    if let Some(b) = &conv.bias {
+        out.push((join("bias"), b.clone()));
+    }
+}
+
+/// A convolution layer over `K` spatial dimensions; use the [`Conv1d`] and [`Conv2d`] names.
+pub struct ConvLayer<const K: usize> {
+    pub weight: Tensor,
+    pub bias: Option<Tensor>,
+    pub config: ConvConfig<K>,
+}
+
+/// `torch.nn.Conv1d`: `[n, in, l]` → `[n, out, l_out]`.
+pub type Conv1d = ConvLayer<1>;
+/// `torch.nn.Conv2d`: `[n, in, h, w]` → `[n, out, h_out, w_out]`.
+pub type Conv2d = ConvLayer<2>;
+
+impl<const K: usize> ConvLayer<K> {
+    pub fn new(device: &LazyDevice, rng: &mut HostRng, config: ConvConfig<K>) -> Result<Self> {
+        let (weight, bias) = init(device, rng, &config)?;
+        Ok(ConvLayer {
+            weight,
+            bias,
+            config,
+        })
+    }
+}
+
+impl Conv1d {
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let c = &self.config;
+        x.conv1d(
+            &self.weight,
+            self.bias.as_ref(),
+            c.stride[0],
+            c.padding[0],
+            c.dilation[0],
+            c.groups,
+        )
+    }
+}
+
+impl Conv2d {
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let c = &self.config;
+        x.conv2d(
+            &self.weight,
+            self.bias.as_ref(),
+            c.stride,
+            c.padding,
+            c.dilation,
+            c.groups,
+        )
+    }
+}
+
+impl<const K: usize> Module for ConvLayer<K> {
+    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        named(self, prefix, out);
+    }
+}

@@ -1,0 +1,232 @@
+//! Normalisation layers beyond `LayerNorm`: `BatchNorm` (train/eval, running statistics),
+//! `GroupNorm` and `RMSNorm`, with PyTorch's parameter names, defaults and formulas.
+
+use neuron_pc_compiler::{DType, HostTensor};
+
+use crate::device::LazyDevice;
+use crate::error::Result;
+use crate::nn::Module;
+use crate::tensor::{shape_error, Tensor};
+
+fn filled(device: &LazyDevice, value: f32, n: usize) -> Result<Tensor> {
+    device.tensor(&HostTensor::from_slice(&vec![value; n], &[n])?)
+}
+
+fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+/// `[c]` → `[c, 1, ..]` so it broadcasts over a `[n, c, spatial..]` input.
+fn per_channel(t: &Tensor, rank: usize) -> Result<Tensor> {
+    let mut dims = vec![t.dims()[0]];
+    dims.extend(std::iter::repeat_n(1, rank.saturating_sub(2)));
+    t.reshape(&dims)
+}
+
+/// Batch normalisation over dimension 1 of `[n, c]`, `[n, c, l]` or `[n, c, h, w]`, as
+/// `torch.nn.BatchNorm1d/2d`: in training it normalises with the batch's mean and biased
+/// variance and moves the running statistics by `momentum` (the running variance takes the
+/// unbiased batch variance); in evaluation it uses the running statistics.
+///
+/// The running statistics are buffers, not parameters: [`Module::named_params`] lists only
+/// `weight` and `bias` (so optimisers never update the statistics), and
+/// [`Module::named_buffers`] the statistics, which `state::module_state` and
+/// `state::load_module` save and load with the parameters, as PyTorch's `state_dict()` does.
+pub struct BatchNorm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub running_mean: Tensor,
+    pub running_var: Tensor,
+    /// Training steps taken (i64 scalar, PyTorch's `num_batches_tracked`).
+    pub num_batches_tracked: Tensor,
+    pub eps: f64,
+    pub momentum: f64,
+    /// `model.train()` / `model.eval()`.
+    pub training: bool,
+}
+
+impl BatchNorm {
+    /// Weight 1, bias 0, running mean 0 and variance 1, `eps = 1e-5`, `momentum = 0.1`, training.
+    pub fn new(device: &LazyDevice, channels: usize) -> Result<BatchNorm> {
+        Ok(BatchNorm {
+            weight: filled(device, 1.0, channels)?,
+            bias: filled(device, 0.0, channels)?,
+            running_mean: filled(device, 0.0, channels)?,
+            running_var: filled(device, 1.0, channels)?,
+            num_batches_tracked: device.tensor(&HostTensor::zeros(DType::I64, &[]))?,
+            eps: 1e-5,
+            momentum: 0.1,
+            training: true,
+        })
+    }
+
+    /// Normalises `x`; in training this also records the running-statistics update (it lands
+    /// in the same step graph).
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let location = std::panic::Location::caller();
+        let c = self.weight.dims()[0];
+        if x.rank() < 2 || x.dims()[1] != c {
+            return Err(shape_error(
+                "batch_norm",
+                x.ty().to_string(),
+                format!("expected [n, {c}, ..] (channels in dimension 1)"),
+                location,
+            ));
+        }
+        let rank = x.rank();
+        let (mean, var) = if self.training {
+            let dims: Vec<isize> = (0..rank as isize).filter(|&d| d != 1).collect();
+            let count: usize = x.elem_count() / c;
+            if count < 2 {
+                return Err(shape_error(
+                    "batch_norm",
+                    x.ty().to_string(),
+                    "training needs more than one value per channel".into(),
+                    location,
+                ));
+            }
+            let mean = x.mean(&dims, false)?;
+            let var = x.var(&dims, 0, false)?;
+            let m = self.momentum;
+            let unbiased = var.mul_scalar(count as f64 / (count - 1) as f64)?;
+            let dt = self.running_mean.dtype();
+            let new_mean = self
+                .running_mean
+                .mul_scalar(1.0 - m)?
+                .add(&mean.detach()?.to_dtype(dt)?.mul_scalar(m)?)?;
+            let new_var = self
+                .running_var
+                .mul_scalar(1.0 - m)?
+                .add(&unbiased.detach()?.to_dtype(dt)?.mul_scalar(m)?)?;
+            self.running_mean.assign(&new_mean)?;
+            self.running_var.assign(&new_var)?;
+            let tracked = &self.num_batches_tracked;
+            tracked.assign(&tracked.add(&tracked.constant_like(1.0)?)?)?;
+            (mean, var)
+        } else {
+            (self.running_mean.clone(), self.running_var.clone())
+        };
+        let scale = var.add_scalar(self.eps)?.rsqrt()?;
+        let normed = x
+            .sub(&per_channel(&mean, rank)?)?
+            .mul(&per_channel(&scale, rank)?)?;
+        normed
+            .mul(&per_channel(&self.weight, rank)?)?
+            .add(&per_channel(&self.bias, rank)?)
+    }
+}
+
+impl Module for BatchNorm {
+    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        out.push((join(prefix, "weight"), self.weight.clone()));
+        out.push((join(prefix, "bias"), self.bias.clone()));
+    }
+
+    /// `running_mean`, `running_var`, `num_batches_tracked`, as PyTorch names them.
+    fn named_buffers(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        out.push((join(prefix, "running_mean"), self.running_mean.clone()));
+        out.push((join(prefix, "running_var"), self.running_var.clone()));
+        out.push((
+            join(prefix, "num_batches_tracked"),
+            self.num_batches_tracked.clone(),
+        ));
+    }
+}
+
+/// Group normalisation of `[n, c, ..]` as `torch.nn.GroupNorm`: the channels split into
+/// `groups` groups, each normalised over its channels and spatial positions (biased variance),
+/// then a per-channel affine transform (weight 1, bias 0).
+pub struct GroupNorm {
+    pub groups: usize,
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub eps: f64,
+}
+
+impl GroupNorm {
+    pub fn new(device: &LazyDevice, groups: usize, channels: usize) -> Result<GroupNorm> {
+        if groups == 0 || !channels.is_multiple_of(groups) {
+            return Err(crate::Error::Config(format!(
+                "GroupNorm: {groups} groups must divide {channels} channels"
+            )));
+        }
+        Ok(GroupNorm {
+            groups,
+            weight: filled(device, 1.0, channels)?,
+            bias: filled(device, 0.0, channels)?,
+            eps: 1e-5,
+        })
+    }
+
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let location = std::panic::Location::caller();
+        let c = self.weight.dims()[0];
+        if x.rank() < 2 || x.dims()[1] != c {
+            return Err(shape_error(
+                "group_norm",
+                x.ty().to_string(),
+                format!("expected [n, {c}, ..] (channels in dimension 1)"),
+                location,
+            ));
+        }
+        let n = x.dims()[0];
+        let grouped = x.reshape(&[n, self.groups, x.elem_count() / (n * self.groups)])?;
+        let mean = grouped.mean(&[-1], true)?;
+        let var = grouped.var(&[-1], 0, true)?;
+        let normed = grouped
+            .sub(&mean)?
+            .mul(&var.add_scalar(self.eps)?.rsqrt()?)?
+            .reshape(x.dims())?;
+        normed
+            .mul(&per_channel(&self.weight, x.rank())?)?
+            .add(&per_channel(&self.bias, x.rank())?)
+    }
+}
+
+impl Module for GroupNorm {
+    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        out.push((join(prefix, "weight"), self.weight.clone()));
+        out.push((join(prefix, "bias"), self.bias.clone()));
+    }
+}
+
+/// Root-mean-square normalisation over the last dimension, as `torch.nn.RMSNorm`:
+/// `x / sqrt(mean(x^2) + eps) * weight` (weight 1). PyTorch's default `eps` is the machine
+/// epsilon of the input's dtype; `eps: None` does the same.
+pub struct RMSNorm {
+    pub weight: Tensor,
+    pub eps: Option<f64>,
+}
+
+impl RMSNorm {
+    pub fn new(device: &LazyDevice, dim: usize) -> Result<RMSNorm> {
+        Ok(RMSNorm {
+            weight: filled(device, 1.0, dim)?,
+            eps: None,
+        })
+    }
+
+    #[track_caller]
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let eps = self.eps.unwrap_or(match x.dtype() {
+            DType::F64 => f64::EPSILON,
+            DType::F16 => 0.000_976_562_5,
+            DType::BF16 => 0.007_812_5,
+            _ => f32::EPSILON as f64,
+        });
+        let ms = x.mul(x)?.mean(&[-1], true)?;
+        x.mul(&ms.add_scalar(eps)?.rsqrt()?)?.mul(&self.weight)
+    }
+}
+
+impl Module for RMSNorm {
+    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        out.push((join(prefix, "weight"), self.weight.clone()));
+    }
+}
