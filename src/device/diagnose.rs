@@ -43,6 +43,15 @@ struct Site {
 #[derive(Default)]
 pub(crate) struct Sites {
     by_site: HashMap<&'static Location<'static>, Site>,
+    /// Lines whose implicit sync the debug mode has already named.
+    implicit_sync_reported: HashSet<&'static Location<'static>>,
+}
+
+impl Sites {
+    /// True the first time `site` is passed.
+    pub(crate) fn first_implicit_sync(&mut self, site: &'static Location<'static>) -> bool {
+        self.implicit_sync_reported.insert(site)
+    }
 }
 
 /// Called for every graph not found in memory, before it is compiled.

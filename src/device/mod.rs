@@ -2,6 +2,7 @@
 //! graph, finds or compiles its executable, and runs it.
 
 mod config;
+mod debug;
 mod diagnose;
 mod extract;
 pub(crate) mod jit;
@@ -23,6 +24,7 @@ pub use config::{
     DeviceConfig, CACHE_URL_ENV, DEBUG_STEPS_ENV, EXTRACT_DIR_ENV, GRAPH_LOG_ENV,
     NO_NEW_GRAPHS_ENV, USE_CACHE_ENV,
 };
+pub use debug::TARGET as DEBUG_STEPS_LOG_TARGET;
 pub use metrics::Metrics;
 
 use crate::error::{Error, Result};
@@ -77,7 +79,7 @@ impl LazyDevice {
 
     /// A device with an explicit configuration.
     pub fn new(config: DeviceConfig) -> Result<LazyDevice> {
-        crate::logging::init_default();
+        crate::logging::init_default_with(config.debug_steps);
         let target = config.target();
         let plugin = Plugin::load(&find_plugin(target)?)?;
         let client = Client::new(
@@ -298,10 +300,12 @@ impl DeviceInner {
             .collect();
         if roots.is_empty() {
             lock(&self.metrics).empty_steps += 1;
+            debug::log_empty_step(self, site);
             return Ok(());
         }
         if !explicit {
             lock(&self.metrics).implicit_syncs += 1;
+            debug::warn_implicit_sync(self, site);
         }
         let mut traced = step::trace(&roots);
         let aliases = traced.donations(&cells);
@@ -327,14 +331,17 @@ impl DeviceInner {
             *lock(&cell.donor) = None;
         }
         diagnose::step_done(self, site);
-        if self.config.debug_steps {
-            tracing::info!(
-                "mark_step at {site}: graph {} ({} ops), {how:?}, {:.3} ms",
-                &exe.key[..12.min(exe.key.len())],
-                traced.op_count,
-                started.elapsed().as_secs_f64() * 1e3
-            );
-        }
+        debug::log_step(
+            self,
+            &debug::StepCut {
+                site,
+                explicit,
+                key: &exe.key,
+                ops: traced.op_count,
+                how: &how,
+                elapsed: started.elapsed(),
+            },
+        );
         Ok(())
     }
 
