@@ -168,10 +168,7 @@ pub fn job_command(
     cmd.args(rest)
         .env(EXTRACT_DIR_ENV, extract_dir)
         .env("NEURON_PC_CACHE", "0");
-    let mut flags = flags.clone();
-    flags.retry_failed = false;
-    flags.cache_dir = None;
-    cmd.env("NEURON_CC_FLAGS", flags.to_string());
+    cmd.env("NEURON_CC_FLAGS", job_flags(flags));
     if let Some(u) = cache_url {
         cmd.env(CACHE_URL_ENV, u);
     }
@@ -180,6 +177,16 @@ pub fn job_command(
         cmd.stdout(Stdio::from(std::io::stderr().as_fd().try_clone_to_owned()?));
     }
     Ok(cmd)
+}
+
+/// The `NEURON_CC_FLAGS` value that makes a job compute the keys `flags` compile under: every
+/// flag that enters the key, without the ones that only steer the cache (`--retry_failed_compilation`,
+/// `--cache_dir`).
+pub fn job_flags(flags: &CompilerFlags) -> String {
+    let mut flags = flags.clone();
+    flags.retry_failed = false;
+    flags.cache_dir = None;
+    flags.to_string()
 }
 
 /// Describes a failed exit.
@@ -206,7 +213,9 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
     let extract = work.join("graphs");
     std::fs::create_dir_all(&extract)?;
     // The job starts first: it runs while this process loads the plugin and opens the cache.
-    let child = job_command(&args.command, &flags, url.as_deref(), &extract, true)?
+    // The job's stdout stays the job's stdout; only with --json, where stdout must hold one
+    // JSON object, does it go to stderr.
+    let child = job_command(&args.command, &flags, url.as_deref(), &extract, o.json)?
         .spawn()
         .map_err(|e| anyhow::anyhow!("cannot start {:?}: {e}", args.command[0]))?;
     let mut source = ExtractDir::new(extract, Some(child));
@@ -235,6 +244,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
         trial_error,
         o.dry_run,
     );
+    let report = report.with_run_flags(job_flags(&env.flags), o.flags.any());
     let code = report.print(o.json)?;
     let _ = std::fs::remove_dir_all(&work);
     Ok(code)

@@ -52,6 +52,15 @@ fn parse_target(s: &str) -> Result<Target, String> {
 }
 
 impl FlagArgs {
+    /// Whether any compiler flag was given on the command line.
+    pub fn any(&self) -> bool {
+        self.optlevel.is_some()
+            || self.target.is_some()
+            || self.auto_cast.is_some()
+            || self.auto_cast_type.is_some()
+            || self.model_type.is_some()
+    }
+
     /// `NEURON_CC_FLAGS` overlaid by these flags (and `--retry-failed`).
     pub fn effective(&self, retry_failed: bool) -> anyhow::Result<CompilerFlags> {
         let over = FlagOverrides {

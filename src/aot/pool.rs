@@ -271,7 +271,7 @@ impl Sched<'_> {
                 );
                 g.push(report(&job, "failed", 0.0, Some(msg)));
             }
-            _ if self.cfg.dry_run => g.push(report(&job, "found", 0.0, None)),
+            _ if self.cfg.dry_run => g.push(report(&job, super::report::WOULD_COMPILE, 0.0, None)),
             _ => self.queue.push_back((job, 0)),
         }
         Ok(())

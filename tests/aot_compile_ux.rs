@@ -1,0 +1,169 @@
+//! What `neuron-pc compile` tells its user: a dry run counts found / cached / would-compile
+//! graphs; flags given on the command line come back as the `NEURON_CC_FLAGS` line the real
+//! run needs (and a run without it recompiles); the job's stdout stays on stdout.
+
+#[path = "aot_common/mod.rs"]
+mod common;
+
+use common::*;
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn dry_run_counts_found_cached_and_would_compile() {
+    let cache = tmp("ux-dry");
+    let probe = probe();
+    let p = probe.to_str().unwrap();
+    // Compile one shard so that the cache holds some of the three graphs but not all.
+    let part = npc(
+        &cache,
+        &[
+            "compile", "--json", "--shard", "0/2", "--", p, "--steps", "1",
+        ],
+        &[],
+    );
+    assert!(part.status.success(), "{}", stderr(&part));
+    let held = entry_keys(&cache).len();
+    assert!(
+        held < 3,
+        "shard 0/2 compiled all 3 graphs; pick another job"
+    );
+
+    let dry = npc(
+        &cache,
+        &["compile", "--dry-run", "--", p, "--steps", "1"],
+        &[],
+    );
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    let text = stdout(&dry);
+    let want = format!(
+        "dry run: 3 found, {held} cached, {} would compile",
+        3 - held
+    );
+    assert!(text.contains(&want), "want {want:?} in\n{text}");
+    assert!(!text.contains("nothing to compile"), "{text}");
+    assert_eq!(entry_keys(&cache).len(), held, "a dry run compiles nothing");
+
+    let json_run = npc(
+        &cache,
+        &["compile", "--dry-run", "--json", "--", p, "--steps", "1"],
+        &[],
+    );
+    let v = json(&json_run);
+    assert_eq!(v["found"], 3, "{v}");
+    assert_eq!(v["cached"].as_u64(), Some(held as u64), "{v}");
+    assert_eq!(v["would_compile"].as_u64(), Some(3 - held as u64), "{v}");
+    assert_eq!(keys(&v, "cached"), entry_keys(&cache));
+}
+
+#[test]
+fn command_line_flags_come_back_as_the_flags_the_real_run_needs() {
+    let cache = tmp("ux-flags");
+    let probe = probe();
+    let p = probe.to_str().unwrap();
+    let out = npc(
+        &cache,
+        &["compile", "--optlevel", "O1", "--", p, "--steps", "2"],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("NEURON_CC_FLAGS="))
+        .unwrap_or_else(|| panic!("no NEURON_CC_FLAGS= line in\n{text}"));
+    let flags = line.trim_matches('\'');
+    assert!(flags.contains("--optlevel O1"), "{flags}");
+    assert!(
+        !flags.contains("cache_dir") && !flags.contains("retry"),
+        "{flags}"
+    );
+
+    // With those flags the real run compiles nothing; without them it compiles every graph.
+    let run = |envs: &[(&str, &str)]| {
+        let out = std::process::Command::new(&probe)
+            .args(["--steps", "2", "--json"])
+            .env("NEURON_COMPILE_CACHE_URL", &cache)
+            .env_remove("NEURON_CC_FLAGS")
+            .env_remove("NEURON_PC_EXTRACT_DIR")
+            .envs(envs.iter().copied())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let m = stdout(&out)
+            .lines()
+            .find_map(|l| l.strip_prefix("METRICS ").map(str::to_string))
+            .unwrap();
+        serde_json::from_str::<serde_json::Value>(&m).unwrap()
+    };
+    let with = run(&[("NEURON_CC_FLAGS", flags)]);
+    assert_eq!(with["compiles"], 0, "{with}");
+    assert_eq!(with["disk_hits"], 3, "{with}");
+    let without = run(&[]);
+    assert_eq!(without["compiles"], 3, "{without}");
+
+    // --json: the same flags as a field; the plain-environment compile prints no line.
+    let j = npc(
+        &cache,
+        &[
+            "compile",
+            "--json",
+            "--optlevel",
+            "O1",
+            "--",
+            p,
+            "--steps",
+            "2",
+        ],
+        &[],
+    );
+    assert_eq!(json(&j)["neuron_cc_flags"].as_str(), Some(flags));
+    let plain = npc(&cache, &["compile", "--", p, "--steps", "2"], &[]);
+    assert!(
+        !stdout(&plain).contains("NEURON_CC_FLAGS="),
+        "{}",
+        stdout(&plain)
+    );
+}
+
+#[test]
+fn the_jobs_stdout_stays_on_stdout() {
+    let cache = tmp("ux-stdout");
+    let probe = probe();
+    let out = npc(
+        &cache,
+        &["compile", "--", probe.to_str().unwrap(), "--steps", "2"],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (o, e) = (stdout(&out), stderr(&out));
+    // The probe prints one `{"step": N, ...}` line per step.
+    assert_eq!(
+        o.matches("{\"step\"").count(),
+        2,
+        "stdout:\n{o}\nstderr:\n{e}"
+    );
+    assert!(!e.contains("{\"step\""), "{e}");
+    // The report follows the job's output.
+    let job_at = o.find("{\"step\"").unwrap();
+    let table_at = o.find("GRAPH").unwrap();
+    assert!(job_at < table_at, "{o}");
+
+    // With --json, stdout holds the JSON object alone and the job's lines go to stderr.
+    let j = npc(
+        &cache,
+        &[
+            "compile",
+            "--json",
+            "--",
+            probe.to_str().unwrap(),
+            "--steps",
+            "2",
+        ],
+        &[],
+    );
+    assert_eq!(json(&j)["found"], 3);
+    assert_eq!(stderr(&j).matches("{\"step\"").count(), 2);
+}
