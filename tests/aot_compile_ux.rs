@@ -167,3 +167,61 @@ fn the_jobs_stdout_stays_on_stdout() {
     assert_eq!(json(&j)["found"], 3);
     assert_eq!(stderr(&j).matches("{\"step\"").count(), 2);
 }
+
+/// A Neuron training environment's `NEURON_CC_FLAGS` works on cpu: the job runs, one warning
+/// names the flags that mean nothing here, and the keys are the plain cpu keys (executables
+/// compiled without those flags are found).
+#[test]
+fn neuronx_cc_flags_on_cpu_warn_once_and_keep_the_keys() {
+    let cache = tmp("ux-neuron-flags");
+    let probe = probe();
+    let p = probe.to_str().unwrap();
+    let plain = npc(&cache, &["compile", "--json", "--", p, "--steps", "2"], &[]);
+    assert_eq!(json(&plain)["compiled"], 3);
+    let flags =
+        "--distribution-strategy llm-training --enable-saturate-infinity --logfile /tmp/n.log";
+    let out = std::process::Command::new(&probe)
+        .args(["--steps", "3", "--json"])
+        .env("NEURON_COMPILE_CACHE_URL", &cache)
+        .env("NEURON_CC_FLAGS", flags)
+        .env_remove("NEURON_PC_EXTRACT_DIR")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let warnings: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("no meaning on target cpu"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    for name in [
+        "--distribution-strategy",
+        "--enable-saturate-infinity",
+        "--logfile",
+    ] {
+        assert!(warnings[0].contains(name), "{err}");
+    }
+    let m: serde_json::Value = serde_json::from_str(
+        stdout(&out)
+            .lines()
+            .find_map(|l| l.strip_prefix("METRICS "))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(m["compiles"], 0, "{m}");
+    assert_eq!(m["disk_hits"], 3, "{m}");
+    // An unknown word still fails, with one line.
+    let bad = std::process::Command::new(&probe)
+        .args(["--steps", "1"])
+        .env("NEURON_COMPILE_CACHE_URL", &cache)
+        .env("NEURON_CC_FLAGS", "--enable-saturate-infinities")
+        .env_remove("NEURON_PC_EXTRACT_DIR")
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("unknown flag \"--enable-saturate-infinities\""),
+        "{}",
+        stderr(&bad)
+    );
+}

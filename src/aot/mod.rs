@@ -71,6 +71,7 @@ impl FlagArgs {
             model_type: self.model_type,
             retry_failed: retry_failed.then_some(true),
             cache_dir: None,
+            neuron: Default::default(),
         };
         CompilerFlags::from_env_and(&over).map_err(|e| anyhow::anyhow!("compiler flags: {e}"))
     }

@@ -80,6 +80,7 @@ impl LazyDevice {
     /// A device with an explicit configuration.
     pub fn new(config: DeviceConfig) -> Result<LazyDevice> {
         crate::logging::init_default_with(config.debug_steps);
+        config.flags.warn_unused_neuron_flags();
         let target = config.target();
         let plugin = Plugin::load(&find_plugin(target)?)?;
         let client = Client::new(
