@@ -44,7 +44,7 @@ fn main() {
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_line(&e));
             1
         }
     };
@@ -61,6 +61,23 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Cache(args) => cache_cmd::run(args),
         Command::CompileWorker(args) => aot::worker::run(args),
     }
+}
+
+/// The error and its causes on one line, each cause once: a cause whose text the line already
+/// holds (errors that print their source and also report it) is left out.
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 fn init_logging() {

@@ -5,8 +5,28 @@ use neuron_pc_compiler::ir::Op;
 use neuron_pc_compiler::{DType, HostTensor};
 
 use crate::device::LazyDevice;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+
+/// A shape error at the user's call site unless `t` has rank `rank`; `layout` names the
+/// dimensions expected (`[n, classes]`), so layers never index `dims()` out of range.
+#[track_caller]
+fn check_rank(op: &'static str, what: &str, t: &Tensor, rank: usize, layout: &str) -> Result<()> {
+    if t.rank() == rank {
+        return Ok(());
+    }
+    Err(Error::Op {
+        location: std::panic::Location::caller(),
+        source: neuron_pc_compiler::Error::Shape {
+            op,
+            operands: t.ty().to_string(),
+            message: format!(
+                "{what} must have rank {rank} ({layout}), got rank {}",
+                t.rank()
+            ),
+        },
+    })
+}
 
 /// A small deterministic generator (SplitMix64) for parameter initialisation on the host.
 #[derive(Clone, Debug)]
@@ -207,6 +227,7 @@ pub fn log_softmax(x: &Tensor, dim: isize) -> Result<Tensor> {
 /// One-hot rows: integer `labels [n]` → `[n, classes]` of `dtype`.
 #[track_caller]
 pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
+    check_rank("one_hot", "labels", labels, 1, "[n]")?;
     let n = labels.dims()[0];
     let dev = labels.device_inner()?;
     let iota = Tensor::apply_nullary(
@@ -224,6 +245,8 @@ pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> 
 /// Mean cross-entropy of `logits [n, classes]` against integer `labels [n]`.
 #[track_caller]
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    check_rank("cross_entropy", "logits", logits, 2, "[n, classes]")?;
+    check_rank("cross_entropy", "labels", labels, 1, "[n]")?;
     let classes = logits.dims()[1];
     let logp = log_softmax(logits, -1)?;
     let picked = logp.mul(&one_hot(labels, classes, logits.dtype())?)?;
@@ -286,6 +309,11 @@ impl MultiHeadAttention {
     /// `x [b, s, e]`, optional `mask [b, s]` (1 = attend, 0 = padding) → `[b, s, e]`.
     #[track_caller]
     pub fn forward(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+        let op = "MultiHeadAttention::forward";
+        check_rank(op, "x", x, 3, "[batch, seq, embed]")?;
+        if let Some(m) = mask {
+            check_rank(op, "mask", m, 2, "[batch, seq]")?;
+        }
         let (b, s, e) = (x.dims()[0], x.dims()[1], x.dims()[2]);
         let h = self.heads;
         let d = e / h;

@@ -380,7 +380,7 @@ impl Tensor {
         let (ra, rb) = (self.rank(), rhs.rank());
         if ra >= 2 && rb == 2 {
             // [..., m, k] x [k, n]: contract the last dimension directly.
-            return Tensor::apply_at(
+            let y = Tensor::apply_at(
                 Op::DotGeneral {
                     lhs_batch: vec![],
                     rhs_batch: vec![],
@@ -390,6 +390,7 @@ impl Tensor {
                 &[self, rhs],
                 location,
             );
+            return y.map_err(|e| e.for_user_op("matmul"));
         }
         let batch: Vec<usize> = (0..ra.saturating_sub(2)).collect();
         Tensor::apply_at(
@@ -402,6 +403,7 @@ impl Tensor {
             &[self, rhs],
             location,
         )
+        .map_err(|e| e.for_user_op("matmul"))
     }
 
     /// Rows of this `[n, d]` table picked by integer `indices` of any shape: the result has
@@ -435,7 +437,8 @@ impl Tensor {
             },
             &[self, weight],
             location,
-        )?;
+        )
+        .map_err(|e| e.for_user_op("linear"))?;
         match bias {
             Some(b) => y.broadcast_binary(Op::Binary(BinaryOp::Add), b, location),
             None => Ok(y),
