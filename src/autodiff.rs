@@ -729,6 +729,7 @@ impl DeviceInner {
                 device: Arc::downgrade(self),
                 state: std::sync::Mutex::new(state),
                 donor: std::sync::Mutex::new(None),
+                name: std::sync::Mutex::new(None),
             }),
         }
     }

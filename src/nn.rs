@@ -70,10 +70,16 @@ pub trait Module {
     /// Appends `(prefix + name, tensor)` for every parameter.
     fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>);
 
-    /// All parameters with their names.
+    /// All parameters with their names; each unnamed parameter tensor is also given its name
+    /// (see [`Tensor::set_name`]), so diagnostics can name it.
     fn parameters(&self) -> Vec<(String, Tensor)> {
         let mut v = Vec::new();
         self.named_params("", &mut v);
+        for (name, t) in &v {
+            if t.name().is_none() {
+                t.set_name(name);
+            }
+        }
         v
     }
 }

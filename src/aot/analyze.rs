@@ -40,6 +40,8 @@ pub struct ShapeGroup {
     pub keys: Vec<String>,
     /// Per differing parameter: its index and the shapes seen.
     pub differing: Vec<(usize, Vec<String>)>,
+    /// The tensor name of each differing parameter (same order), `""` when unnamed.
+    pub differing_names: Vec<String>,
 }
 
 /// A graph the real run needed that the trial run did not produce.
@@ -51,6 +53,8 @@ pub struct LogLine {
     pub nodes: usize,
     #[serde(default)]
     pub params: Vec<String>,
+    #[serde(default)]
+    pub param_names: Vec<String>,
     #[serde(default)]
     pub site: String,
 }
@@ -94,7 +98,7 @@ pub fn shape_groups(records: &[GraphRecord]) -> Vec<ShapeGroup> {
         .into_iter()
         .filter(|(_, rs)| rs.len() > 1)
         .map(|((site, nodes, dtypes), rs)| {
-            let differing = (0..dtypes.len())
+            let differing: Vec<(usize, Vec<String>)> = (0..dtypes.len())
                 .filter_map(|i| {
                     let mut shapes: Vec<String> = rs.iter().map(|r| r.params[i].clone()).collect();
                     shapes.sort();
@@ -102,11 +106,26 @@ pub fn shape_groups(records: &[GraphRecord]) -> Vec<ShapeGroup> {
                     (shapes.len() > 1).then_some((i, shapes))
                 })
                 .collect();
+            let differing_names = differing
+                .iter()
+                .map(|(i, _)| {
+                    rs.iter()
+                        .find_map(|r| {
+                            r.param_names
+                                .get(*i)
+                                .filter(|n| !n.is_empty())
+                                .map(String::as_str)
+                        })
+                        .unwrap_or_default()
+                        .to_string()
+                })
+                .collect();
             ShapeGroup {
                 site,
                 nodes,
                 keys: rs.iter().map(|r| r.key.clone()).collect(),
                 differing,
+                differing_names,
             }
         })
         .collect()
@@ -253,7 +272,7 @@ fn print_text(a: &Analysis, records: &[GraphRecord]) {
             r.nodes,
             mark,
             r.site,
-            r.params.join(", ")
+            named_params(&r.params, &r.param_names)
         );
     }
     for g in &a.shape_groups {
@@ -262,8 +281,8 @@ fn print_text(a: &Analysis, records: &[GraphRecord]) {
             g.keys.len(),
             g.site
         );
-        for (i, shapes) in &g.differing {
-            println!("  parameter {i}: {}", shapes.join(" vs "));
+        for ((i, shapes), name) in g.differing.iter().zip(&g.differing_names) {
+            println!("  {}: {}", param_label(*i, name), shapes.join(" vs "));
         }
         println!("  each shape compiles its own graph; use fixed-size batches (pad or drop the last partial batch)");
     }
@@ -282,11 +301,33 @@ fn print_text(a: &Analysis, records: &[GraphRecord]) {
                     l.step,
                     l.nodes,
                     l.site,
-                    l.params.join(", ")
+                    named_params(&l.params, &l.param_names)
                 );
             }
         }
     }
+}
+
+/// `parameter 3 (ids)`, or `parameter 3` when the tensor has no name.
+fn param_label(i: usize, name: &str) -> String {
+    if name.is_empty() {
+        format!("parameter {i}")
+    } else {
+        format!("parameter {i} ({name})")
+    }
+}
+
+/// `ids: i32[64,32], f32[64]`: each parameter's type, after its tensor name when known.
+fn named_params(types: &[String], names: &[String]) -> String {
+    types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match names.get(i).filter(|n| !n.is_empty()) {
+            Some(n) => format!("{n}: {t}"),
+            None => t.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
@@ -298,6 +339,7 @@ mod tests {
             key: key.into(),
             nodes: 5,
             params: params.iter().map(|s| s.to_string()).collect(),
+            param_names: Vec::new(),
             site: site.into(),
         }
     }
@@ -324,6 +366,7 @@ mod tests {
             step: s,
             nodes: 1,
             params: vec![],
+            param_names: vec![],
             site: String::new(),
         };
         let trial: HashSet<String> = ["a".to_string()].into();

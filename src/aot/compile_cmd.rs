@@ -100,6 +100,9 @@ pub struct GraphRecord {
     pub nodes: usize,
     #[serde(default)]
     pub params: Vec<String>,
+    /// The tensor name of each parameter, `""` when unnamed.
+    #[serde(default)]
+    pub param_names: Vec<String>,
     #[serde(default)]
     pub site: String,
 }

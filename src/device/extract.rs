@@ -22,6 +22,9 @@ pub struct GraphRecord {
     pub nodes: usize,
     /// Parameter types, like `f32[64,32]`.
     pub params: Vec<String>,
+    /// The name of each parameter's tensor (`mlp.0.weight`, `ids`), `""` when unnamed.
+    #[serde(default)]
+    pub param_names: Vec<String>,
     pub outputs: Vec<String>,
     /// The user's source line of the mark_step (or read) that produced it.
     pub site: String,
@@ -30,7 +33,12 @@ pub struct GraphRecord {
 }
 
 impl GraphRecord {
-    pub(crate) fn new(key: &CacheKey, graph: &Graph, site: &Location<'_>) -> GraphRecord {
+    pub(crate) fn new(
+        key: &CacheKey,
+        graph: &Graph,
+        site: &Location<'_>,
+        names: &[String],
+    ) -> GraphRecord {
         GraphRecord {
             key: key.hex.clone(),
             components: key.components.clone(),
@@ -40,6 +48,7 @@ impl GraphRecord {
                 .iter()
                 .map(|t| t.to_string())
                 .collect(),
+            param_names: names.to_vec(),
             outputs: graph
                 .outputs()
                 .iter()
@@ -62,10 +71,11 @@ pub(crate) fn write_graph(
     text: &str,
     graph: &Graph,
     site: &Location<'_>,
+    names: &[String],
 ) -> Result<()> {
     let err = |e: std::io::Error| Error::Extract(format!("{}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(err)?;
-    let record = GraphRecord::new(key, graph, site);
+    let record = GraphRecord::new(key, graph, site, names);
     let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Extract(e.to_string()))?;
     write_file_atomic(&dir.join(format!("{}.mlir", key.hex)), text.as_bytes()).map_err(err)?;
     write_file_atomic(&dir.join(format!("{}.json", key.hex)), &json).map_err(err)
@@ -78,6 +88,9 @@ pub struct GraphLogLine {
     pub step: u64,
     pub nodes: usize,
     pub params: Vec<String>,
+    /// As in [`GraphRecord::param_names`].
+    #[serde(default)]
+    pub param_names: Vec<String>,
     pub site: String,
 }
 
@@ -88,6 +101,7 @@ pub(crate) fn append_graph_log(
     graph: &Graph,
     site: &Location<'_>,
     step: u64,
+    names: &[String],
 ) {
     let line = GraphLogLine {
         key: key.hex.clone(),
@@ -98,6 +112,7 @@ pub(crate) fn append_graph_log(
             .iter()
             .map(|t| t.to_string())
             .collect(),
+        param_names: names.to_vec(),
         site: site.to_string(),
     };
     let result = (|| -> std::io::Result<()> {

@@ -73,6 +73,7 @@ impl Jit {
         graph: &Graph,
         aliases: &[(usize, usize)],
         site: &'static Location<'static>,
+        names: &[String],
     ) -> Result<(Arc<StepExecutable>, Obtained)> {
         let output_types: Vec<TensorType> = graph
             .outputs()
@@ -89,7 +90,7 @@ impl Jit {
                 .as_ref()
                 .is_some_and(|p| p.contains(&key.hex));
             if !cached {
-                extract::write_graph(dir, &key, &text, graph, site)?;
+                extract::write_graph(dir, &key, &text, graph, site, names)?;
                 lock(&dev.metrics).graphs_extracted += 1;
             }
             let exe = StepExecutable {
@@ -160,7 +161,8 @@ impl Jit {
             ),
         };
         if let Some(log) = &dev.config.graph_log {
-            extract::append_graph_log(log, &key, graph, site, lock(&dev.metrics).steps);
+            let step = lock(&dev.metrics).steps;
+            extract::append_graph_log(log, &key, graph, site, step, names);
         }
         Ok((
             Arc::new(StepExecutable {

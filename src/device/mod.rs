@@ -223,6 +223,7 @@ impl DeviceInner {
             device: Arc::downgrade(self),
             state: Mutex::new(state),
             donor: Mutex::new(None),
+            name: Mutex::new(None),
         });
         if pending {
             lock(&self.pending).push(Arc::downgrade(&cell));
@@ -252,6 +253,7 @@ impl DeviceInner {
             buffer,
             zero_filled,
             ty_id,
+            name: Mutex::new(None),
         })
     }
 
@@ -318,8 +320,9 @@ impl DeviceInner {
             }
             None => {
                 let graph = traced.to_graph(&lock(&self.interner))?;
-                diagnose::check_new_graph(self, site, &graph)?;
-                let (exe, how) = self.jit.obtain(self, &graph, &aliases, site)?;
+                let names = traced.param_names();
+                diagnose::check_new_graph(self, site, &graph, &names)?;
+                let (exe, how) = self.jit.obtain(self, &graph, &aliases, site, &names)?;
                 lock(&self.metrics).graphs_seen += 1;
                 lock(&self.executables).insert(traced.identity.clone(), exe.clone());
                 (exe, how)
@@ -328,6 +331,10 @@ impl DeviceInner {
         drop(roots);
         let outputs = self.run(&exe, &mut traced, &aliases)?;
         for (cell, data) in cells.iter().zip(outputs) {
+            // A named tensor's new value keeps its name, so later graphs can name the input.
+            if let Some(n) = lock(&cell.name).clone() {
+                *lock(&data.name) = Some(n);
+            }
             *lock(&cell.state) = State::Data(data);
             *lock(&cell.donor) = None;
         }

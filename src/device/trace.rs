@@ -17,6 +17,8 @@ pub(crate) struct DeviceData {
     pub zero_filled: bool,
     /// The buffer's type, interned by the owning device.
     pub ty_id: u32,
+    /// The name of the tensor holding this value, when it has one (see `Tensor::set_name`).
+    pub name: std::sync::Mutex<Option<Arc<str>>>,
 }
 
 /// An operand: another recorded node, or data already on the device.

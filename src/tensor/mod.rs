@@ -31,6 +31,9 @@ pub(crate) struct Cell {
     /// step graph reads that data and nothing else holds it, its buffer is donated to the new
     /// value (updated in place instead of copied).
     pub donor: Mutex<Option<Weak<DeviceData>>>,
+    /// A name for diagnostics (a parameter's state-dict name, a batch field), passed on to each
+    /// new value so recompile warnings and `neuron-pc analyze` can name graph inputs.
+    pub name: Mutex<Option<Arc<str>>>,
 }
 
 pub(crate) enum State {
@@ -51,6 +54,22 @@ impl std::fmt::Debug for Tensor {
 }
 
 impl Tensor {
+    /// Names this tensor for diagnostics: when its value is an input of a step graph, the
+    /// recompile warning and `neuron-pc analyze` say `ids` instead of `input 3`.
+    /// [`crate::nn::Module::parameters`] names parameters by their state-dict names.
+    pub fn set_name(&self, name: &str) {
+        let name: Arc<str> = Arc::from(name);
+        if let State::Data(d) = &*lock(&self.cell.state) {
+            *lock(&d.name) = Some(name.clone());
+        }
+        *lock(&self.cell.name) = Some(name);
+    }
+
+    /// The name given with [`Tensor::set_name`], if any.
+    pub fn name(&self) -> Option<String> {
+        lock(&self.cell.name).as_deref().map(str::to_string)
+    }
+
     /// Shape.
     pub fn dims(&self) -> &[usize] {
         &self.cell.ty.dims
