@@ -225,3 +225,60 @@ fn neuronx_cc_flags_on_cpu_warn_once_and_keep_the_keys() {
         stderr(&bad)
     );
 }
+
+/// After `compile --optlevel O1`, `analyze` of the job run without flags says the cache holds
+/// its graphs under other flags, names the flag and prints the flags to use; once the job's
+/// graphs are cached under its own flags it says nothing.
+#[test]
+fn analyze_flags_a_run_whose_flags_differ_from_the_cache() {
+    let cache = tmp("ux-analyze-flags");
+    let probe = probe();
+    let p = probe.to_str().unwrap();
+    let c = cache.to_str().unwrap();
+    let out = npc(
+        &cache,
+        &["compile", "--optlevel", "O1", "--", p, "--steps", "1"],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let a = npc(
+        &cache,
+        &["analyze", "--cache", c, "--", p, "--steps", "1"],
+        &[],
+    );
+    assert!(a.status.success(), "{}", stderr(&a));
+    let text = stdout(&a);
+    assert!(text.contains("flags differ from the cache's"), "{text}");
+    assert!(text.contains("--optlevel 1 (this run: 2)"), "{text}");
+    assert!(
+        text.contains("NEURON_CC_FLAGS='--target cpu --optlevel 1"),
+        "{text}"
+    );
+
+    let j = npc(
+        &cache,
+        &["analyze", "--json", "--cache", c, "--", p, "--steps", "1"],
+        &[],
+    );
+    let v = json(&j);
+    let m = &v["flag_mismatches"][0];
+    assert_eq!(m["missing"], 3, "{v}");
+    assert_eq!(m["cached"], 3, "{v}");
+    assert_eq!(m["graphs"], 3, "{v}");
+
+    // Under the cached flags there is nothing to flag.
+    let flags = m["cached_flags"].as_str().unwrap().to_string();
+    let same = npc(
+        &cache,
+        &["analyze", "--json", "--cache", c, "--", p, "--steps", "1"],
+        &[("NEURON_CC_FLAGS", &flags)],
+    );
+    let v = json(&same);
+    assert_eq!(
+        v["flag_mismatches"].as_array().map(Vec::len),
+        Some(0),
+        "{v}"
+    );
+    assert_eq!(v["cached"].as_array().map(Vec::len), Some(3), "{v}");
+}

@@ -73,6 +73,8 @@ pub struct Analysis {
     pub log_graphs: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub missing_from_trial: Option<Vec<LogLine>>,
+    /// Graphs of this job cached under other compiler flags than the run's.
+    pub flag_mismatches: Vec<super::flag_mismatch::FlagMismatch>,
 }
 
 fn dtype_of_param(p: &str) -> &str {
@@ -170,30 +172,41 @@ pub fn missing(trial: &HashSet<String>, log: &[LogLine]) -> Vec<LogLine> {
     v
 }
 
+/// Runs the job in extract mode into a fresh directory (under `flags` instead of the
+/// environment's `NEURON_CC_FLAGS` when given); returns the directory and the job's failure.
+fn trial(args: &AnalyzeArgs, flags: Option<&str>) -> anyhow::Result<(PathBuf, Option<String>)> {
+    let d = temp_dir("analyze")?;
+    let (prog, rest) = args
+        .command
+        .split_first()
+        .ok_or_else(|| anyhow!("no command"))?;
+    // No persistent cache: every graph is written, cached or not.
+    let mut cmd = Command::new(prog);
+    cmd.args(rest)
+        .env(EXTRACT_DIR_ENV, &d)
+        .env("NEURON_PC_CACHE", "0")
+        .stdout(std::process::Stdio::null());
+    if let Some(u) = &args.cache {
+        cmd.env(CACHE_URL_ENV, u);
+    }
+    if let Some(f) = flags {
+        cmd.env("NEURON_CC_FLAGS", f)
+            .stderr(std::process::Stdio::null());
+    }
+    let status = cmd
+        .status()
+        .map_err(|e| anyhow!("cannot start {prog:?}: {e}"))?;
+    Ok((d, exit_reason(status)))
+}
+
 pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
     let mut trial_error = None;
     let mut temp = None;
     let dir = match (&args.dir, args.command.is_empty()) {
         (Some(d), true) => d.clone(),
         (None, false) => {
-            let d = temp_dir("analyze")?;
-            let (prog, rest) = args
-                .command
-                .split_first()
-                .ok_or_else(|| anyhow!("no command"))?;
-            // No persistent cache: every graph is written, cached or not.
-            let mut cmd = Command::new(prog);
-            cmd.args(rest)
-                .env(EXTRACT_DIR_ENV, &d)
-                .env("NEURON_PC_CACHE", "0")
-                .stdout(std::process::Stdio::null());
-            if let Some(u) = &args.cache {
-                cmd.env(CACHE_URL_ENV, u);
-            }
-            let status = cmd
-                .status()
-                .map_err(|e| anyhow!("cannot start {prog:?}: {e}"))?;
-            trial_error = exit_reason(status);
+            let (d, error) = trial(&args, None)?;
+            trial_error = error;
             temp = Some(d.clone());
             d
         }
@@ -203,6 +216,18 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
     if let Some(t) = temp {
         let _ = std::fs::remove_dir_all(t);
     }
+    let cache = open_cache(args.cache.as_deref())?;
+    // Repeating the trial under other flags needs the command.
+    let flag_mismatches = if args.command.is_empty() {
+        Vec::new()
+    } else {
+        super::flag_mismatch::check(&records, &cache, |flags| {
+            let (d, _) = trial(&args, Some(flags))?;
+            let r = read_dir_records(&d);
+            let _ = std::fs::remove_dir_all(&d);
+            r
+        })?
+    };
     let trial: HashSet<String> = records.iter().map(|r| r.key.clone()).collect();
     let (log_graphs, missing_from_trial) = match &args.graph_log {
         Some(p) => {
@@ -211,7 +236,6 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
         }
         None => (None, None),
     };
-    let cache = open_cache(args.cache.as_deref())?;
     let cached = records
         .iter()
         .filter(|r| store_key(&r.key).is_ok_and(|k| cache.contains(&k)))
@@ -227,6 +251,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
         cached,
         log_graphs,
         missing_from_trial,
+        flag_mismatches,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&a)?);
@@ -286,6 +311,9 @@ fn print_text(a: &Analysis, records: &[GraphRecord]) {
         }
         println!("  each shape compiles its own graph; use fixed-size batches (pad or drop the last partial batch)");
     }
+    for m in &a.flag_mismatches {
+        println!("{}", super::flag_mismatch::describe(m));
+    }
     if let Some(m) = &a.missing_from_trial {
         if m.is_empty() {
             println!("the real run needed no graph the trial run missed");
@@ -340,6 +368,7 @@ mod tests {
             nodes: 5,
             params: params.iter().map(|s| s.to_string()).collect(),
             param_names: Vec::new(),
+            components: Default::default(),
             site: site.into(),
         }
     }

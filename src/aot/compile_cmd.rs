@@ -103,6 +103,9 @@ pub struct GraphRecord {
     /// The tensor name of each parameter, `""` when unnamed.
     #[serde(default)]
     pub param_names: Vec<String>,
+    /// The cache key's components (flags, compiler identity).
+    #[serde(default)]
+    pub components: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     pub site: String,
 }

@@ -4,6 +4,7 @@
 pub mod analyze;
 pub mod compile_cmd;
 pub mod env;
+pub mod flag_mismatch;
 pub mod graphs_cmd;
 pub mod npy;
 pub mod pool;
