@@ -155,3 +155,30 @@ fn wrong_rank_inputs_to_layers_are_shape_errors() {
         &[] as &[usize]
     );
 }
+
+#[test]
+fn compile_with_a_cache_path_that_is_a_file_stops_before_the_job() {
+    let dir = std::env::temp_dir().join(format!("npc-err-compile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("cache-file");
+    std::fs::write(&file, b"x").unwrap();
+    let probe = std::path::Path::new(env!("CARGO_BIN_EXE_neuron-pc"))
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("aot_probe");
+    let out = Command::new(env!("CARGO_BIN_EXE_neuron-pc"))
+        .args(["compile", "--cache", file.to_str().unwrap(), "--"])
+        .arg(&probe)
+        .args(["--steps", "1"])
+        .env_remove("NEURON_CC_FLAGS")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("is a file, not a directory"), "{err}");
+    assert!(out.stdout.is_empty(), "the job did not run");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -195,6 +195,21 @@ pub fn job_flags(flags: &CompilerFlags) -> String {
     flags.to_string()
 }
 
+/// An error when the local cache location `url` (a path or `file://` URL) is an existing file.
+fn refuse_file_as_cache(url: &str) -> anyhow::Result<()> {
+    if url.starts_with("s3://") {
+        return Ok(());
+    }
+    let path = Path::new(url.strip_prefix("file://").unwrap_or(url));
+    if path.exists() && !path.is_dir() {
+        anyhow::bail!(
+            "compile cache {}: it is a file, not a directory; name a directory (created if missing)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 /// Describes a failed exit.
 pub fn exit_reason(status: ExitStatus) -> Option<String> {
     if status.success() {
@@ -215,6 +230,11 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
     let o = &args.opts;
     let flags = o.flags.effective(o.retry_failed)?;
     let url = cache_url(&flags, o.cache.as_deref());
+    // The job starts before the cache is opened; a cache path that cannot work must stop the
+    // command before the job prints anything.
+    if let Some(u) = &url {
+        refuse_file_as_cache(u)?;
+    }
     let work = temp_dir("compile")?;
     let extract = work.join("graphs");
     std::fs::create_dir_all(&extract)?;
