@@ -14,6 +14,9 @@ use super::env::store_key;
 
 /// At most this many other flag sets are tried (one trial run each).
 const MAX_FLAG_SETS: usize = 4;
+/// At most this many entry records (the newest) are read to find them: a shared S3 cache may
+/// hold many entries, and each record is one request.
+const MAX_RECORDS: usize = 256;
 
 /// Graphs of this job found in the cache under other flags than the run's.
 #[derive(serde::Serialize, Debug, Clone, PartialEq)]
@@ -115,7 +118,10 @@ pub fn check(
     let run = flag_set(&first.components);
     let compiler = compiler_of(&first.components);
     let mut others: BTreeSet<BTreeMap<String, String>> = BTreeSet::new();
-    for entry in cache.list().unwrap_or_default() {
+    let mut entries = cache.list().unwrap_or_default();
+    entries.sort_by_key(|e| std::cmp::Reverse(e.created_at));
+    entries.truncate(MAX_RECORDS);
+    for entry in entries {
         let Ok(k) = store_key(&entry.key) else {
             continue;
         };
