@@ -83,3 +83,38 @@ fn error_line(e: &anyhow::Error) -> String {
 fn init_logging() {
     neuron_pc::logging::init_default();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::error_line;
+
+    /// An error that prints its source and also reports it, as `thiserror`'s `{path}: {source}`
+    /// variants do.
+    #[derive(Debug)]
+    struct AtPath(std::io::Error);
+
+    impl std::fmt::Display for AtPath {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "/c: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for AtPath {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let io = std::io::Error::from_raw_os_error(17);
+        let shown = io.to_string();
+        let e = anyhow::Error::new(AtPath(io)).context("opening the compile cache");
+        assert_eq!(
+            error_line(&e),
+            format!("opening the compile cache: /c: {shown}")
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_line(&plain), "outer: inner");
+    }
+}
