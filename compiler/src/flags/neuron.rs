@@ -192,8 +192,8 @@ pub(crate) fn warn_unused(flags: &NeuronFlags, target: &str) -> Vec<String> {
         .collect();
     if !new.is_empty() {
         tracing::warn!(
-            "compiler flags {} are Neuron compiler (neuronx-cc) flags with no meaning on target \
-             {target}: ignored, and kept out of the cache key",
+            "neuronx-cc flag(s) {} have no meaning on target {target}: ignored and kept out of \
+             the cache key",
             new.join(", ")
         );
         warned.extend(new.iter().cloned());
