@@ -244,6 +244,29 @@ fn all_keeps_ops_reading_constants_the_cast_type_cannot_hold_in_f32() {
     }
 }
 
+/// A matmul with a constant operand f16 cannot hold stays f32 under fp16 (both modes); bf16,
+/// with float32's exponent range, casts it.
+#[test]
+fn a_matmul_reading_an_unrepresentable_constant_stays_f32() {
+    use neuron_pc_compiler::ir::Literal;
+    let mut g = Graph::new();
+    let x = g.parameter(f32t(&[4, 4]));
+    let k = g
+        .push(Op::Constant(Literal::splat(DType::F32, 1e-8, &[4, 4])), &[])
+        .unwrap();
+    let d = dot(&mut g, x, k);
+    g.set_outputs(&[d]).unwrap();
+    let dots = |mode, to| dtypes_of(&cast(&g, mode, to), |o| matches!(o, Op::DotGeneral { .. }));
+    for mode in [AutoCast::Matmult, AutoCast::All] {
+        assert_eq!(dots(mode, AutoCastType::Fp16), vec![DType::F32], "{mode}");
+        assert_eq!(dots(mode, AutoCastType::Bf16), vec![DType::BF16], "{mode}");
+    }
+    let inputs = random_inputs(&g, 1);
+    let want = eval(&g, &inputs);
+    let got = eval(&cast(&g, AutoCast::Matmult, AutoCastType::Fp16), &inputs);
+    assert_eq!(want, got, "left exactly as it was");
+}
+
 #[test]
 fn none_is_identity_and_other_dtypes_are_untouched() {
     let g = graph();

@@ -7,8 +7,9 @@
 //!   rounded to bf16/f16, result handed on as float32, as Neuron users expect. The IR's
 //!   `dot_general` has no separate result type, so the product is rounded to the reduced type
 //!   before widening (XLA's CPU backend accumulates bf16 dots in float32 internally; the final
-//!   rounding adds at most half an ulp of the reduced type). The IR has no convolution op; one
-//!   would belong to this class.
+//!   rounding adds at most half an ulp of the reduced type). A matmul reading a constant the
+//!   reduced type cannot hold (below its smallest normal number or above its largest) stays
+//!   float32. The IR has no convolution op; one would belong to this class.
 //! - `all`: matmuls as above, plus the elementwise float32 ops that are safe in 8 (bf16) or 11
 //!   (f16) significant bits (neg, abs, sign, floor, ceil, tanh, logistic, sin, cos, erf, add,
 //!   sub, mul, div, max, min) when all of these hold:
@@ -90,7 +91,12 @@ impl Cast {
         }
         match (&node.op, self.mode) {
             (_, AutoCast::None) => false,
-            (Op::DotGeneral { .. }, _) => true,
+            // A constant operand the reduced type cannot hold would be flushed to zero or
+            // infinity before the product: that matmul stays float32.
+            (Op::DotGeneral { .. }, _) => !node
+                .operands
+                .iter()
+                .any(|o| self.unrepresentable[o.index()]),
             (op, AutoCast::All) if elementwise_castable(op) => {
                 self.feeds_matmul[old.index()]
                     && !self.is_output[old.index()]
