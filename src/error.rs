@@ -3,44 +3,43 @@
 use std::panic::Location;
 
 /// Everything the lazy device, the training utilities and checkpoints can report.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Display` and `std::error::Error` are written by hand (below) so that a message is never
+/// printed twice: a variant whose message already contains its cause's text reports no separate
+/// `source()`, or anyhow's `Caused by:` list would repeat it.
+#[derive(Debug)]
 pub enum Error {
     /// An op was called with operands it cannot take; `location` is the user's call site.
-    #[error("{location}: {source}")]
     Op {
         location: &'static Location<'static>,
         source: neuron_pc_compiler::Error,
     },
 
     /// Compiling, lowering or running failed.
-    #[error(transparent)]
-    Compiler(#[from] neuron_pc_compiler::Error),
+    Compiler(neuron_pc_compiler::Error),
 
     /// An op mixed tensors of two devices.
-    #[error("{location}: {op} mixes tensors of different devices")]
     DeviceMismatch {
         location: &'static Location<'static>,
         op: &'static str,
     },
 
     /// The tensor's device was dropped; its value is gone with it.
-    #[error("the device this tensor lives on has been dropped")]
     DeviceGone,
 
     /// Bad configuration (environment variables, flags, URLs).
-    #[error("{0}")]
     Config(String),
 
     /// A new graph appeared after warm-up while new graphs were made an error.
-    #[error("{0}")]
     NewGraphAfterWarmup(String),
 
     /// A compilation failed (now or, recorded in the cache, earlier).
-    #[error("compiling graph {key} failed: {source}")]
-    CompileFailed { key: String, source: CompileError },
+    CompileFailed {
+        key: String,
+        source: CompileError,
+    },
 
     /// `grad` met an op on a float path from a parameter to the loss that has no gradient.
-    #[error("{location}: {op} is not differentiable ({reason})")]
     NotDifferentiable {
         location: &'static Location<'static>,
         op: &'static str,
@@ -50,7 +49,6 @@ pub enum Error {
     /// A step failed to launch, or failed while running (reported at the first wait for it: a
     /// read of one of its values, a later step using them, the bound on steps in flight, or
     /// the device's drop).
-    #[error("{site}: the step of this mark_step (step {step}) failed: {message}")]
     StepFailed {
         site: &'static Location<'static>,
         step: u64,
@@ -58,11 +56,99 @@ pub enum Error {
     },
 
     /// Extract mode could not write a graph.
-    #[error("extract mode: {0}")]
     Extract(String),
 
-    #[error(transparent)]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    Checkpoint(crate::checkpoint::CheckpointError),
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Op { location, source } => write!(f, "{location}: {source}"),
+            Error::Compiler(e) => e.fmt(f),
+            Error::DeviceMismatch { location, op } => {
+                write!(f, "{location}: {op} mixes tensors of different devices")
+            }
+            Error::DeviceGone => f.write_str("the device this tensor lives on has been dropped"),
+            Error::Config(m) | Error::NewGraphAfterWarmup(m) => f.write_str(m),
+            Error::CompileFailed { key, source } => {
+                write!(f, "compiling graph {key} failed: {source}")
+            }
+            Error::NotDifferentiable {
+                location,
+                op,
+                reason,
+            } => write!(f, "{location}: {op} is not differentiable ({reason})"),
+            Error::StepFailed {
+                site,
+                step,
+                message,
+            } => write!(
+                f,
+                "{site}: the step of this mark_step (step {step}) failed: {message}"
+            ),
+            Error::Extract(m) => write!(f, "extract mode: {m}"),
+            Error::Checkpoint(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            // Op's and Checkpoint's messages include their causes' text; Compiler is
+            // transparent, so its own cause is the next link.
+            Error::Compiler(e) => e.source(),
+            Error::Checkpoint(_)
+            | Error::Op { .. }
+            | Error::DeviceMismatch { .. }
+            | Error::DeviceGone
+            | Error::Config(_)
+            | Error::NewGraphAfterWarmup(_)
+            | Error::CompileFailed { .. }
+            | Error::NotDifferentiable { .. }
+            | Error::StepFailed { .. }
+            | Error::Extract(_) => None,
+        }
+    }
+}
+
+impl From<neuron_pc_compiler::Error> for Error {
+    fn from(e: neuron_pc_compiler::Error) -> Error {
+        Error::Compiler(e)
+    }
+}
+
+impl From<crate::checkpoint::CheckpointError> for Error {
+    fn from(e: crate::checkpoint::CheckpointError) -> Error {
+        Error::Checkpoint(e)
+    }
+}
+
+impl Error {
+    /// This error as reported under the op the user called: a tensor method that records an IR
+    /// op of another name (`matmul` records `dot_general`) renames shape and dtype errors, so
+    /// messages speak of what the user wrote.
+    pub(crate) fn for_user_op(self, name: &'static str) -> Error {
+        use neuron_pc_compiler::Error as C;
+        match self {
+            Error::Op { location, source } => Error::Op {
+                location,
+                source: match source {
+                    C::Shape {
+                        operands, message, ..
+                    } => C::Shape {
+                        op: name,
+                        operands,
+                        message,
+                    },
+                    C::UnsupportedDType { dtype, .. } => C::UnsupportedDType { op: name, dtype },
+                    other => other,
+                },
+            },
+            other => other,
+        }
+    }
 }
 
 /// Why no executable could be had (see `crate::compile::Compiler::get_or_compile`).

@@ -3,16 +3,31 @@
 //! a default one, filtered by `NEURON_PC_LOG` (default `warn`). A job with its own subscriber
 //! keeps it.
 
+/// The `tracing` target of the step debug mode's lines (`NEURON_PC_DEBUG_STEPS`), let through
+/// at info level by the default subscriber whenever that mode is on.
+pub const DEBUG_STEPS_TARGET: &str = "neuron_pc::debug_steps";
+
 /// The variable that filters neuron-pc's logs (`info`, `debug`, `neuron_pc=debug`, ...).
 pub const LOG_ENV: &str = "NEURON_PC_LOG";
 
 /// Installs the default stderr subscriber unless one is already set.
 pub fn init_default() {
+    init_default_with(false)
+}
+
+/// [`init_default`]; with `debug_steps`, the step debug mode's lines pass at info level whatever
+/// the filter says, so the mode prints without any other variable set.
+pub fn init_default_with(debug_steps: bool) {
     if tracing::dispatcher::has_been_set() {
         return;
     }
-    let filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
+    let mut filter = tracing_subscriber::EnvFilter::try_from_env(LOG_ENV)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    if debug_steps {
+        if let Ok(d) = format!("{}=info", DEBUG_STEPS_TARGET).parse() {
+            filter = filter.add_directive(d);
+        }
+    }
     let subscriber = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -11,27 +11,62 @@ fn main() {
     let code = match cli::run(args) {
         Ok(code) => code,
         Err(e) => {
-            // The final error of the command, one line: the chain without repeats.
-            eprintln!("error: {}", error_chain(&e));
+            // The command's final error, on one line.
+            eprintln!("error: {}", error_line(&e));
             1
         }
     };
     std::process::exit(code);
 }
 
-/// `e` and its causes joined by ": ", skipping a cause whose text the previous message
-/// already ends with (wrappers that repeat their source).
-fn error_chain(e: &anyhow::Error) -> String {
-    let mut out = String::new();
+/// The error and its causes on one line, each cause once: a cause whose text the line already
+/// holds (errors that print their source and also report it) is left out.
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
     for cause in e.chain() {
         let text = cause.to_string();
-        if out.ends_with(&text) {
+        if text.is_empty() || line.contains(&text) {
             continue;
         }
-        if !out.is_empty() {
-            out.push_str(": ");
+        if !line.is_empty() {
+            line.push_str(": ");
         }
-        out.push_str(&text);
+        line.push_str(&text);
     }
-    out
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_line;
+
+    /// An error that prints its source and also reports it, as `thiserror`'s `{path}: {source}`
+    /// variants do.
+    #[derive(Debug)]
+    struct AtPath(std::io::Error);
+
+    impl std::fmt::Display for AtPath {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "/c: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for AtPath {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let io = std::io::Error::from_raw_os_error(17);
+        let shown = io.to_string();
+        let e = anyhow::Error::new(AtPath(io)).context("opening the compile cache");
+        assert_eq!(
+            error_line(&e),
+            format!("opening the compile cache: /c: {shown}")
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_line(&plain), "outer: inner");
+    }
 }

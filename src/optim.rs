@@ -83,13 +83,26 @@ impl AdamW {
     /// Zero moments for `params` (PyTorch defaults: betas 0.9/0.999, eps 1e-8).
     pub fn new(device: &LazyDevice, params: &[Tensor], weight_decay: f64) -> Result<AdamW> {
         let zeros = |p: &Tensor| device.tensor(&HostTensor::zeros(p.dtype(), p.dims()));
+        let named = |p: &Tensor, what: &str| -> Result<Tensor> {
+            let t = zeros(p)?;
+            if let Some(n) = p.name() {
+                t.set_name(&format!("optimizer.{n}.{what}"));
+            }
+            Ok(t)
+        };
         Ok(AdamW {
             beta1: 0.9,
             beta2: 0.999,
             eps: 1e-8,
             weight_decay,
-            exp_avg: params.iter().map(zeros).collect::<Result<_>>()?,
-            exp_avg_sq: params.iter().map(zeros).collect::<Result<_>>()?,
+            exp_avg: params
+                .iter()
+                .map(|p| named(p, "exp_avg"))
+                .collect::<Result<_>>()?,
+            exp_avg_sq: params
+                .iter()
+                .map(|p| named(p, "exp_avg_sq"))
+                .collect::<Result<_>>()?,
             step: device.scalar(0.0, DType::F32)?,
         })
     }

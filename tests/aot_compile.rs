@@ -102,7 +102,9 @@ fn dry_run_reports_without_compiling() {
     assert!(out.status.success(), "{}", stderr(&out));
     let v = json(&out);
     assert_eq!(v["found"], 3);
-    assert_eq!(keys(&v, "found").len(), 3);
+    assert_eq!(keys(&v, "would-compile").len(), 3);
+    assert_eq!(v["would_compile"], 3);
+    assert_eq!(v["cached"], 0);
     assert_eq!(v["compiled"], 0);
     assert!(entry_keys(&cache).is_empty());
 }

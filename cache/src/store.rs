@@ -78,6 +78,13 @@ pub struct LocalStore {
 impl LocalStore {
     /// Opens (and creates) `root`. A symlink as the root or inside it is refused.
     pub fn open(root: &Path) -> Result<LocalStore> {
+        if std::fs::metadata(root).is_ok_and(|m| !m.is_dir()) {
+            return Err(Error::InvalidUrl {
+                url: root.display().to_string(),
+                message: "it is a file, not a directory; name a directory (created if missing)"
+                    .into(),
+            });
+        }
         std::fs::create_dir_all(root).map_err(|source| Error::Io {
             path: root.display().to_string(),
             source,

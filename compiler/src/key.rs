@@ -219,6 +219,13 @@ mod tests {
             "--auto-cast all --auto-cast-type fp16",
             "--model-type transformer",
             "--target trn1",
+            "--target trn1 --distribution-strategy llm-training",
+            "--target trn1 --distribution-strategy nemo",
+            "--target trn1 --enable-saturate-infinity",
+            "--target trn1 --enable-mixed-precision-accumulation",
+            "--target trn1 --enable-fast-context-switch",
+            "--target trn1 --enable-fast-loading-neuron-binaries",
+            "--target trn1 --logical-nc-config 2",
         ] {
             let fl = CompilerFlags::parse(flag).unwrap();
             variants.push((flag, cache_key(&p, &o, &fl, &c).hex));
@@ -250,6 +257,15 @@ mod tests {
         let k0 = cache_key(&p, &o, &f, &c).hex;
         let f2 = CompilerFlags::parse("--retry_failed_compilation --cache_dir /tmp/x").unwrap();
         assert_eq!(cache_key(&p, &o, &f2, &c).hex, k0);
+        // neuronx-cc flags mean nothing on cpu; on trn only code-changing ones count.
+        let f3 = CompilerFlags::parse("--distribution-strategy llm-training --logfile l").unwrap();
+        assert_eq!(cache_key(&p, &o, &f3, &c).hex, k0);
+        let trn = CompilerFlags::parse("--target trn1").unwrap();
+        let trn_log = CompilerFlags::parse("--target trn1 --logfile l --framework XLA").unwrap();
+        assert_eq!(
+            cache_key(&p, &o, &trn, &c).hex,
+            cache_key(&p, &o, &trn_log, &c).hex
+        );
     }
 
     #[test]

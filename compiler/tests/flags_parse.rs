@@ -21,6 +21,7 @@ fn flags(
         model_type,
         retry_failed: false,
         cache_dir: None,
+        neuron: Default::default(),
     }
 }
 
@@ -125,9 +126,19 @@ fn refused_input_names_the_problem_and_the_supported_set() {
             &["unknown flag \"--frobnicate\"", "supported flags: --target"],
         ),
         (
-            "--logfile=/tmp/x",
-            &["unknown flag \"--logfile\"", "--cache_dir"],
+            "--log-file=/tmp/x",
+            &["unknown flag \"--log-file\"", "--cache_dir", "--logfile"],
         ),
+        (
+            "--distribution-strategy banana",
+            &["\"banana\" is not supported", "llm-training, nemo"],
+        ),
+        (
+            "--enable-saturate-infinity=yes",
+            &["--enable-saturate-infinity takes no value"],
+        ),
+        ("--logfile", &["--logfile needs a value"]),
+        ("-lnc 3", &["\"3\" is not supported", "1, 2"]),
         ("---target cpu", &["unknown flag", "supported flags"]),
         ("trn1", &["unexpected argument \"trn1\"", "supported flags"]),
         ("-target cpu", &["unexpected argument \"-target\""]),
@@ -316,4 +327,109 @@ fn word_splitting() {
     for (input, want) in cases {
         assert_eq!(split_words(input).unwrap(), *want, "{input:?}");
     }
+}
+
+/// Real `neuronx-cc` flags from Neuron training setups are accepted; on trn they reach Neuron's
+/// compiler, and the code-changing ones enter the key there; on cpu none of them does.
+#[test]
+fn neuronx_cc_flags_pass_through_to_neuron_and_into_its_keys() {
+    let real = "--model-type=transformer --distribution-strategy=llm-training \
+                --enable-saturate-infinity --enable-mixed-precision-accumulation \
+                --logfile /tmp/neuron.log --framework XLA -lnc 2 --enable-fast-context-switch \
+                --enable-fast-loading-neuron-binaries --verbose info --workdir /tmp/w";
+    let cpu = CompilerFlags::parse(real).unwrap();
+    let trn = CompilerFlags::parse(&format!("{real} --target trn1")).unwrap();
+    // Display parses back, pass-through flags included (the AOT job gets them this way).
+    for f in [&cpu, &trn] {
+        assert_eq!(&CompilerFlags::parse(&f.to_string()).unwrap(), f, "{f}");
+    }
+    // NEMO is an alias spelled in capitals in Neuron's docs.
+    assert_eq!(
+        CompilerFlags::parse("--distribution-strategy NEMO --target trn1")
+            .unwrap()
+            .key_fields()
+            .last()
+            .unwrap(),
+        &("neuron.distribution_strategy", "nemo".to_string())
+    );
+
+    let args = trn.to_neuron_args();
+    for want in [
+        "--distribution-strategy",
+        "llm-training",
+        "--enable-saturate-infinity",
+        "--logfile",
+        "/tmp/neuron.log",
+        "--logical-nc-config",
+        "2",
+    ] {
+        assert!(
+            args.iter().any(|a| a == want),
+            "{want} missing from {args:?}"
+        );
+    }
+
+    // On trn each code-changing flag alone changes the key fields; the others do not.
+    let base = CompilerFlags::parse("--target trn1").unwrap();
+    for change in [
+        "--distribution-strategy llm-training",
+        "--distribution-strategy nemo",
+        "--logical-nc-config 1",
+        "-lnc=2",
+        "--enable-mixed-precision-accumulation",
+        "--enable-saturate-infinity",
+        "--enable-fast-context-switch",
+        "--enable-fast-loading-neuron-binaries",
+    ] {
+        let f = CompilerFlags::parse(&format!("--target trn1 {change}")).unwrap();
+        assert_ne!(f.key_fields(), base.key_fields(), "{change}");
+    }
+    for same in [
+        "--logfile x.log",
+        "--framework XLA",
+        "--verbose debug",
+        "--workdir /w",
+    ] {
+        let f = CompilerFlags::parse(&format!("--target trn1 {same}")).unwrap();
+        assert_ne!(f, base);
+        assert_eq!(f.key_fields(), base.key_fields(), "{same}");
+        assert!(
+            f.to_neuron_args().len() > base.to_neuron_args().len(),
+            "{same}"
+        );
+    }
+    // On cpu they mean nothing: the key is the plain cpu key.
+    assert_eq!(
+        cpu.key_fields(),
+        CompilerFlags::parse("--model-type transformer")
+            .unwrap()
+            .key_fields()
+    );
+    // Later words win, flag by flag, across sources.
+    let env =
+        FlagOverrides::parse("--distribution-strategy nemo --enable-saturate-infinity").unwrap();
+    let cli = FlagOverrides::parse("--distribution-strategy llm-training --target trn2").unwrap();
+    let f = env.overlay(&cli).resolve();
+    let k = f.key_fields();
+    assert!(
+        k.contains(&("neuron.distribution_strategy", "llm-training".into())),
+        "{k:?}"
+    );
+    assert!(
+        k.contains(&("neuron.enable_saturate_infinity", "on".into())),
+        "{k:?}"
+    );
+}
+
+#[test]
+fn neuron_flags_on_cpu_are_named_once_per_process() {
+    let f = CompilerFlags::parse("--enable-saturate-infinity --logfile /tmp/l").unwrap();
+    let first = f.warn_unused_neuron_flags();
+    assert_eq!(first, ["--enable-saturate-infinity", "--logfile"]);
+    assert!(f.warn_unused_neuron_flags().is_empty(), "warned twice");
+    let trn = CompilerFlags::parse("--target trn1 --enable-fast-context-switch").unwrap();
+    assert!(
+        trn.warn_unused_neuron_flags().is_empty(),
+        "meaningful on trn"
+    );
 }

@@ -59,6 +59,28 @@ fn graph() -> Graph {
     g
 }
 
+/// [`graph`] with the chain feeding a second matmul, as the forward pass of a deeper model does:
+/// `tanh(sum(exp(h*h + h)))` reshaped to `[8,1]` and multiplied by `u [1,4]`; the output `neg`
+/// reads that product.
+fn graph_feeding_matmul() -> Graph {
+    let mut g = Graph::new();
+    let x = g.parameter(f32t(&[8, 16]));
+    let w = g.parameter(f32t(&[16, 4]));
+    let u = g.parameter(f32t(&[1, 4]));
+    let h = dot(&mut g, x, w);
+    let hh = bin(&mut g, BinaryOp::Mul, h, h);
+    let z = bin(&mut g, BinaryOp::Add, hh, h);
+    let e = un(&mut g, UnaryOp::Exp, z);
+    let r = g.push(Op::Reduce(ReduceOp::Sum, vec![1]), &[e]).unwrap();
+    let t = un(&mut g, UnaryOp::Tanh, r);
+    let t2 = g.push(Op::Reshape { dims: vec![8, 1] }, &[t]).unwrap();
+    let d2 = dot(&mut g, t2, u);
+    let n = un(&mut g, UnaryOp::Neg, d2); // an output
+    let upd = bin(&mut g, BinaryOp::Mul, w, w); // reads a parameter
+    g.set_outputs(&[n, upd, h]).unwrap();
+    g
+}
+
 fn cast(g: &Graph, mode: AutoCast, to: AutoCastType) -> Graph {
     dce(&simplify(&auto_cast(g, mode, to).unwrap()).unwrap()).unwrap()
 }
@@ -111,7 +133,7 @@ fn matmult_casts_only_the_dot() {
 
 #[test]
 fn all_casts_safe_elementwise_ops_but_not_reductions_exp_inputs_or_outputs() {
-    let g = graph();
+    let g = graph_feeding_matmul();
     let c = cast(&g, AutoCast::All, AutoCastType::Bf16);
     // h*h and +h run in bf16, reading the dot's bf16 result directly (the convert pair in
     // between is gone); exp, the sum, tanh and the output's neg stay f32; w*w reads a parameter.
@@ -143,13 +165,106 @@ fn all_casts_safe_elementwise_ops_but_not_reductions_exp_inputs_or_outputs() {
         "an output"
     );
     // x and w down; the dot's result up (an output); add's result up for exp; the sum down
-    // for tanh and tanh's result up for the output's neg. The mul's widened copy was dead.
-    assert_eq!(count(&c, |o| matches!(o, Op::Convert(_))), 6, "{c}");
+    // for tanh and tanh's result up, then down again after the reshape for the second dot
+    // (the pair is not adjacent, so simplify keeps it); u down; the second dot's result up
+    // for the output's neg. The mul's widened copy was dead.
+    assert_eq!(count(&c, |o| matches!(o, Op::Convert(_))), 9, "{c}");
     assert_eq!(c.output_types(), g.output_types());
     for seed in 0..3 {
         let inputs = random_inputs(&g, seed);
         assert_close(&eval(&g, &inputs), &eval(&c, &inputs), 0.05, "all bf16");
     }
+}
+
+/// Elementwise arithmetic whose value reaches only graph outputs (an optimizer update, a
+/// loss epilogue) stays float32 under `all`: in [`graph`] nothing but the dot is cast.
+#[test]
+fn all_keeps_arithmetic_that_feeds_no_matmul_in_f32() {
+    let g = graph();
+    for to in [AutoCastType::Bf16, AutoCastType::Fp16] {
+        let c = cast(&g, AutoCast::All, to);
+        let low: Vec<String> = c
+            .nodes()
+            .iter()
+            .filter(|n| {
+                matches!(n.ty.dtype, DType::BF16 | DType::F16)
+                    && !matches!(n.op, Op::DotGeneral { .. } | Op::Convert(_))
+            })
+            .map(|n| n.op.to_string())
+            .collect();
+        assert!(low.is_empty(), "{to}: {low:?} cast\n{c}");
+        assert_eq!(c, cast(&g, AutoCast::Matmult, to), "{to}");
+    }
+}
+
+/// AdamW's `eps` (1e-8) is zero in f16 and 1e5 is infinite there: an op reading such a
+/// constant (even broadcast) stays float32 under fp16, and is cast under bf16, which holds both.
+#[test]
+fn all_keeps_ops_reading_constants_the_cast_type_cannot_hold_in_f32() {
+    use neuron_pc_compiler::ir::Literal;
+    for value in [1e-8, 1e5, -1e-8] {
+        let mut g = Graph::new();
+        let x = g.parameter(f32t(&[4, 4]));
+        let w = g.parameter(f32t(&[4, 4]));
+        let t = un(&mut g, UnaryOp::Tanh, x);
+        let k = g
+            .push(Op::Constant(Literal::splat(DType::F32, value, &[])), &[])
+            .unwrap();
+        let kb = g
+            .push(
+                Op::BroadcastInDim {
+                    dims: vec![4, 4],
+                    broadcast_dimensions: vec![],
+                },
+                &[k],
+            )
+            .unwrap();
+        let s = bin(&mut g, BinaryOp::Add, t, kb);
+        let d = dot(&mut g, s, w);
+        g.set_outputs(&[d]).unwrap();
+        let adds = |to| {
+            dtypes_of(&cast(&g, AutoCast::All, to), |o| {
+                matches!(o, Op::Binary(BinaryOp::Add))
+            })
+        };
+        assert_eq!(adds(AutoCastType::Fp16), vec![DType::F32], "{value} in f16");
+        assert_eq!(
+            adds(AutoCastType::Bf16),
+            vec![DType::BF16],
+            "{value} in bf16"
+        );
+        if value.abs() > 1.0 {
+            continue; // the dot's own f16 inputs overflow, as Neuron's matmult cast would
+        }
+        // tanh reads a parameter, so only the add could have moved
+        let inputs = random_inputs(&g, 0);
+        let want = eval(&g, &inputs);
+        let got = eval(&cast(&g, AutoCast::All, AutoCastType::Fp16), &inputs);
+        assert_close(&want, &got, 0.01, "fp16 with a tiny or huge constant");
+    }
+}
+
+/// A matmul with a constant operand f16 cannot hold stays f32 under fp16 (both modes); bf16,
+/// with float32's exponent range, casts it.
+#[test]
+fn a_matmul_reading_an_unrepresentable_constant_stays_f32() {
+    use neuron_pc_compiler::ir::Literal;
+    let mut g = Graph::new();
+    let x = g.parameter(f32t(&[4, 4]));
+    let k = g
+        .push(Op::Constant(Literal::splat(DType::F32, 1e-8, &[4, 4])), &[])
+        .unwrap();
+    let d = dot(&mut g, x, k);
+    g.set_outputs(&[d]).unwrap();
+    let dots = |mode, to| dtypes_of(&cast(&g, mode, to), |o| matches!(o, Op::DotGeneral { .. }));
+    for mode in [AutoCast::Matmult, AutoCast::All] {
+        assert_eq!(dots(mode, AutoCastType::Fp16), vec![DType::F32], "{mode}");
+        assert_eq!(dots(mode, AutoCastType::Bf16), vec![DType::BF16], "{mode}");
+    }
+    let inputs = random_inputs(&g, 1);
+    let want = eval(&g, &inputs);
+    let got = eval(&cast(&g, AutoCast::Matmult, AutoCastType::Fp16), &inputs);
+    assert_eq!(want, got, "left exactly as it was");
 }
 
 #[test]

@@ -30,6 +30,9 @@ pub struct GraphRecord {
     /// Parameter types, like `f32[64,32]`.
     #[serde(default)]
     pub params: Vec<String>,
+    /// The name of each parameter's tensor (`mlp.0.weight`, `ids`), `""` when unnamed.
+    #[serde(default)]
+    pub param_names: Vec<String>,
     #[serde(default)]
     pub outputs: Vec<String>,
     /// The user's source line of the mark_step (or read) that produced it.
@@ -41,13 +44,14 @@ pub struct GraphRecord {
 }
 
 impl GraphRecord {
-    /// The record of `graph`, keyed `key`, cut at `site`.
-    pub fn new(key: &Key, graph: &Graph, site: &Location<'_>) -> GraphRecord {
+    /// The record of `graph`, keyed `key`, cut at `site`, its parameters named `names`.
+    pub fn new(key: &Key, graph: &Graph, site: &Location<'_>, names: &[String]) -> GraphRecord {
         GraphRecord {
             key: key.hex().to_string(),
             components: key.inputs.components.clone(),
             nodes: graph.op_count(),
             params: param_types(graph),
+            param_names: names.to_vec(),
             outputs: graph
                 .outputs()
                 .iter()
@@ -81,10 +85,11 @@ pub(crate) fn write_graph(
     text: &str,
     graph: &Graph,
     site: &Location<'_>,
+    names: &[String],
 ) -> Result<()> {
     let err = |e: std::io::Error| Error::Extract(format!("{}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(err)?;
-    let record = GraphRecord::new(key, graph, site);
+    let record = GraphRecord::new(key, graph, site, names);
     let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Extract(e.to_string()))?;
     let write = crate::checkpoint::write_atomic;
     write(&dir.join(format!("{key}.mlir")), text.as_bytes()).map_err(err)?;
@@ -100,6 +105,9 @@ pub struct GraphLogLine {
     pub nodes: usize,
     #[serde(default)]
     pub params: Vec<String>,
+    /// As in [`GraphRecord::param_names`].
+    #[serde(default)]
+    pub param_names: Vec<String>,
     #[serde(default)]
     pub site: String,
 }
@@ -111,12 +119,14 @@ pub(crate) fn append_graph_log(
     graph: &Graph,
     site: &Location<'_>,
     step: u64,
+    names: &[String],
 ) {
     let line = GraphLogLine {
         key: key.hex().to_string(),
         step,
         nodes: graph.op_count(),
         params: param_types(graph),
+        param_names: names.to_vec(),
         site: site.to_string(),
     };
     let result = (|| -> std::io::Result<()> {

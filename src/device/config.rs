@@ -13,7 +13,8 @@ use crate::error::{Error, Result};
 pub const EXTRACT_DIR_ENV: &str = "NEURON_PC_EXTRACT_DIR";
 /// Any value but `0` makes a new graph after warm-up an error.
 pub const NO_NEW_GRAPHS_ENV: &str = "NEURON_PC_NO_COMPILE_AFTER_WARMUP";
-/// Any value but `0` logs every mark_step at info level.
+/// Any value but `0` turns the step debug mode on: every step cut and, once per source line,
+/// every implicit sync is logged on stderr (see `device::debug`), with no other variable set.
 pub const DEBUG_STEPS_ENV: &str = "NEURON_PC_DEBUG_STEPS";
 /// How many launched steps may run at once before `mark_step` waits for the oldest.
 pub const MAX_IN_FLIGHT_ENV: &str = "NEURON_PC_MAX_STEPS_IN_FLIGHT";
@@ -37,7 +38,8 @@ pub struct DeviceConfig {
     pub warmup_steps: u64,
     /// Make a new graph after warm-up an error instead of a warning.
     pub fail_on_new_graph_after_warmup: bool,
-    /// Log every mark_step (graph identity, node count, hit or compile, times).
+    /// The step debug mode: log every step cut (site, graph key, op count, where the executable
+    /// came from, time) and name each line whose read forced an implicit sync, once.
     pub debug_steps: bool,
     /// Append one JSON line per new graph here.
     pub graph_log: Option<PathBuf>,

@@ -16,18 +16,29 @@ use crate::error::{Error, Result};
 #[derive(Clone, Debug)]
 struct Summary {
     params: Vec<String>,
+    /// The tensor name of each parameter, `""` when unnamed.
+    names: Vec<String>,
     ops: Vec<String>,
 }
 
 impl Summary {
-    fn of(graph: &Graph) -> Summary {
+    fn of(graph: &Graph, names: &[String]) -> Summary {
         Summary {
             params: graph
                 .parameter_types()
                 .iter()
                 .map(|t| t.to_string())
                 .collect(),
+            names: names.to_vec(),
             ops: graph.op_descriptions(),
+        }
+    }
+
+    /// `input 3 (mlp.0.weight)`, or `input 3` when the tensor has no name.
+    fn input(&self, i: usize) -> String {
+        match self.names.get(i).filter(|n| !n.is_empty()) {
+            Some(n) => format!("input {i} ({n})"),
+            None => format!("input {i}"),
         }
     }
 }
@@ -43,6 +54,15 @@ struct Site {
 #[derive(Default)]
 pub(crate) struct Sites {
     by_site: HashMap<&'static Location<'static>, Site>,
+    /// Lines whose implicit sync the debug mode has already named.
+    implicit_sync_reported: HashSet<&'static Location<'static>>,
+}
+
+impl Sites {
+    /// True the first time `site` is passed.
+    pub(crate) fn first_implicit_sync(&mut self, site: &'static Location<'static>) -> bool {
+        self.implicit_sync_reported.insert(site)
+    }
 }
 
 /// Called for every graph not found in memory, before it is compiled.
@@ -50,8 +70,9 @@ pub(crate) fn check_new_graph(
     dev: &Arc<DeviceInner>,
     site: &'static Location<'static>,
     graph: &Graph,
+    names: &[String],
 ) -> Result<()> {
-    let summary = Summary::of(graph);
+    let summary = Summary::of(graph, names);
     let mut sites = lock(&dev.sites);
     let entry = sites.by_site.entry(site).or_default();
     let after_warmup = entry.steps >= dev.config.warmup_steps;
@@ -103,7 +124,7 @@ fn explain(seen: &[Summary], new: &Summary) -> String {
         .zip(&new.params)
         .enumerate()
         .filter(|(_, (a, b))| a != b)
-        .map(|(i, (a, b))| format!("input {i}: {b} vs {a}"))
+        .map(|(i, (a, b))| format!("{}: {b} vs {a}", new.input(i)))
         .collect();
     if !param_diffs.is_empty() {
         let more = if param_diffs.len() > 3 {
@@ -146,6 +167,7 @@ mod tests {
     fn s(params: &[&str], ops: &[&str]) -> Summary {
         Summary {
             params: params.iter().map(|x| x.to_string()).collect(),
+            names: Vec::new(),
             ops: ops.iter().map(|x| x.to_string()).collect(),
         }
     }
@@ -160,6 +182,17 @@ mod tests {
         assert_eq!(
             explain(&seen, &new),
             "its inputs (input 0: f32[31,128] vs f32[32,128])"
+        );
+    }
+
+    #[test]
+    fn names_inputs_by_tensor_name_when_known() {
+        let seen = vec![s(&["f32[32,128]", "i32[32]"], &["dot"])];
+        let mut new = s(&["f32[31,128]", "i32[31]"], &["dot"]);
+        new.names = vec!["".into(), "labels".into()];
+        assert_eq!(
+            explain(&seen, &new),
+            "its inputs (input 0: f32[31,128] vs f32[32,128], input 1 (labels): i32[31] vs i32[32])"
         );
     }
 

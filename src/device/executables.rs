@@ -51,6 +51,7 @@ pub(crate) fn obtain(
     graph: &Graph,
     aliases: &[(usize, usize)],
     site: &'static Location<'static>,
+    names: &[String],
 ) -> Result<(Arc<StepExecutable>, How)> {
     let output_types: Vec<TensorType> = graph
         .outputs()
@@ -66,7 +67,7 @@ pub(crate) fn obtain(
     }
     if let Some(dir) = &dev.config.extract_dir {
         if !compiler.contains(&program.key) {
-            extract::write_graph(dir, &program.key, &program.text, graph, site)?;
+            extract::write_graph(dir, &program.key, &program.text, graph, site, names)?;
             lock(&dev.metrics).graphs_extracted += 1;
         }
         let exe = StepExecutable {
@@ -110,7 +111,7 @@ pub(crate) fn obtain(
     }
     if let Some(log) = &dev.config.graph_log {
         let step = lock(&dev.metrics).steps;
-        extract::append_graph_log(log, &program.key, graph, site, step);
+        extract::append_graph_log(log, &program.key, graph, site, step, names);
     }
     let exe = StepExecutable {
         loaded: Some(obtained.executable),

@@ -2,6 +2,7 @@
 //! graph, finds or compiles its executable, and runs it.
 
 mod config;
+mod debug;
 mod diagnose;
 mod executables;
 mod inflight;
@@ -23,6 +24,7 @@ pub use config::{
     DeviceConfig, DEBUG_STEPS_ENV, EXTRACT_DIR_ENV, GRAPH_LOG_ENV, MAX_IN_FLIGHT_ENV,
     NO_NEW_GRAPHS_ENV,
 };
+pub use debug::TARGET as DEBUG_STEPS_LOG_TARGET;
 pub use metrics::Metrics;
 
 use crate::compile::Compiler;
@@ -85,7 +87,8 @@ impl LazyDevice {
 
     /// A device with an explicit configuration.
     pub fn new(config: DeviceConfig) -> Result<LazyDevice> {
-        crate::logging::init_default();
+        crate::logging::init_default_with(config.debug_steps);
+        config.flags.warn_unused_neuron_flags();
         let target = config.target();
         let plugin = Plugin::load(&find_plugin(target)?)?;
         let client = Client::new(
@@ -174,6 +177,7 @@ impl DeviceInner {
             device: Arc::downgrade(self),
             value: Mutex::new(value),
             donor: Mutex::new(None),
+            name: Mutex::new(None),
         });
         if pending {
             lock(&self.pending).push(Arc::downgrade(&cell));
@@ -190,6 +194,7 @@ impl DeviceInner {
             device: Arc::downgrade(self),
             value: Mutex::new(value),
             donor: Mutex::new(None),
+            name: Mutex::new(None),
         })
     }
 
@@ -235,6 +240,7 @@ impl DeviceInner {
             zero_filled,
             ty_id,
             producer,
+            name: Mutex::new(None),
         })
     }
 
@@ -325,10 +331,12 @@ impl DeviceInner {
             .collect();
         if roots.is_empty() {
             lock(&self.metrics).empty_steps += 1;
+            debug::log_empty_step(self, site);
             return Ok(());
         }
         if !explicit {
             lock(&self.metrics).implicit_syncs += 1;
+            debug::warn_implicit_sync(self, site);
         }
         let mut traced = step::trace(&roots);
         let aliases = traced.donations(&cells);
@@ -341,8 +349,9 @@ impl DeviceInner {
             }
             None => {
                 let graph = traced.to_graph(&lock(&self.interner))?;
-                diagnose::check_new_graph(self, site, &graph)?;
-                let (exe, how) = executables::obtain(self, &graph, &aliases, site)?;
+                let names = traced.param_names();
+                diagnose::check_new_graph(self, site, &graph, &names)?;
+                let (exe, how) = executables::obtain(self, &graph, &aliases, site, &names)?;
                 lock(&self.metrics).graphs_seen += 1;
                 lock(&self.executables).insert(traced.identity.clone(), exe.clone());
                 (exe, how)
@@ -351,18 +360,25 @@ impl DeviceInner {
         drop(roots);
         let outputs = self.run(&exe, &mut traced, &aliases, site)?;
         for (cell, data) in cells.iter().zip(outputs) {
+            // A named tensor's new value keeps its name, so later graphs can name the input.
+            if let Some(n) = lock(&cell.name).clone() {
+                *lock(&data.name) = Some(n);
+            }
             *lock(&cell.value) = Value::Data(data);
             *lock(&cell.donor) = None;
         }
         diagnose::step_done(self, site);
-        if self.config.debug_steps {
-            tracing::info!(
-                "mark_step at {site}: graph {} ({} ops), {how}, {:.3} ms",
-                exe.key.short(),
-                traced.op_count,
-                started.elapsed().as_secs_f64() * 1e3
-            );
-        }
+        debug::log_step(
+            self,
+            &debug::StepCut {
+                site,
+                explicit,
+                key: exe.key.hex(),
+                ops: traced.op_count,
+                how,
+                elapsed: started.elapsed(),
+            },
+        );
         if explicit {
             *lock(&self.last_step_end) = Instant::now();
         }

@@ -155,6 +155,19 @@ impl Traced {
         aliases
     }
 
+    /// The name of each parameter's tensor (see `Tensor::set_name`), `""` when it has none.
+    pub fn param_names(&self) -> Vec<String> {
+        self.params
+            .iter()
+            .map(|d| {
+                super::lock(&d.name)
+                    .as_deref()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect()
+    }
+
     /// Builds the compiler's graph for this walk (only needed when no executable is known).
     pub fn to_graph(&self, interner: &Interner) -> Result<Graph> {
         let mut g = Graph::new();

@@ -21,6 +21,8 @@ pub(crate) struct DeviceData {
     pub ty_id: u32,
     /// The step that computes this value, while it may still be running (none for uploads).
     pub producer: Option<Arc<super::inflight::StepRun>>,
+    /// The name of the tensor holding this value, when it has one (see `Tensor::set_name`).
+    pub name: Mutex<Option<Arc<str>>>,
 }
 
 /// A value: recorded but not computed (a node), or on the device. It is both a node's operand
@@ -48,6 +50,9 @@ pub(crate) struct Cell {
     /// step graph reads that data and nothing else holds it, its buffer is donated to the new
     /// value (updated in place instead of copied).
     pub donor: Mutex<Option<Weak<DeviceData>>>,
+    /// A name for diagnostics (a parameter's state-dict name, a batch field), passed on to each
+    /// new value so recompile warnings and `neuron-pc analyze` can name graph inputs.
+    pub name: Mutex<Option<Arc<str>>>,
 }
 
 /// One recorded op application.

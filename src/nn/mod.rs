@@ -6,7 +6,7 @@ use neuron_pc_compiler::rng::SplitMix64;
 use neuron_pc_compiler::{DType, HostTensor};
 
 use crate::device::LazyDevice;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 mod conv;
@@ -16,6 +16,26 @@ mod norm;
 pub use conv::{Conv1d, Conv2d, ConvConfig, ConvLayer};
 pub use loss::{cross_entropy_with, CrossEntropyOptions};
 pub use norm::{BatchNorm, GroupNorm, RMSNorm};
+
+/// A shape error at the user's call site unless `t` has rank `rank`; `layout` names the
+/// dimensions expected (`[n, classes]`), so layers never index `dims()` out of range.
+#[track_caller]
+fn check_rank(op: &'static str, what: &str, t: &Tensor, rank: usize, layout: &str) -> Result<()> {
+    if t.rank() == rank {
+        return Ok(());
+    }
+    Err(Error::Op {
+        location: std::panic::Location::caller(),
+        source: neuron_pc_compiler::Error::Shape {
+            op,
+            operands: t.ty().to_string(),
+            message: format!(
+                "{what} must have rank {rank} ({layout}), got rank {}",
+                t.rank()
+            ),
+        },
+    })
+}
 
 /// The host-side generator for parameter initialisation (the workspace's one SplitMix64).
 #[derive(Clone, Debug)]
@@ -53,10 +73,16 @@ pub trait Module {
     /// Appends `(prefix + name, tensor)` for every parameter.
     fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>);
 
-    /// All parameters with their names.
+    /// All parameters with their names; each unnamed parameter tensor is also given its name
+    /// (see [`Tensor::set_name`]), so diagnostics can name it.
     fn parameters(&self) -> Vec<(String, Tensor)> {
         let mut v = Vec::new();
         self.named_params("", &mut v);
+        for (name, t) in &v {
+            if t.name().is_none() {
+                t.set_name(name);
+            }
+        }
         v
     }
 
@@ -222,6 +248,7 @@ pub fn log_softmax(x: &Tensor, dim: isize) -> Result<Tensor> {
 /// One-hot rows: integer `labels [n]` → `[n, classes]` of `dtype`.
 #[track_caller]
 pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> {
+    check_rank("one_hot", "labels", labels, 1, "[n]")?;
     if !labels.dtype().is_int() {
         return Err(crate::tensor::shape_error(
             "one_hot",
@@ -250,6 +277,8 @@ pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> 
 /// Mean cross-entropy of `logits [n, classes]` against integer `labels [n]`.
 #[track_caller]
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    check_rank("cross_entropy", "logits", logits, 2, "[n, classes]")?;
+    check_rank("cross_entropy", "labels", labels, 1, "[n]")?;
     let classes = logits.dims()[1];
     let logp = log_softmax(logits, -1)?;
     let picked = logp.mul(&one_hot(labels, classes, logits.dtype())?)?;
@@ -319,6 +348,11 @@ impl MultiHeadAttention {
     /// positions `<= i` (PyTorch's `is_causal=True` / a square subsequent mask).
     #[track_caller]
     pub fn forward_with(&self, x: &Tensor, mask: Option<&Tensor>, causal: bool) -> Result<Tensor> {
+        let op = "MultiHeadAttention::forward";
+        check_rank(op, "x", x, 3, "[batch, seq, embed]")?;
+        if let Some(m) = mask {
+            check_rank(op, "mask", m, 2, "[batch, seq]")?;
+        }
         let (b, s, e) = (x.dims()[0], x.dims()[1], x.dims()[2]);
         let h = self.heads;
         let d = e / h;

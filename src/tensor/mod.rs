@@ -46,6 +46,22 @@ impl std::fmt::Debug for Tensor {
 }
 
 impl Tensor {
+    /// Names this tensor for diagnostics: when its value is an input of a step graph, the
+    /// recompile warning and `neuron-pc analyze` say `ids` instead of `input 3`.
+    /// [`crate::nn::Module::parameters`] names parameters by their state-dict names.
+    pub fn set_name(&self, name: &str) {
+        let name: Arc<str> = Arc::from(name);
+        if let Value::Data(d) = &*lock(&self.cell.value) {
+            *lock(&d.name) = Some(name.clone());
+        }
+        *lock(&self.cell.name) = Some(name);
+    }
+
+    /// The name given with [`Tensor::set_name`], if any.
+    pub fn name(&self) -> Option<String> {
+        lock(&self.cell.name).as_deref().map(str::to_string)
+    }
+
     /// Shape.
     pub fn dims(&self) -> &[usize] {
         &self.cell.ty.dims

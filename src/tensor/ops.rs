@@ -420,7 +420,8 @@ impl Tensor {
             },
             &[self, weight],
             location,
-        )?;
+        )
+        .map_err(|e| e.for_user_op("linear"))?;
         match bias {
             Some(b) => y.broadcast_binary(Op::Binary(BinaryOp::Add), b, location),
             None => Ok(y),

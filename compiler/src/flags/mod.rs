@@ -11,6 +11,7 @@
 //! auto-cast default is `matmult` on Trainium targets (as in Neuron's own compiler) and `none` on
 //! cpu and cuda, where users expect float32 results unless they ask for casting.
 
+mod neuron;
 mod parse;
 
 use std::fmt;
@@ -18,6 +19,7 @@ use std::fmt;
 use crate::error::{Error, Result};
 pub use crate::pjrt::Target;
 
+pub use neuron::NeuronFlags;
 pub use parse::split_words;
 
 /// The environment variable read by [`CompilerFlags::from_env`].
@@ -177,6 +179,8 @@ pub struct FlagOverrides {
     pub model_type: Option<ModelType>,
     pub retry_failed: Option<bool>,
     pub cache_dir: Option<String>,
+    /// `neuronx-cc` flags passed through to Neuron's compiler (see [`NeuronFlags`]).
+    pub neuron: NeuronFlags,
 }
 
 impl FlagOverrides {
@@ -211,6 +215,7 @@ impl FlagOverrides {
             model_type: over.model_type.or(self.model_type),
             retry_failed: over.retry_failed.or(self.retry_failed),
             cache_dir: over.cache_dir.clone().or_else(|| self.cache_dir.clone()),
+            neuron: self.neuron.overlay(&over.neuron),
         }
     }
 
@@ -226,6 +231,7 @@ impl FlagOverrides {
             model_type: self.model_type.unwrap_or(ModelType::Generic),
             retry_failed: self.retry_failed.unwrap_or(false),
             cache_dir: self.cache_dir.clone(),
+            neuron: self.neuron.clone(),
         }
     }
 }
@@ -247,6 +253,9 @@ pub struct CompilerFlags {
     /// Where compiled executables are cached (a path or URL); `None` leaves the choice to
     /// `NEURON_COMPILE_CACHE_URL` and the built-in default.
     pub cache_dir: Option<String>,
+    /// `neuronx-cc` flags neuron-pc passes to Neuron's compiler on `trn1`/`trn2`; on cpu and
+    /// cuda they have no meaning (see [`CompilerFlags::warn_unused_neuron_flags`]).
+    pub neuron: NeuronFlags,
 }
 
 impl Default for CompilerFlags {
@@ -280,14 +289,33 @@ impl CompilerFlags {
     /// `retry_failed` and `cache_dir` are left out: they decide whether and where an executable
     /// is looked up or compiled, not what is compiled, so the same executable must be found
     /// whatever their value (otherwise moving a cache would invalidate it).
+    ///
+    /// Pass-through `neuronx-cc` flags that change Neuron's code enter as `neuron.<name>` on
+    /// `trn1`/`trn2` only, and only when set (so keys without them are unchanged); on cpu and
+    /// cuda they change nothing, so they stay out and a fleet with a Neuron-style
+    /// `NEURON_CC_FLAGS` still shares executables with one without.
     pub fn key_fields(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut fields = vec![
             ("target", self.target.name().to_string()),
             ("optlevel", self.opt_level.number().to_string()),
             ("auto_cast", self.auto_cast.as_str().to_string()),
             ("auto_cast_type", self.auto_cast_type.as_str().to_string()),
             ("model_type", self.model_type.as_str().to_string()),
-        ]
+        ];
+        if is_neuron(self.target) {
+            fields.extend(self.neuron.key_fields());
+        }
+        fields
+    }
+
+    /// On a target whose compiler is not Neuron's, warns once per process naming the
+    /// pass-through `neuronx-cc` flags, which mean nothing there; returns the names warned about
+    /// by this call.
+    pub fn warn_unused_neuron_flags(&self) -> Vec<String> {
+        if is_neuron(self.target) || self.neuron.is_empty() {
+            return Vec::new();
+        }
+        neuron::warn_unused(&self.neuron, self.target.name())
     }
 
     /// The arguments handed to the Neuron compiler (`neuronx-cc`) on `trn1`/`trn2`: every flag
@@ -305,6 +333,7 @@ impl CompilerFlags {
         push("--auto-cast", self.auto_cast.as_str().to_string());
         push("--auto-cast-type", self.auto_cast_type.as_str().to_string());
         push("--model-type", self.model_type.as_str().to_string());
+        args.extend(self.neuron.to_args());
         args
     }
 }
@@ -322,6 +351,9 @@ impl fmt::Display for CompilerFlags {
             self.auto_cast_type,
             self.model_type
         )?;
+        if !self.neuron.is_empty() {
+            write!(f, " {}", self.neuron)?;
+        }
         if self.retry_failed {
             f.write_str(" --retry_failed_compilation")?;
         }

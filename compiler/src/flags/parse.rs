@@ -1,5 +1,6 @@
 //! The flag-string parser: shell-style word splitting, then one table of supported flags.
 
+use super::neuron::{self, Arity};
 use super::{
     supported_targets, AutoCast, AutoCastType, FlagOverrides, ModelType, OptLevel, Target,
 };
@@ -35,11 +36,17 @@ pub(crate) fn supported_flags() -> String {
     format!(
         "supported flags: --target {{{}}}, --optlevel {{1, 2, 3}} (also O1-O3, -O1-O3), \
          --auto-cast {{{}}}, --auto-cast-type {{{}}}, --model-type {{{}}}, \
-         --retry_failed_compilation, --cache_dir PATH|URL",
+         --retry_failed_compilation, --cache_dir PATH|URL; neuronx-cc flags passed to Neuron's \
+         compiler: {}",
         supported_targets(),
         AutoCast::supported(),
         AutoCastType::supported(),
-        ModelType::supported()
+        ModelType::supported(),
+        neuron::NEURON_FLAGS
+            .iter()
+            .map(|f| format!("--{}", f.name))
+            .collect::<Vec<_>>()
+            .join(", ")
     )
 }
 
@@ -77,6 +84,15 @@ pub(crate) fn parse_words<S: AsRef<str>>(words: &[S], source: &str) -> Result<Fl
     while i < words.len() {
         let word = words[i].as_ref();
         i += 1;
+        // `-lnc 2`: neuronx-cc's short form of --logical-nc-config.
+        if let Some(rest) = word.strip_prefix("-lnc") {
+            let inline = rest
+                .strip_prefix('=')
+                .or((!rest.is_empty()).then_some(rest));
+            let nf = neuron::lookup("lnc").expect("in the table");
+            parse_neuron(nf, "-lnc", inline, words, &mut i, source, &mut out)?;
+            continue;
+        }
         // `-O2` / `-O 2`: the short form of --optlevel that neuronx-cc also accepts.
         if let Some(rest) = word.strip_prefix("-O") {
             let value = if rest.is_empty() {
@@ -102,7 +118,11 @@ pub(crate) fn parse_words<S: AsRef<str>>(words: &[S], source: &str) -> Result<Fl
         };
         let shown = format!("--{name}");
         let Some(flag) = lookup(name) else {
-            return Err(flag_error(source, format!("unknown flag {shown:?}")));
+            let Some(nf) = neuron::lookup(&name.replace('_', "-")) else {
+                return Err(flag_error(source, format!("unknown flag {shown:?}")));
+            };
+            parse_neuron(nf, &shown, inline, words, &mut i, source, &mut out)?;
+            continue;
         };
         if flag == Flag::RetryFailed {
             out.retry_failed = Some(match inline {
@@ -157,10 +177,55 @@ pub(crate) fn parse_words<S: AsRef<str>>(words: &[S], source: &str) -> Result<Fl
     Ok(out)
 }
 
+/// One `neuronx-cc` pass-through flag: a switch, or a value checked against its table entry.
+fn parse_neuron<S: AsRef<str>>(
+    nf: &neuron::NeuronFlag,
+    shown: &str,
+    inline: Option<&str>,
+    words: &[S],
+    i: &mut usize,
+    source: &str,
+    out: &mut FlagOverrides,
+) -> Result<()> {
+    let value = match (nf.arity, inline) {
+        (Arity::Switch, None) => None,
+        (Arity::Switch, Some(v)) => {
+            return Err(flag_error(
+                source,
+                format!("{shown} takes no value (given {v:?})"),
+            ))
+        }
+        (_, Some(v)) => Some(v.to_string()),
+        (_, None) => Some(
+            take_value(words, i)
+                .ok_or_else(|| flag_error(source, format!("{shown} needs a value")))?
+                .to_string(),
+        ),
+    };
+    let value = match (nf.arity, value) {
+        (_, Some(v)) if v.is_empty() => {
+            return Err(flag_error(
+                source,
+                format!("{shown} was given an empty value"),
+            ))
+        }
+        (Arity::OneOf(allowed), Some(v)) => Some(
+            allowed
+                .iter()
+                .find(|a| a.eq_ignore_ascii_case(&v))
+                .map(|a| a.to_string())
+                .ok_or_else(|| value_error(source, shown, &v, &allowed.join(", ")))?,
+        ),
+        (_, v) => v,
+    };
+    out.neuron.set(nf.name, value);
+    Ok(())
+}
+
 /// The next word as a flag's value, unless it is missing or is itself a flag.
 fn take_value<'a, S: AsRef<str>>(words: &'a [S], i: &mut usize) -> Option<&'a str> {
     let w = words.get(*i)?.as_ref();
-    if w.starts_with("--") || (w.starts_with("-O") && w.len() <= 3) {
+    if w.starts_with("--") || (w.starts_with("-O") && w.len() <= 3) || w.starts_with("-lnc") {
         return None;
     }
     *i += 1;

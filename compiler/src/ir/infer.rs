@@ -291,7 +291,10 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             let (l, r) = (operands[0], operands[1]);
             dtype_in(op, l.dtype, DTypeClass::Numeric)?;
             if l.dtype != r.dtype {
-                return Err(e("operands must have the same dtype".to_string()));
+                return Err(e(format!(
+                    "operands must have the same dtype, got {} and {} (convert one with to_dtype)",
+                    l.dtype, r.dtype
+                )));
             }
             if lhs_batch.len() != rhs_batch.len() || lhs_contract.len() != rhs_contract.len() {
                 return Err(e(
@@ -468,12 +471,22 @@ fn first<'a>(op: &Op, operands: &[&'a TensorType]) -> Result<&'a TensorType> {
 fn binary<'a>(op: &Op, operands: &[&'a TensorType]) -> Result<(&'a TensorType, &'a TensorType)> {
     arity(op, operands, 2)?;
     let (x, y) = (operands[0], operands[1]);
+    if x.dtype != y.dtype {
+        return Err(shape_error(
+            op,
+            operands,
+            format!(
+                "expected operands of the same shape and dtype, got dtypes {} and {} \
+                 (convert one with to_dtype)",
+                x.dtype, y.dtype
+            ),
+        ));
+    }
     if x != y {
         return Err(shape_error(
             op,
             operands,
-            "expected operands of the same shape and dtype (broadcast explicitly first)"
-                .to_string(),
+            "expected operands of the same shape (broadcast explicitly first)".to_string(),
         ));
     }
     Ok((x, y))

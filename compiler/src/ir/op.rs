@@ -392,6 +392,29 @@ impl UnaryOp {
         }
     }
 
+    /// Whether `--auto-cast all` may run it in bf16/fp16: bounded or sign-like results
+    /// (`tanh`, `erf`, ...), not the range-hungry ones (`exp`, `log`, `sqrt`, `rsqrt`).
+    pub fn half_precision_safe(self) -> bool {
+        match self {
+            UnaryOp::Neg
+            | UnaryOp::Abs
+            | UnaryOp::Sign
+            | UnaryOp::Floor
+            | UnaryOp::Ceil
+            | UnaryOp::Tanh
+            | UnaryOp::Logistic
+            | UnaryOp::Sin
+            | UnaryOp::Cos
+            | UnaryOp::Erf => true,
+            UnaryOp::Exp
+            | UnaryOp::Log
+            | UnaryOp::Log1p
+            | UnaryOp::Sqrt
+            | UnaryOp::Rsqrt
+            | UnaryOp::Not => false,
+        }
+    }
+
     /// The dtypes the op takes (the result has the operand's dtype).
     pub fn dtypes(self) -> DTypeClass {
         match self {
@@ -467,6 +490,19 @@ impl BinaryOp {
             BinaryOp::And => "stablehlo.and",
             BinaryOp::Or => "stablehlo.or",
             BinaryOp::Xor => "stablehlo.xor",
+        }
+    }
+
+    /// Whether `--auto-cast all` may run it in bf16/fp16 (not `pow`, `rem`, bitwise ops).
+    pub fn half_precision_safe(self) -> bool {
+        match self {
+            BinaryOp::Add
+            | BinaryOp::Sub
+            | BinaryOp::Mul
+            | BinaryOp::Div
+            | BinaryOp::Max
+            | BinaryOp::Min => true,
+            BinaryOp::Rem | BinaryOp::Pow | BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => false,
         }
     }
 

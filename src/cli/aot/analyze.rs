@@ -42,6 +42,8 @@ pub struct ShapeGroup {
     pub keys: Vec<String>,
     /// Per differing parameter: its index and the shapes seen.
     pub differing: Vec<(usize, Vec<String>)>,
+    /// The tensor name of each differing parameter (same order), `""` when unnamed.
+    pub differing_names: Vec<String>,
 }
 
 #[derive(serde::Serialize, Debug)]
@@ -58,6 +60,8 @@ pub struct Analysis {
     pub log_graphs: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub missing_from_trial: Option<Vec<LogLine>>,
+    /// Graphs of this job cached under other compiler flags than the run's.
+    pub flag_mismatches: Vec<super::flag_mismatch::FlagMismatch>,
 }
 
 fn dtype_of_param(p: &str) -> &str {
@@ -83,7 +87,7 @@ pub fn shape_groups(records: &[GraphRecord]) -> Vec<ShapeGroup> {
         .into_iter()
         .filter(|(_, rs)| rs.len() > 1)
         .map(|((site, nodes, dtypes), rs)| {
-            let differing = (0..dtypes.len())
+            let differing: Vec<(usize, Vec<String>)> = (0..dtypes.len())
                 .filter_map(|i| {
                     let mut shapes: Vec<String> = rs.iter().map(|r| r.params[i].clone()).collect();
                     shapes.sort();
@@ -91,11 +95,26 @@ pub fn shape_groups(records: &[GraphRecord]) -> Vec<ShapeGroup> {
                     (shapes.len() > 1).then_some((i, shapes))
                 })
                 .collect();
+            let differing_names = differing
+                .iter()
+                .map(|(i, _)| {
+                    rs.iter()
+                        .find_map(|r| {
+                            r.param_names
+                                .get(*i)
+                                .filter(|n| !n.is_empty())
+                                .map(String::as_str)
+                        })
+                        .unwrap_or_default()
+                        .to_string()
+                })
+                .collect();
             ShapeGroup {
                 site,
                 nodes,
                 keys: rs.iter().map(|r| r.key.clone()).collect(),
                 differing,
+                differing_names,
             }
         })
         .collect()
@@ -140,30 +159,41 @@ pub fn missing(trial: &HashSet<String>, log: &[LogLine]) -> Vec<LogLine> {
     v
 }
 
+/// Runs the job in extract mode into a fresh directory (under `flags` instead of the
+/// environment's `NEURON_CC_FLAGS` when given); returns the directory and the job's failure.
+fn trial(args: &AnalyzeArgs, flags: Option<&str>) -> anyhow::Result<(PathBuf, Option<String>)> {
+    let d = temp_dir("analyze")?;
+    let (prog, rest) = args
+        .command
+        .split_first()
+        .ok_or_else(|| anyhow!("no command"))?;
+    // No persistent cache: every graph is written, cached or not.
+    let mut cmd = Command::new(prog);
+    cmd.args(rest)
+        .env(EXTRACT_DIR_ENV, &d)
+        .env(USE_CACHE_ENV, "0")
+        .stdout(std::process::Stdio::null());
+    if let Some(u) = &args.cache {
+        cmd.env(CACHE_URL_ENV, u);
+    }
+    if let Some(f) = flags {
+        cmd.env(neuron_pc_compiler::flags::NEURON_CC_FLAGS, f)
+            .stderr(std::process::Stdio::null());
+    }
+    let status = cmd
+        .status()
+        .map_err(|e| anyhow!("cannot start {prog:?}: {e}"))?;
+    Ok((d, exit_reason(status)))
+}
+
 pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
     let mut trial_error = None;
     let mut temp = None;
     let dir = match (&args.dir, args.command.is_empty()) {
         (Some(d), true) => d.clone(),
         (None, false) => {
-            let d = temp_dir("analyze")?;
-            let (prog, rest) = args
-                .command
-                .split_first()
-                .ok_or_else(|| anyhow!("no command"))?;
-            // No persistent cache: every graph is written, cached or not.
-            let mut cmd = Command::new(prog);
-            cmd.args(rest)
-                .env(EXTRACT_DIR_ENV, &d)
-                .env(USE_CACHE_ENV, "0")
-                .stdout(std::process::Stdio::null());
-            if let Some(u) = &args.cache {
-                cmd.env(CACHE_URL_ENV, u);
-            }
-            let status = cmd
-                .status()
-                .map_err(|e| anyhow!("cannot start {prog:?}: {e}"))?;
-            trial_error = exit_reason(status);
+            let (d, error) = trial(&args, None)?;
+            trial_error = error;
             temp = Some(d.clone());
             d
         }
@@ -173,6 +203,18 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
     if let Some(t) = temp {
         let _ = std::fs::remove_dir_all(t);
     }
+    let cache = open_cache(args.cache.as_deref())?;
+    // Repeating the trial under other flags needs the command.
+    let flag_mismatches = if args.command.is_empty() {
+        Vec::new()
+    } else {
+        super::flag_mismatch::check(&records, &cache, |flags| {
+            let (d, _) = trial(&args, Some(flags))?;
+            let r = read_dir_records(&d);
+            let _ = std::fs::remove_dir_all(&d);
+            r
+        })?
+    };
     let trial: HashSet<String> = records.iter().map(|r| r.key.clone()).collect();
     let (log_graphs, missing_from_trial) = match &args.graph_log {
         Some(p) => {
@@ -181,7 +223,6 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
         }
         None => (None, None),
     };
-    let cache = open_cache(args.cache.as_deref())?;
     let cached = records
         .iter()
         .filter(|r| CacheKey::parse(&r.key).is_ok_and(|k| cache.contains(&k)))
@@ -197,6 +238,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
         cached,
         log_graphs,
         missing_from_trial,
+        flag_mismatches,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&a)?);
@@ -245,7 +287,7 @@ fn print_text(a: &Analysis, records: &[GraphRecord]) {
             r.nodes,
             mark,
             r.site,
-            r.params.join(", ")
+            named_params(&r.params, &r.param_names)
         );
     }
     for g in &a.shape_groups {
@@ -254,10 +296,13 @@ fn print_text(a: &Analysis, records: &[GraphRecord]) {
             g.keys.len(),
             g.site
         );
-        for (i, shapes) in &g.differing {
-            println!("  parameter {i}: {}", shapes.join(" vs "));
+        for ((i, shapes), name) in g.differing.iter().zip(&g.differing_names) {
+            println!("  {}: {}", param_label(*i, name), shapes.join(" vs "));
         }
         println!("  each shape compiles its own graph; use fixed-size batches (pad or drop the last partial batch)");
+    }
+    for m in &a.flag_mismatches {
+        println!("{}", super::flag_mismatch::describe(m));
     }
     if let Some(m) = &a.missing_from_trial {
         if m.is_empty() {
@@ -274,11 +319,33 @@ fn print_text(a: &Analysis, records: &[GraphRecord]) {
                     l.step,
                     l.nodes,
                     l.site,
-                    l.params.join(", ")
+                    named_params(&l.params, &l.param_names)
                 );
             }
         }
     }
+}
+
+/// `parameter 3 (ids)`, or `parameter 3` when the tensor has no name.
+fn param_label(i: usize, name: &str) -> String {
+    if name.is_empty() {
+        format!("parameter {i}")
+    } else {
+        format!("parameter {i} ({name})")
+    }
+}
+
+/// `ids: i32[64,32], f32[64]`: each parameter's type, after its tensor name when known.
+fn named_params(types: &[String], names: &[String]) -> String {
+    types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match names.get(i).filter(|n| !n.is_empty()) {
+            Some(n) => format!("{n}: {t}"),
+            None => t.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
@@ -290,6 +357,8 @@ mod tests {
             key: key.into(),
             nodes: 5,
             params: params.iter().map(|s| s.to_string()).collect(),
+            param_names: Vec::new(),
+            components: Default::default(),
             site: site.into(),
             ..GraphRecord::default()
         }
@@ -317,6 +386,7 @@ mod tests {
             step: s,
             nodes: 1,
             params: vec![],
+            param_names: vec![],
             site: String::new(),
         };
         let trial: HashSet<String> = ["a".to_string()].into();

@@ -164,10 +164,7 @@ pub fn job_command(
     cmd.args(rest)
         .env(EXTRACT_DIR_ENV, extract_dir)
         .env(USE_CACHE_ENV, "0");
-    let mut flags = flags.clone();
-    flags.retry_failed = false;
-    flags.cache_dir = None;
-    cmd.env("NEURON_CC_FLAGS", flags.to_string());
+    cmd.env(neuron_pc_compiler::flags::NEURON_CC_FLAGS, job_flags(flags));
     if let Some(u) = cache_url {
         cmd.env(CACHE_URL_ENV, u);
     }
@@ -176,6 +173,31 @@ pub fn job_command(
         cmd.stdout(Stdio::from(std::io::stderr().as_fd().try_clone_to_owned()?));
     }
     Ok(cmd)
+}
+
+/// The `NEURON_CC_FLAGS` value that makes a job compute the keys `flags` compile under: every
+/// flag that enters the key, without the ones that only steer the cache (`--retry_failed_compilation`,
+/// `--cache_dir`).
+pub fn job_flags(flags: &CompilerFlags) -> String {
+    let mut flags = flags.clone();
+    flags.retry_failed = false;
+    flags.cache_dir = None;
+    flags.to_string()
+}
+
+/// An error when the local cache location `url` (a path or `file://` URL) is an existing file.
+fn refuse_file_as_cache(url: &str) -> anyhow::Result<()> {
+    if url.starts_with("s3://") {
+        return Ok(());
+    }
+    let path = Path::new(url.strip_prefix("file://").unwrap_or(url));
+    if path.exists() && !path.is_dir() {
+        anyhow::bail!(
+            "compile cache {}: it is a file, not a directory; name a directory (created if missing)",
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// Describes a failed exit.
@@ -198,6 +220,11 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
     let o = &args.opts;
     let flags = o.flags.effective(o.retry_failed)?;
     let url = CacheConfig::resolve(o.cache.as_deref(), &flags)?.url;
+    // The job starts before the cache is opened; a cache path that cannot work must stop the
+    // command before the job prints anything.
+    if let Some(u) = &url {
+        refuse_file_as_cache(u)?;
+    }
     let work = temp_dir("compile")?;
     let extract = work.join("graphs");
     std::fs::create_dir_all(&extract)?;
@@ -208,7 +235,9 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
     });
     let job_trace = work.join("trial-timeline.json");
     // The job starts first: it runs while this process loads the plugin and opens the cache.
-    let mut cmd = job_command(&args.command, &flags, url.as_deref(), &extract, true)?;
+    // The job's stdout stays the job's stdout; only with --json, where stdout must hold one
+    // JSON object, does it go to stderr.
+    let mut cmd = job_command(&args.command, &flags, url.as_deref(), &extract, o.json)?;
     if timeline.is_some() {
         cmd.env(TRACE_ENV, &job_trace);
     }
@@ -256,6 +285,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
         trial_error,
         o.dry_run,
     );
+    let report = report.with_run_flags(job_flags(env.compiler.flags()), o.flags.any());
     let code = report.print(o.json)?;
     let _ = std::fs::remove_dir_all(&work);
     Ok(code)

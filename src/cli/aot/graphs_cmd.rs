@@ -70,7 +70,10 @@ pub fn run(args: CompileGraphsArgs) -> anyhow::Result<i32> {
     let started = Instant::now();
     signals::install();
     let o = &args.opts;
-    let env = AotEnv::open(o.flags.effective(o.retry_failed)?, o.cache.as_deref())?;
+    let flags = o.flags.effective(o.retry_failed)?;
+    // No job runs here to name the neuronx-cc flags that mean nothing on this target.
+    flags.warn_unused_neuron_flags();
+    let env = AotEnv::open(flags, o.cache.as_deref())?;
     let mut jobs_list = Vec::new();
     for path in collect(&args.paths)? {
         let text = std::fs::read_to_string(&path)

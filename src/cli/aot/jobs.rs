@@ -29,7 +29,7 @@ pub enum Outcome {
     /// The compiler failed, a failure was recorded earlier, or storing failed.
     Failed,
     /// Dry run: would be compiled.
-    Found,
+    WouldCompile,
     /// Belongs to another `--shard`.
     OtherShard,
     /// Ctrl-C came first.
@@ -44,7 +44,7 @@ impl Outcome {
             Outcome::ReadOnly => "read-only",
             Outcome::Cached => "cached",
             Outcome::Failed => "failed",
-            Outcome::Found => "found",
+            Outcome::WouldCompile => "would-compile",
             Outcome::OtherShard => "other-shard",
             Outcome::Interrupted => "interrupted",
         }

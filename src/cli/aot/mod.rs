@@ -4,6 +4,7 @@
 pub mod analyze;
 pub mod compile_cmd;
 pub mod env;
+pub mod flag_mismatch;
 pub mod graphs_cmd;
 pub mod jobs;
 pub mod npy;
@@ -53,6 +54,15 @@ fn parse_target(s: &str) -> Result<Target, String> {
 }
 
 impl FlagArgs {
+    /// Whether any compiler flag was given on the command line.
+    pub fn any(&self) -> bool {
+        self.optlevel.is_some()
+            || self.target.is_some()
+            || self.auto_cast.is_some()
+            || self.auto_cast_type.is_some()
+            || self.model_type.is_some()
+    }
+
     /// `NEURON_CC_FLAGS` overlaid by these flags (and `--retry-failed`).
     pub fn effective(&self, retry_failed: bool) -> anyhow::Result<CompilerFlags> {
         let over = FlagOverrides {
@@ -63,6 +73,7 @@ impl FlagArgs {
             model_type: self.model_type,
             retry_failed: retry_failed.then_some(true),
             cache_dir: None,
+            neuron: Default::default(),
         };
         CompilerFlags::from_env_and(&over).map_err(|e| anyhow::anyhow!("compiler flags: {e}"))
     }

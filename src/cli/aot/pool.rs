@@ -239,7 +239,9 @@ impl Sched<'_> {
                 );
                 g.push(GraphReport::new(&job, Outcome::Failed, 0.0, Some(msg)));
             }
-            _ if self.cfg.dry_run => g.push(GraphReport::new(&job, Outcome::Found, 0.0, None)),
+            _ if self.cfg.dry_run => {
+                g.push(GraphReport::new(&job, Outcome::WouldCompile, 0.0, None))
+            }
             _ => self.queue.push_back((job, 0)),
         }
         Ok(())

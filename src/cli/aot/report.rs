@@ -46,6 +46,16 @@ pub struct RunReport<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trial_exit: Option<i32>,
     pub dry_run: bool,
+    /// Dry run: graphs neither cached nor failed nor in another shard, which a real run of
+    /// `compile` would compile.
+    pub would_compile: usize,
+    /// The `NEURON_CC_FLAGS` the real run must use to find what was compiled (compile only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub neuron_cc_flags: Option<String>,
+    /// The flags came (at least partly) from the command line, so the real run's environment
+    /// does not already hold them.
+    #[serde(skip)]
+    pub flags_from_command_line: bool,
     /// Why the command fails, if it does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -131,8 +141,19 @@ impl<'a> RunReport<'a> {
             workers_started: s.workers_started,
             trial_exit,
             dry_run,
+            would_compile: count(Outcome::WouldCompile),
+            neuron_cc_flags: None,
+            flags_from_command_line: false,
             error,
         }
+    }
+
+    /// Adds the flags the real run must use; `from_command_line` makes the text report print
+    /// them as a line to copy.
+    pub fn with_run_flags(mut self, flags: String, from_command_line: bool) -> RunReport<'a> {
+        self.neuron_cc_flags = Some(flags);
+        self.flags_from_command_line = from_command_line;
+        self
     }
 
     /// Prints the table or the JSON object; returns the exit status.
@@ -141,12 +162,12 @@ impl<'a> RunReport<'a> {
             println!("{}", serde_json::to_string_pretty(self)?);
         } else {
             println!(
-                "{:<14} {:>7} {:>11}  {:<12} ORIGIN",
+                "{:<14} {:>7} {:>11}  {:<13} ORIGIN",
                 "GRAPH", "NODES", "COMPILE_MS", "OUTCOME"
             );
             for g in self.graphs {
                 println!(
-                    "{:<14} {:>7} {:>11.1}  {:<12} {}",
+                    "{:<14} {:>7} {:>11.1}  {:<13} {}",
                     g.key.short(),
                     g.nodes,
                     g.compile_ms,
@@ -167,7 +188,17 @@ impl<'a> RunReport<'a> {
                     self.read_only
                 );
             }
-            if self.compiled + self.read_only + self.failed == 0 {
+            if self.dry_run {
+                println!(
+                    "dry run: {} found, {} cached, {} would compile, {} failed before, {} other shard; wall time {:.2} s",
+                    self.found,
+                    self.cached,
+                    self.would_compile,
+                    self.failed,
+                    self.other_shard,
+                    self.wall_ms / 1e3
+                );
+            } else if self.compiled + self.read_only + self.failed == 0 {
                 println!("wall time {:.2} s; nothing to compile", self.wall_ms / 1e3);
             } else {
                 println!(
@@ -187,6 +218,18 @@ impl<'a> RunReport<'a> {
                 );
             }
         }
+        if let (Some(f), true) = (&self.neuron_cc_flags, self.flags_from_command_line) {
+            // On stderr with --json (stdout holds one JSON object, which has the field).
+            let line = format!(
+                "the real run must use these compiler flags to find these executables:\nNEURON_CC_FLAGS={}",
+                shell_quote(f)
+            );
+            if json {
+                eprintln!("{line}");
+            } else {
+                println!("{line}");
+            }
+        }
         match &self.error {
             Some(e) => {
                 eprintln!("error: {e}");
@@ -199,6 +242,11 @@ impl<'a> RunReport<'a> {
             None => Ok(0),
         }
     }
+}
+
+/// `s` in single quotes for a POSIX shell.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 fn first_line(s: &str) -> &str {

@@ -59,7 +59,9 @@ pub fn run(args: RunGraphArgs) -> anyhow::Result<i32> {
         }
         inputs.push(t);
     }
-    let env = AotEnv::open(args.flags.effective(false)?, args.cache.as_deref())?;
+    let flags = args.flags.effective(false)?;
+    flags.warn_unused_neuron_flags();
+    let env = AotEnv::open(flags, args.cache.as_deref())?;
     let program = env.compiler.program(text);
     let key = program.key.clone();
     let started = Instant::now();
