@@ -64,16 +64,20 @@ fn a_dtype_mismatch_names_both_dtypes() {
     let dev = device();
     let a = zeros(&dev, &[2, 3], DType::F32);
     let b = zeros(&dev, &[2, 3], DType::I32);
+    // Arithmetic promotes as PyTorch does (f32 + i32 is f32) ...
+    assert_eq!(a.add(&b).unwrap().dtype(), DType::F32);
+    // ... and where dtypes must match, the error names both and suggests no broadcast.
     let line = line!() + 1;
-    let msg = a.add(&b).unwrap_err().to_string();
+    let msg = a.assign(&b).unwrap_err().to_string();
     assert!(msg.contains("f32") && msg.contains("i32"), "{msg}");
     assert!(msg.contains("dtype"), "{msg}");
     assert!(!msg.contains("broadcast"), "{msg}");
     assert!(msg.contains(&format!("errors_ux.rs:{line}:")), "{msg}");
-    // The same for matmul, under its own name.
+    // The IR primitive itself (no promotion): both dtypes, no broadcast hint.
     let m = zeros(&dev, &[3, 4], DType::BF16);
-    let msg = a.matmul(&m).unwrap_err().to_string();
+    let msg = a.dot_general(&m, &[], &[], &[1], &[0]).unwrap_err().to_string();
     assert!(msg.contains("f32") && msg.contains("bf16"), "{msg}");
+    assert!(!msg.contains("broadcast"), "{msg}");
 }
 
 #[test]
