@@ -32,6 +32,7 @@ pub mod api;
 mod buffer;
 mod client;
 mod executable;
+mod interface;
 mod logging;
 mod malloc;
 mod options;
