@@ -24,7 +24,7 @@ enum Top {
 fn run(args: &[&str]) -> anyhow::Result<i32> {
     let cli = Cli::try_parse_from(std::iter::once("neuron-pc").chain(args.iter().copied()))?;
     let Top::Cache(a) = cli.top;
-    cache_cmd::run(a)
+    cache_cmd::run_with(a, None)
 }
 
 #[test]
@@ -92,10 +92,11 @@ fn commands_against_a_local_cache() {
         run(&["cache", "verify", "--json", "--cache", r]).unwrap(),
         1
     );
+    // Issue 14 F / 13.4: --fix that removed every bad entry leaves a sound cache: exit 0.
     assert_eq!(
         run(&["cache", "verify", "--fix", "--cache", r]).unwrap(),
-        1,
-        "found bad ones"
+        0,
+        "found bad ones and removed them all"
     );
     assert_eq!(run(&["cache", "verify", "--cache", r]).unwrap(), 0);
     assert_eq!(c.list().unwrap().len(), 1);

@@ -482,9 +482,11 @@ fn stale_and_foreign_locks() {
                 "{b:?} {i}: stale lease broken without waiting"
             );
         }
-        // A live lease held elsewhere: wait up to the bound, then compile here anyway.
+        // A live lease held elsewhere: wait up to the bound, then compile here anyway. (Its
+        // expiry is one a holder renewing a 60 s lease can have; one far beyond that is void,
+        // see `a_lease_with_a_far_future_expiry_is_void`.)
         let k = key(&format!("held {b:?}"));
-        let lease = serde_json::json!({"pid": 1, "host": "elsewhere", "expires_at": now + 3600});
+        let lease = serde_json::json!({"pid": 1, "host": "elsewhere", "expires_at": now + 50});
         f.last()
             .put(
                 &lock_obj(&k),
