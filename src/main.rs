@@ -1,6 +1,7 @@
 //! The `neuron-pc` command line.
 
 mod aot;
+mod cache_check;
 mod cache_cmd;
 mod cli_targets;
 
@@ -58,7 +59,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::CompileGraphs(args) => aot::graphs_cmd::run(args),
         Command::RunGraph(args) => aot::run_graph::run(args),
         Command::Analyze(args) => aot::analyze::run(args),
-        Command::Cache(args) => cache_cmd::run(args),
+        Command::Cache(args) => cache_cmd::run_with(args, Some(&cache_check::check_executable)),
         Command::CompileWorker(args) => aot::worker::run(args),
     }
 }

@@ -1,7 +1,10 @@
 //! The device's view of the persistent compile cache (the `neuron-pc-cache` crate).
 //!
-//! Bad configuration (an invalid URL, credentials the storage refuses) is an error when the
-//! device starts; any other storage trouble is a warning and the job goes on compiling.
+//! A cache that cannot be opened (a missing bucket, refused or missing credentials, a root
+//! that is a symlink, an unreachable server) costs a job its cache, never the job: one
+//! error-level line at start, `cache_unavailable` in the metrics, and the job compiles.
+//! `NEURON_PC_CACHE_STRICT=1` makes it fatal instead (a fleet that must not compile
+//! everything). Invalid settings (a malformed size or timeout) are always errors.
 
 use neuron_pc_cache::{
     Cache, CacheKey as StoreKey, CacheOptions, Error as CacheError, Obtained as CacheObtained, Tier,
@@ -22,25 +25,50 @@ pub(crate) struct Persistent {
     cache: Cache,
 }
 
+/// `1`: a compile cache that cannot be opened or reached at start fails the job.
+pub const CACHE_STRICT_ENV: &str = "NEURON_PC_CACHE_STRICT";
+
+/// The cache a job opened, or why it runs without one (or without its shared tier).
+pub(crate) struct Opened {
+    pub cache: Option<Persistent>,
+    pub unavailable: Option<String>,
+}
+
 impl Persistent {
     /// Opens the cache at `url` (or the environment's / the default location).
-    pub fn open(url: Option<&str>, compiler: &CompilerIdentity) -> Result<Option<Persistent>> {
+    pub fn open(url: Option<&str>, compiler: &CompilerIdentity) -> Result<Opened> {
         let mut opts = CacheOptions::from_env().map_err(|e| Error::Config(e.to_string()))?;
         opts.compiler_version = compiler.version_string();
         let opened = match url {
             Some(u) => Cache::open(u, opts),
             None => Cache::from_env(opts),
         };
-        match opened {
-            Ok(cache) => Ok(Some(Persistent { cache })),
-            Err(e @ (CacheError::InvalidUrl { .. } | CacheError::Denied { .. })) => {
-                Err(Error::Config(format!("compile cache: {e}")))
+        let (cache, problem) = match opened {
+            Ok(cache) => {
+                let down = cache.disabled_tiers();
+                let problem =
+                    (!down.is_empty()).then(|| format!("{} cannot be reached", down.join(", ")));
+                (Some(Persistent { cache }), problem)
             }
-            Err(e) => {
-                tracing::warn!("compile cache unavailable ({e}); compiling without it");
-                Ok(None)
+            Err(e @ CacheError::InvalidKey { .. }) => {
+                return Err(Error::Config(format!("compile cache: {e}")))
             }
+            Err(e) => (None, Some(e.to_string())),
+        };
+        if let Some(p) = &problem {
+            if std::env::var(CACHE_STRICT_ENV).is_ok_and(|v| !v.is_empty() && v != "0") {
+                return Err(Error::Config(format!(
+                    "compile cache unavailable: {p} ({CACHE_STRICT_ENV} is set)"
+                )));
+            }
+            tracing::error!(
+                "compile cache unavailable: {p}; this job compiles every graph itself (set {CACHE_STRICT_ENV}=1 to fail instead)"
+            );
         }
+        Ok(Opened {
+            cache,
+            unavailable: problem,
+        })
     }
 
     pub fn contains(&self, key: &str) -> bool {

@@ -41,21 +41,25 @@ pub(crate) struct Jit {
     options: CompileOptions,
     compiler: CompilerIdentity,
     persistent: Option<Persistent>,
+    /// Why the persistent cache (or its shared tier) is not in use, for the metrics.
+    pub cache_unavailable: Option<String>,
 }
 
 impl Jit {
     pub fn new(client: &Client, config: &DeviceConfig) -> Result<Jit> {
         let compiler = CompilerIdentity::of(client)?;
-        let persistent = if config.persistent_cache {
-            Persistent::open(config.cache_url.as_deref(), &compiler)?
+        let (persistent, cache_unavailable) = if config.persistent_cache {
+            let o = Persistent::open(config.cache_url.as_deref(), &compiler)?;
+            (o.cache, o.unavailable)
         } else {
-            None
+            (None, None)
         };
         Ok(Jit {
             options: neuron_pc_compiler::passes::compile_options(&config.flags),
             flags: config.flags.clone(),
             compiler,
             persistent,
+            cache_unavailable,
         })
     }
 

@@ -101,7 +101,10 @@ impl LazyDevice {
                 interner: Mutex::new(Interner::default()),
                 pending: Mutex::new(Vec::new()),
                 executables: Mutex::new(HashMap::default()),
-                metrics: Mutex::new(Metrics::default()),
+                metrics: Mutex::new(Metrics {
+                    cache_unavailable: jit.cache_unavailable.clone(),
+                    ..Metrics::default()
+                }),
                 jit,
                 sites: Mutex::new(diagnose::Sites::default()),
                 next_tensor_id: AtomicU64::new(0),
