@@ -352,7 +352,11 @@ impl S3Store {
                 .any(|c| message.contains(c))
                 {
                     Error::Denied { store, message }
-                } else if message.to_ascii_lowercase().contains("credential") {
+                } else if message.to_ascii_lowercase().contains("credential")
+                    // No key configured: object_store asked the instance metadata service.
+                    || message.contains("/latest/api/token")
+                    || message.contains("/latest/meta-data/")
+                {
                     Error::Denied {
                         store,
                         message: format!(
