@@ -458,3 +458,100 @@ fn a_hung_s3_server_costs_a_job_one_timeout() {
     );
     std::fs::remove_dir_all(local).unwrap();
 }
+
+/// Runs `cmd` and kills it if it has not finished within `secs`: a hang is the failure.
+fn finishes(mut cmd: Command, secs: u64, what: &str) -> Output {
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {secs} s (blocked on a FIFO?)");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Issue 14 E: a FIFO in place of the record, the executable or the lock. The job finishes
+/// with a clean run's results, and `ls`, `show`, `verify` and `verify --fix` finish; `--fix`
+/// removes the FIFO and leaves a sound cache.
+#[test]
+fn a_fifo_in_the_cache_hangs_neither_the_job_nor_any_command() {
+    let name = "a_fifo_in_the_cache_hangs_neither_the_job_nor_any_command";
+    if std::env::var(CHILD).is_ok() {
+        return child_loop();
+    }
+    let mut trials = 0;
+    for place in ["record", "executable", "lock"] {
+        let d = tmp(&format!("fifo-{place}"));
+        let url = d.to_str().unwrap();
+        let (clean, _) = child(name, &[("NEURON_COMPILE_CACHE_URL", url)]).ok();
+        let k = only_key(&d);
+        let target = match place {
+            "record" => entry_dir(&d, &k).join(format!("{k}.json")),
+            "executable" => exe_path(&d, &k),
+            _ => d.join("locks").join(format!("{k}.lock")),
+        };
+        let _ = std::fs::remove_file(&target);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        assert!(Command::new("mkfifo")
+            .arg(&target)
+            .status()
+            .unwrap()
+            .success());
+
+        let mut job = Command::new(std::env::current_exe().unwrap());
+        job.args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1");
+        clean_env(&mut job);
+        job.env("NEURON_COMPILE_CACHE_URL", url);
+        let out = finishes(job, 60, &format!("job, FIFO as {place}"));
+        let run = Run {
+            out,
+            took: Duration::ZERO,
+        };
+        let (got, _) = run.ok();
+        assert_eq!(got, clean, "{place}");
+        for args in [
+            vec!["cache", "ls"],
+            vec!["cache", "show", &k],
+            vec!["cache", "verify"],
+            vec!["cache", "verify", "--fix"],
+        ] {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_neuron-pc"));
+            c.args(&args).args(["--cache", url]);
+            clean_env(&mut c);
+            let o = finishes(c, 30, &format!("{args:?}, FIFO as {place}"));
+            if args == ["cache", "verify", "--fix"] {
+                assert_eq!(
+                    o.status.code(),
+                    Some(0),
+                    "{place}: {:?}",
+                    String::from_utf8_lossy(&o.stdout)
+                );
+            }
+        }
+        let v = npc(&["cache", "verify", "--cache", url], &[]);
+        assert_eq!(v.status.code(), Some(0), "{place}: sound after --fix");
+        assert!(
+            std::fs::symlink_metadata(&target).map_or(true, |m| m.is_file()),
+            "{place}: the FIFO is gone"
+        );
+        trials += 1;
+        std::fs::remove_dir_all(d).unwrap();
+    }
+    fault_report(
+        "FIFO as record/executable/lock (job + ls/show/verify/--fix)",
+        trials,
+        "finished, same results, --fix removes",
+        0,
+        0,
+    );
+}

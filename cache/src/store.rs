@@ -136,7 +136,11 @@ impl LocalStore {
         }
         let path = self.root.join(name);
         let mut p = self.root.clone();
-        for comp in name.split('/') {
+        // Directories on the way must not be symlinks (that would leave the root). The last
+        // component may be one: reads refuse anything but a regular file, and writes replace
+        // the link itself, never what it points to.
+        let dirs = name.rsplit_once('/').map_or("", |(d, _)| d);
+        for comp in dirs.split('/').filter(|c| !c.is_empty()) {
             p.push(comp);
             if let Ok(m) = std::fs::symlink_metadata(&p) {
                 if m.file_type().is_symlink() {
@@ -217,6 +221,10 @@ impl Store for LocalStore {
                     Err(e) => return Err(e),
                 }
             } else {
+                // A directory where the object belongs (damage) would make every write fail.
+                if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+                    std::fs::remove_dir_all(&path)?;
+                }
                 std::fs::rename(&tmp, &path)?;
             }
             std::fs::File::open(&dir)?.sync_all()?;

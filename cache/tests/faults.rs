@@ -276,7 +276,24 @@ fn symlinks_and_directories_where_objects_belong() {
         assert!(target.exists(), "{how}: target untouched");
     }
 
-    // A record that is a directory: a miss, reported, removed by --fix; then stored again.
+    // A symlinked record is replaced (the link, not its target) by the next write.
+    std::fs::remove_file(root.join(record_obj(&k))).ok();
+    std::os::unix::fs::symlink(&target, root.join(record_obj(&k))).unwrap();
+    let before = std::fs::read(&target).unwrap();
+    assert_eq!(c.put(&k, &exe, "p", &inputs("s"), 1.0), PutOutcome::Stored);
+    assert_eq!(hit_bytes(&c, &k), Some(exe.clone()));
+    assert_eq!(std::fs::read(&target).unwrap(), before, "target untouched");
+
+    // A record that is a directory: a miss, and the next write replaces it (no run after
+    // the first recompiles).
+    c.remove(&k).unwrap();
+    std::fs::create_dir_all(root.join(record_obj(&k)).join("inner")).unwrap();
+    assert!(matches!(c.get(&k), Lookup::Miss));
+    assert_eq!(c.put(&k, &exe, "p", &inputs("s"), 1.0), PutOutcome::Stored);
+    assert_eq!(hit_bytes(&c, &k), Some(exe.clone()));
+
+    // ... and reported, removed by --fix; then stored again.
+    c.remove(&k).unwrap();
     std::fs::create_dir_all(root.join(record_obj(&k)).join("inner")).unwrap();
     assert!(matches!(c.get(&k), Lookup::Miss));
     let r = c.verify(false).unwrap();
