@@ -442,13 +442,17 @@ fn a_hung_server_costs_one_timeout_per_job() {
     drop(c);
     let took = t.elapsed();
     assert!(
-        took < budget + Duration::from_millis(1500),
+        took < budget + Duration::from_secs(3),
         "{took:?} for a budget of {budget:?}"
     );
     fault_report(
         "hung S3 server from the start",
         5,
-        "compiled locally, one timeout",
+        &format!(
+            "compiled locally; {:.1} s in all, budget {:.1} s",
+            took.as_secs_f64(),
+            budget.as_secs_f64()
+        ),
         0,
         0,
     );
@@ -498,7 +502,7 @@ fn a_server_hanging_mid_job_costs_one_timeout() {
     let took = t.elapsed();
     p.set_always(None);
     assert!(
-        took < compile_for + budget + Duration::from_millis(1500),
+        took < compile_for + budget + Duration::from_secs(3),
         "{took:?}: compile {compile_for:?} + one budget {budget:?}"
     );
     assert_eq!(
@@ -508,8 +512,13 @@ fn a_server_hanging_mid_job_costs_one_timeout() {
     );
     fault_report(
         "S3 server hanging mid-job (lease held)",
-        1,
-        "compiled, one timeout, lease not retried",
+        4,
+        &format!(
+            "compiled; {:.1} s with a {:.1} s compile, budget {:.1} s",
+            took.as_secs_f64(),
+            compile_for.as_secs_f64(),
+            budget.as_secs_f64()
+        ),
         0,
         0,
     );

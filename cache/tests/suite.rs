@@ -284,6 +284,13 @@ fn damaged_entries_are_misses_and_the_next_write_repairs_them() {
         assert!(c.verify(false).unwrap().bad.is_empty(), "{b:?}");
         assert_eq!(hit_bytes(&c, &donor.0), Some(donor.1.clone()));
         assert_eq!(c.list().unwrap().len(), DAMAGE.len() + 1, "{b:?}");
+        fault_report(
+            &format!("damaged entry, {} kinds ({b:?})", DAMAGE.len()),
+            DAMAGE.len(),
+            "miss, reported by verify, recompiled and repaired",
+            0,
+            0,
+        );
     }
 }
 
@@ -389,6 +396,13 @@ fn signing_refuses_unsigned_and_mis_signed_entries() {
             hit_bytes(&signed("s3cret"), &planted),
             None,
             "{b:?}: forged signature refused"
+        );
+        fault_report(
+            &format!("signing: wrong key, unsigned, forged ({b:?})"),
+            3,
+            "refused (miss)",
+            0,
+            0,
         );
     }
 }
