@@ -488,13 +488,17 @@ fn a_server_hanging_mid_job_costs_one_timeout() {
     let budget = o.s3.budget();
     let c = Cache::open(&url, o).unwrap();
     let k = key("hang mid job");
-    let compile_for = Duration::from_millis(2500);
+    // Long enough for the first renewal on the hung server to run out of its budget (it
+    // starts 1 s in): from then on nothing may wait on the server again.
+    let compile_for = Duration::from_millis(4500);
+    let compiled_at = std::cell::Cell::new(None);
     let t = Instant::now();
     let got = c
         .get_or_compile(&k, "", &inputs("m"), false, || {
             // The lease is taken; now the server hangs while we compile.
             p.set_always(Some(Fault::Delay(Duration::from_secs(60))));
             std::thread::sleep(compile_for);
+            compiled_at.set(Some(Instant::now()));
             Ok(exe_for(&k, 100))
         })
         .unwrap();
@@ -506,10 +510,16 @@ fn a_server_hanging_mid_job_costs_one_timeout() {
     }
     drop(c);
     let took = t.elapsed();
+    let after_compile = compiled_at.get().unwrap().elapsed();
     p.set_always(None);
     assert!(
         took < compile_for + budget + Duration::from_millis(1500),
         "{took:?}: compile {compile_for:?} + one budget {budget:?}"
+    );
+    // Storing, releasing the lease and three more jobs' lookups: none waits on the server.
+    assert!(
+        after_compile < Duration::from_millis(1500),
+        "{after_compile:?} after the compile (one budget is {budget:?})"
     );
     assert_eq!(
         hit_bytes(&f.cache(opts()), &k).as_deref(),
