@@ -555,3 +555,70 @@ fn a_fifo_in_the_cache_hangs_neither_the_job_nor_any_command() {
         0,
     );
 }
+
+/// Issue 14 F: waiting on another process's compile lease says so at the default log level,
+/// once, naming the holder (pid and host), and says how long the wait took.
+#[test]
+fn waiting_on_another_process_says_who_and_how_long() {
+    let name = "waiting_on_another_process_says_who_and_how_long";
+    if std::env::var(CHILD).is_ok() {
+        return child_loop();
+    }
+    let d = tmp("wait");
+    let url = d.to_str().unwrap();
+    let (clean, _) = child(name, &[("NEURON_COMPILE_CACHE_URL", url)]).ok();
+    let k = only_key(&d);
+    // Take the entry away, and hold its lease as a live process on this host would.
+    let saved = tmp("wait-saved");
+    let entries = entry_dir(&d, &k);
+    for f in std::fs::read_dir(&entries).unwrap() {
+        let p = f.unwrap().path();
+        std::fs::rename(&p, saved.join(p.file_name().unwrap())).unwrap();
+    }
+    let mut holder = Command::new("sleep").arg("60").spawn().unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    std::fs::create_dir_all(d.join("locks")).unwrap();
+    let lease =
+        serde_json::json!({"pid": holder.id(), "host": host.trim(), "expires_at": now + 50});
+    std::fs::write(d.join("locks").join(format!("{k}.lock")), lease.to_string()).unwrap();
+    // The "holder" finishes after two seconds: its entry appears (record last) and it lets go.
+    let (s2, e2, d2, k2) = (saved.clone(), entries.clone(), d.clone(), k.clone());
+    let finisher = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&s2)
+            .unwrap()
+            .map(|f| f.unwrap().path())
+            .collect();
+        files.sort_by_key(|p| p.extension().is_some_and(|x| x == "json"));
+        for p in files {
+            std::fs::rename(&p, e2.join(p.file_name().unwrap())).unwrap();
+        }
+        let _ = std::fs::remove_file(d2.join("locks").join(format!("{k2}.lock")));
+    });
+    let run = child(name, &[("NEURON_COMPILE_CACHE_URL", url)]);
+    finisher.join().unwrap();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let (got, m) = run.ok();
+    assert_eq!(got, clean);
+    assert_eq!((m.compiles, m.waited_for_others), (0, 1), "{m:?}");
+    let err = run.stderr();
+    let who = format!("pid {} on {}", holder.id(), host.trim());
+    assert_eq!(err.matches(&who).count(), 1, "named once: {err}");
+    assert!(err.contains(&k) && err.contains("waiting"), "{err}");
+    assert!(err.contains("arrived after waiting"), "{err}");
+    fault_report(
+        "compile lease held by a live process",
+        1,
+        "waited, said who once and how long, no compile",
+        0,
+        0,
+    );
+    for x in [d, saved] {
+        std::fs::remove_dir_all(x).unwrap();
+    }
+}
