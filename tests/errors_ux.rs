@@ -75,7 +75,10 @@ fn a_dtype_mismatch_names_both_dtypes() {
     assert!(msg.contains(&format!("errors_ux.rs:{line}:")), "{msg}");
     // The IR primitive itself (no promotion): both dtypes, no broadcast hint.
     let m = zeros(&dev, &[3, 4], DType::BF16);
-    let msg = a.dot_general(&m, &[], &[], &[1], &[0]).unwrap_err().to_string();
+    let msg = a
+        .dot_general(&m, &[], &[], &[1], &[0])
+        .unwrap_err()
+        .to_string();
     assert!(msg.contains("f32") && msg.contains("bf16"), "{msg}");
     assert!(!msg.contains("broadcast"), "{msg}");
 }

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -74,6 +75,10 @@ pub struct EntryInfo {
     pub key: String,
     /// The first tier holding it.
     pub tier: Tier,
+    /// Every tier holding a record for it, fastest first.
+    pub tiers: Vec<Tier>,
+    /// Why the record could not be read (the other fields are then zero), else `None`.
+    pub problem: Option<String>,
     /// Bytes of the executable.
     pub executable_size: u64,
     /// Bytes of the program text.
@@ -86,7 +91,8 @@ pub struct EntryInfo {
     pub tool_version: String,
 }
 
-/// Totals for `neuron-pc cache stats`.
+/// Totals for `neuron-pc cache stats`: keys counted once over all tiers, bytes and locks
+/// summed, and each tier on its own.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Stats {
     /// Committed entries (records).
@@ -96,6 +102,27 @@ pub struct Stats {
     /// Bytes of executables, programs and records.
     pub bytes: u64,
     /// Compile leases present (held or stale).
+    pub locks: usize,
+    /// True when the cache has a shared (remote) tier.
+    pub shared: bool,
+    /// True when entries are signed and checked (a signing key is set).
+    pub signed: bool,
+    /// The same counts per tier, fastest first.
+    pub tiers: Vec<TierStats>,
+}
+
+/// One tier's counts.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct TierStats {
+    /// `/path` or `s3://bucket/prefix`.
+    pub store: String,
+    /// Committed entries (records).
+    pub entries: usize,
+    /// Failure records.
+    pub failures: usize,
+    /// Bytes under `entries/`.
+    pub bytes: u64,
+    /// Compile leases present.
     pub locks: usize,
 }
 
@@ -108,19 +135,48 @@ pub struct VerifyReport {
     pub bad: Vec<(String, String)>,
     /// Bad entries removed by `--fix`.
     pub removed: usize,
+    /// What `--fix` removed, one line each (bad entries, leftovers, foreign files, locks).
+    pub removed_items: Vec<String>,
+    /// Executables whose stored program was checked against them by the caller's checker.
+    pub programs_checked: usize,
     /// Temporary files, unreferenced executables and stale locks removed by `--fix`.
     pub leftovers: usize,
 }
 
 pub(crate) struct TierState {
     pub(crate) store: Arc<dyn Store>,
-    /// Set when the tier could not be reached: it is skipped until then, so a dead server
-    /// costs one timeout per outage window, not one per lookup.
-    down_until: Mutex<Option<Instant>>,
+    pub(crate) health: Arc<Health>,
 }
 
 impl TierState {
     fn is_down(&self) -> bool {
+        self.health.is_down()
+    }
+}
+
+/// Whether a tier is usable, shared by every operation on it (leases included).
+pub(crate) struct Health {
+    /// Set when the tier could not be reached: it is skipped until then, so a dead server
+    /// costs one timeout per outage window, not one per lookup.
+    down_until: Mutex<Option<Instant>>,
+    /// Set after a request ran out of time: a hung server is not asked again by this process.
+    off: AtomicBool,
+    retry_after: Duration,
+}
+
+impl Health {
+    fn new(retry_after: Duration) -> Health {
+        Health {
+            down_until: Mutex::new(None),
+            off: AtomicBool::new(false),
+            retry_after,
+        }
+    }
+
+    pub(crate) fn is_down(&self) -> bool {
+        if self.off.load(Ordering::Relaxed) {
+            return true;
+        }
         let mut d = self.down_until.lock().unwrap_or_else(|p| p.into_inner());
         match *d {
             Some(t) if Instant::now() < t => true,
@@ -129,6 +185,22 @@ impl TierState {
                 false
             }
             None => false,
+        }
+    }
+
+    /// Takes note of an error: an unreachable tier is skipped for a while, a hung one for
+    /// good. Returns true when the error was of that kind.
+    pub(crate) fn report(&self, e: &Error) -> bool {
+        match e {
+            Error::Unavailable { timed_out, .. } => {
+                if *timed_out {
+                    self.off.store(true, Ordering::Relaxed);
+                }
+                *self.down_until.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(Instant::now() + self.retry_after);
+                true
+            }
+            _ => false,
         }
     }
 }
@@ -178,7 +250,10 @@ impl Cache {
         opts.local_dir = opts.local_dir.or(env.local_dir);
         match std::env::var(CACHE_URL_ENV).ok().filter(|u| !u.is_empty()) {
             Some(url) => Cache::open(&url, opts),
-            None => Cache::with_stores(vec![Arc::new(LocalStore::open(&default_dir())?)], opts),
+            None => {
+                let store = local_store(&default_dir(), &opts)?;
+                Cache::with_stores(vec![store], opts)
+            }
         }
     }
 
@@ -195,7 +270,8 @@ impl Cache {
             if !rest.starts_with('/') {
                 return Err(invalid("file:// URLs need an absolute path (file:///dir)"));
             }
-            return Cache::with_stores(vec![Arc::new(LocalStore::open(Path::new(rest))?)], opts);
+            let store = local_store(Path::new(rest), &opts)?;
+            return Cache::with_stores(vec![store], opts);
         }
         if url.starts_with("s3://") {
             return Cache::open_s3(url, opts);
@@ -208,7 +284,8 @@ impl Cache {
         if url.trim().is_empty() {
             return Err(invalid("empty"));
         }
-        Cache::with_stores(vec![Arc::new(LocalStore::open(Path::new(url))?)], opts)
+        let store = local_store(Path::new(url), &opts)?;
+        Cache::with_stores(vec![store], opts)
     }
 
     /// `s3://...`, behind a local tier unless `opts.local_tier` is off. One listing request
@@ -224,7 +301,7 @@ impl Cache {
         let mut stores: Vec<Arc<dyn Store>> = Vec::new();
         if opts.local_tier {
             let dir = opts.local_dir.clone().unwrap_or_else(default_dir);
-            stores.push(Arc::new(LocalStore::open(&dir)?));
+            stores.push(local_store(&dir, &opts)?);
         }
         stores.push(Arc::new(s3));
         let cache = Cache::with_stores(stores, opts)?;
@@ -251,7 +328,7 @@ impl Cache {
             .into_iter()
             .map(|store| TierState {
                 store,
-                down_until: Mutex::new(None),
+                health: Arc::new(Health::new(opts.retry_down_after)),
             })
             .collect();
         Ok(Cache {
@@ -290,12 +367,21 @@ impl Cache {
     /// A storage error: an unreachable tier is skipped for a while (warned about once); other
     /// errors are warned about once per kind.
     fn storage_trouble(&self, tier: &TierState, e: &Error) {
-        if matches!(e, Error::Unavailable { .. }) {
-            *tier.down_until.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some(Instant::now() + self.opts.retry_down_after);
+        if tier.health.report(e) {
+            let how_long = if matches!(
+                e,
+                Error::Unavailable {
+                    timed_out: true,
+                    ..
+                }
+            ) {
+                "for the rest of this process"
+            } else {
+                "for now"
+            };
             self.warn_once(
                 &format!("down:{}", tier.store.describe()),
-                &format!("{e}; continuing without it"),
+                &format!("{e}; continuing without it {how_long}"),
             );
         } else {
             // Once per tier and kind of trouble (a full disk fails every write the same way).
@@ -595,13 +681,34 @@ impl Cache {
         let mut guard = None;
         if let (false, Some(tier)) = (self.opts.read_only, self.lock_tier()) {
             let started = Instant::now();
+            let mut announced = false;
             loop {
-                match try_acquire(&tier.store, &lock_name(key), self.opts.lease_secs) {
+                if tier.is_down() {
+                    break;
+                }
+                match try_acquire(
+                    &tier.store,
+                    &tier.health,
+                    &lock_name(key),
+                    self.opts.lease_secs,
+                ) {
                     Ok(Attempt::Acquired(g)) => {
                         guard = Some(g);
                         break;
                     }
-                    Ok(Attempt::Held) => {}
+                    Ok(Attempt::Held(holder)) => {
+                        if !announced {
+                            announced = true;
+                            let who = holder.map_or_else(
+                                || "another process".to_string(),
+                                |l| format!("pid {} on {}", l.pid, l.host),
+                            );
+                            tracing::warn!(
+                                "compile cache: {who} is compiling {key}; waiting for it (up to {:.0} s)",
+                                self.opts.lock_wait.as_secs_f64()
+                            );
+                        }
+                    }
                     Err(e) => {
                         self.storage_trouble(tier, &e);
                         break;
@@ -609,7 +716,13 @@ impl Cache {
                 }
                 std::thread::sleep(Duration::from_millis(50));
                 match self.get(key) {
-                    Lookup::Hit(h) => return Ok(Obtained::Waited(h)),
+                    Lookup::Hit(h) => {
+                        tracing::warn!(
+                            "compile cache: {key} arrived after waiting {:.1} s",
+                            started.elapsed().as_secs_f64()
+                        );
+                        return Ok(Obtained::Waited(h));
+                    }
                     // The holder failed: its failure stands for ours.
                     Lookup::Failed(f) if !retry_failed => return Err(recorded(&f)),
                     _ => {}
@@ -653,6 +766,16 @@ impl Cache {
         drop(guard);
         outcome
     }
+}
+
+/// A local tier at `dir`; a read-only cache creates no directory.
+fn local_store(dir: &Path, opts: &CacheOptions) -> Result<Arc<dyn Store>> {
+    let store = if opts.read_only {
+        LocalStore::open_existing(dir)?
+    } else {
+        LocalStore::open(dir)?
+    };
+    Ok(Arc::new(store))
 }
 
 /// The error for a compile failure another process recorded.

@@ -45,6 +45,9 @@ pub enum Error {
         store: String,
         /// What failed.
         message: String,
+        /// The request ran out of time (a hung server): the tier is off for the rest of the
+        /// process, so a job pays for one timeout, not one per operation.
+        timed_out: bool,
     },
 
     /// A stored object that fails its checks (digest, size, signature, format).
@@ -59,6 +62,24 @@ pub enum Error {
     /// The compiler failed (now or, recorded, earlier).
     #[error("{0}")]
     Compile(String),
+
+    /// No entry matches a key or key prefix.
+    #[error("no entry for {key} in {store}")]
+    NotFound {
+        /// The key or prefix as given.
+        key: String,
+        /// The cache, for the message.
+        store: String,
+    },
+
+    /// A key prefix that more than one entry starts with.
+    #[error("key prefix {prefix} is ambiguous: {}", candidates.join(", "))]
+    Ambiguous {
+        /// The prefix as given.
+        prefix: String,
+        /// Every key it matches.
+        candidates: Vec<String>,
+    },
 
     /// The cache was opened read-only.
     #[error("the cache is read-only")]

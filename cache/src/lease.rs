@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::cache::Health;
 use crate::record::now_secs;
 use crate::store::{PutMode, Store};
 
@@ -44,11 +45,19 @@ impl Lease {
     pub fn is_stale(&self) -> bool {
         self.expires_at < now_secs() || (self.host == hostname() && !pid_alive(self.pid))
     }
+
+    /// Like [`Lease::is_stale`], and also true for an expiry further ahead than a lease of
+    /// `lease_secs` can reach (holders renew to now + `lease_secs`; twice that allows for
+    /// clock skew): such a lease would block everyone for as long as it claims, so it is void.
+    pub fn is_invalid(&self, lease_secs: u64) -> bool {
+        self.is_stale() || self.expires_at > now_secs() + 2 * lease_secs.max(1)
+    }
 }
 
 /// A held lease; released (deleted) on drop.
 pub(crate) struct LeaseGuard {
     store: Arc<dyn Store>,
+    health: Arc<Health>,
     name: String,
     stop: Arc<AtomicBool>,
     renewer: Option<std::thread::JoinHandle<()>>,
@@ -61,7 +70,13 @@ impl Drop for LeaseGuard {
             t.thread().unpark();
             let _ = t.join();
         }
+        // A tier that went down (a hung server) is not asked again: the job already paid
+        // its one timeout, and a stale lease is broken by the next process anyway.
+        if self.health.is_down() {
+            return;
+        }
         if let Err(e) = self.store.delete(&self.name) {
+            self.health.report(&e);
             tracing::warn!("releasing compile lock {}: {e}", self.name);
         }
     }
@@ -70,17 +85,22 @@ impl Drop for LeaseGuard {
 /// What an attempt to take a lease found.
 pub(crate) enum Attempt {
     Acquired(LeaseGuard),
-    /// Someone else holds a live lease.
-    Held,
+    /// Someone else holds a live lease (what it says, when it could be read).
+    Held(Option<Lease>),
 }
 
 /// Tries to take the lease `name`, breaking a stale one.
-pub(crate) fn try_acquire(store: &Arc<dyn Store>, name: &str, secs: u64) -> crate::Result<Attempt> {
+pub(crate) fn try_acquire(
+    store: &Arc<dyn Store>,
+    health: &Arc<Health>,
+    name: &str,
+    secs: u64,
+) -> crate::Result<Attempt> {
     for _ in 0..2 {
         let lease = Lease::mine(secs);
         let bytes = serde_json::to_vec(&lease).expect("lease serializes");
         if store.put(name, &bytes, PutMode::CreateOnly)? {
-            return Ok(Attempt::Acquired(guard(store, name, secs)));
+            return Ok(Attempt::Acquired(guard(store, health, name, secs)));
         }
         let Some(seen) = store.get(name)? else {
             continue;
@@ -88,11 +108,12 @@ pub(crate) fn try_acquire(store: &Arc<dyn Store>, name: &str, secs: u64) -> crat
            // Leases are written whole (create-only), so an unreadable one is debris, not a
            // holder.
         match serde_json::from_slice::<Lease>(&seen) {
-            Ok(l) if !l.is_stale() => return Ok(Attempt::Held),
+            Ok(l) if !l.is_invalid(secs) => return Ok(Attempt::Held(Some(l))),
             Ok(l) => tracing::info!(
-                "breaking stale compile lock {name} (pid {} on {})",
+                "breaking stale or invalid compile lock {name} (pid {} on {}, expiry {})",
                 l.pid,
-                l.host
+                l.host,
+                l.expires_at
             ),
             Err(_) => tracing::info!("breaking unreadable compile lock {name}"),
         }
@@ -103,12 +124,13 @@ pub(crate) fn try_acquire(store: &Arc<dyn Store>, name: &str, secs: u64) -> crat
             store.delete(name)?;
         }
     }
-    Ok(Attempt::Held)
+    Ok(Attempt::Held(None))
 }
 
-fn guard(store: &Arc<dyn Store>, name: &str, secs: u64) -> LeaseGuard {
+fn guard(store: &Arc<dyn Store>, health: &Arc<Health>, name: &str, secs: u64) -> LeaseGuard {
     let stop = Arc::new(AtomicBool::new(false));
     let (s, n, st) = (store.clone(), name.to_string(), stop.clone());
+    let h = health.clone();
     let renewer = std::thread::Builder::new()
         .name("neuron-pc-lease".into())
         .spawn(move || {
@@ -118,8 +140,13 @@ fn guard(store: &Arc<dyn Store>, name: &str, secs: u64) -> LeaseGuard {
                 if st.load(Ordering::Relaxed) {
                     break;
                 }
+                // The tier's budget is shared with every other operation of this process.
+                if h.is_down() {
+                    continue;
+                }
                 let bytes = serde_json::to_vec(&Lease::mine(secs)).expect("lease serializes");
                 if let Err(e) = s.put(&n, &bytes, PutMode::Overwrite) {
+                    h.report(&e);
                     tracing::warn!("renewing compile lock {n}: {e}");
                 }
             }
@@ -127,6 +154,7 @@ fn guard(store: &Arc<dyn Store>, name: &str, secs: u64) -> LeaseGuard {
         .ok();
     LeaseGuard {
         store: store.clone(),
+        health: health.clone(),
         name: name.to_string(),
         stop,
         renewer,

@@ -20,14 +20,17 @@ mod record;
 mod s3;
 mod store;
 
-pub use cache::{Cache, EntryInfo, Hit, Lookup, Obtained, PutOutcome, Stats, VerifyReport};
+pub use cache::{
+    Cache, EntryInfo, Hit, Lookup, Obtained, PutOutcome, Stats, TierStats, VerifyReport,
+};
 pub use error::{Error, Result};
 pub use key::CacheKey;
 pub use lease::Lease;
+pub use maintain::ExecutableCheck;
 pub use options::{
     default_dir, parse_size, CacheOptions, CACHE_URL_ENV, LOCAL_DIR_ENV, LOCAL_TIER_ENV,
     MAX_SIZE_ENV, READ_ONLY_ENV, SIGNING_KEY_ENV,
 };
 pub use record::{EntryRecord, FailureRecord, ENTRY_FORMAT_VERSION};
-pub use s3::{S3Options, S3Store, S3_TIMEOUT_ENV};
+pub use s3::{S3Options, S3Store, DEFAULT_S3_BUDGET, S3_TIMEOUT_ENV};
 pub use store::{LocalStore, ObjectMeta, PutMode, Store, Tier};

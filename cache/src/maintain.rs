@@ -1,14 +1,20 @@
 //! The maintenance operations behind `neuron-pc cache`: listing, totals, verification,
 //! removal and least-recently-used eviction.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::cache::{
-    exe_name, failure_name, key_of, record_name, Cache, EntryInfo, Stats, VerifyReport,
+    exe_name, failure_name, key_of, program_name, record_name, Cache, EntryInfo, Stats, TierStats,
+    VerifyReport,
 };
 use crate::error::{Error, Result};
 use crate::key::CacheKey;
-use crate::record::{EntryRecord, FailureRecord};
+use crate::record::{EntryRecord, FailureRecord, MAX_RECORD_BYTES};
+
+/// A caller's judgement of one executable against its program text: `Err(why)` when they do
+/// not belong together. The cache knows nothing of programs; the compiler side does.
+pub type ExecutableCheck<'a> =
+    &'a dyn Fn(&CacheKey, &str, &[u8]) -> std::result::Result<(), String>;
 use crate::store::{Store, Tier};
 
 impl Cache {
@@ -32,10 +38,10 @@ impl Cache {
         Ok(())
     }
 
-    /// Every entry (from the first tier that has it).
+    /// Every entry, with the tiers holding it; an entry whose record cannot be read is listed
+    /// with its problem (never hidden).
     pub fn list(&self) -> Result<Vec<EntryInfo>> {
-        let mut seen = HashSet::new();
-        let mut out = Vec::new();
+        let mut out: BTreeMap<CacheKey, EntryInfo> = BTreeMap::new();
         for tier in self.live_tiers() {
             for obj in tier.store.list("entries/")? {
                 let Some(k) = obj
@@ -49,43 +55,130 @@ impl Cache {
                 let Ok(key) = CacheKey::parse(k) else {
                     continue;
                 };
-                if !seen.insert(key.clone()) {
+                let t = tier.store.tier();
+                if let Some(e) = out.get_mut(&key) {
+                    e.tiers.push(t);
                     continue;
                 }
-                let Some(b) = tier.store.get(&obj.name).ok().flatten() else {
-                    continue;
+                let read = tier
+                    .store
+                    .get_max(&obj.name, MAX_RECORD_BYTES as u64)
+                    .and_then(|b| match b {
+                        Some(b) => EntryRecord::parse(&key, &b),
+                        None => Err(Error::Corrupt {
+                            key: key.to_string(),
+                            message: "record removed while listing".into(),
+                        }),
+                    });
+                let info = match read {
+                    Ok(r) => EntryInfo {
+                        key: r.key,
+                        tier: t,
+                        tiers: vec![t],
+                        problem: None,
+                        executable_size: r.executable_size,
+                        program_size: r.program_size,
+                        compile_ms: r.compile_ms,
+                        created_at: r.created_at,
+                        tool_version: r.tool_version,
+                    },
+                    Err(e) => EntryInfo {
+                        key: key.to_string(),
+                        tier: t,
+                        tiers: vec![t],
+                        problem: Some(format!("unreadable record: {e}")),
+                        executable_size: 0,
+                        program_size: 0,
+                        compile_ms: 0.0,
+                        created_at: 0,
+                        tool_version: String::new(),
+                    },
                 };
-                let Ok(r) = EntryRecord::parse(&key, &b) else {
-                    continue;
-                };
-                out.push(EntryInfo {
-                    key: r.key,
-                    tier: tier.store.tier(),
-                    executable_size: r.executable_size,
-                    program_size: r.program_size,
-                    compile_ms: r.compile_ms,
-                    created_at: r.created_at,
-                    tool_version: r.tool_version,
-                });
+                out.insert(key, info);
             }
         }
-        out.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(out)
+        Ok(out.into_values().collect())
     }
 
-    /// Counts over the first live tier.
-    pub fn stats(&self) -> Result<Stats> {
-        let mut s = Stats::default();
-        if let Some(t) = self.live_tiers().next() {
-            for o in t.store.list("entries/")? {
-                s.bytes += o.size;
-                if o.name.ends_with(".json") {
-                    s.entries += 1;
+    /// The key an unambiguous prefix (or a whole key) names, among entries and failure
+    /// records of every tier.
+    pub fn resolve(&self, prefix: &str) -> Result<CacheKey> {
+        let prefix = prefix.trim();
+        if let Ok(k) = CacheKey::parse(prefix) {
+            return Ok(k);
+        }
+        if prefix.is_empty()
+            || prefix.len() > 64
+            || !prefix
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return Err(Error::InvalidKey {
+                key: prefix.chars().take(80).collect(),
+            });
+        }
+        let mut found: BTreeSet<CacheKey> = BTreeSet::new();
+        for tier in self.live_tiers() {
+            let shard = if prefix.len() >= 2 {
+                format!("entries/{}/", &prefix[..2])
+            } else {
+                "entries/".to_string()
+            };
+            for o in tier
+                .store
+                .list(&shard)?
+                .into_iter()
+                .chain(tier.store.list("failures/")?)
+            {
+                if let Some(k) = key_of(&o.name).filter(|k| k.as_str().starts_with(prefix)) {
+                    found.insert(k);
                 }
             }
-            s.failures = t.store.list("failures/")?.len();
-            s.locks = t.store.list("locks/")?.len();
         }
+        let mut found: Vec<CacheKey> = found.into_iter().collect();
+        match found.len() {
+            0 => Err(Error::NotFound {
+                key: prefix.to_string(),
+                store: self.describe(),
+            }),
+            1 => Ok(found.remove(0)),
+            _ => Err(Error::Ambiguous {
+                prefix: prefix.to_string(),
+                candidates: found.iter().map(|k| k.to_string()).collect(),
+            }),
+        }
+    }
+
+    /// Counts per tier, and over all of them.
+    pub fn stats(&self) -> Result<Stats> {
+        let mut s = Stats {
+            shared: self.tiers.iter().any(|t| t.store.tier() == Tier::Remote),
+            signed: self.opts.signing_key.is_some(),
+            ..Stats::default()
+        };
+        let (mut entries, mut failures) = (BTreeSet::new(), BTreeSet::new());
+        for t in self.live_tiers() {
+            let mut ts = TierStats {
+                store: t.store.describe(),
+                ..TierStats::default()
+            };
+            for o in t.store.list("entries/")? {
+                ts.bytes += o.size;
+                if o.name.ends_with(".json") {
+                    ts.entries += 1;
+                    entries.extend(key_of(&o.name));
+                }
+            }
+            let f = t.store.list("failures/")?;
+            ts.failures = f.len();
+            failures.extend(f.iter().filter_map(|o| key_of(&o.name)));
+            ts.locks = t.store.list("locks/")?.len();
+            s.bytes += ts.bytes;
+            s.locks += ts.locks;
+            s.tiers.push(ts);
+        }
+        s.entries = entries.len();
+        s.failures = failures.len();
         Ok(s)
     }
 
@@ -93,9 +186,30 @@ impl Cache {
     /// leftovers of writers that died (temporary files, executables no record names, stale
     /// compile locks).
     pub fn verify(&self, fix: bool) -> Result<VerifyReport> {
-        let mut report = VerifyReport::default();
+        self.verify_with(fix, None)
+    }
+
+    /// Like [`Cache::verify`]; `check`, when given, also judges each verified executable
+    /// against its stored program text (for example: does the executable's signature match
+    /// the program's), and an executable it refuses is bad. A read-only cache only reports
+    /// (`fix` is ignored; the command line refuses `--fix` outright).
+    pub fn verify_with(
+        &self,
+        fix: bool,
+        check: Option<ExecutableCheck<'_>>,
+    ) -> Result<VerifyReport> {
         let fix = fix && !self.opts.read_only;
+        let mut report = VerifyReport::default();
         for tier in self.live_tiers() {
+            let here = tier.store.describe();
+            // Special files and symlinks first: reading them is what must never happen.
+            for (name, what) in tier.store.foreign_objects() {
+                report.bad.push((name.clone(), format!("{what} ({here})")));
+                if fix && tier.store.delete(&name).is_ok() {
+                    report.removed += 1;
+                    report.removed_items.push(format!("{name} ({what})"));
+                }
+            }
             let objects = tier.store.list("entries/")?;
             let mut by_key: BTreeMap<CacheKey, Vec<String>> = BTreeMap::new();
             for o in &objects {
@@ -111,9 +225,20 @@ impl Cache {
                         for orphan in names.iter().filter(|n| n.ends_with(".exe") && **n != keep) {
                             if fix && tier.store.delete(orphan).is_ok() {
                                 report.leftovers += 1;
+                                report
+                                    .removed_items
+                                    .push(format!("{orphan} (executable no record names)"));
                             }
                         }
-                        None
+                        match (check, tier.store.get(&program_name(&key))) {
+                            (Some(check), Ok(Some(program))) if !program.is_empty() => {
+                                report.programs_checked += 1;
+                                check(&key, &String::from_utf8_lossy(&program), &hit.executable)
+                                    .err()
+                                    .map(|m| format!("executable does not match its program: {m}"))
+                            }
+                            _ => None,
+                        }
                     }
                     Ok(None) if !has_record => {
                         Some("executable without record (incomplete write)".to_string())
@@ -123,26 +248,33 @@ impl Cache {
                 };
                 report.checked += usize::from(has_record);
                 if let Some(p) = problem {
-                    report.bad.push((
-                        key.to_string(),
-                        format!("{} ({})", p, tier.store.describe()),
-                    ));
+                    report.bad.push((key.to_string(), format!("{p} ({here})")));
                     if fix {
                         remove_entry(tier.store.as_ref(), &key)?;
                         report.removed += 1;
+                        report.removed_items.push(format!("entry {key} ({p})"));
                     }
                 }
             }
             if fix {
-                report.leftovers += tier.store.clean_leftovers();
+                let n = tier.store.clean_leftovers();
+                if n > 0 {
+                    report.leftovers += n;
+                    report
+                        .removed_items
+                        .push(format!("{n} temporary files of interrupted writers"));
+                }
                 for lock in tier.store.list("locks/")? {
                     let stale = match tier.store.get(&lock.name) {
                         Ok(Some(b)) => serde_json::from_slice::<crate::lease::Lease>(&b)
-                            .map_or(true, |l| l.is_stale()),
+                            .map_or(true, |l| l.is_invalid(self.opts.lease_secs)),
                         _ => false,
                     };
                     if stale && tier.store.delete(&lock.name).is_ok() {
                         report.leftovers += 1;
+                        report
+                            .removed_items
+                            .push(format!("{} (stale or invalid lock)", lock.name));
                     }
                 }
             }
@@ -150,14 +282,35 @@ impl Cache {
         Ok(report)
     }
 
-    /// Removes `key` (entry and failure record) from every tier.
+    /// Removes `key` (entry and failure record) from every tier; [`Error::NotFound`] when no
+    /// tier had anything of it.
     pub fn remove(&self, key: &CacheKey) -> Result<()> {
         if self.opts.read_only {
             return Err(Error::ReadOnly);
         }
+        let mut found = false;
         for tier in self.live_tiers() {
+            found |= !tier
+                .store
+                .list(&format!("entries/{}/{key}.", key.shard()))?
+                .is_empty()
+                || tier
+                    .store
+                    .get(&failure_name(key))
+                    .is_ok_and(|f| f.is_some())
+                || tier
+                    .store
+                    .foreign_objects()
+                    .iter()
+                    .any(|(n, _)| n == &record_name(key));
             remove_entry(tier.store.as_ref(), key)?;
             tier.store.delete(&failure_name(key))?;
+        }
+        if !found {
+            return Err(Error::NotFound {
+                key: key.to_string(),
+                store: self.describe(),
+            });
         }
         Ok(())
     }
@@ -188,6 +341,9 @@ impl Cache {
     /// `max_bytes`; returns how many entries went. Objects that vanish meanwhile (another
     /// process evicting too) are simply skipped.
     pub fn prune(&self, max_bytes: u64) -> Result<usize> {
+        if self.opts.read_only {
+            return Err(Error::ReadOnly);
+        }
         let Some(tier) = self.live_tiers().find(|t| t.store.tier() == Tier::Local) else {
             return Ok(0);
         };

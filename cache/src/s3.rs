@@ -17,8 +17,13 @@ use object_store::{BackoffConfig, ClientOptions, ObjectStore, PutPayload, RetryC
 use crate::error::{Error, Result};
 use crate::store::{ObjectMeta, PutMode, Store, Tier};
 
-/// Seconds (fractions allowed) bounding one S3 request; default 30.
+/// Seconds (fractions allowed) bounding one S3 operation, retries included; default 6. Half of
+/// it bounds each attempt, the other half the time in which retries may start.
 pub const S3_TIMEOUT_ENV: &str = "NEURON_PC_CACHE_S3_TIMEOUT";
+
+/// The default of [`S3_TIMEOUT_ENV`]: a hung server costs a training job these seconds once
+/// (the tier is then off for the rest of the job), not tens of seconds per operation.
+pub const DEFAULT_S3_BUDGET: Duration = Duration::from_secs(6);
 
 /// Time bounds of S3 requests.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,10 +47,10 @@ pub struct S3Options {
 impl Default for S3Options {
     fn default() -> Self {
         S3Options {
-            timeout: Duration::from_secs(30),
-            connect_timeout: Duration::from_secs(5),
+            timeout: DEFAULT_S3_BUDGET / 2,
+            connect_timeout: Duration::from_secs(2),
             max_retries: 3,
-            retry_timeout: Duration::from_secs(20),
+            retry_timeout: DEFAULT_S3_BUDGET / 2,
             initial_backoff: Duration::from_millis(100),
             endpoint: None,
             credentials: None,
@@ -67,16 +72,24 @@ impl S3Options {
                     url: v.clone(),
                     message: format!("{S3_TIMEOUT_ENV} must be a number of seconds"),
                 })?;
-            o.timeout = Duration::from_secs_f64(secs);
+            o.timeout = Duration::from_secs_f64(secs / 2.0);
+            o.retry_timeout = o.timeout;
             o.connect_timeout = o.connect_timeout.min(o.timeout);
         }
         Ok(o)
+    }
+
+    /// The most one operation may take, retries included: after it the operation fails as
+    /// timed out, whatever the server does.
+    pub fn budget(&self) -> Duration {
+        self.timeout + self.retry_timeout
     }
 }
 
 /// An S3 bucket and key prefix.
 pub struct S3Store {
     runtime: tokio::runtime::Runtime,
+    budget: Duration,
     store: AmazonS3,
     prefix: String,
     url: String,
@@ -261,27 +274,52 @@ impl S3Store {
             })?;
         Ok(S3Store {
             runtime,
+            budget: opts.budget(),
             store,
             prefix,
             url: url.trim_end_matches('/').to_string(),
         })
     }
 
-    /// One listing request: `Denied` for refused credentials, `InvalidUrl` for a bucket that
-    /// does not exist, `Unavailable` when the server cannot be reached.
+    /// One listing request: `Denied` for refused or missing credentials, `InvalidUrl` for a
+    /// bucket that does not exist, `Unavailable` when the server cannot be reached.
     pub fn probe(&self) -> Result<()> {
         let prefix = self.path("locks/");
-        let r = self
-            .runtime
-            .block_on(async { self.store.list_with_delimiter(Some(&prefix)).await });
+        let r = self.block(async { self.store.list_with_delimiter(Some(&prefix)).await })?;
         match r {
             Ok(_) => Ok(()),
-            Err(object_store::Error::NotFound { .. }) => Err(Error::InvalidUrl {
-                url: self.url.clone(),
-                message: "the bucket does not exist".into(),
-            }),
+            Err(object_store::Error::NotFound { .. }) => Err(self.no_bucket()),
+            Err(e) if e.to_string().contains("NoSuchBucket") => Err(self.no_bucket()),
             Err(e) => Err(self.map(e)),
         }
+    }
+
+    fn no_bucket(&self) -> Error {
+        let bucket = self.url["s3://".len()..]
+            .split('/')
+            .next()
+            .unwrap_or_default();
+        Error::InvalidUrl {
+            url: self.url.clone(),
+            message: format!(
+                "the bucket {bucket} does not exist (create it, or fix the bucket name in the URL)"
+            ),
+        }
+    }
+
+    /// Runs one operation on the runtime within the budget; running out of it is a timed-out
+    /// [`Error::Unavailable`].
+    fn block<T>(&self, fut: impl std::future::Future<Output = T>) -> Result<T> {
+        self.runtime
+            .block_on(async { tokio::time::timeout(self.budget, fut).await })
+            .map_err(|_| Error::Unavailable {
+                store: self.url.clone(),
+                message: format!(
+                    "no answer within {:.1} s ({S3_TIMEOUT_ENV})",
+                    self.budget.as_secs_f64()
+                ),
+                timed_out: true,
+            })
     }
 
     fn path(&self, name: &str) -> ObjectPath {
@@ -314,8 +352,27 @@ impl S3Store {
                 .any(|c| message.contains(c))
                 {
                     Error::Denied { store, message }
+                } else if message.to_ascii_lowercase().contains("credential")
+                    // No key configured: object_store asked the instance metadata service.
+                    || message.contains("/latest/api/token")
+                    || message.contains("/latest/meta-data/")
+                {
+                    Error::Denied {
+                        store,
+                        message: format!(
+                            "no usable credentials ({message}); set AWS_ACCESS_KEY_ID and \
+                             AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
+                        ),
+                    }
                 } else {
-                    Error::Unavailable { store, message }
+                    let lower = message.to_ascii_lowercase();
+                    // Not "timeout": every retry message names `retry_timeout`.
+                    let timed_out = lower.contains("timed out");
+                    Error::Unavailable {
+                        store,
+                        message,
+                        timed_out,
+                    }
                 }
             }
         }
@@ -338,10 +395,10 @@ impl Store for S3Store {
 
     fn get(&self, name: &str) -> Result<Option<Vec<u8>>> {
         let path = self.path(name);
-        let r = self.runtime.block_on(async {
+        let r = self.block(async {
             let got = self.store.get(&path).await?;
             got.bytes().await
-        });
+        })?;
         match r {
             Ok(b) => Ok(Some(b.to_vec())),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -356,9 +413,7 @@ impl Store for S3Store {
             PutMode::Overwrite => object_store::PutMode::Overwrite,
             PutMode::CreateOnly => object_store::PutMode::Create,
         };
-        let r = self
-            .runtime
-            .block_on(self.store.put_opts(&path, payload, mode.into()));
+        let r = self.block(self.store.put_opts(&path, payload, mode.into()))?;
         match r {
             Ok(_) => Ok(true),
             Err(
@@ -371,7 +426,7 @@ impl Store for S3Store {
 
     fn delete(&self, name: &str) -> Result<()> {
         let path = self.path(name);
-        match self.runtime.block_on(self.store.delete(&path)) {
+        match self.block(self.store.delete(&path))? {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.map(e)),
         }
@@ -395,9 +450,8 @@ impl Store for S3Store {
         } else {
             Some(ObjectPath::from(full))
         };
-        let r: std::result::Result<Vec<object_store::ObjectMeta>, _> = self
-            .runtime
-            .block_on(self.store.list(base.as_ref()).try_collect());
+        let r: std::result::Result<Vec<object_store::ObjectMeta>, _> =
+            self.block(self.store.list(base.as_ref()).try_collect())?;
         let strip = if self.prefix.is_empty() {
             String::new()
         } else {

@@ -62,6 +62,12 @@ pub trait Store: Send + Sync {
     fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>>;
     /// Marks an object as recently used (for eviction); best effort.
     fn touch(&self, _name: &str) {}
+    /// Objects in the store's namespace that are not plain objects (local: symlinks, FIFOs,
+    /// sockets, devices, directories where a file belongs), each with what it is. They are
+    /// damage: `verify` reports them and `--fix` deletes them.
+    fn foreign_objects(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
     /// Removes what writers that died mid-write left behind (never a committed object);
     /// returns how many objects went.
     fn clean_leftovers(&self) -> usize {
@@ -78,6 +84,16 @@ pub struct LocalStore {
 impl LocalStore {
     /// Opens (and creates) `root`. A symlink as the root or inside it is refused.
     pub fn open(root: &Path) -> Result<LocalStore> {
+        LocalStore::open_with(root, true)
+    }
+
+    /// Opens `root` without creating it (read-only clients make no directory; a missing root
+    /// is an empty cache).
+    pub fn open_existing(root: &Path) -> Result<LocalStore> {
+        LocalStore::open_with(root, false)
+    }
+
+    fn open_with(root: &Path, create: bool) -> Result<LocalStore> {
         if std::fs::metadata(root).is_ok_and(|m| !m.is_dir()) {
             return Err(Error::InvalidUrl {
                 url: root.display().to_string(),
@@ -85,10 +101,12 @@ impl LocalStore {
                     .into(),
             });
         }
-        std::fs::create_dir_all(root).map_err(|source| Error::Io {
-            path: root.display().to_string(),
-            source,
-        })?;
+        if create {
+            std::fs::create_dir_all(root).map_err(|source| Error::Io {
+                path: root.display().to_string(),
+                source,
+            })?;
+        }
         if std::fs::symlink_metadata(root)
             .map(|m| m.file_type().is_symlink())
             .unwrap_or(false)
@@ -125,7 +143,11 @@ impl LocalStore {
         }
         let path = self.root.join(name);
         let mut p = self.root.clone();
-        for comp in name.split('/') {
+        // Directories on the way must not be symlinks (that would leave the root). The last
+        // component may be one: reads refuse anything but a regular file, and writes replace
+        // the link itself, never what it points to.
+        let dirs = name.rsplit_once('/').map_or("", |(d, _)| d);
+        for comp in dirs.split('/').filter(|c| !c.is_empty()) {
             p.push(comp);
             if let Ok(m) = std::fs::symlink_metadata(&p) {
                 if m.file_type().is_symlink() {
@@ -157,23 +179,21 @@ impl Store for LocalStore {
     }
 
     fn get(&self, name: &str) -> Result<Option<Vec<u8>>> {
-        let path = self.path(name)?;
-        match std::fs::read(&path) {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Self::io(&path, e)),
-        }
+        self.get_max(name, u64::MAX)
     }
 
     fn get_max(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>> {
         let path = self.path(name)?;
-        match std::fs::symlink_metadata(&path) {
-            Ok(m) if m.len() > max => return Err(too_large(name, m.len(), max)),
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(Self::io(&path, e)),
+        let Some(mut file) = open_regular(name, &path)? else {
+            return Ok(None);
+        };
+        let len = file.metadata().map_err(|e| Self::io(&path, e))?.len();
+        if len > max {
+            return Err(too_large(name, len, max));
         }
-        self.get(name)
+        let mut bytes = Vec::with_capacity(len as usize);
+        std::io::Read::read_to_end(&mut file, &mut bytes).map_err(|e| Self::io(&path, e))?;
+        Ok(Some(bytes))
     }
 
     fn put(&self, name: &str, bytes: &[u8], mode: PutMode) -> Result<bool> {
@@ -208,6 +228,10 @@ impl Store for LocalStore {
                     Err(e) => return Err(e),
                 }
             } else {
+                // A directory where the object belongs (damage) would make every write fail.
+                if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+                    std::fs::remove_dir_all(&path)?;
+                }
                 std::fs::rename(&tmp, &path)?;
             }
             std::fs::File::open(&dir)?.sync_all()?;
@@ -223,8 +247,23 @@ impl Store for LocalStore {
     }
 
     fn delete(&self, name: &str) -> Result<()> {
-        let path = self.path(name)?;
-        match std::fs::remove_file(&path) {
+        let path = match self.path(name) {
+            Ok(p) => p,
+            // A symlink as the last component is removed itself (never what it points to);
+            // one further up is refused like any path through a symlink.
+            Err(e) => match name.rsplit_once('/') {
+                Some((dir, _)) if self.path(dir).is_ok() => self.root.join(name),
+                None if !name.is_empty() && name != "." && name != ".." => self.root.join(name),
+                _ => return Err(e),
+            },
+        };
+        let removed = match std::fs::symlink_metadata(&path) {
+            // A directory where an object belongs is damage; `remove_dir_all` does not follow
+            // symlinks inside it.
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+        match removed {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(Self::io(&path, e)),
@@ -282,11 +321,106 @@ impl Store for LocalStore {
     }
 
     fn touch(&self, name: &str) {
-        if let Ok(path) = self.path(name) {
-            if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&path) {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(path) = self.path(name) else { return };
+        // A file with other names may live outside the cache: never change it.
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_file() && m.nlink() == 1 => {}
+            _ => return,
+        }
+        if let Ok(f) = nonblocking().write(true).open(&path) {
+            if f.metadata().is_ok_and(|m| m.is_file() && m.nlink() == 1) {
                 let _ = f.set_modified(SystemTime::now());
             }
         }
+    }
+
+    fn foreign_objects(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut stack = vec![self.root.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+                    continue;
+                };
+                let Ok(rel) = entry
+                    .path()
+                    .strip_prefix(&self.root)
+                    .map(|r| r.to_string_lossy().into_owned())
+                else {
+                    continue;
+                };
+                let object_like = [".json", ".exe", ".mlir", ".lock"]
+                    .iter()
+                    .any(|x| rel.ends_with(x));
+                if meta.is_dir() && object_like {
+                    out.push((rel, "a directory where a file belongs".into()));
+                } else if meta.is_dir() {
+                    stack.push(entry.path());
+                } else if !meta.is_file() {
+                    out.push((rel, format!("{}, not a regular file", kind(&meta))));
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+/// What kind of special file `meta` describes, for messages.
+fn kind(meta: &std::fs::Metadata) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    if t.is_symlink() {
+        "a symlink"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_block_device() || t.is_char_device() {
+        "a device"
+    } else if t.is_dir() {
+        "a directory"
+    } else {
+        "a special file"
+    }
+}
+
+/// Open options that never block on a FIFO or device (Linux `O_NONBLOCK`).
+fn nonblocking() -> std::fs::OpenOptions {
+    use std::os::unix::fs::OpenOptionsExt;
+    const O_NONBLOCK: i32 = 0o4000;
+    let mut o = std::fs::OpenOptions::new();
+    o.custom_flags(O_NONBLOCK);
+    o
+}
+
+/// Opens `path` for reading only if it is a regular file: a FIFO, device, socket or directory
+/// in its place is damage ([`Error::Corrupt`]), never something to wait on. The type is checked
+/// before opening, and again on the opened file (the name may have been replaced meanwhile).
+fn open_regular(name: &str, path: &Path) -> Result<Option<std::fs::File>> {
+    let refuse = |meta: &std::fs::Metadata| Error::Corrupt {
+        key: name.to_string(),
+        message: format!("{} is {}, not a regular file", path.display(), kind(meta)),
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_file() => {}
+        Ok(m) => return Err(refuse(&m)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(LocalStore::io(path, e)),
+    }
+    let file = match nonblocking().read(true).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(LocalStore::io(path, e)),
+    };
+    match file.metadata() {
+        Ok(m) if m.is_file() => Ok(Some(file)),
+        Ok(m) => Err(refuse(&m)),
+        Err(e) => Err(LocalStore::io(path, e)),
     }
 }
 

@@ -178,6 +178,16 @@ fn killed_writers(b: Backend, rounds: usize) {
             "temporary files left behind"
         );
     }
+    fault_report(
+        &format!("writer SIGKILLed at a random point ({b:?})"),
+        rounds,
+        &format!(
+            "{hits} verified hits, every other lookup a miss; --fix removed {} bad",
+            fixed.removed
+        ),
+        after.bad.len(),
+        0,
+    );
 }
 
 #[test]
@@ -225,6 +235,13 @@ fn race(b: Backend) {
         assert_eq!(n, 1, "{b:?}: key {i} compiled {n} times");
         assert_eq!(hit_bytes(&reader, &k), Some(exe_for(&k, 4096 + i * 100)));
     }
+    fault_report(
+        &format!("8 processes racing on {RACE_KEYS} keys ({b:?})"),
+        RACE_KEYS,
+        "each key compiled exactly once, every racer got its bytes",
+        0,
+        0,
+    );
 }
 
 #[test]
@@ -379,6 +396,16 @@ fn a_full_disk_fails_writes_softly_and_keeps_serving_reads() {
         .get_or_compile(&fk, "", &inputs("f"), false, || Ok(vec![1; 10]))
         .unwrap();
     assert!(matches!(got, Obtained::Compiled { ref executable, .. } if executable == &vec![1; 10]));
+    fault_report(
+        "full disk (1 MiB tmpfs)",
+        stored.len() + 1,
+        &format!(
+            "{} stored, then Failed(no space); reads still served",
+            stored.len()
+        ),
+        0,
+        0,
+    );
 }
 
 #[test]

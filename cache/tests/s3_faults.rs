@@ -93,6 +93,13 @@ fn persistent_errors_are_a_bounded_miss_and_the_tier_comes_back() {
         Some(exe),
         "the tier is retried after the outage window"
     );
+    fault_report(
+        "S3 answering 500 on every request",
+        1,
+        &format!("bounded miss ({used} requests), tier skipped, back after the window"),
+        0,
+        0,
+    );
 }
 
 #[test]
@@ -114,6 +121,13 @@ fn responses_cut_mid_body_never_give_a_wrong_executable() {
         p.state.next.lock().unwrap().clear();
     }
     assert!(hits >= 1, "a single cut is retried into a hit");
+    fault_report(
+        "S3 response cut mid-body",
+        5,
+        &format!("{hits} retried into a verified hit, {} misses", 5 - hits),
+        0,
+        0,
+    );
 }
 
 #[test]
@@ -253,6 +267,13 @@ fn a_read_only_client_sends_zero_writes() {
             "{b:?}: the consumer did talk to the server"
         );
         assert_eq!(p.writes(), before, "{b:?}: a read-only client sent writes");
+        fault_report(
+            &format!("read-only consumer ({b:?})"),
+            1,
+            "zero writes sent",
+            0,
+            0,
+        );
     }
 }
 

@@ -284,6 +284,13 @@ fn damaged_entries_are_misses_and_the_next_write_repairs_them() {
         assert!(c.verify(false).unwrap().bad.is_empty(), "{b:?}");
         assert_eq!(hit_bytes(&c, &donor.0), Some(donor.1.clone()));
         assert_eq!(c.list().unwrap().len(), DAMAGE.len() + 1, "{b:?}");
+        fault_report(
+            &format!("damaged entry, {} kinds ({b:?})", DAMAGE.len()),
+            DAMAGE.len(),
+            "miss, reported by verify, recompiled and repaired",
+            0,
+            0,
+        );
     }
 }
 
@@ -390,6 +397,13 @@ fn signing_refuses_unsigned_and_mis_signed_entries() {
             None,
             "{b:?}: forged signature refused"
         );
+        fault_report(
+            &format!("signing: wrong key, unsigned, forged ({b:?})"),
+            3,
+            "refused (miss)",
+            0,
+            0,
+        );
     }
 }
 
@@ -482,9 +496,11 @@ fn stale_and_foreign_locks() {
                 "{b:?} {i}: stale lease broken without waiting"
             );
         }
-        // A live lease held elsewhere: wait up to the bound, then compile here anyway.
+        // A live lease held elsewhere: wait up to the bound, then compile here anyway. (Its
+        // expiry is one a holder renewing a 60 s lease can have; one far beyond that is void,
+        // see `a_lease_with_a_far_future_expiry_is_void`.)
         let k = key(&format!("held {b:?}"));
-        let lease = serde_json::json!({"pid": 1, "host": "elsewhere", "expires_at": now + 3600});
+        let lease = serde_json::json!({"pid": 1, "host": "elsewhere", "expires_at": now + 50});
         f.last()
             .put(
                 &lock_obj(&k),

@@ -54,6 +54,10 @@ pub enum Error {
     /// Arguments handed to an executable do not match its signature.
     #[error("execute: {message}")]
     Argument { message: String },
+    /// A loaded executable does not take or return what its program does (it was compiled
+    /// from another program).
+    #[error("executable does not match its program: {message}")]
+    Interface { message: String },
     /// The reference evaluator cannot evaluate an op in this setting.
     #[error("reference evaluator, {op}: {message}")]
     Evaluate { op: &'static str, message: String },

@@ -334,3 +334,58 @@ fn a_library_that_is_not_a_plugin_is_refused() {
         .to_string();
     assert!(err.contains("/nonexistent/xla_cpu_pjrt.so"), "{err}");
 }
+
+/// Issue 14 A: an executable loaded for a program must take and return what that program
+/// does. Bytes of another program (a planted or misfiled cache entry) are refused at load, by
+/// results (count, dtype, shape) and by parameters (count, dtype, shape), before any launch.
+#[test]
+fn an_executable_of_another_program_is_refused_at_load() {
+    let two_in = r#"
+func.func @main(%a: tensor<4x3xf32>, %b: tensor<4x3xf32>) -> tensor<4x3xf32> {
+  %0 = stablehlo.add %a, %b : tensor<4x3xf32>
+  return %0 : tensor<4x3xf32>
+}"#;
+    // Same result, one parameter fewer.
+    let one_in = r#"
+func.func @main(%a: tensor<4x3xf32>) -> tensor<4x3xf32> {
+  %0 = stablehlo.exponential %a : tensor<4x3xf32>
+  return %0 : tensor<4x3xf32>
+}"#;
+    // Same parameters, two results of another dtype.
+    let two_out = r#"
+func.func @main(%a: tensor<4x3xf32>, %b: tensor<4x3xf32>) -> (tensor<4x3xi32>, tensor<3xf32>) {
+  %0 = stablehlo.convert %a : (tensor<4x3xf32>) -> tensor<4x3xi32>
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %1 = stablehlo.reduce(%b init: %z) applies stablehlo.add across dimensions = [0] : (tensor<4x3xf32>, tensor<f32>) -> tensor<3xf32>
+  return %0, %1 : tensor<4x3xi32>, tensor<3xf32>
+}"#;
+    let compiled = |p: &str| {
+        client()
+            .compile(p, &CompileOptions::default())
+            .unwrap()
+            .serialize()
+            .unwrap()
+    };
+    let bytes = compiled(two_in);
+    let sig = |p: &str| neuron_pc_compiler::pjrt::Signature::parse(p);
+
+    let ok = client().deserialize(&bytes, sig(two_in)).unwrap();
+    let types = ok.output_types().unwrap();
+    assert_eq!(types, sig(two_in).unwrap().results);
+    assert_eq!(
+        ok.parameter_types(),
+        Some(sig(two_in).unwrap().params),
+        "the plugin's optimized program names the parameters"
+    );
+
+    for (other, what) in [(one_in, "takes"), (two_out, "returns")] {
+        let err = client().deserialize(&bytes, sig(other)).unwrap_err();
+        assert!(matches!(err, Error::Interface { .. }), "{err}");
+        assert!(err.to_string().contains(what), "{err}");
+    }
+    // And the other way round: two_out's executable for two_in's program.
+    let err = client()
+        .deserialize(&compiled(two_out), sig(two_in))
+        .unwrap_err();
+    assert!(err.to_string().contains("returns 2 values"), "{err}");
+}

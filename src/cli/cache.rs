@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use anyhow::{bail, Context};
 use neuron_pc::compile::CacheConfig;
-use neuron_pc_cache::{parse_size, Cache, CacheKey, Lookup};
+use neuron_pc_cache::{parse_size, Cache, CacheKey, ExecutableCheck, Lookup, Tier, READ_ONLY_ENV};
 use neuron_pc_compiler::flags::CompilerFlags;
 
 /// `neuron-pc cache <command>`.
@@ -67,10 +67,14 @@ pub enum CacheCommand {
         #[command(flatten)]
         common: Common,
     },
-    /// Remove every entry, or with --failed only the failure records.
+    /// Remove every entry, or with --failed only the failure records. A shared (s3://) cache
+    /// asks for confirmation, or needs --yes when stdin is not a terminal.
     Clear {
         #[arg(long)]
         failed: bool,
+        /// Do not ask before clearing a shared cache.
+        #[arg(long)]
+        yes: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -80,12 +84,28 @@ fn open(common: &Common) -> anyhow::Result<Cache> {
     let flags = CompilerFlags::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
     let config = CacheConfig::resolve(common.cache.as_deref(), &flags)?;
     let cache = config.open(None).context("opening the compile cache")?;
+    // A command about a cache it cannot reach would report an empty or partial cache.
+    if let Some(down) = cache.disabled_tiers().first() {
+        bail!("cannot reach {down} (see the warning above); check the endpoint and network, or raise NEURON_PC_CACHE_S3_TIMEOUT")
+    }
     tracing::debug!("compile cache: {}", cache.describe());
     Ok(cache)
 }
 
-fn parse_key(s: &str) -> anyhow::Result<CacheKey> {
-    Ok(CacheKey::parse(s.trim())?)
+/// A whole key, or a unique prefix of one (as `compile`'s table prints them).
+fn parse_key(cache: &Cache, s: &str) -> anyhow::Result<CacheKey> {
+    Ok(cache.resolve(s)?)
+}
+
+fn tier_names(tiers: &[Tier]) -> String {
+    tiers
+        .iter()
+        .map(|t| match t {
+            Tier::Local => "local",
+            Tier::Remote => "remote",
+        })
+        .collect::<Vec<_>>()
+        .join("+")
 }
 
 fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
@@ -93,8 +113,10 @@ fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs a cache command; returns the process exit code.
-pub fn run(args: CacheArgs) -> anyhow::Result<i32> {
+/// Runs a cache command; returns the process exit code. `check` lets `verify` judge each
+/// executable against its stored program (the binary passes one that loads executables with
+/// the plugin; the cache crate's tests pass none).
+pub fn run_with(args: CacheArgs, check: Option<ExecutableCheck<'_>>) -> anyhow::Result<i32> {
     match args.command {
         CacheCommand::Ls(common) => {
             let entries = open(&common)?.list()?;
@@ -102,19 +124,21 @@ pub fn run(args: CacheArgs) -> anyhow::Result<i32> {
                 print_json(&entries)?;
             } else {
                 println!(
-                    "{:<64}  {:<6}  {:>12}  {:>10}  {:>9}",
+                    "{:<64}  {:<12}  {:>12}  {:>10}  {:>9}",
                     "KEY", "TIER", "BYTES", "COMPILE_MS", "AGE"
                 );
                 for e in &entries {
-                    let tier = serde_json::to_value(e.tier)?;
-                    println!(
-                        "{:<64}  {:<6}  {:>12}  {:>10.1}  {:>9}",
-                        e.key,
-                        tier.as_str().unwrap_or("?"),
-                        e.executable_size,
-                        e.compile_ms,
-                        age(e.created_at)
-                    );
+                    let tiers = tier_names(&e.tiers);
+                    match &e.problem {
+                        Some(p) => println!("{:<64}  {tiers:<12}  BAD: {p}", e.key),
+                        None => println!(
+                            "{:<64}  {tiers:<12}  {:>12}  {:>10.1}  {:>9}",
+                            e.key,
+                            e.executable_size,
+                            e.compile_ms,
+                            age(e.created_at)
+                        ),
+                    }
                 }
             }
             Ok(0)
@@ -130,27 +154,57 @@ pub fn run(args: CacheArgs) -> anyhow::Result<i32> {
                 println!("failures  {}", s.failures);
                 println!("bytes     {}", s.bytes);
                 println!("locks     {}", s.locks);
+                if s.tiers.len() > 1 {
+                    for t in &s.tiers {
+                        println!(
+                            "  {}: {} entries, {} failures, {} bytes, {} locks",
+                            t.store, t.entries, t.failures, t.bytes, t.locks
+                        );
+                    }
+                }
+                println!(
+                    "signing   {}",
+                    match (s.signed, s.shared) {
+                        (true, _) => "on (unsigned or mis-signed entries are refused)",
+                        (false, true) => "OFF on a shared cache: whoever can write the bucket can plant executables; set NEURON_PC_CACHE_SIGNING_KEY",
+                        (false, false) => "off",
+                    }
+                );
             }
             Ok(0)
         }
         CacheCommand::Show { key, other, common } => show(&key, other.as_deref(), &common),
         CacheCommand::Verify { fix, common } => {
-            let r = open(&common)?.verify(fix)?;
+            let cache = open(&common)?;
+            if fix && cache.options().read_only {
+                bail!("verify --fix would repair a read-only cache ({READ_ONLY_ENV} is set); run without --fix to report only")
+            }
+            let r = cache.verify_with(fix, check)?;
+            // With --fix, success means what is left is sound.
+            let unfixed = if fix {
+                r.bad.len().saturating_sub(r.removed)
+            } else {
+                r.bad.len()
+            };
             if common.json {
                 print_json(&r)?;
             } else {
                 for (k, problem) in &r.bad {
                     println!("bad {k}: {problem}");
                 }
+                for item in &r.removed_items {
+                    println!("removed {item}");
+                }
                 println!(
-                    "checked {} entries, {} bad, {} removed, {} leftovers cleaned",
+                    "checked {} entries ({} against their programs), {} bad, {} removed, {} leftovers cleaned",
                     r.checked,
+                    r.programs_checked,
                     r.bad.len(),
                     r.removed,
                     r.leftovers
                 );
             }
-            Ok(i32::from(!r.bad.is_empty()))
+            Ok(i32::from(unfixed > 0))
         }
         CacheCommand::Prune { max_size, common } => {
             let Some(max) = parse_size(&max_size) else {
@@ -165,8 +219,9 @@ pub fn run(args: CacheArgs) -> anyhow::Result<i32> {
             Ok(0)
         }
         CacheCommand::Rm { key, common } => {
-            let k = parse_key(&key)?;
-            open(&common)?.remove(&k)?;
+            let cache = open(&common)?;
+            let k = parse_key(&cache, &key)?;
+            cache.remove(&k)?;
             if common.json {
                 print_json(&serde_json::json!({"removed": k.as_str()}))?;
             } else {
@@ -174,8 +229,16 @@ pub fn run(args: CacheArgs) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        CacheCommand::Clear { failed, common } => {
-            let n = open(&common)?.clear(failed)?;
+        CacheCommand::Clear {
+            failed,
+            yes,
+            common,
+        } => {
+            let cache = open(&common)?;
+            if !yes && cache.stats().is_ok_and(|s| s.shared) {
+                confirm_clear(&cache.describe(), failed)?;
+            }
+            let n = cache.clear(failed)?;
             if common.json {
                 print_json(&serde_json::json!({"removed_objects": n, "failed_only": failed}))?;
             } else {
@@ -184,6 +247,23 @@ pub fn run(args: CacheArgs) -> anyhow::Result<i32> {
             Ok(0)
         }
     }
+}
+
+/// Asks on the terminal before clearing a shared cache; without a terminal, refuses.
+fn confirm_clear(what: &str, failed: bool) -> anyhow::Result<()> {
+    use std::io::{BufRead, IsTerminal, Write};
+    let objects = if failed { "failure records" } else { "entries" };
+    if !std::io::stdin().is_terminal() {
+        bail!("refusing to clear the {objects} of the shared cache {what} without confirmation; pass --yes")
+    }
+    eprint!("clear every {objects} of the shared cache {what}? type yes: ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    if answer.trim() != "yes" {
+        bail!("not cleared")
+    }
+    Ok(())
 }
 
 /// `created_at` (unix seconds) as a short age like `42s`, `7m`, `3h`, `12d`.
@@ -201,8 +281,8 @@ fn age(created_at: u64) -> String {
 }
 
 fn show(key: &str, other: Option<&str>, common: &Common) -> anyhow::Result<i32> {
-    let k = parse_key(key)?;
     let cache = open(common)?;
+    let k = parse_key(&cache, key)?;
     let record = cache.record(&k);
     let failure = cache.failure(&k);
     if record.is_none() && failure.is_none() {
@@ -218,7 +298,7 @@ fn show(key: &str, other: Option<&str>, common: &Common) -> anyhow::Result<i32> 
     };
     let diff = match other {
         Some(o) => {
-            let ok = parse_key(o)?;
+            let ok = parse_key(&cache, o)?;
             let Some((orec, _)) = cache.record(&ok) else {
                 bail!("no entry for {ok}")
             };

@@ -4,6 +4,7 @@
 
 mod aot;
 mod cache;
+mod cache_check;
 mod targets;
 
 use clap::{Parser, Subcommand};
@@ -47,7 +48,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::CompileGraphs(args) => aot::graphs_cmd::run(args),
         Command::RunGraph(args) => aot::run_graph::run(args),
         Command::Analyze(args) => aot::analyze::run(args),
-        Command::Cache(args) => cache::run(args),
+        Command::Cache(args) => cache::run_with(args, Some(&cache_check::check_executable)),
         Command::CompileWorker(args) => aot::worker::run(args),
     }
 }

@@ -15,6 +15,8 @@ use crate::error::{Error, Result};
 pub use neuron_pc_cache::CACHE_URL_ENV;
 /// `0` turns the persistent cache off (executables are kept in memory only).
 pub const USE_CACHE_ENV: &str = "NEURON_PC_CACHE";
+/// `1`: a compile cache that cannot be opened or reached at start fails the job.
+pub const CACHE_STRICT_ENV: &str = "NEURON_PC_CACHE_STRICT";
 
 /// A resolved cache configuration: where, whether, and how.
 #[derive(Clone, Debug)]
@@ -95,26 +97,43 @@ impl CacheConfig {
         Cache::open(&self.location(), opts)
     }
 
-    /// Opens the cache for a training job: `None` when disabled. Configuration the user must
-    /// fix (an invalid URL, refused credentials) is an error; storage that cannot be used is
-    /// said once, loudly, and the job goes on compiling without it.
-    pub fn open_for_job(&self, compiler: &CompilerIdentity) -> Result<Option<Cache>> {
+    /// Opens the cache for a training job: no cache when disabled. A cache that cannot be
+    /// opened (a missing bucket, refused or missing credentials, a root that is a symlink, an
+    /// unreachable server) costs the job its cache, never the job: one error-level line now,
+    /// and the reason comes back for the metrics (`cache_unavailable`); the job compiles.
+    /// [`CACHE_STRICT_ENV`]`=1` makes it an error instead (a fleet that must not compile
+    /// everything).
+    pub fn open_for_job(
+        &self,
+        compiler: &CompilerIdentity,
+    ) -> Result<(Option<Cache>, Option<String>)> {
         if !self.enabled {
-            return Ok(None);
+            return Ok((None, None));
         }
-        match self.open(Some(compiler)) {
-            Ok(cache) => Ok(Some(cache)),
-            Err(e @ (CacheError::InvalidUrl { .. } | CacheError::Denied { .. })) => {
-                Err(Error::Config(format!("compile cache: {e}")))
+        let (cache, problem) = match self.open(Some(compiler)) {
+            Ok(cache) => {
+                let down = cache.disabled_tiers();
+                let problem =
+                    (!down.is_empty()).then(|| format!("{} cannot be reached", down.join(", ")));
+                (Some(cache), problem)
             }
-            Err(e) => {
-                tracing::error!(
-                    "compile cache {} unavailable ({e}); this job compiles every graph itself",
-                    self.location()
-                );
-                Ok(None)
+            Err(e @ CacheError::InvalidKey { .. }) => {
+                return Err(Error::Config(format!("compile cache: {e}")))
             }
+            Err(e) => (None, Some(e.to_string())),
+        };
+        if let Some(p) = &problem {
+            if std::env::var(CACHE_STRICT_ENV).is_ok_and(|v| !v.is_empty() && v != "0") {
+                return Err(Error::Config(format!(
+                    "compile cache unavailable: {p} ({CACHE_STRICT_ENV} is set)"
+                )));
+            }
+            tracing::error!(
+                "compile cache unavailable: {p}; this job compiles every graph itself (set \
+                 {CACHE_STRICT_ENV}=1 to fail instead)"
+            );
         }
+        Ok((cache, problem))
     }
 }
 

@@ -19,7 +19,7 @@ use neuron_pc_compiler::ir::{Graph, TensorType};
 use neuron_pc_compiler::key::{cache_key, CacheKey, CompilerIdentity};
 use neuron_pc_compiler::pjrt::{ArgType, Client, CompileOptions, LoadedExecutable, Signature};
 
-pub use cache_config::{CacheConfig, CACHE_URL_ENV, USE_CACHE_ENV};
+pub use cache_config::{CacheConfig, CACHE_STRICT_ENV, CACHE_URL_ENV, USE_CACHE_ENV};
 
 pub use crate::error::CompileError;
 use crate::error::{Error, Result};
@@ -118,6 +118,8 @@ pub struct Compiler {
     options: CompileOptions,
     identity: CompilerIdentity,
     cache: Option<Cache>,
+    /// Why a job runs without its cache (or its shared tier), when it does.
+    cache_unavailable: Option<String>,
 }
 
 impl std::fmt::Debug for Compiler {
@@ -140,6 +142,7 @@ impl Compiler {
             flags,
             identity,
             cache,
+            cache_unavailable: None,
         })
     }
 
@@ -147,7 +150,7 @@ impl Compiler {
     /// [`CacheConfig::open_for_job`]).
     pub fn for_job(client: Client, flags: CompilerFlags, config: &CacheConfig) -> Result<Compiler> {
         let mut c = Compiler::new(client, flags, None)?;
-        c.cache = config.open_for_job(&c.identity)?;
+        (c.cache, c.cache_unavailable) = config.open_for_job(&c.identity)?;
         Ok(c)
     }
 
@@ -180,6 +183,11 @@ impl Compiler {
     /// The persistent cache, if any.
     pub fn cache(&self) -> Option<&Cache> {
         self.cache.as_ref()
+    }
+
+    /// Why this job runs without its cache (or without its shared tier), if it does.
+    pub fn cache_unavailable(&self) -> Option<&str> {
+        self.cache_unavailable.as_deref()
     }
 
     /// The key of compiling `text` with this compiler.

@@ -43,6 +43,9 @@ pub struct Metrics {
     pub zero_filled_reads: u64,
     /// New graphs at a mark_step site that had already run (the recompilation diagnostic fired).
     pub recompiles_after_warmup: u64,
+    /// Why the persistent compile cache (or its shared tier) was not usable at start, if so.
+    #[serde(default)]
+    pub cache_unavailable: Option<String>,
 }
 
 impl Metrics {
@@ -98,6 +101,9 @@ impl Metrics {
             "recompiles after warm-up",
             self.recompiles_after_warmup.to_string(),
         );
+        if let Some(why) = &self.cache_unavailable {
+            line("cache unavailable", why.clone());
+        }
         s
     }
 

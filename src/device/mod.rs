@@ -105,6 +105,10 @@ impl LazyDevice {
             )));
         }
         let compiler = Compiler::for_job(client, config.flags.clone(), &config.cache)?;
+        let metrics = Metrics {
+            cache_unavailable: compiler.cache_unavailable().map(str::to_string),
+            ..Metrics::default()
+        };
         Ok(LazyDevice {
             inner: Arc::new(DeviceInner {
                 device: Device(config.device_index),
@@ -112,7 +116,7 @@ impl LazyDevice {
                 interner: Mutex::new(Interner::default()),
                 pending: Mutex::new(Vec::new()),
                 executables: Mutex::new(HashMap::default()),
-                metrics: Mutex::new(Metrics::default()),
+                metrics: Mutex::new(metrics),
                 sites: Mutex::new(diagnose::Sites::default()),
                 in_flight: InFlight::default(),
                 timeline: config.trace.as_ref().map(|p| {

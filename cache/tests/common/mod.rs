@@ -202,6 +202,12 @@ pub fn hit_bytes(c: &Cache, k: &CacheKey) -> Option<Vec<u8>> {
     }
 }
 
+/// One line of the fault report (`scripts/fault-report` collects them from the test output):
+/// a fault class, how many trials, what happened, entries lost and wrong executables served.
+pub fn fault_report(class: &str, trials: usize, outcome: &str, lost: usize, wrong: usize) {
+    println!("FAULT-REPORT\t{class}\t{trials}\t{outcome}\t{lost}\t{wrong}");
+}
+
 /// A small xorshift generator: reproducible randomness without a dependency.
 pub struct Rng(pub u64);
 impl Rng {

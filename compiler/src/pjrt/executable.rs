@@ -46,9 +46,9 @@ impl std::fmt::Debug for LoadedExecutable {
 }
 
 /// The unloaded executable behind a loaded one; destroyed on drop.
-struct ExecutableRef<'a> {
+pub(super) struct ExecutableRef<'a> {
     client: &'a Client,
-    raw: *mut sys::PJRT_Executable,
+    pub(super) raw: *mut sys::PJRT_Executable,
 }
 
 impl Drop for ExecutableRef<'_> {
@@ -109,7 +109,9 @@ impl Client {
     }
 
     /// Loads an executable produced by [`LoadedExecutable::serialize`] with the same plugin.
-    /// `signature` (from the program text) lets every launch check its arguments.
+    /// `signature` (from the program text) lets every launch check its arguments, and the
+    /// executable must take and return what it says ([`Error::Interface`] otherwise: the bytes
+    /// belong to another program).
     pub fn deserialize(
         &self,
         bytes: &[u8],
@@ -126,7 +128,11 @@ impl Client {
             PJRT_Executable_DeserializeAndLoad,
             &mut args
         )?;
-        self.wrap_executable(args.loaded_executable, signature)
+        let exe = self.wrap_executable(args.loaded_executable, signature)?;
+        if let Some(sig) = exe.signature() {
+            exe.check_interface(sig)?;
+        }
+        Ok(exe)
     }
 
     fn wrap_executable(
@@ -153,7 +159,7 @@ impl Client {
 }
 
 impl LoadedExecutable {
-    fn executable(&self) -> Result<ExecutableRef<'_>> {
+    pub(super) fn executable(&self) -> Result<ExecutableRef<'_>> {
         let mut args = sys::PJRT_LoadedExecutable_GetExecutable_Args {
             loaded_executable: self.raw,
             ..Args::new()

@@ -33,6 +33,7 @@ mod buffer;
 mod client;
 mod event;
 mod executable;
+mod interface;
 mod logging;
 mod malloc;
 mod options;
