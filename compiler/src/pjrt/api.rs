@@ -90,7 +90,8 @@ impl Plugin {
             return Err(Error::PluginLoad {
                 path: self.path.display().to_string(),
                 message: format!(
-                    "PJRT C API {major}.{minor} is not compatible with the {}.{} this build was generated for",
+                    "PJRT C API {major}.{minor} is not compatible with the {}.{} this build was \
+                     generated for",
                     ours.0, ours.1
                 ),
             });
