@@ -55,7 +55,8 @@ fn struct_size_impls(code: &str) -> String {
             continue;
         }
         out.push_str(&format!(
-            "impl Args for {name} {{ fn new() -> Self {{ {name} {{ struct_size: {name}_STRUCT_SIZE as usize, ..Default::default() }} }} }}\n"
+            "impl Args for {name} {{ fn new() -> Self {{ {name} {{ \
+             struct_size: {name}_STRUCT_SIZE as usize, ..Default::default() }} }} }}\n"
         ));
     }
     out

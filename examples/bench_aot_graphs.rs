@@ -3,7 +3,8 @@
 //! MLP width so every graph is distinct.
 //!
 //! ```sh
-//! NEURON_PC_EXTRACT_DIR=/tmp/g NEURON_PC_CACHE=0 target/release/examples/bench_aot_graphs --count 16
+//! NEURON_PC_EXTRACT_DIR=/tmp/g NEURON_PC_CACHE=0 \
+//!     target/release/examples/bench_aot_graphs --count 16
 //! neuron-pc compile-graphs /tmp/g --jobs 2
 //! ```
 //! Run in extract mode (as above, or under `neuron-pc compile`) nothing executes: each step's

@@ -153,7 +153,8 @@ fn main() -> anyhow::Result<()> {
         median(total)
     );
     println!(
-        "| example step (trace + mark_step + execute), default config, synced every step | {:.2} ms |",
+        "| example step (trace + mark_step + execute), default config, synced every step \
+         | {:.2} ms |",
         step
     );
     println!(

@@ -8,7 +8,8 @@ use neuron_pc_compiler::HostTensor;
 
 const PROGRAM: &str = r#"
 func.func @main(%x: tensor<2x3xf32>, %w: tensor<3x2xf32>) -> tensor<2x2xf32> {
-  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<2x3xf32>, tensor<3x2xf32>) -> tensor<2x2xf32>
+  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0]
+      : (tensor<2x3xf32>, tensor<3x2xf32>) -> tensor<2x2xf32>
   %1 = stablehlo.tanh %0 : tensor<2x2xf32>
   return %1 : tensor<2x2xf32>
 }"#;

@@ -172,7 +172,8 @@ fn a_program_the_compiler_rejects_fails_alone_and_is_recorded() {
     // Parses as MLIR but is ill-typed: the compiler rejects it.
     std::fs::write(
         dir.join("bad.mlir"),
-        "func.func @main(%a: tensor<2xf32>) -> tensor<3xf32> {\n  %0 = stablehlo.add %a, %a : tensor<3xf32>\n  return %0 : tensor<3xf32>\n}\n",
+        "func.func @main(%a: tensor<2xf32>) -> tensor<3xf32> {\n  \
+         %0 = stablehlo.add %a, %a : tensor<3xf32>\n  return %0 : tensor<3xf32>\n}\n",
     )
     .unwrap();
     let out = npc(
@@ -256,7 +257,11 @@ fn small_programs(tag: &str, n: usize) -> PathBuf {
         let t = format!("tensor<{i}x3xf32>");
         std::fs::write(
             dir.join(format!("p{i}.mlir")),
-            format!("func.func @main(%a: {t}) -> {t} {{\n  %0 = stablehlo.multiply %a, %a : {t}\n  %1 = stablehlo.add %0, %a : {t}\n  return %1 : {t}\n}}\n"),
+            format!(
+                "func.func @main(%a: {t}) -> {t} {{\n  \
+                 %0 = stablehlo.multiply %a, %a : {t}\n  \
+                 %1 = stablehlo.add %0, %a : {t}\n  return %1 : {t}\n}}\n"
+            ),
         )
         .unwrap();
     }

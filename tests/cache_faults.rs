@@ -342,7 +342,7 @@ fn a_missing_bucket_or_missing_credentials_is_one_loud_line() {
         &'a str,
         &'a str,
     );
-    let cases: [Case; 2] = [
+    let cases: [Case<'_>; 2] = [
         (
             "missing bucket",
             &missing,

@@ -704,7 +704,8 @@ impl Cache {
                                 |l| format!("pid {} on {}", l.pid, l.host),
                             );
                             tracing::warn!(
-                                "compile cache: {who} is compiling {key}; waiting for it (up to {:.0} s)",
+                                "compile cache: {who} is compiling {key}; waiting for it \
+                                 (up to {:.0} s)",
                                 self.opts.lock_wait.as_secs_f64()
                             );
                         }

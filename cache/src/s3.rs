@@ -240,11 +240,16 @@ impl S3Store {
                 "http" => {
                     return Err(Error::InvalidUrl {
                         url: endpoint.clone(),
-                        message: "plain http is allowed only for loopback endpoints (127.0.0.1, localhost, ::1); use https".into(),
+                        message: "plain http is allowed only for loopback endpoints \
+                                  (127.0.0.1, localhost, ::1); use https"
+                            .into(),
                     })
                 }
                 other => {
-                    return Err(Error::InvalidUrl { url: endpoint.clone(), message: format!("unsupported endpoint scheme {other}://") })
+                    return Err(Error::InvalidUrl {
+                        url: endpoint.clone(),
+                        message: format!("unsupported endpoint scheme {other}://"),
+                    })
                 }
             }
         }

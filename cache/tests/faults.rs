@@ -356,7 +356,8 @@ fn a_lease_with_a_far_future_expiry_is_void() {
         let k = key(&format!("far future {b:?}"));
         // pid 1 is alive on this host, so only the expiry can make it invalid.
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
-        let lease = serde_json::json!({"pid": 1, "host": host.trim(), "expires_at": now + 10 * 365 * 86400});
+        let expires_at = now + 10 * 365 * 86400;
+        let lease = serde_json::json!({"pid": 1, "host": host.trim(), "expires_at": expires_at});
         f.last()
             .put(
                 &lock_obj(&k),

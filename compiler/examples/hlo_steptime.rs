@@ -1,8 +1,9 @@
 //! Execution time of StableHLO programs through the PJRT layer, interleaved so machine load hits
 //! all alike: `cargo run --release -p neuron-pc-compiler --example hlo_steptime -- A.mlir
-//! [B.mlir ...] [--reps N] [--xla name=value ...]`. Inputs are zeros of each parameter's type (integer inputs index
-//! row 0), the smallest output is read back; prints the median and 10th percentile per file. Used to
-//! compare a program exported by JAX with the one neuron-pc traces for the same step.
+//! [B.mlir ...] [--reps N] [--xla name=value ...]`. Inputs are zeros of each parameter's type
+//! (integer inputs index row 0), the smallest output is read back; prints the median and 10th
+//! percentile per file. Used to compare a program exported by JAX with the one neuron-pc traces
+//! for the same step.
 
 use std::time::Instant;
 

@@ -219,7 +219,8 @@ fn main() -> AnyResult<()> {
         eprintln!("repetition {}/{reps} done", rep + 1);
     }
     println!(
-        "step graph: {} ops before passes; batch {}, vocab {}, embed {}, seq {}, mlp {:?}, classes {}",
+        "step graph: {} ops before passes; batch {}, vocab {}, embed {}, seq {}, mlp {:?}, \
+         classes {}",
         graph.op_count(),
         cfg.batch,
         cfg.vocab,

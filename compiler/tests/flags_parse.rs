@@ -51,25 +51,59 @@ fn accepted_spellings() {
     use Target::*;
     let cases: &[(&str, CompilerFlags)] = &[
         (
-            "--target trn1 --auto-cast all --auto-cast-type bf16 --model-type transformer --optlevel O1",
+            "--target trn1 --auto-cast all --auto-cast-type bf16 --model-type transformer \
+             --optlevel O1",
             flags(Trn1, O1, A::All, T::Bf16, M::Transformer),
         ),
         ("--optlevel 3", flags(Cpu, O3, A::None, T::Bf16, M::Generic)),
-        ("--optlevel=O1", flags(Cpu, O1, A::None, T::Bf16, M::Generic)),
-        ("--optlevel o3", flags(Cpu, O3, A::None, T::Bf16, M::Generic)),
+        (
+            "--optlevel=O1",
+            flags(Cpu, O1, A::None, T::Bf16, M::Generic),
+        ),
+        (
+            "--optlevel o3",
+            flags(Cpu, O3, A::None, T::Bf16, M::Generic),
+        ),
         ("-O1", flags(Cpu, O1, A::None, T::Bf16, M::Generic)),
         ("-O 3", flags(Cpu, O3, A::None, T::Bf16, M::Generic)),
-        ("-O3 --optlevel 2", flags(Cpu, O2, A::None, T::Bf16, M::Generic)),
-        ("--target=cuda", flags(Cuda, O2, A::None, T::Bf16, M::Generic)),
+        (
+            "-O3 --optlevel 2",
+            flags(Cpu, O2, A::None, T::Bf16, M::Generic),
+        ),
+        (
+            "--target=cuda",
+            flags(Cuda, O2, A::None, T::Bf16, M::Generic),
+        ),
         // Neuron's default auto-cast on Trainium is matmult.
-        ("--target trn2", flags(Trn2, O2, A::Matmult, T::Bf16, M::Generic)),
-        ("--target=trn1 --auto-cast=none", flags(Trn1, O2, A::None, T::Bf16, M::Generic)),
-        ("--auto_cast matmult --auto_cast_type fp16", flags(Cpu, O2, A::Matmult, T::Fp16, M::Generic)),
-        ("--auto-cast-type=FP16", flags(Cpu, O2, A::None, T::Fp16, M::Generic)),
-        ("--model_type=transformer", flags(Cpu, O2, A::None, T::Bf16, M::Transformer)),
+        (
+            "--target trn2",
+            flags(Trn2, O2, A::Matmult, T::Bf16, M::Generic),
+        ),
+        (
+            "--target=trn1 --auto-cast=none",
+            flags(Trn1, O2, A::None, T::Bf16, M::Generic),
+        ),
+        (
+            "--auto_cast matmult --auto_cast_type fp16",
+            flags(Cpu, O2, A::Matmult, T::Fp16, M::Generic),
+        ),
+        (
+            "--auto-cast-type=FP16",
+            flags(Cpu, O2, A::None, T::Fp16, M::Generic),
+        ),
+        (
+            "--model_type=transformer",
+            flags(Cpu, O2, A::None, T::Bf16, M::Transformer),
+        ),
         // Repeats: the last one wins, as with Neuron's argparse.
-        ("--target cpu --target trn1", flags(Trn1, O2, A::Matmult, T::Bf16, M::Generic)),
-        ("  --optlevel\t1\n", flags(Cpu, O1, A::None, T::Bf16, M::Generic)),
+        (
+            "--target cpu --target trn1",
+            flags(Trn1, O2, A::Matmult, T::Bf16, M::Generic),
+        ),
+        (
+            "  --optlevel\t1\n",
+            flags(Cpu, O1, A::None, T::Bf16, M::Generic),
+        ),
     ];
     for (input, want) in cases {
         let got = CompilerFlags::parse(input).unwrap_or_else(|e| panic!("{input:?}: {e}"));

@@ -91,7 +91,8 @@ fn dense_folds_within_the_limit_and_never_expand() {
             &[m, e],
         )
         .unwrap(); // 9 elements from 18 operand elements
-                   // A broadcast of a dense constant would multiply its data: stays an op at any limit.
+
+    // A broadcast of a dense constant would multiply its data: stays an op at any limit.
     let big = g
         .push(
             Op::BroadcastInDim {

@@ -10,7 +10,8 @@ use neuron_pc_compiler::HostTensor;
 
 const PROGRAM: &str = r#"
 func.func @main(%a: tensor<4x8xf32>, %b: tensor<8x3xf32>) -> tensor<4x3xf32> {
-  %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x3xf32>) -> tensor<4x3xf32>
+  %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0]
+      : (tensor<4x8xf32>, tensor<8x3xf32>) -> tensor<4x3xf32>
   %1 = stablehlo.tanh %0 : tensor<4x3xf32>
   return %1 : tensor<4x3xf32>
 }"#;

@@ -63,7 +63,8 @@ func.func @main(%a: tensor<3x4xf32>, %b: tensor<3x4xf32>) -> tensor<3x4xf32> {
 fn dot_general_matches_a_plain_matmul() {
     let prog = r#"
 func.func @main(%a: tensor<2x3x4xf32>, %b: tensor<2x4x5xf32>) -> tensor<2x3x5xf32> {
-  %0 = stablehlo.dot_general %a, %b, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<2x3x4xf32>, tensor<2x4x5xf32>) -> tensor<2x3x5xf32>
+  %0 = stablehlo.dot_general %a, %b, batching_dims = [0] x [0], contracting_dims = [2] x [1]
+      : (tensor<2x3x4xf32>, tensor<2x4x5xf32>) -> tensor<2x3x5xf32>
   return %0 : tensor<2x3x5xf32>
 }"#;
     let a = seq(24, 0.5, -3.0);
@@ -88,7 +89,8 @@ fn reduce_broadcast_and_two_outputs() {
     let prog = r#"
 func.func @main(%a: tensor<4x3xf32>) -> (tensor<3xf32>, tensor<4x3xf32>) {
   %zero = stablehlo.constant dense<0.0> : tensor<f32>
-  %s = stablehlo.reduce(%a init: %zero) applies stablehlo.add across dimensions = [0] : (tensor<4x3xf32>, tensor<f32>) -> tensor<3xf32>
+  %s = stablehlo.reduce(%a init: %zero) applies stablehlo.add across dimensions = [0]
+      : (tensor<4x3xf32>, tensor<f32>) -> tensor<3xf32>
   %b = stablehlo.broadcast_in_dim %s, dims = [1] : (tensor<3xf32>) -> tensor<4x3xf32>
   %d = stablehlo.divide %a, %b : tensor<4x3xf32>
   return %s, %d : tensor<3xf32>, tensor<4x3xf32>
@@ -109,13 +111,16 @@ func.func @main(%a: tensor<4x3xf32>) -> (tensor<3xf32>, tensor<4x3xf32>) {
 #[test]
 fn integer_and_bf16_data() {
     let prog = r#"
-func.func @main(%a: tensor<5xi32>, %b: tensor<5xi64>, %c: tensor<4xbf16>, %d: tensor<3xui8>, %p: tensor<2xi1>) -> (tensor<5xi32>, tensor<5xi64>, tensor<4xbf16>, tensor<3xui8>, tensor<2xi1>) {
+func.func @main(%a: tensor<5xi32>, %b: tensor<5xi64>, %c: tensor<4xbf16>, %d: tensor<3xui8>,
+                %p: tensor<2xi1>)
+    -> (tensor<5xi32>, tensor<5xi64>, tensor<4xbf16>, tensor<3xui8>, tensor<2xi1>) {
   %0 = stablehlo.multiply %a, %a : tensor<5xi32>
   %1 = stablehlo.negate %b : tensor<5xi64>
   %2 = stablehlo.add %c, %c : tensor<4xbf16>
   %3 = stablehlo.add %d, %d : tensor<3xui8>
   %4 = stablehlo.not %p : tensor<2xi1>
-  return %0, %1, %2, %3, %4 : tensor<5xi32>, tensor<5xi64>, tensor<4xbf16>, tensor<3xui8>, tensor<2xi1>
+  return %0, %1, %2, %3, %4
+      : tensor<5xi32>, tensor<5xi64>, tensor<4xbf16>, tensor<3xui8>, tensor<2xi1>
 }"#;
     let a = [-3i32, 0, 7, 46341, 12];
     let b = [i64::MAX, -1, 0, 5, 1 << 40];
@@ -183,7 +188,8 @@ func.func @main(%a: tensor<3xf64>, %b: tensor<3xf16>) -> (tensor<3xf64>, tensor<
 fn serialized_executables_reload_and_give_identical_results() {
     let prog = r#"
 func.func @main(%a: tensor<16x16xf32>, %b: tensor<16x16xf32>) -> tensor<16x16xf32> {
-  %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<16x16xf32>, tensor<16x16xf32>) -> tensor<16x16xf32>
+  %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0]
+      : (tensor<16x16xf32>, tensor<16x16xf32>) -> tensor<16x16xf32>
   %1 = stablehlo.exponential %0 : tensor<16x16xf32>
   return %1 : tensor<16x16xf32>
 }"#;
@@ -225,7 +231,9 @@ func.func @main(%a: tensor<3xf32>) -> tensor<3xf32> {
     ^bb0(%x: tensor<f32>, %y: tensor<f32>):
       %s = stablehlo.add %x, %y : tensor<f32>
       stablehlo.return %s : tensor<f32>
-  }) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>} : (tensor<3xf32>) -> tensor<3xf32>
+  }) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>,
+      channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>}
+      : (tensor<3xf32>) -> tensor<3xf32>
   return %0 : tensor<3xf32>
 }"#;
     let opts = CompileOptions {
@@ -251,7 +259,8 @@ func.func @main(%a: tensor<3xf32>) -> tensor<3xf32> {
 
 #[test]
 fn backend_options_apply_per_compilation() {
-    let prog = "func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  %0 = stablehlo.abs %a : tensor<4xf32>\n  return %0 : tensor<4xf32>\n}";
+    let prog = "func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  \
+                %0 = stablehlo.abs %a : tensor<4xf32>\n  return %0 : tensor<4xf32>\n}";
     let ok = CompileOptions::default()
         .with_override("xla_backend_optimization_level", OverrideValue::Int(0));
     let exe = client().compile(prog, &ok).unwrap();
@@ -268,7 +277,11 @@ fn backend_options_apply_per_compilation() {
 #[test]
 fn malformed_program_reports_the_parser_message() {
     let err = client()
-        .compile("func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n  %0 = stablehlo.frobnicate %a\n}", &CompileOptions::default())
+        .compile(
+            "func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n  \
+             %0 = stablehlo.frobnicate %a\n}",
+            &CompileOptions::default(),
+        )
         .unwrap_err();
     match &err {
         Error::Pjrt {
@@ -283,7 +296,8 @@ fn malformed_program_reports_the_parser_message() {
 
 #[test]
 fn wrong_inputs_are_errors_not_crashes() {
-    let prog = "func.func @main(%a: tensor<2xf32>, %b: tensor<2xf32>) -> tensor<2xf32> {\n  %0 = stablehlo.add %a, %b : tensor<2xf32>\n  return %0 : tensor<2xf32>\n}";
+    let prog = "func.func @main(%a: tensor<2xf32>, %b: tensor<2xf32>) -> tensor<2xf32> {\n  \
+                %0 = stablehlo.add %a, %b : tensor<2xf32>\n  return %0 : tensor<2xf32>\n}";
     let exe = client().compile(prog, &CompileOptions::default()).unwrap();
     let two = f32s(&[1.0, 2.0], &[2]);
     assert!(
@@ -356,7 +370,8 @@ func.func @main(%a: tensor<4x3xf32>) -> tensor<4x3xf32> {
 func.func @main(%a: tensor<4x3xf32>, %b: tensor<4x3xf32>) -> (tensor<4x3xi32>, tensor<3xf32>) {
   %0 = stablehlo.convert %a : (tensor<4x3xf32>) -> tensor<4x3xi32>
   %z = stablehlo.constant dense<0.0> : tensor<f32>
-  %1 = stablehlo.reduce(%b init: %z) applies stablehlo.add across dimensions = [0] : (tensor<4x3xf32>, tensor<f32>) -> tensor<3xf32>
+  %1 = stablehlo.reduce(%b init: %z) applies stablehlo.add across dimensions = [0]
+      : (tensor<4x3xf32>, tensor<f32>) -> tensor<3xf32>
   return %0, %1 : tensor<4x3xi32>, tensor<3xf32>
 }"#;
     let compiled = |p: &str| {

@@ -86,7 +86,10 @@ fn open(common: &Common) -> anyhow::Result<Cache> {
     let cache = config.open(None).context("opening the compile cache")?;
     // A command about a cache it cannot reach would report an empty or partial cache.
     if let Some(down) = cache.disabled_tiers().first() {
-        bail!("cannot reach {down} (see the warning above); check the endpoint and network, or raise NEURON_PC_CACHE_S3_TIMEOUT")
+        bail!(
+            "cannot reach {down} (see the warning above); check the endpoint and network, or \
+             raise NEURON_PC_CACHE_S3_TIMEOUT"
+        )
     }
     tracing::debug!("compile cache: {}", cache.describe());
     Ok(cache)
@@ -166,7 +169,10 @@ pub fn run_with(args: CacheArgs, check: Option<ExecutableCheck<'_>>) -> anyhow::
                     "signing   {}",
                     match (s.signed, s.shared) {
                         (true, _) => "on (unsigned or mis-signed entries are refused)",
-                        (false, true) => "OFF on a shared cache: whoever can write the bucket can plant executables; set NEURON_PC_CACHE_SIGNING_KEY",
+                        (false, true) => {
+                            "OFF on a shared cache: whoever can write the bucket can plant \
+                             executables; set NEURON_PC_CACHE_SIGNING_KEY"
+                        }
                         (false, false) => "off",
                     }
                 );
@@ -177,7 +183,10 @@ pub fn run_with(args: CacheArgs, check: Option<ExecutableCheck<'_>>) -> anyhow::
         CacheCommand::Verify { fix, common } => {
             let cache = open(&common)?;
             if fix && cache.options().read_only {
-                bail!("verify --fix would repair a read-only cache ({READ_ONLY_ENV} is set); run without --fix to report only")
+                bail!(
+                    "verify --fix would repair a read-only cache ({READ_ONLY_ENV} is set); run \
+                     without --fix to report only"
+                )
             }
             let r = cache.verify_with(fix, check)?;
             // With --fix, success means what is left is sound.
@@ -196,7 +205,8 @@ pub fn run_with(args: CacheArgs, check: Option<ExecutableCheck<'_>>) -> anyhow::
                     println!("removed {item}");
                 }
                 println!(
-                    "checked {} entries ({} against their programs), {} bad, {} removed, {} leftovers cleaned",
+                    "checked {} entries ({} against their programs), {} bad, {} removed, \
+                     {} leftovers cleaned",
                     r.checked,
                     r.programs_checked,
                     r.bad.len(),
@@ -254,7 +264,10 @@ fn confirm_clear(what: &str, failed: bool) -> anyhow::Result<()> {
     use std::io::{BufRead, IsTerminal, Write};
     let objects = if failed { "failure records" } else { "entries" };
     if !std::io::stdin().is_terminal() {
-        bail!("refusing to clear the {objects} of the shared cache {what} without confirmation; pass --yes")
+        bail!(
+            "refusing to clear the {objects} of the shared cache {what} without confirmation; \
+             pass --yes"
+        )
     }
     eprint!("clear every {objects} of the shared cache {what}? type yes: ");
     std::io::stderr().flush()?;
@@ -310,7 +323,10 @@ fn show(key: &str, other: Option<&str>, common: &Common) -> anyhow::Result<i32> 
             names
                 .into_iter()
                 .filter(|n| mine.get(*n) != orec.key_inputs.get(*n))
-                .map(|n| serde_json::json!({"input": n, "this": mine.get(n), "other": orec.key_inputs.get(n)}))
+                .map(|n| {
+                    let (this, other) = (mine.get(n), orec.key_inputs.get(n));
+                    serde_json::json!({"input": n, "this": this, "other": other})
+                })
                 .collect::<Vec<_>>()
         }
         None => Vec::new(),

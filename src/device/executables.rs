@@ -63,7 +63,11 @@ pub(crate) fn obtain(
     let program = compiler.lower(graph, aliases)?;
     dev.phase("lower", lowering, Some(program.key.short()));
     if tracing::enabled!(tracing::Level::DEBUG) {
-        tracing::debug!(key = %program.key, components = ?program.key.inputs.components, "cache key");
+        tracing::debug!(
+            key = %program.key,
+            components = ?program.key.inputs.components,
+            "cache key"
+        );
     }
     if let Some(dir) = &dev.config.extract_dir {
         if !compiler.contains(&program.key) {

@@ -254,7 +254,8 @@ pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> 
             "one_hot",
             labels.ty().to_string(),
             format!(
-                "labels must have an integer dtype, got {} (convert class indices with to_dtype(DType::I32))",
+                "labels must have an integer dtype, got {} \
+                 (convert class indices with to_dtype(DType::I32))",
                 labels.dtype()
             ),
             std::panic::Location::caller(),

@@ -162,7 +162,8 @@ impl Tensor {
         let (c_in, c_out) = (self.dims()[1], weight.dims()[0]);
         if groups == 0 || !c_in.is_multiple_of(groups) || !c_out.is_multiple_of(groups) {
             return Err(err(format!(
-                "groups ({groups}) must divide the input channels ({c_in}) and the output channels ({c_out})"
+                "groups ({groups}) must divide the input channels ({c_in}) and the output \
+                 channels ({c_out})"
             )));
         }
         if weight.dims()[1] * groups != c_in {
@@ -226,7 +227,8 @@ impl Tensor {
             dilation,
         };
         let zero = x.constant_like(0.0)?;
-        let (patches, out) = x.patches("convolution", &window, &zero, location)?; // [n, c, kk, out..]
+        // patches: [n, c, kk, out..]
+        let (patches, out) = x.patches("convolution", &window, &zero, location)?;
         let n = x.dims()[0];
         let kk: usize = window.kernel.iter().product();
         let cg = c_in / groups;
@@ -424,7 +426,8 @@ impl Tensor {
             let padded = size + 2 * window.padding[i];
             if window.kernel[i] == 0 || padded < reach {
                 return Err(err(format!(
-                    "spatial dimension {i}: a kernel of {} (dilation {}) does not fit {} padded entries",
+                    "spatial dimension {i}: a kernel of {} (dilation {}) does not fit {} \
+                     padded entries",
                     window.kernel[i], window.dilation[i], padded
                 )));
             }

@@ -157,9 +157,13 @@ fn serve(mut client: TcpStream, upstream: u16, st: &ProxyState) -> std::io::Resu
                 503 => ("SlowDown", "Service Unavailable"),
                 _ => ("InternalError", "Internal Server Error"),
             };
-            let xml = format!("<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code_name}</Code><Message>injected</Message></Error>");
+            let xml = format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code_name}</Code>\
+                 <Message>injected</Message></Error>"
+            );
             let resp = format!(
-                "HTTP/1.1 {code} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{xml}",
+                "HTTP/1.1 {code} {reason}\r\nContent-Type: application/xml\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{xml}",
                 xml.len()
             );
             client.write_all(resp.as_bytes())?;

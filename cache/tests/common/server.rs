@@ -112,7 +112,8 @@ pub fn http(port: u16, method: &str, path: &str, body: &[u8]) -> Option<(u16, Ve
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes()).ok()?;

@@ -28,7 +28,11 @@ pub const NEURON_CC_FLAGS: &str = "NEURON_CC_FLAGS";
 /// Defines a flag value enum with its spellings, its canonical name and its one-line list of
 /// supported values, so parser, printer and messages cannot drift apart.
 macro_rules! flag_enum {
-    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $var:ident => $canon:literal $(| $alias:literal)*),+ $(,)? }) => {
+    (
+        $(#[$m:meta])* $name:ident {
+            $($(#[$vm:meta])* $var:ident => $canon:literal $(| $alias:literal)*),+ $(,)?
+        }
+    ) => {
         $(#[$m])*
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum $name { $($(#[$vm])* $var),+ }

@@ -88,18 +88,21 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             let x = unary(op, operands)?;
             if bd.len() != x.rank() {
                 return Err(e(format!(
-                    "broadcast_dimensions {bd:?} must name one result dimension per operand dimension"
+                    "broadcast_dimensions {bd:?} must name one result dimension per operand \
+                     dimension"
                 )));
             }
             for (i, &r) in bd.iter().enumerate() {
                 if r >= dims.len() || bd[..i].contains(&r) {
                     return Err(e(format!(
-                        "broadcast_dimensions {bd:?} must be distinct dimensions of the result {dims:?}"
+                        "broadcast_dimensions {bd:?} must be distinct dimensions of the result \
+                         {dims:?}"
                     )));
                 }
                 if x.dims[i] != 1 && x.dims[i] != dims[r] {
                     return Err(e(format!(
-                        "operand dimension {i} (size {}) cannot broadcast to result dimension {r} of {dims:?}",
+                        "operand dimension {i} (size {}) cannot broadcast to result dimension \
+                         {r} of {dims:?}",
                         x.dims[i]
                     )));
                 }
@@ -144,7 +147,8 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             for i in 0..r {
                 if start[i] > limit[i] || limit[i] > x.dims[i] || stride[i] == 0 {
                     return Err(e(format!(
-                        "dimension {i}: expected start <= limit <= {} and stride >= 1, got start {} limit {} stride {}",
+                        "dimension {i}: expected start <= limit <= {} and stride >= 1, \
+                         got start {} limit {} stride {}",
                         x.dims[i], start[i], limit[i], stride[i]
                     )));
                 }
@@ -509,7 +513,11 @@ fn convolution(
     }
     let k = x.rank().saturating_sub(2);
     if x.rank() < 3 || w.rank() != x.rank() {
-        return Err(e("expected an input [n, c, spatial..] and a kernel [o, c / groups, window..] of the same rank, at least 3".into()));
+        return Err(e(
+            "expected an input [n, c, spatial..] and a kernel [o, c / groups, \
+             window..] of the same rank, at least 3"
+                .into(),
+        ));
     }
     if [stride, padding, dilation].iter().any(|v| v.len() != k) {
         return Err(e(format!(
@@ -522,7 +530,8 @@ fn convolution(
     let (c_in, c_out) = (x.dims[1], w.dims[0]);
     if groups == 0 || w.dims[1] * groups != c_in || !c_out.is_multiple_of(groups) {
         return Err(e(format!(
-            "{groups} groups do not fit {c_in} input channels, kernel input channels {} and {c_out} output channels",
+            "{groups} groups do not fit {c_in} input channels, kernel input channels {} \
+             and {c_out} output channels",
             w.dims[1]
         )));
     }
@@ -532,8 +541,10 @@ fn convolution(
         let reach = dilation[i] * w.dims[2 + i].saturating_sub(1) + 1;
         if w.dims[2 + i] == 0 || padded < reach {
             return Err(e(format!(
-                "spatial dimension {i}: the window ({} with dilation {}) does not fit {padded} padded entries",
-                w.dims[2 + i], dilation[i]
+                "spatial dimension {i}: the window ({} with dilation {}) does not fit \
+                 {padded} padded entries",
+                w.dims[2 + i],
+                dilation[i]
             )));
         }
         dims.push((padded - reach) / stride[i] + 1);
@@ -634,7 +645,10 @@ fn group_size(op: &Op, operands: &[&TensorType], groups: &[Vec<usize>]) -> Resul
         return Err(shape_error(
             op,
             operands,
-            format!("replica_groups {groups:?} must be non-empty groups of one size with distinct replicas"),
+            format!(
+                "replica_groups {groups:?} must be non-empty groups of one size with distinct \
+                 replicas"
+            ),
         ));
     }
     Ok(n)

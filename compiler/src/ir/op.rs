@@ -231,46 +231,100 @@ impl fmt::Display for Op {
                 f.write_str(n)
             }
             Op::Convert(d) => write!(f, "{n}{{{d}}}"),
-            Op::Iota { dims, dim, dtype } => write!(f, "{n}{{dims={dims:?}, dim={dim}, dtype={dtype}}}"),
-            Op::BroadcastInDim { dims, broadcast_dimensions } => {
-                write!(f, "{n}{{dims={dims:?}, broadcast_dimensions={broadcast_dimensions:?}}}")
+            Op::Iota { dims, dim, dtype } => {
+                write!(f, "{n}{{dims={dims:?}, dim={dim}, dtype={dtype}}}")
+            }
+            Op::BroadcastInDim {
+                dims,
+                broadcast_dimensions,
+            } => {
+                write!(
+                    f,
+                    "{n}{{dims={dims:?}, broadcast_dimensions={broadcast_dimensions:?}}}"
+                )
             }
             Op::Reshape { dims } => write!(f, "{n}{{dims={dims:?}}}"),
             Op::Transpose { perm } => write!(f, "{n}{{perm={perm:?}}}"),
-            Op::Slice { start, limit, stride } => {
-                write!(f, "{n}{{start={start:?}, limit={limit:?}, stride={stride:?}}}")
+            Op::Slice {
+                start,
+                limit,
+                stride,
+            } => {
+                write!(
+                    f,
+                    "{n}{{start={start:?}, limit={limit:?}, stride={stride:?}}}"
+                )
             }
             Op::DynamicSlice { sizes } => write!(f, "{n}{{sizes={sizes:?}}}"),
             Op::Concatenate { dim } => write!(f, "{n}{{dim={dim}}}"),
-            Op::Pad { low, high, interior } => {
-                write!(f, "{n}{{low={low:?}, high={high:?}, interior={interior:?}}}")
+            Op::Pad {
+                low,
+                high,
+                interior,
+            } => {
+                write!(
+                    f,
+                    "{n}{{low={low:?}, high={high:?}, interior={interior:?}}}"
+                )
             }
             Op::Reduce(_, dims) => write!(f, "{n}{{dims={dims:?}}}"),
             Op::ArgMax { dim, index_dtype } | Op::ArgMin { dim, index_dtype } => {
                 write!(f, "{n}{{dim={dim}, index_dtype={index_dtype}}}")
             }
-            Op::DotGeneral { lhs_batch, rhs_batch, lhs_contract, rhs_contract } => write!(
+            Op::DotGeneral {
+                lhs_batch,
+                rhs_batch,
+                lhs_contract,
+                rhs_contract,
+            } => write!(
                 f,
-                "{n}{{batch={lhs_batch:?}x{rhs_batch:?}, contract={lhs_contract:?}x{rhs_contract:?}}}"
+                "{n}{{batch={lhs_batch:?}x{rhs_batch:?}, \
+                 contract={lhs_contract:?}x{rhs_contract:?}}}"
             ),
-            Op::Convolution { stride, padding, dilation, groups } => write!(
+            Op::Convolution {
+                stride,
+                padding,
+                dilation,
+                groups,
+            } => write!(
                 f,
-                "{n}{{stride={stride:?}, padding={padding:?}, dilation={dilation:?}, groups={groups}}}"
+                "{n}{{stride={stride:?}, padding={padding:?}, dilation={dilation:?}, \
+                 groups={groups}}}"
             ),
-            Op::ReduceWindow { op, window, stride, padding } => write!(
+            Op::ReduceWindow {
+                op,
+                window,
+                stride,
+                padding,
+            } => write!(
                 f,
                 "{n}{{op={}, window={window:?}, stride={stride:?}, padding={padding:?}}}",
                 op.name()
             ),
             Op::RandomBits { dims } => write!(f, "{n}{{dims={dims:?}}}"),
             Op::AllReduce { op, replica_groups } => {
-                write!(f, "{n}{{op={}, replica_groups={replica_groups:?}}}", op.name())
+                write!(
+                    f,
+                    "{n}{{op={}, replica_groups={replica_groups:?}}}",
+                    op.name()
+                )
             }
-            Op::AllGather { dim, replica_groups } => {
+            Op::AllGather {
+                dim,
+                replica_groups,
+            } => {
                 write!(f, "{n}{{dim={dim}, replica_groups={replica_groups:?}}}")
             }
-            Op::ReduceScatter { op, dim, replica_groups } => {
-                write!(f, "{n}{{op={}, dim={dim}, replica_groups={replica_groups:?}}}", op.name())
+            Op::ReduceScatter {
+                op,
+                dim,
+                replica_groups,
+            } => {
+                write!(
+                    f,
+                    "{n}{{op={}, dim={dim}, replica_groups={replica_groups:?}}}",
+                    op.name()
+                )
             }
         }
     }

@@ -48,7 +48,10 @@ pub fn to_stablehlo_with_aliases(graph: &Graph, aliases: &[(usize, usize)]) -> R
             && !aliases[..k].iter().any(|&(q, r)| q == p || r == o);
         if !ok {
             return Err(crate::error::Error::InvalidGraph {
-                message: format!("alias of parameter {p} to output {o} is out of range, repeated or between different types"),
+                message: format!(
+                    "alias of parameter {p} to output {o} is out of range, repeated or between \
+                     different types"
+                ),
             });
         }
     }

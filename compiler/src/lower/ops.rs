@@ -22,7 +22,9 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
     let in_ty = node.operands.first().map(|o| graph.node_type(*o));
     let line = match &node.op {
         Op::Parameter { .. } => {
-            return Err(Error::InvalidGraph { message: format!("parameter at node {i} reached the op lowering") })
+            return Err(Error::InvalidGraph {
+                message: format!("parameter at node {i} reached the op lowering"),
+            })
         }
         Op::Constant(lit) => format!("{v} = stablehlo.constant {} : {ty}", dense(lit)),
         // Every unary op in the generic form (CHLO's erf included; the plugin legalizes it).
@@ -37,13 +39,23 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
         Op::Binary(b) => format!("{v} = {} {arg_list} : {ty}", b.stablehlo_name()),
         Op::Compare(c) => {
             let dtype = in_ty.map_or(node.ty.dtype, |t| t.dtype);
-            format!("{v} = stablehlo.compare {}, {arg_list}, {} : {sig}", c.direction(), CompareOp::compare_type(dtype))
+            format!(
+                "{v} = stablehlo.compare {}, {arg_list}, {} : {sig}",
+                c.direction(),
+                CompareOp::compare_type(dtype)
+            )
         }
         Op::Select => format!("{v} = \"stablehlo.select\"({arg_list}) : {sig}"),
         Op::Convert(_) => format!("{v} = \"stablehlo.convert\"({arg_list}) : {sig}"),
-        Op::Iota { dim, .. } => format!("{v} = \"stablehlo.iota\"() {{iota_dimension = {dim} : i64}} : () -> {ty}"),
-        Op::BroadcastInDim { broadcast_dimensions, .. } => format!(
-            "{v} = \"stablehlo.broadcast_in_dim\"({arg_list}) {{broadcast_dimensions = {}}} : {sig}",
+        Op::Iota { dim, .. } => {
+            format!("{v} = \"stablehlo.iota\"() {{iota_dimension = {dim} : i64}} : () -> {ty}")
+        }
+        Op::BroadcastInDim {
+            broadcast_dimensions,
+            ..
+        } => format!(
+            "{v} = \"stablehlo.broadcast_in_dim\"({arg_list}) \
+             {{broadcast_dimensions = {}}} : {sig}",
             i64_array(&to_i64(broadcast_dimensions))
         ),
         Op::Reshape { .. } => format!("{v} = \"stablehlo.reshape\"({arg_list}) : {sig}"),
@@ -51,8 +63,13 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             "{v} = \"stablehlo.transpose\"({arg_list}) {{permutation = {}}} : {sig}",
             i64_array(&to_i64(perm))
         ),
-        Op::Slice { start, limit, stride } => format!(
-            "{v} = \"stablehlo.slice\"({arg_list}) {{start_indices = {}, limit_indices = {}, strides = {}}} : {sig}",
+        Op::Slice {
+            start,
+            limit,
+            stride,
+        } => format!(
+            "{v} = \"stablehlo.slice\"({arg_list}) \
+             {{start_indices = {}, limit_indices = {}, strides = {}}} : {sig}",
             i64_array(&to_i64(start)),
             i64_array(&to_i64(limit)),
             i64_array(&to_i64(stride))
@@ -61,12 +78,21 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             "{v} = \"stablehlo.dynamic_slice\"({arg_list}) {{slice_sizes = {}}} : {sig}",
             i64_array(&to_i64(sizes))
         ),
-        Op::DynamicUpdateSlice => format!("{v} = \"stablehlo.dynamic_update_slice\"({arg_list}) : {sig}"),
-        Op::Concatenate { dim } => {
-            format!("{v} = \"stablehlo.concatenate\"({arg_list}) {{dimension = {dim} : i64}} : {sig}")
+        Op::DynamicUpdateSlice => {
+            format!("{v} = \"stablehlo.dynamic_update_slice\"({arg_list}) : {sig}")
         }
-        Op::Pad { low, high, interior } => format!(
-            "{v} = \"stablehlo.pad\"({arg_list}) {{edge_padding_low = {}, edge_padding_high = {}, interior_padding = {}}} : {sig}",
+        Op::Concatenate { dim } => {
+            format!(
+                "{v} = \"stablehlo.concatenate\"({arg_list}) {{dimension = {dim} : i64}} : {sig}"
+            )
+        }
+        Op::Pad {
+            low,
+            high,
+            interior,
+        } => format!(
+            "{v} = \"stablehlo.pad\"({arg_list}) {{edge_padding_low = {}, \
+             edge_padding_high = {}, interior_padding = {}}} : {sig}",
             i64_array(low),
             i64_array(high),
             i64_array(&to_i64(interior))
@@ -74,10 +100,15 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
         Op::Reduce(r, dims) => {
             let dtype = node.ty.dtype;
             let init = format!("{v}_init");
-            e.line(&format!("{init} = stablehlo.constant {} : {}", dense(&reduce_init(*r, dtype)), tensor_of(dtype, &[])));
+            e.line(&format!(
+                "{init} = stablehlo.constant {} : {}",
+                dense(&reduce_init(*r, dtype)),
+                tensor_of(dtype, &[])
+            ));
             let region = combiner_region(&v, r.combiner(), dtype, true);
             format!(
-                "{v} = \"stablehlo.reduce\"({arg_list}, {init}) ({region}) {{dimensions = {}}} : ({}, {}) -> {ty}",
+                "{v} = \"stablehlo.reduce\"({arg_list}, {init}) ({region}) \
+                 {{dimensions = {}}} : ({}, {}) -> {ty}",
                 i64_array(&to_i64(dims)),
                 arg_tys[0],
                 tensor_of(dtype, &[])
@@ -88,7 +119,12 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             let x = in_ty.ok_or_else(|| missing(i))?;
             return Ok(arg_reduce(e, &v, &args[0], x, *dim, *index_dtype, max));
         }
-        Op::DotGeneral { lhs_batch, rhs_batch, lhs_contract, rhs_contract } => {
+        Op::DotGeneral {
+            lhs_batch,
+            rhs_batch,
+            lhs_contract,
+            rhs_contract,
+        } => {
             let mut fields = Vec::new();
             for (name, dims) in [
                 ("lhs_batching_dimensions", lhs_batch),
@@ -101,31 +137,52 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
                 }
             }
             format!(
-                "{v} = \"stablehlo.dot_general\"({arg_list}) {{dot_dimension_numbers = #stablehlo.dot<{}>}} : {sig}",
+                "{v} = \"stablehlo.dot_general\"({arg_list}) \
+                 {{dot_dimension_numbers = #stablehlo.dot<{}>}} : {sig}",
                 fields.join(", ")
             )
         }
-        Op::Convolution { stride, padding, dilation, groups } => {
+        Op::Convolution {
+            stride,
+            padding,
+            dilation,
+            groups,
+        } => {
             let k = stride.len();
             let spatial: Vec<String> = (0..k).map(|i| i.to_string()).collect();
             let s = spatial.join(", ");
             let pads: Vec<String> = padding.iter().map(|p| format!("[{p}, {p}]")).collect();
             format!(
-                "{v} = \"stablehlo.convolution\"({arg_list}) {{batch_group_count = 1 : i64, dimension_numbers = #stablehlo.conv<[b, f, {s}]x[o, i, {s}]->[b, f, {s}]>, feature_group_count = {groups} : i64, lhs_dilation = {}, padding = dense<[{}]> : tensor<{k}x2xi64>, rhs_dilation = {}, window_strides = {}}} : {sig}",
+                "{v} = \"stablehlo.convolution\"({arg_list}) {{batch_group_count = 1 : i64, \
+                 dimension_numbers = #stablehlo.conv<[b, f, {s}]x[o, i, {s}]->[b, f, {s}]>, \
+                 feature_group_count = {groups} : i64, lhs_dilation = {}, \
+                 padding = dense<[{}]> : tensor<{k}x2xi64>, rhs_dilation = {}, \
+                 window_strides = {}}} : {sig}",
                 i64_array(&vec![1i64; k]),
                 pads.join(", "),
                 i64_array(&to_i64(dilation)),
                 i64_array(&to_i64(stride))
             )
         }
-        Op::ReduceWindow { op, window, stride, padding } => {
+        Op::ReduceWindow {
+            op,
+            window,
+            stride,
+            padding,
+        } => {
             let dtype = node.ty.dtype;
             let init = format!("{v}_init");
-            e.line(&format!("{init} = stablehlo.constant {} : {}", dense(&reduce_init(*op, dtype)), tensor_of(dtype, &[])));
+            e.line(&format!(
+                "{init} = stablehlo.constant {} : {}",
+                dense(&reduce_init(*op, dtype)),
+                tensor_of(dtype, &[])
+            ));
             let region = combiner_region(&v, op.combiner(), dtype, true);
             let pads: Vec<String> = padding.iter().map(|p| format!("[{p}, {p}]")).collect();
             format!(
-                "{v} = \"stablehlo.reduce_window\"({arg_list}, {init}) ({region}) {{padding = dense<[{}]> : tensor<{}x2xi64>, window_dimensions = {}, window_strides = {}}} : ({}, {}) -> {ty}",
+                "{v} = \"stablehlo.reduce_window\"({arg_list}, {init}) ({region}) \
+                 {{padding = dense<[{}]> : tensor<{}x2xi64>, window_dimensions = {}, \
+                 window_strides = {}}} : ({}, {}) -> {ty}",
                 pads.join(", "),
                 padding.len(),
                 i64_array(&to_i64(window)),
@@ -135,43 +192,79 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             )
         }
         Op::Gather => {
-            let (table, idx) = (graph.node_type(node.operands[0]), graph.node_type(node.operands[1]));
+            let (table, idx) = (
+                graph.node_type(node.operands[0]),
+                graph.node_type(node.operands[1]),
+            );
             let k = idx.rank();
             let offset: Vec<usize> = (k..k + table.rank() - 1).collect();
             let mut sizes = table.dims.clone();
             sizes[0] = 1;
-            let offset_field = if offset.is_empty() { String::new() } else { format!("offset_dims = {}, ", list(&offset)) };
+            let offset_field = if offset.is_empty() {
+                String::new()
+            } else {
+                format!("offset_dims = {}, ", list(&offset))
+            };
             format!(
-                "{v} = \"stablehlo.gather\"({arg_list}) {{dimension_numbers = #stablehlo.gather<{offset_field}collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = {k}>, indices_are_sorted = false, slice_sizes = {}}} : {sig}",
+                "{v} = \"stablehlo.gather\"({arg_list}) \
+                 {{dimension_numbers = #stablehlo.gather<{offset_field}collapsed_slice_dims = [0], \
+                 start_index_map = [0], index_vector_dim = {k}>, indices_are_sorted = false, \
+                 slice_sizes = {}}} : {sig}",
                 i64_array(&to_i64(&sizes))
             )
         }
         Op::ScatterAdd => {
-            let (table, idx) = (graph.node_type(node.operands[0]), graph.node_type(node.operands[1]));
+            let (table, idx) = (
+                graph.node_type(node.operands[0]),
+                graph.node_type(node.operands[1]),
+            );
             let k = idx.rank();
             let window: Vec<usize> = (k..k + table.rank() - 1).collect();
-            let window_field =
-                if window.is_empty() { String::new() } else { format!("update_window_dims = {}, ", list(&window)) };
+            let window_field = if window.is_empty() {
+                String::new()
+            } else {
+                format!("update_window_dims = {}, ", list(&window))
+            };
             let region = combiner_region(&v, BinaryOp::Add, table.dtype, false);
             format!(
-                "{v} = \"stablehlo.scatter\"({arg_list}) ({region}) {{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<{window_field}inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = {k}>, unique_indices = false}} : {sig}"
+                "{v} = \"stablehlo.scatter\"({arg_list}) ({region}) \
+                 {{indices_are_sorted = false, \
+                 scatter_dimension_numbers = #stablehlo.scatter<{window_field}\
+                 inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], \
+                 index_vector_dim = {k}>, unique_indices = false}} : {sig}"
             )
         }
         Op::RandomBits { dims } => return Ok(random::emit(e, &v, &args[0], dims)),
         // only differentiation sees it: the value is the operand's
         Op::StopGradient => return Ok(args[0].clone()),
-        Op::AllReduce { op, replica_groups: g } => {
-            let region = combiner_region(&v, op.combiner(), node.ty.dtype, false);
-            format!("{v} = \"stablehlo.all_reduce\"({arg_list}) ({region}) {{replica_groups = {}}} : {sig}", replica_groups(g))
-        }
-        Op::AllGather { dim, replica_groups: g } => format!(
-            "{v} = \"stablehlo.all_gather\"({arg_list}) {{all_gather_dim = {dim} : i64, replica_groups = {}}} : {sig}",
-            replica_groups(g)
-        ),
-        Op::ReduceScatter { op, dim, replica_groups: g } => {
+        Op::AllReduce {
+            op,
+            replica_groups: g,
+        } => {
             let region = combiner_region(&v, op.combiner(), node.ty.dtype, false);
             format!(
-                "{v} = \"stablehlo.reduce_scatter\"({arg_list}) ({region}) {{replica_groups = {}, scatter_dimension = {dim} : i64}} : {sig}",
+                "{v} = \"stablehlo.all_reduce\"({arg_list}) ({region}) \
+                 {{replica_groups = {}}} : {sig}",
+                replica_groups(g)
+            )
+        }
+        Op::AllGather {
+            dim,
+            replica_groups: g,
+        } => format!(
+            "{v} = \"stablehlo.all_gather\"({arg_list}) \
+             {{all_gather_dim = {dim} : i64, replica_groups = {}}} : {sig}",
+            replica_groups(g)
+        ),
+        Op::ReduceScatter {
+            op,
+            dim,
+            replica_groups: g,
+        } => {
+            let region = combiner_region(&v, op.combiner(), node.ty.dtype, false);
+            format!(
+                "{v} = \"stablehlo.reduce_scatter\"({arg_list}) ({region}) \
+                 {{replica_groups = {}, scatter_dimension = {dim} : i64}} : {sig}",
                 replica_groups(g)
             )
         }
@@ -283,13 +376,20 @@ fn arg_reduce(
         format!("{v}_first = stablehlo.compare LT, {v}_ia, {v}_ib, {ict} : ({si}, {si}) -> {pred}"),
         format!("{v}_tie = stablehlo.and {v}_eq, {v}_first : {pred}"),
         format!("{v}_take = stablehlo.or {v}_win, {v}_tie : {pred}"),
-        format!("{v}_val = \"stablehlo.select\"({v}_take, {v}_a, {v}_b) : ({pred}, {s}, {s}) -> {s}"),
-        format!("{v}_idx = \"stablehlo.select\"({v}_take, {v}_ia, {v}_ib) : ({pred}, {si}, {si}) -> {si}"),
+        format!(
+            "{v}_val = \"stablehlo.select\"({v}_take, {v}_a, {v}_b) : ({pred}, {s}, {s}) -> {s}"
+        ),
+        format!(
+            "{v}_idx = \"stablehlo.select\"({v}_take, {v}_ia, {v}_ib) : \
+             ({pred}, {si}, {si}) -> {si}"
+        ),
         format!("stablehlo.return {v}_val, {v}_idx : {s}, {si}"),
     ]);
     let body: Vec<String> = body.into_iter().map(|l| format!("      {l}\n")).collect();
     e.line(&format!(
-        "{v}_r:2 = \"stablehlo.reduce\"({x}, {v}_iota, {v}_initv, {v}_initi) ({{\n    ^bb0({v}_a: {s}, {v}_ia: {si}, {v}_b: {s}, {v}_ib: {si}):\n{}    }}) {{dimensions = array<i64: {dim}>}} : ({}, {iota_ty}, {s}, {si}) -> ({out_v}, {out_i})",
+        "{v}_r:2 = \"stablehlo.reduce\"({x}, {v}_iota, {v}_initv, {v}_initi) ({{\n    \
+         ^bb0({v}_a: {s}, {v}_ia: {si}, {v}_b: {s}, {v}_ib: {si}):\n{}    }}) \
+         {{dimensions = array<i64: {dim}>}} : ({}, {iota_ty}, {s}, {si}) -> ({out_v}, {out_i})",
         body.concat(),
         tensor(xt)
     ));

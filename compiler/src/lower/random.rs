@@ -47,7 +47,8 @@ impl Ops<'_> {
         let k = tensor_of(DType::U32, &[2]);
         let one = tensor_of(DType::U32, &[1]);
         self.e.line(&format!(
-            "{s} = \"stablehlo.slice\"({key}) {{start_indices = array<i64: {i}>, limit_indices = array<i64: {}>, strides = array<i64: 1>}} : ({k}) -> {one}",
+            "{s} = \"stablehlo.slice\"({key}) {{start_indices = array<i64: {i}>, \
+             limit_indices = array<i64: {}>, strides = array<i64: 1>}} : ({k}) -> {one}",
             i + 1
         ));
         let r = self.name();
@@ -61,7 +62,8 @@ impl Ops<'_> {
     fn broadcast(&mut self, scalar: &str) -> String {
         let r = self.name();
         self.e.line(&format!(
-            "{r} = \"stablehlo.broadcast_in_dim\"({scalar}) {{broadcast_dimensions = array<i64>}} : ({}) -> {}",
+            "{r} = \"stablehlo.broadcast_in_dim\"({scalar}) \
+             {{broadcast_dimensions = array<i64>}} : ({}) -> {}",
             self.scalar, self.ty
         ));
         r

@@ -8,7 +8,7 @@
 //!
 //! | pass | what it does |
 //! | --- | --- |
-//! | [`simplify`] | algebraic identities: `x*1`, `x+0`, `x-0`, `x/1`, `neg(neg x)`, transpose and reshape chains, broadcasts of splat constants, no-op converts |
+//! | [`simplify`] | identities, transpose/reshape chains, splat broadcasts, no-op converts |
 //! | [`constant_fold`] | ops on constants become constants (size-limited) |
 //! | [`cse`] | one node per distinct (op, operands) |
 //! | [`dce`] | drops nodes no output needs |

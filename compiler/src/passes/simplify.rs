@@ -7,8 +7,8 @@
 //! - `x * 1`, `1 * x`, `x + 0`, `0 + x`, `x - 0`, `x / 1` → `x`
 //! - `neg(neg(x))` → `x`
 //! - `convert` to the operand's own dtype → `x`; `convert(convert(x))` back to `x`'s dtype
-//!   through an exact widening (bf16→f32→bf16, i32→i64→i32, ...) → `x` (these chains are what
-//!   auto-cast leaves between two reduced-precision ops)
+//!   through an exact widening (bf16→f32→bf16, i32→i64→i32, ...) → `x` (these chains are
+//!   what auto-cast leaves between two reduced-precision ops)
 //! - `transpose(transpose(x))` → one transpose, or `x` when the permutations cancel; identity
 //!   transpose → `x`
 //! - `reshape(reshape(x))` → one reshape; reshape to the operand's own shape → `x`

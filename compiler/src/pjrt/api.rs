@@ -57,7 +57,7 @@ impl Plugin {
             unsafe { libloading::Library::new(&canonical) }.map_err(|e| load_err(e.to_string()))?;
         // SAFETY: `GetPjrtApi` is the documented entry point of every PJRT plugin and takes no
         // arguments; a library without it is refused below.
-        let get_api: libloading::Symbol<unsafe extern "C" fn() -> *const sys::PJRT_Api> =
+        let get_api: libloading::Symbol<'_, unsafe extern "C" fn() -> *const sys::PJRT_Api> =
             unsafe { lib.get(b"GetPjrtApi\0") }
                 .map_err(|_| load_err("not a PJRT plugin (no GetPjrtApi symbol)".into()))?;
         // SAFETY: see above; the returned pointer is checked for null before use.
@@ -90,7 +90,8 @@ impl Plugin {
             return Err(Error::PluginLoad {
                 path: self.path.display().to_string(),
                 message: format!(
-                    "PJRT C API {major}.{minor} is not compatible with the {}.{} this build was generated for",
+                    "PJRT C API {major}.{minor} is not compatible with the {}.{} this build was \
+                     generated for",
                     ours.0, ours.1
                 ),
             });

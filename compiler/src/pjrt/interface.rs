@@ -55,10 +55,11 @@ impl LoadedExecutable {
         if total > 0 && dims.dims.is_null() {
             return Err(mismatch("the plugin reports no output dimensions".into()));
         }
-        // SAFETY: as above; `dims` holds the concatenation of every output's dimensions.
         let flat = if total == 0 {
             &[][..]
         } else {
+            // SAFETY: as above; `dims` holds the concatenation of every output's dimensions
+            // (`total` of them, checked non-null).
             unsafe { std::slice::from_raw_parts(dims.dims, total) }
         };
         let mut out = Vec::with_capacity(n);

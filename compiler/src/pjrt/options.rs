@@ -115,7 +115,8 @@ mod tests {
     #[test]
     fn default_options_encode_build_options_only() {
         let p = CompileOptions::default().to_proto();
-        // field 3, length-delimited, then device_ordinal=-1 (11 bytes), num_replicas=1, num_partitions=1.
+        // field 3, length-delimited, then device_ordinal=-1 (11 bytes), num_replicas=1,
+        // num_partitions=1.
         assert_eq!(p[0], 0x1a);
         assert_eq!(p[1] as usize, p.len() - 2);
         assert_eq!(&p[p.len() - 4..], &[0x20, 0x01, 0x28, 0x01]);

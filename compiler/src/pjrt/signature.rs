@@ -124,8 +124,13 @@ mod tests {
         assert_eq!(s.params, vec![t(DType::F32, &[2, 3]), t(DType::I32, &[])]);
         assert_eq!(s.results, vec![t(DType::F32, &[2, 3])]);
 
-        let jax = r#"module @jit_f attributes {mhlo.num_partitions = 1 : i32} {
-  func.func public @main(%arg0: tensor<4xbf16> {mhlo.sharding = "{replicated}"}, %arg1: tensor<1x8xui8>) -> (tensor<4xbf16> {jax.result_info = "[0]"}, tensor<i1>) {"#;
+        // The signature on one line, as JAX prints it.
+        let jax = concat!(
+            "module @jit_f attributes {mhlo.num_partitions = 1 : i32} {\n",
+            r#"  func.func public @main(%arg0: tensor<4xbf16> {mhlo.sharding = "{replicated}"}, "#,
+            r#"%arg1: tensor<1x8xui8>) "#,
+            r#"-> (tensor<4xbf16> {jax.result_info = "[0]"}, tensor<i1>) {"#,
+        );
         let s = Signature::parse(jax).unwrap();
         assert_eq!(s.params, vec![t(DType::BF16, &[4]), t(DType::U8, &[1, 8])]);
         assert_eq!(s.results, vec![t(DType::BF16, &[4]), t(DType::Pred, &[])]);

@@ -5,7 +5,11 @@
     non_snake_case,
     dead_code
 )]
-#![allow(clippy::all, unsafe_op_in_unsafe_fn)]
+#![allow(
+    clippy::all,
+    clippy::undocumented_unsafe_blocks,
+    unsafe_op_in_unsafe_fn
+)]
 
 /// An argument struct of the C API, created with its `struct_size` set from the header's
 /// `*_STRUCT_SIZE` constant and every other field zeroed.

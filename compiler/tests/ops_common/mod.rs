@@ -88,7 +88,11 @@ pub fn assert_close(what: &str, got: &HostTensor, want: &HostTensor, scale: f64)
         let ok = (a.is_nan() && b.is_nan())
             || a == b
             || (a - b).abs() <= scale * (atol + rtol * b.abs());
-        assert!(ok, "{what}: element {i}: got {a}, want {b} (atol {atol}, rtol {rtol}, x{scale})\n got {g:?}\nwant {w:?}");
+        assert!(
+            ok,
+            "{what}: element {i}: got {a}, want {b} (atol {atol}, rtol {rtol}, x{scale})\n \
+             got {g:?}\nwant {w:?}"
+        );
     }
 }
 

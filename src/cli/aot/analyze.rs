@@ -299,7 +299,10 @@ fn print_text(a: &Analysis, records: &[GraphRecord]) {
         for ((i, shapes), name) in g.differing.iter().zip(&g.differing_names) {
             println!("  {}: {}", param_label(*i, name), shapes.join(" vs "));
         }
-        println!("  each shape compiles its own graph; use fixed-size batches (pad or drop the last partial batch)");
+        println!(
+            "  each shape compiles its own graph; \
+             use fixed-size batches (pad or drop the last partial batch)"
+        );
     }
     for m in &a.flag_mismatches {
         println!("{}", super::flag_mismatch::describe(m));

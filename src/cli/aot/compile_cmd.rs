@@ -176,8 +176,8 @@ pub fn job_command(
 }
 
 /// The `NEURON_CC_FLAGS` value that makes a job compute the keys `flags` compile under: every
-/// flag that enters the key, without the ones that only steer the cache (`--retry_failed_compilation`,
-/// `--cache_dir`).
+/// flag that enters the key, without the ones that only steer the cache
+/// (`--retry_failed_compilation`, `--cache_dir`).
 pub fn job_flags(flags: &CompilerFlags) -> String {
     let mut flags = flags.clone();
     flags.retry_failed = false;
@@ -193,7 +193,8 @@ fn refuse_file_as_cache(url: &str) -> anyhow::Result<()> {
     let path = Path::new(url.strip_prefix("file://").unwrap_or(url));
     if path.exists() && !path.is_dir() {
         anyhow::bail!(
-            "compile cache {}: it is a file, not a directory; name a directory (created if missing)",
+            "compile cache {}: it is a file, not a directory; \
+             name a directory (created if missing)",
             path.display()
         );
     }

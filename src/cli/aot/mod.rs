@@ -35,18 +35,31 @@ pub struct FlagArgs {
     #[arg(long, value_parser = parse_target)]
     pub target: Option<Target>,
     /// none, matmult or all.
-    #[arg(long = "auto-cast", value_parser = |s: &str| AutoCast::from_name(s).ok_or_else(|| format!("expected one of {}", AutoCast::supported())))]
+    #[arg(long = "auto-cast", value_parser = parse_auto_cast)]
     pub auto_cast: Option<AutoCast>,
     /// bf16 or fp16.
-    #[arg(long = "auto-cast-type", value_parser = |s: &str| AutoCastType::from_name(s).ok_or_else(|| format!("expected one of {}", AutoCastType::supported())))]
+    #[arg(long = "auto-cast-type", value_parser = parse_auto_cast_type)]
     pub auto_cast_type: Option<AutoCastType>,
     /// generic or transformer.
-    #[arg(long = "model-type", value_parser = |s: &str| ModelType::from_name(s).ok_or_else(|| format!("expected one of {}", ModelType::supported())))]
+    #[arg(long = "model-type", value_parser = parse_model_type)]
     pub model_type: Option<ModelType>,
 }
 
 fn parse_optlevel(s: &str) -> Result<OptLevel, String> {
     OptLevel::from_name(s).ok_or_else(|| "expected O1, O2 or O3".to_string())
+}
+
+fn parse_auto_cast(s: &str) -> Result<AutoCast, String> {
+    AutoCast::from_name(s).ok_or_else(|| format!("expected one of {}", AutoCast::supported()))
+}
+
+fn parse_auto_cast_type(s: &str) -> Result<AutoCastType, String> {
+    AutoCastType::from_name(s)
+        .ok_or_else(|| format!("expected one of {}", AutoCastType::supported()))
+}
+
+fn parse_model_type(s: &str) -> Result<ModelType, String> {
+    ModelType::from_name(s).ok_or_else(|| format!("expected one of {}", ModelType::supported()))
 }
 
 fn parse_target(s: &str) -> Result<Target, String> {

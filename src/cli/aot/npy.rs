@@ -71,7 +71,10 @@ pub fn parse(bytes: &[u8]) -> anyhow::Result<HostTensor> {
     let descr = dict_value(header, "descr").ok_or_else(|| anyhow!("header has no descr"))?;
     let descr = descr.trim().trim_matches(['\'', '"']);
     let dtype = dtype_of(descr).ok_or_else(|| {
-        anyhow!("unsupported dtype {descr:?} (supported: <f4 <f8 <f2 <V2(bf16) <i4 <i8 <u4 |u1 |b1, little-endian)")
+        anyhow!(
+            "unsupported dtype {descr:?} \
+             (supported: <f4 <f8 <f2 <V2(bf16) <i4 <i8 <u4 |u1 |b1, little-endian)"
+        )
     })?;
     match dict_value(header, "fortran_order").map(str::trim) {
         Some("False") => {}

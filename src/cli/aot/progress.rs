@@ -102,7 +102,8 @@ mod tests {
         s.graphs.push(g(Outcome::ReadOnly));
         assert_eq!(
             counts(&s, 0, 0),
-            "found 4 | compiled 1 | cached 1 | failed 1 | not stored (read-only) 1 | running 0 | queued 0"
+            "found 4 | compiled 1 | cached 1 | failed 1 | not stored (read-only) 1 | \
+             running 0 | queued 0"
         );
     }
 }

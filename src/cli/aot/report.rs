@@ -179,8 +179,14 @@ impl<'a> RunReport<'a> {
                 }
             }
             println!(
-                "total: {} found, {} compiled, {} cached, {} failed, {} other shard, {} interrupted",
-                self.found, self.compiled, self.cached, self.failed, self.other_shard, self.interrupted
+                "total: {} found, {} compiled, {} cached, {} failed, {} other shard, \
+                 {} interrupted",
+                self.found,
+                self.compiled,
+                self.cached,
+                self.failed,
+                self.other_shard,
+                self.interrupted
             );
             if self.read_only > 0 {
                 println!(
@@ -190,7 +196,8 @@ impl<'a> RunReport<'a> {
             }
             if self.dry_run {
                 println!(
-                    "dry run: {} found, {} cached, {} would compile, {} failed before, {} other shard; wall time {:.2} s",
+                    "dry run: {} found, {} cached, {} would compile, {} failed before, \
+                     {} other shard; wall time {:.2} s",
                     self.found,
                     self.cached,
                     self.would_compile,
@@ -202,7 +209,8 @@ impl<'a> RunReport<'a> {
                 println!("wall time {:.2} s; nothing to compile", self.wall_ms / 1e3);
             } else {
                 println!(
-                    "wall time {:.2} s; compile phase {:.2} s with {} job(s); one by one (est.) {:.2} s; speed-up {:.2}x",
+                    "wall time {:.2} s; compile phase {:.2} s with {} job(s); \
+                     one by one (est.) {:.2} s; speed-up {:.2}x",
                     self.wall_ms / 1e3,
                     self.compile_wall_ms / 1e3,
                     self.jobs,
@@ -221,7 +229,8 @@ impl<'a> RunReport<'a> {
         if let (Some(f), true) = (&self.neuron_cc_flags, self.flags_from_command_line) {
             // On stderr with --json (stdout holds one JSON object, which has the field).
             let line = format!(
-                "the real run must use these compiler flags to find these executables:\nNEURON_CC_FLAGS={}",
+                "the real run must use these compiler flags to find these executables:\n\
+                 NEURON_CC_FLAGS={}",
                 shell_quote(f)
             );
             if json {

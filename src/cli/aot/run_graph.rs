@@ -92,7 +92,13 @@ pub fn run(args: RunGraphArgs) -> anyhow::Result<i32> {
         ));
     }
     if args.json {
-        let v = serde_json::json!({"key": key.hex(), "executable": how, "obtain_ms": obtain_ms, "run_ms": run_ms, "outputs": written});
+        let v = serde_json::json!({
+            "key": key.hex(),
+            "executable": how,
+            "obtain_ms": obtain_ms,
+            "run_ms": run_ms,
+            "outputs": written,
+        });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
