@@ -11,6 +11,7 @@ const HEADER_IN_PACKAGE: &str = "xla_plugins/xla_cpu_pjrt/include/pjrt_c_api.h";
 fn main() {
     println!("cargo:rerun-if-env-changed={HEADER_ENV}");
     println!("cargo:rerun-if-env-changed=VIRTUAL_ENV");
+    println!("cargo:rerun-if-env-changed=NEURON_PC_VENV");
     println!("cargo:rerun-if-changed=build.rs");
 
     let header = find_header().unwrap_or_else(|| {
@@ -62,13 +63,19 @@ fn struct_size_impls(code: &str) -> String {
     out
 }
 
-/// The explicit variable wins; then the project's `.venv`; then the active virtualenv.
+/// The explicit variable wins; then `NEURON_PC_VENV`, the project's `.venv`, the active
+/// virtualenv. In each, the header `scripts/setup` extracted from the pinned header package
+/// (when the default plugin's package ships none), then the one inside that package.
 fn find_header() -> Option<PathBuf> {
     if let Ok(p) = env::var(HEADER_ENV) {
         return Some(PathBuf::from(p));
     }
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").ok()?);
-    let mut venvs = vec![manifest.join("../.venv")];
+    let mut venvs = Vec::new();
+    if let Ok(v) = env::var("NEURON_PC_VENV") {
+        venvs.push(PathBuf::from(v));
+    }
+    venvs.push(manifest.join("../.venv"));
     if let Ok(v) = env::var("VIRTUAL_ENV") {
         venvs.push(PathBuf::from(v));
     }
@@ -76,6 +83,10 @@ fn find_header() -> Option<PathBuf> {
 }
 
 fn header_in_venv(venv: &Path) -> Option<PathBuf> {
+    let extracted = venv.join("include/neuron-pc/pjrt_c_api.h");
+    if extracted.is_file() {
+        return Some(extracted);
+    }
     let lib = venv.join("lib");
     let mut pythons: Vec<PathBuf> = std::fs::read_dir(&lib)
         .ok()?

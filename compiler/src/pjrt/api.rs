@@ -38,7 +38,9 @@ fn loaded() -> &'static Mutex<HashMap<PathBuf, Arc<Plugin>>> {
 }
 
 impl Plugin {
-    /// Loads the plugin at `path` (once per process) and initializes it.
+    /// Loads the plugin at `path` (once per process) and initializes it. A library whose SHA-256
+    /// is not the one pinned for it (or given in `NEURON_PC_PLUGIN_SHA256`) is refused before
+    /// it is loaded; see [`super::integrity`].
     pub fn load(path: &Path) -> Result<Arc<Plugin>> {
         let load_err = |message: String| Error::PluginLoad {
             path: path.display().to_string(),
@@ -49,6 +51,11 @@ impl Plugin {
         if let Some(p) = map.get(&canonical) {
             return Ok(p.clone());
         }
+        // Loading runs the library's code: its digest is checked first.
+        super::integrity::verify(
+            &canonical,
+            &super::integrity::Expected::for_library(&canonical),
+        )?;
         super::logging::quiet_plugin_logs();
         super::malloc::tune_allocator_once();
         // SAFETY: loading a shared library runs its initializers; the path names a PJRT plugin

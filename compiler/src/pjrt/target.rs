@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::api::Plugin;
 use super::client::{Client, ClientOptions};
+use super::pins::pins_for;
 use crate::error::{Error, Result};
 
 /// A device family neuron-pc can compile for. All share one code path; only the plugin differs.
@@ -35,10 +36,13 @@ impl Target {
         Target::ALL.into_iter().find(|t| t.name() == s)
     }
 
-    /// The plugin library's file name.
+    /// The file name of the target's default plugin library.
     pub fn library(self) -> &'static str {
+        if let Some(pin) = pins_for(self).next() {
+            return pin.library.rsplit('/').next().unwrap_or(pin.library);
+        }
         match self {
-            Target::Cpu => "xla_cpu_pjrt.so",
+            Target::Cpu => "libpjrt_cpu.so",
             Target::Cuda => "xla_cuda12_pjrt.so",
             Target::Trn1 | Target::Trn2 => "libneuronpjrt.so",
         }
@@ -53,17 +57,23 @@ impl Target {
         }
     }
 
-    /// Where the plugin sits inside a Python environment's site-packages, per the package
-    /// that ships it (`xla-cpu-pjrt`, `xla-cuda12-pjrt` or `jax-cuda12-plugin`, `libneuronxla`).
-    fn site_packages_paths(self) -> &'static [&'static str] {
-        match self {
-            Target::Cpu => &["xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"],
+    /// Where the plugin sits inside a Python environment's site-packages, in order of
+    /// preference: the pinned packages of `compiler/plugins.tsv` (the default first), then
+    /// packages neuron-pc does not pin (`xla-cuda12-pjrt` or `jax-cuda12-plugin`,
+    /// `libneuronxla`).
+    fn site_packages_paths(self) -> Vec<&'static str> {
+        let unpinned: &[&str] = match self {
+            Target::Cpu => &[],
             Target::Cuda => &[
                 "xla_plugins/xla_cuda12_pjrt/xla_cuda12_pjrt.so",
                 "jax_plugins/xla_cuda12/xla_cuda_plugin.so",
             ],
             Target::Trn1 | Target::Trn2 => &["libneuronxla/libneuronpjrt.so"],
-        }
+        };
+        pins_for(self)
+            .map(|p| p.library)
+            .chain(unpinned.iter().copied())
+            .collect()
     }
 }
 
@@ -97,7 +107,7 @@ pub fn find_plugin(target: Target) -> Result<PathBuf> {
         .flat_map(|sp| {
             target
                 .site_packages_paths()
-                .iter()
+                .into_iter()
                 .map(move |rel| sp.join(rel))
         })
         .find(|p| p.is_file())
