@@ -87,7 +87,8 @@ pub fn verify_with_markers(
 ) -> Result<Verified> {
     let Some(want) = expected.digest() else {
         tracing::info!(
-            "plugin {} is not pinned and {PLUGIN_SHA256_ENV} is unset: loaded without a digest check",
+            "plugin {} is not pinned and {PLUGIN_SHA256_ENV} is unset: loaded without a \
+             digest check",
             path.display()
         );
         return Ok(Verified::Unchecked);
