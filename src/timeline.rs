@@ -64,13 +64,6 @@ impl Timeline {
         }
     }
 
-    /// The timeline `NEURON_PC_TRACE` asks for, if any.
-    pub fn from_env() -> Option<Timeline> {
-        std::env::var_os(TRACE_ENV)
-            .filter(|v| !v.is_empty())
-            .map(Timeline::new)
-    }
-
     /// Where it will be written.
     pub fn path(&self) -> &Path {
         &self.path

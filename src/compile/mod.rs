@@ -13,7 +13,7 @@ pub mod extract;
 use std::cell::RefCell;
 use std::time::Instant;
 
-use neuron_pc_cache::{Cache, Lookup, Obtained as CacheObtained, PutOutcome, Tier};
+use neuron_pc_cache::{Cache, Obtained as CacheObtained, PutOutcome, Tier};
 use neuron_pc_compiler::flags::CompilerFlags;
 use neuron_pc_compiler::ir::{Graph, TensorType};
 use neuron_pc_compiler::key::{cache_key, CacheKey, CompilerIdentity};
@@ -97,6 +97,16 @@ pub enum Stored {
     Failed(String),
     /// Not compiled here (a hit, or another process's compilation).
     NotApplicable,
+}
+
+impl From<PutOutcome> for Stored {
+    fn from(put: PutOutcome) -> Stored {
+        match put {
+            PutOutcome::Stored => Stored::Yes,
+            PutOutcome::ReadOnly => Stored::ReadOnly,
+            PutOutcome::Failed(m) => Stored::Failed(m),
+        }
+    }
 }
 
 /// A loaded executable and how it was obtained.
@@ -274,11 +284,7 @@ impl Compiler {
                 return Ok(Obtained {
                     executable,
                     source: Source::Compiled,
-                    stored: match stored {
-                        PutOutcome::Stored => Stored::Yes,
-                        PutOutcome::ReadOnly => Stored::ReadOnly,
-                        PutOutcome::Failed(m) => Stored::Failed(m),
-                    },
+                    stored: Stored::from(stored),
                     compile_ms,
                     load_ms: 0.0,
                 });
@@ -331,17 +337,15 @@ impl Compiler {
         let executable = self.compile_here(program)?;
         let compile_ms = ms_since(started);
         let stored = match executable.serialize() {
-            Ok(bytes) => match cache.replace(
-                &program.key.store,
-                &bytes,
-                &program.text,
-                &program.key.inputs.components,
-                compile_ms,
-            ) {
-                PutOutcome::Stored => Stored::Yes,
-                PutOutcome::ReadOnly => Stored::ReadOnly,
-                PutOutcome::Failed(m) => Stored::Failed(m),
-            },
+            Ok(bytes) => cache
+                .replace(
+                    &program.key.store,
+                    &bytes,
+                    &program.text,
+                    &program.key.inputs.components,
+                    compile_ms,
+                )
+                .into(),
             Err(e) => Stored::Failed(e.to_string()),
         };
         Ok(Obtained {
@@ -356,16 +360,6 @@ impl Compiler {
     fn compile_here(&self, program: &Program) -> neuron_pc_compiler::Result<LoadedExecutable> {
         self.client
             .compile_with_signature(&program.text, &self.options, program.signature.clone())
-    }
-
-    /// What the cache holds for `key`, without compiling: `Some(true)` for an entry,
-    /// `Some(false)` for a recorded failure, `None` for nothing (or no cache).
-    pub fn lookup(&self, key: &Key) -> Option<bool> {
-        match self.cache.as_ref()?.get(&key.store) {
-            Lookup::Hit(_) => Some(true),
-            Lookup::Failed(_) => Some(false),
-            Lookup::Miss => None,
-        }
     }
 }
 
