@@ -175,7 +175,11 @@ fn vjp(
     let float = |t: &Tensor| t.dtype().is_float();
     Ok(match op {
         // leaves, or (random bits) an integer function of an integer key
-        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } | Op::RandomBits { .. } => {
+        Op::Parameter { .. }
+        | Op::Constant(_)
+        | Op::Iota { .. }
+        | Op::RandomBits { .. }
+        | Op::ReplicaId => {
             vec![None; x.len()]
         }
         Op::Unary(u) => {

@@ -407,3 +407,53 @@ fn collectives_with_interleaved_groups_match_the_reference() {
         }
     }
 }
+
+/// The device assignment is honoured: replica `r` runs on `devices[r]`, reports `r` as its
+/// replica id, and takes the arguments at position `r` (which live on that device).
+#[test]
+fn replica_ids_follow_the_device_assignment() {
+    use neuron_pc_compiler::pjrt::Device;
+    use neuron_pc_compiler::HostTensor;
+    let client = ops_common::client();
+    let mut g = Graph::new();
+    let x = g.parameter(ty(DType::F32, &[2]));
+    let id = g.push(Op::ReplicaId, &[]).unwrap();
+    let sum = g
+        .push(
+            Op::AllReduce {
+                op: ReduceOp::Sum,
+                replica_groups: vec![vec![0, 1, 2]],
+            },
+            &[x],
+        )
+        .unwrap();
+    g.set_outputs(&[id, sum]).unwrap();
+    let text = lower::to_stablehlo(&g).unwrap();
+    assert!(text.contains("stablehlo.replica_id"), "{text}");
+    let devices = [2, 0, 1];
+    let exe = client
+        .compile(&text, &CompileOptions::default().replicated(&devices))
+        .unwrap();
+    let inputs: Vec<Vec<HostTensor>> = (0..3)
+        .map(|r| vec![HostTensor::from_slice(&[r as f32, 10.0 * r as f32], &[2]).unwrap()])
+        .collect();
+    let bufs: Vec<_> = inputs
+        .iter()
+        .zip(devices)
+        .map(|(i, d)| client.buffer_from_host(&i[0], Device(d)).unwrap())
+        .collect();
+    let args: Vec<Vec<_>> = bufs.iter().map(|b| vec![b]).collect();
+    let out = exe.execute_replicated(&args).unwrap();
+    let want = neuron_pc_compiler::reference::evaluate_replicated(&g, &inputs).unwrap();
+    for (r, outs) in out.iter().enumerate() {
+        assert_eq!(outs[0].to_host().unwrap().to_vec::<u32>().unwrap(), [r as u32]);
+        assert_eq!(outs[1].to_host().unwrap().to_vec::<f32>().unwrap(), [3.0, 30.0]);
+        assert_eq!(outs[0].to_host().unwrap(), want[r][0], "replica {r}");
+        assert_eq!(outs[1].to_host().unwrap(), want[r][1], "replica {r}");
+    }
+    // A different assignment is a different compile request.
+    assert_ne!(
+        CompileOptions::default().replicated(&devices).to_proto(),
+        CompileOptions::default().replicated(&[0, 1, 2]).to_proto()
+    );
+}

@@ -178,6 +178,31 @@ impl Compiler {
         Ok(c)
     }
 
+    /// Compiles SPMD programs replicated over `devices` of the client (replica `i` on
+    /// `devices[i]`): the replica count and assignment enter the compile options and therefore
+    /// every key. One device (the default) compiles single-device programs.
+    pub fn with_replicas(mut self, devices: &[usize]) -> Compiler {
+        self.options = if devices.len() > 1 {
+            self.options.replicated(devices)
+        } else {
+            let mut o = self.options;
+            o.num_replicas = 1;
+            o.device_assignment.clear();
+            o
+        };
+        self
+    }
+
+    /// How many replicas each program runs on.
+    pub fn replicas(&self) -> usize {
+        self.options.num_replicas
+    }
+
+    /// The compile options every program is compiled with.
+    pub fn options(&self) -> &CompileOptions {
+        &self.options
+    }
+
     pub fn client(&self) -> &Client {
         &self.client
     }

@@ -73,6 +73,10 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             let x = unary(op, operands)?;
             Ok(TensorType::new(*to, x.dims.clone()))
         }
+        Op::ReplicaId => {
+            arity(op, operands, 0)?;
+            Ok(TensorType::new(DType::U32, Vec::new()))
+        }
         Op::Iota { dims, dim, dtype } => {
             arity(op, operands, 0)?;
             if *dim >= dims.len() {

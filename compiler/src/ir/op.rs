@@ -147,6 +147,9 @@ pub enum Op {
         dim: usize,
         replica_groups: Vec<Vec<usize>>,
     },
+    /// No operands. Result `u32[]`: the index of the replica running the program (0 on one
+    /// device).
+    ReplicaId,
 }
 
 impl Op {
@@ -157,6 +160,7 @@ impl Op {
         match self {
             Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => false,
             Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => false,
+            Op::ReplicaId => false,
             Op::Unary(_)
             | Op::Binary(_)
             | Op::Compare(_)
@@ -215,6 +219,7 @@ impl Op {
             Op::AllReduce { .. } => "all_reduce",
             Op::AllGather { .. } => "all_gather",
             Op::ReduceScatter { .. } => "reduce_scatter",
+            Op::ReplicaId => "replica_id",
         }
     }
 }
@@ -227,7 +232,7 @@ impl fmt::Display for Op {
             Op::Parameter { index } => write!(f, "{n}{{index={index}}}"),
             Op::Constant(lit) => write!(f, "{n}({lit})"),
             Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select => f.write_str(n),
-            Op::DynamicUpdateSlice | Op::Gather | Op::ScatterAdd | Op::StopGradient => {
+            Op::DynamicUpdateSlice | Op::Gather | Op::ScatterAdd | Op::StopGradient | Op::ReplicaId => {
                 f.write_str(n)
             }
             Op::Convert(d) => write!(f, "{n}{{{d}}}"),

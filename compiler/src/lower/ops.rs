@@ -47,6 +47,7 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
         }
         Op::Select => format!("{v} = \"stablehlo.select\"({arg_list}) : {sig}"),
         Op::Convert(_) => format!("{v} = \"stablehlo.convert\"({arg_list}) : {sig}"),
+        Op::ReplicaId => format!("{v} = \"stablehlo.replica_id\"() : () -> {ty}"),
         Op::Iota { dim, .. } => {
             format!("{v} = \"stablehlo.iota\"() {{iota_dimension = {dim} : i64}} : () -> {ty}")
         }

@@ -23,6 +23,9 @@ pub struct CompileOptions {
     pub num_replicas: usize,
     /// Partitions per replica.
     pub num_partitions: usize,
+    /// The device id each replica runs on (`DeviceAssignmentProto`, one computation); empty:
+    /// the plugin's default (replica `i` on device `i`).
+    pub device_assignment: Vec<usize>,
     /// `DebugOptions` fields to override by name, e.g. `xla_backend_optimization_level`.
     pub xla_overrides: BTreeMap<String, OverrideValue>,
 }
@@ -32,12 +35,20 @@ impl Default for CompileOptions {
         CompileOptions {
             num_replicas: 1,
             num_partitions: 1,
+            device_assignment: Vec::new(),
             xla_overrides: BTreeMap::new(),
         }
     }
 }
 
 impl CompileOptions {
+    /// Options for an SPMD program replicated over `devices` (replica `i` on `devices[i]`).
+    pub fn replicated(mut self, devices: &[usize]) -> Self {
+        self.num_replicas = devices.len().max(1);
+        self.device_assignment = devices.to_vec();
+        self
+    }
+
     /// Sets one backend option.
     pub fn with_override(mut self, name: &str, value: OverrideValue) -> Self {
         self.xla_overrides.insert(name.to_string(), value);
@@ -51,6 +62,17 @@ impl CompileOptions {
         put_varint_field(&mut build, 1, -1i64 as u64); // device_ordinal: not fixed
         put_varint_field(&mut build, 4, self.num_replicas as u64);
         put_varint_field(&mut build, 5, self.num_partitions as u64);
+        if !self.device_assignment.is_empty() {
+            let mut ids = Vec::new();
+            for &d in &self.device_assignment {
+                put_varint_field(&mut ids, 1, d as u64);
+            }
+            let mut assignment = Vec::new();
+            put_varint_field(&mut assignment, 1, self.device_assignment.len() as u64);
+            put_varint_field(&mut assignment, 2, 1);
+            put_bytes_field(&mut assignment, 3, &ids);
+            put_bytes_field(&mut build, 9, &assignment);
+        }
 
         let mut out = Vec::new();
         put_bytes_field(&mut out, 3, &build);

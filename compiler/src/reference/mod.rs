@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::host::HostTensor;
 use crate::ir::{Graph, Node, Op};
 
-use data::{Data, Value};
+use data::{Data, Scalar, Value};
 pub use elementwise::erf;
 pub use random::threefry2x32;
 
@@ -72,6 +72,12 @@ pub fn evaluate_replicated(
             Op::Parameter { index } => inputs
                 .iter()
                 .map(|r| Value::from_host(&r[*index]))
+                .collect(),
+            Op::ReplicaId => (0..inputs.len())
+                .map(|r| Value {
+                    ty: node.ty.clone(),
+                    data: Data::from_scalars(node.ty.dtype, std::iter::once(Scalar::U(r as u64))),
+                })
                 .collect(),
             Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => {
                 let operand: Vec<&Value> = values.iter().map(|v| &v[node.operands[0].0]).collect();
@@ -139,6 +145,8 @@ fn eval_node(node: &Node, a: &[&Value]) -> Result<Data> {
         Op::Select => elementwise::select(&a[0].data, &a[1].data, &a[2].data),
         Op::Convert(to) => Data::from_scalars(*to, (0..a[0].data.len()).map(|i| a[0].data.get(i))),
         Op::Iota { dim, .. } => structural::iota(out, *dim),
+        // evaluated alone, the program runs as replica 0
+        Op::ReplicaId => Data::from_scalars(out.dtype, std::iter::once(Scalar::U(0))),
         Op::BroadcastInDim {
             broadcast_dimensions,
             ..
