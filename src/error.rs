@@ -58,6 +58,13 @@ pub enum Error {
     /// Extract mode could not write a graph.
     Extract(String),
 
+    /// A value that differs between replicas was used where one value is needed (read as one
+    /// host tensor, or assigned to a replicated tensor such as a parameter).
+    Placement {
+        location: &'static Location<'static>,
+        message: String,
+    },
+
     Checkpoint(crate::checkpoint::CheckpointError),
 }
 
@@ -88,6 +95,7 @@ impl std::fmt::Display for Error {
                 "{site}: the step of this mark_step (step {step}) failed: {message}"
             ),
             Error::Extract(m) => write!(f, "extract mode: {m}"),
+            Error::Placement { location, message } => write!(f, "{location}: {message}"),
             Error::Checkpoint(e) => e.fmt(f),
         }
     }
@@ -108,7 +116,8 @@ impl std::error::Error for Error {
             | Error::CompileFailed { .. }
             | Error::NotDifferentiable { .. }
             | Error::StepFailed { .. }
-            | Error::Extract(_) => None,
+            | Error::Extract(_)
+            | Error::Placement { .. } => None,
         }
     }
 }

@@ -468,16 +468,17 @@ fn randn_is_standard_normal() {
 
 #[test]
 fn collectives_on_one_replica() {
-    use neuron_pc::tensor::ReduceOp;
+    use neuron_pc::tensor::Reduction;
     let dev = device();
     let v = [0.5, -1.0, 2.0, 3.5];
     let x = host(&dev, &v, &[2, 2]);
     let one = [vec![0]];
     for y in [
-        x.all_reduce(ReduceOp::Sum, &one).unwrap(),
-        x.all_reduce(ReduceOp::Max, &one).unwrap(),
-        x.all_gather(1, &one).unwrap(),
-        x.reduce_scatter(ReduceOp::Sum, 0, &one).unwrap(),
+        x.all_reduce(Reduction::Sum).unwrap(),
+        x.all_reduce_in(Reduction::Max, &one).unwrap(),
+        x.all_reduce(Reduction::Mean).unwrap(),
+        x.all_gather_in(1, &one).unwrap(),
+        x.reduce_scatter(Reduction::Sum, 0).unwrap(),
     ] {
         assert_eq!(y.dims(), &[2, 2]);
         assert_eq!(values(&y), v);
@@ -485,7 +486,7 @@ fn collectives_on_one_replica() {
     // the gradient of a summed all-reduce is the all-reduced gradient (here: itself)
     let c = Check::new(25);
     c.op("all_reduce sum", &[c.rand(&[2, 3], -1.0, 1.0)], |x| {
-        x[0].all_reduce(ReduceOp::Sum, &[vec![0]])?.exp()
+        x[0].all_reduce_in(Reduction::Sum, &[vec![0]])?.exp()
     });
     c.finish();
 }

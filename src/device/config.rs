@@ -20,6 +20,10 @@ pub const DEBUG_STEPS_ENV: &str = "NEURON_PC_DEBUG_STEPS";
 pub const MAX_IN_FLIGHT_ENV: &str = "NEURON_PC_MAX_STEPS_IN_FLIGHT";
 /// A file to append one JSON line per new graph to (read by `neuron-pc analyze`).
 pub const GRAPH_LOG_ENV: &str = "NEURON_PC_GRAPH_LOG";
+/// How many devices (replicas) a data-parallel job runs on in this process.
+pub const DEVICES_ENV: &str = "NEURON_PC_DEVICES";
+/// PyTorch/XLA's count of CPU devices, read on the cpu target when `NEURON_PC_DEVICES` is unset.
+pub const CPU_NUM_DEVICES_ENV: &str = "CPU_NUM_DEVICES";
 
 /// Everything a [`crate::LazyDevice`] needs to start.
 #[derive(Clone, Debug)]
@@ -28,8 +32,11 @@ pub struct DeviceConfig {
     pub flags: CompilerFlags,
     /// The persistent compile cache ([`CacheConfig::disabled`] for none).
     pub cache: CacheConfig,
-    /// Which of the client's devices to run on.
+    /// Which of the client's devices to run on (the first, with several replicas).
     pub device_index: usize,
+    /// Replicas of every step graph (SPMD data parallelism over devices
+    /// `device_index..device_index + replicas`); 1 runs on one device.
+    pub replicas: usize,
     /// CPU plugin: how many devices the client exposes.
     pub cpu_device_count: Option<i64>,
     /// Extract mode: write new graphs here instead of compiling them.
@@ -58,6 +65,7 @@ impl Default for DeviceConfig {
             flags: CompilerFlags::default(),
             cache: CacheConfig::default(),
             device_index: 0,
+            replicas: 1,
             cpu_device_count: None,
             extract_dir: None,
             warmup_steps: 2,
@@ -80,13 +88,36 @@ fn path_env(name: &str) -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// A count of at least 1 from the variable `name`.
+fn count_env(name: &str, v: &str) -> Result<usize> {
+    v.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "{name}={v:?}: expected a whole number of at least 1"
+            ))
+        })
+}
+
 impl DeviceConfig {
     /// Reads `NEURON_CC_FLAGS`, the cache's variables (see [`CacheConfig::resolve`]) and the
     /// `NEURON_PC_*` switches.
     pub fn from_env() -> Result<DeviceConfig> {
         let flags = CompilerFlags::from_env().map_err(|e| Error::Config(e.to_string()))?;
         let cache = CacheConfig::resolve(None, &flags)?;
+        let replicas = match std::env::var(DEVICES_ENV) {
+            Ok(v) if !v.is_empty() => count_env(DEVICES_ENV, &v)?,
+            _ => match std::env::var(CPU_NUM_DEVICES_ENV) {
+                Ok(v) if !v.is_empty() && flags.target == Target::Cpu => {
+                    count_env(CPU_NUM_DEVICES_ENV, &v)?
+                }
+                _ => 1,
+            },
+        };
         Ok(DeviceConfig {
+            replicas,
             flags,
             cache,
             extract_dir: path_env(EXTRACT_DIR_ENV),
@@ -95,16 +126,7 @@ impl DeviceConfig {
             graph_log: path_env(GRAPH_LOG_ENV),
             trace: path_env(crate::timeline::TRACE_ENV),
             max_steps_in_flight: match std::env::var(MAX_IN_FLIGHT_ENV) {
-                Ok(v) if !v.is_empty() => v
-                    .trim()
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|&n| n >= 1)
-                    .ok_or_else(|| {
-                        Error::Config(format!(
-                            "{MAX_IN_FLIGHT_ENV}={v:?}: expected a whole number of at least 1"
-                        ))
-                    })?,
+                Ok(v) if !v.is_empty() => count_env(MAX_IN_FLIGHT_ENV, &v)?,
                 _ => 2,
             },
             ..DeviceConfig::default()

@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 use std::panic::Location;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -16,10 +17,11 @@ use neuron_pc_compiler::pjrt::Event;
 use super::lock;
 use crate::error::{Error, Result};
 
-/// One launched step.
+/// One launched step (on every replica).
 pub(crate) struct StepRun {
-    /// None when the plugin reported the work complete at launch.
-    done: Option<Event>,
+    /// One per replica still running at launch (none when the plugin reported the work
+    /// complete).
+    done: Vec<Event>,
     pub site: &'static Location<'static>,
     /// The device's step count when it was launched.
     pub step: u64,
@@ -33,28 +35,34 @@ pub(crate) struct StepRun {
 }
 
 impl StepRun {
-    /// Tracks a launched step; registers the completion callback that timestamps it.
+    /// Tracks a launched step; registers the completion callbacks that timestamp it (when the
+    /// last replica finishes; the first failure is kept).
     pub fn new(
-        done: Option<Event>,
+        done: Vec<Event>,
         site: &'static Location<'static>,
         step: u64,
         graph: String,
     ) -> StepRun {
         let launched = Instant::now();
         let finished = Arc::new(OnceLock::new());
-        match &done {
-            None => {
-                let _ = finished.set((launched, None));
-            }
-            Some(event) => {
-                let slot = finished.clone();
-                let registered = event.on_ready(move |status| {
-                    let _ = slot.set((Instant::now(), status.err().map(|e| e.to_string())));
-                });
-                if let Err(e) = registered {
-                    // Without the callback, completion is timed when the step is waited for.
-                    tracing::debug!("completion callback not registered ({e})");
+        if done.is_empty() {
+            let _ = finished.set((launched, None));
+        }
+        let remaining = Arc::new(AtomicUsize::new(done.len()));
+        let failure: Arc<Mutex<Option<String>>> = Arc::default();
+        for event in &done {
+            let (slot, remaining, failure) = (finished.clone(), remaining.clone(), failure.clone());
+            let registered = event.on_ready(move |status| {
+                if let Err(e) = status {
+                    lock(&failure).get_or_insert_with(|| e.to_string());
                 }
+                if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    let _ = slot.set((Instant::now(), lock(&failure).take()));
+                }
+            });
+            if let Err(e) = registered {
+                // Without the callback, completion is timed when the step is waited for.
+                tracing::debug!("completion callback not registered ({e})");
             }
         }
         StepRun {
@@ -72,16 +80,19 @@ impl StepRun {
     pub fn is_finished(&self) -> bool {
         self.finished.get().is_some()
             || self.waited.get().is_some()
-            || self
-                .done
-                .as_ref()
-                .is_none_or(|e| e.is_ready().unwrap_or(false))
+            || self.done.iter().all(|e| e.is_ready().unwrap_or(false))
     }
 
     /// Blocks until the step completed; its failure as an error naming its `mark_step`.
     pub fn wait(&self) -> Result<()> {
         let failure = self.waited.get_or_init(|| {
-            let waited = self.done.as_ref().map_or(Ok(()), Event::wait);
+            let mut waited = Ok(());
+            for e in &self.done {
+                let w = e.wait();
+                if waited.is_ok() {
+                    waited = w;
+                }
+            }
             let _ = self
                 .finished
                 .set((Instant::now(), waited.as_ref().err().map(|e| e.to_string())));

@@ -17,12 +17,14 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
 use neuron_pc_compiler::ir::{Op, TensorType};
-use neuron_pc_compiler::pjrt::{find_plugin, Buffer, Client, ClientOptions, Device, Plugin};
+use neuron_pc_compiler::pjrt::{
+    find_plugin, Buffer, Client, ClientOptions, Device, Plugin, Target,
+};
 use neuron_pc_compiler::HostTensor;
 
 pub use config::{
-    DeviceConfig, DEBUG_STEPS_ENV, EXTRACT_DIR_ENV, GRAPH_LOG_ENV, MAX_IN_FLIGHT_ENV,
-    NO_NEW_GRAPHS_ENV,
+    DeviceConfig, CPU_NUM_DEVICES_ENV, DEBUG_STEPS_ENV, DEVICES_ENV, EXTRACT_DIR_ENV,
+    GRAPH_LOG_ENV, MAX_IN_FLIGHT_ENV, NO_NEW_GRAPHS_ENV,
 };
 pub use debug::TARGET as DEBUG_STEPS_LOG_TARGET;
 pub use metrics::Metrics;
@@ -46,7 +48,9 @@ pub struct LazyDevice {
 pub(crate) struct DeviceInner {
     /// Compiles (or finds in the cache) every new step graph; owns the PJRT client.
     pub compiler: Compiler,
-    pub device: Device,
+    /// The devices the replicas run on (one for a single-device job), replica `r` on
+    /// `devices[r]`.
+    pub devices: Vec<Device>,
     pub config: DeviceConfig,
     pub interner: Mutex<Interner>,
     /// Tensors that may hold pending values, pruned at every step.
@@ -65,12 +69,22 @@ pub(crate) struct DeviceInner {
 
 impl std::fmt::Debug for LazyDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "LazyDevice({} device {})",
-            self.inner.client().platform_name(),
-            self.inner.device.0
-        )
+        let d = &self.inner.devices;
+        match d.len() {
+            1 => write!(
+                f,
+                "LazyDevice({} device {})",
+                self.inner.client().platform_name(),
+                d[0].0
+            ),
+            n => write!(
+                f,
+                "LazyDevice({} devices {}..{}, {n} replicas)",
+                self.inner.client().platform_name(),
+                d[0].0,
+                d[0].0 + n
+            ),
+        }
     }
 }
 
@@ -90,28 +104,47 @@ impl LazyDevice {
         crate::logging::init_default_with(config.debug_steps);
         config.flags.warn_unused_neuron_flags();
         let target = config.target();
-        let plugin = Plugin::load(&find_plugin(target)?)?;
-        let client = Client::new(
-            &plugin,
-            &ClientOptions {
-                cpu_device_count: config.cpu_device_count,
-            },
-        )?;
-        if config.device_index >= client.device_count() {
-            return Err(Error::Config(format!(
-                "device index {} out of range: the {target} client has {} devices",
-                config.device_index,
-                client.device_count()
-            )));
+        if config.replicas == 0 {
+            return Err(Error::Config("a device needs at least one replica".into()));
         }
-        let compiler = Compiler::for_job(client, config.flags.clone(), &config.cache)?;
+        let last = config.device_index + config.replicas;
+        let cpu_device_count = match target {
+            // the cpu client makes as many devices as asked for
+            Target::Cpu if config.replicas > 1 => {
+                Some(config.cpu_device_count.unwrap_or(0).max(last as i64))
+            }
+            Target::Cpu => config.cpu_device_count,
+            _ => None,
+        };
+        let plugin = Plugin::load(&find_plugin(target)?)?;
+        let client = Client::new(&plugin, &ClientOptions { cpu_device_count })?;
+        if last > client.device_count() {
+            return Err(Error::Config(if config.replicas == 1 {
+                format!(
+                    "device index {} out of range: the {target} client has {} devices",
+                    config.device_index,
+                    client.device_count()
+                )
+            } else {
+                format!(
+                    "{} replicas from device {} need {last} devices: the {target} client has {}",
+                    config.replicas,
+                    config.device_index,
+                    client.device_count()
+                )
+            }));
+        }
+        let devices: Vec<Device> = (config.device_index..last).map(Device).collect();
+        let ids: Vec<usize> = devices.iter().map(|d| d.0).collect();
+        let compiler =
+            Compiler::for_job(client, config.flags.clone(), &config.cache)?.with_replicas(&ids);
         let metrics = Metrics {
             cache_unavailable: compiler.cache_unavailable().map(str::to_string),
             ..Metrics::default()
         };
         Ok(LazyDevice {
             inner: Arc::new(DeviceInner {
-                device: Device(config.device_index),
+                devices,
                 compiler,
                 interner: Mutex::new(Interner::default()),
                 pending: Mutex::new(Vec::new()),
@@ -135,6 +168,11 @@ impl LazyDevice {
     /// The configuration this device was created with.
     pub fn config(&self) -> &DeviceConfig {
         &self.inner.config
+    }
+
+    /// How many replicas every step graph runs on (1: a single-device job).
+    pub fn replicas(&self) -> usize {
+        self.inner.devices.len()
     }
 
     /// True in extract mode (values are zero-filled stand-ins; nothing is executed).
@@ -209,9 +247,36 @@ impl DeviceInner {
         ty: TensorType,
         operands: Vec<Value>,
     ) -> Arc<Cell> {
+        let per_replica = self.result_per_replica(&op, &operands);
         let op_id = lock(&self.interner).op(op, &ty);
-        let node = Arc::new(Node { op_id, operands });
+        let node = Arc::new(Node {
+            op_id,
+            per_replica,
+            operands,
+        });
         self.new_cell(ty, Value::Node(node))
+    }
+
+    /// Whether `op`'s result may differ between replicas: the replica index does; a
+    /// collective over one group of every replica gives all the same value; any other op
+    /// differs where an operand does.
+    fn result_per_replica(&self, op: &Op, operands: &[Value]) -> bool {
+        let any = || operands.iter().any(Value::is_per_replica);
+        let everyone =
+            |groups: &[Vec<usize>]| groups.len() == 1 && groups[0].len() == self.devices.len();
+        let trivial = |groups: &[Vec<usize>]| groups.iter().all(|g| g.len() == 1);
+        match op {
+            Op::ReplicaId => true,
+            Op::AllReduce { replica_groups, .. } | Op::AllGather { replica_groups, .. } => {
+                if everyone(replica_groups) {
+                    false
+                } else {
+                    trivial(replica_groups) && any() || !trivial(replica_groups)
+                }
+            }
+            Op::ReduceScatter { replica_groups, .. } => !trivial(replica_groups) || any(),
+            _ => any(),
+        }
     }
 
     /// Registers a tensor that became pending again (an in-place update).
@@ -219,28 +284,48 @@ impl DeviceInner {
         lock(&self.pending).push(Arc::downgrade(cell));
     }
 
+    /// Copies `host` to every replica's device (a replicated value).
     pub(crate) fn upload(&self, host: &HostTensor, zero_filled: bool) -> Result<Arc<DeviceData>> {
+        let copies = vec![host; self.devices.len()];
+        self.upload_replicas(&copies, false, zero_filled)
+    }
+
+    /// Copies `hosts[r]` to replica `r`'s device (all of one type).
+    pub(crate) fn upload_replicas(
+        &self,
+        hosts: &[&HostTensor],
+        per_replica: bool,
+        zero_filled: bool,
+    ) -> Result<Arc<DeviceData>> {
+        debug_assert_eq!(hosts.len(), self.devices.len());
         let started = Instant::now();
-        let buffer = self.client().buffer_from_host(host, self.device)?;
+        let buffers = hosts
+            .iter()
+            .zip(&self.devices)
+            .map(|(h, &d)| self.client().buffer_from_host(h, d))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         self.phase("transfer to device", started, None);
         {
             let mut m = lock(&self.metrics);
-            m.transfers_to_device += 1;
-            m.bytes_to_device += host.bytes().len() as u64;
+            m.transfers_to_device += hosts.len() as u64;
+            m.bytes_to_device += hosts.iter().map(|h| h.bytes().len() as u64).sum::<u64>();
         }
-        Ok(self.wrap_buffer(buffer, zero_filled, None))
+        Ok(self.wrap_buffers(buffers, per_replica, zero_filled, None))
     }
 
-    pub(crate) fn wrap_buffer(
+    pub(crate) fn wrap_buffers(
         &self,
-        buffer: Buffer,
+        buffers: Vec<Buffer>,
+        per_replica: bool,
         zero_filled: bool,
         producer: Option<Arc<StepRun>>,
     ) -> Arc<DeviceData> {
-        let ty = TensorType::new(buffer.dtype(), buffer.dims().to_vec());
+        let b = &buffers[0];
+        let ty = TensorType::new(b.dtype(), b.dims().to_vec());
         let ty_id = lock(&self.interner).ty(&ty);
         Arc::new(DeviceData {
-            buffer,
+            buffers,
+            per_replica,
             zero_filled,
             ty_id,
             producer,
@@ -278,14 +363,15 @@ impl DeviceInner {
         }
     }
 
-    pub(crate) fn download(&self, data: &DeviceData) -> Result<HostTensor> {
+    /// Copies replica `replica`'s value to the host.
+    pub(crate) fn download(&self, data: &DeviceData, replica: usize) -> Result<HostTensor> {
         if let Some(p) = &data.producer {
             let waited = Instant::now();
             p.wait()?;
             self.phase("wait", waited, Some(&p.graph));
         }
         let started = Instant::now();
-        let host = data.buffer.to_host()?;
+        let host = data.buffers[replica].to_host()?;
         self.phase("transfer to host", started, None);
         let mut m = lock(&self.metrics);
         m.transfers_to_host += 1;
@@ -344,6 +430,7 @@ impl DeviceInner {
         }
         let mut traced = step::trace(&roots);
         let aliases = traced.donations(&cells);
+        let per_replica: Vec<bool> = roots.iter().map(|n| n.per_replica).collect();
         let known = lock(&self.executables).get(&traced.identity).cloned();
         self.phase("step cut", started, None);
         let (exe, how) = match known {
@@ -362,7 +449,7 @@ impl DeviceInner {
             }
         };
         drop(roots);
-        let outputs = self.run(&exe, &mut traced, &aliases, site)?;
+        let outputs = self.run(&exe, &mut traced, &aliases, &per_replica, site)?;
         for (cell, data) in cells.iter().zip(outputs) {
             // A named tensor's new value keeps its name, so later graphs can name the input.
             if let Some(n) = lock(&cell.name).clone() {
@@ -395,13 +482,18 @@ impl DeviceInner {
         exe: &StepExecutable,
         traced: &mut step::Traced,
         aliases: &[(usize, usize)],
+        per_replica: &[bool],
         site: &'static Location<'static>,
     ) -> Result<Vec<Arc<DeviceData>>> {
         let Some(loaded) = &exe.loaded else {
             return exe
                 .output_types
                 .iter()
-                .map(|ty| self.upload(&HostTensor::zeros(ty.dtype, &ty.dims), true))
+                .zip(per_replica)
+                .map(|(ty, &p)| {
+                    let zeros = HostTensor::zeros(ty.dtype, &ty.dims);
+                    self.upload_replicas(&vec![&zeros; self.devices.len()], p, true)
+                })
                 .collect();
         };
         // A parameter may be donated when the graph's own operands are its only holders
@@ -422,22 +514,46 @@ impl DeviceInner {
                 }
             }
         }
-        let args: Vec<&Buffer> = traced.params.iter().map(|d| &d.buffer).collect();
+        let args: Vec<Vec<&Buffer>> = (0..self.devices.len())
+            .map(|r| traced.params.iter().map(|d| &d.buffers[r]).collect())
+            .collect();
         let step = lock(&self.metrics).steps;
         let launch_started = Instant::now();
-        let launched = loaded.launch(&args, &keep).map_err(|e| Error::StepFailed {
-            site,
-            step,
-            message: e.to_string(),
-        })?;
+        let launched = loaded
+            .launch_replicated(&args, &keep)
+            .map_err(|e| Error::StepFailed {
+                site,
+                step,
+                message: e.to_string(),
+            })?;
         let graph = exe.key.short().to_string();
         self.phase("launch", launch_started, Some(&graph));
         let run = Arc::new(StepRun::new(launched.done, site, step, graph));
         let zero_filled = traced.params.iter().any(|d| d.zero_filled);
-        let result: Vec<Arc<DeviceData>> = launched
+        if launched
             .outputs
-            .into_iter()
-            .map(|b| self.wrap_buffer(b, zero_filled, Some(run.clone())))
+            .iter()
+            .any(|o| o.len() != per_replica.len())
+        {
+            return Err(Error::StepFailed {
+                site,
+                step,
+                message: format!(
+                    "the executable returned {:?} outputs per replica, {} expected",
+                    launched.outputs.iter().map(Vec::len).collect::<Vec<_>>(),
+                    per_replica.len()
+                ),
+            });
+        }
+        // Output `k` of every replica becomes one value.
+        let mut per_device: Vec<std::vec::IntoIter<Buffer>> =
+            launched.outputs.into_iter().map(Vec::into_iter).collect();
+        let result: Vec<Arc<DeviceData>> = per_replica
+            .iter()
+            .map(|&p| {
+                let buffers = per_device.iter_mut().filter_map(Iterator::next).collect();
+                self.wrap_buffers(buffers, p, zero_filled, Some(run.clone()))
+            })
             .collect();
         {
             let mut m = lock(&self.metrics);

@@ -12,9 +12,12 @@ use std::sync::{Arc, Mutex, Weak};
 use neuron_pc_compiler::ir::{Op, TensorType};
 use neuron_pc_compiler::pjrt::Buffer;
 
-/// Device memory holding one tensor's value.
+/// Device memory holding one tensor's value: one buffer per replica, on that replica's device.
 pub(crate) struct DeviceData {
-    pub buffer: Buffer,
+    pub buffers: Vec<Buffer>,
+    /// The replicas may hold different values (a batch shard, a per-replica gradient); false
+    /// when they hold the same (parameters, optimizer state, scalars).
+    pub per_replica: bool,
     /// Extract mode: a zero-filled stand-in for a value that was never computed.
     pub zero_filled: bool,
     /// The buffer's type, interned by the owning device.
@@ -36,6 +39,14 @@ pub(crate) enum Value {
 impl Value {
     pub fn is_pending(&self) -> bool {
         matches!(self, Value::Node(_))
+    }
+
+    /// True when the replicas may hold different values.
+    pub fn is_per_replica(&self) -> bool {
+        match self {
+            Value::Node(n) => n.per_replica,
+            Value::Data(d) => d.per_replica,
+        }
     }
 }
 
@@ -59,6 +70,8 @@ pub(crate) struct Cell {
 pub(crate) struct Node {
     /// Index into the device's [`Interner`].
     pub op_id: u32,
+    /// The result may differ between replicas (see [`DeviceData::per_replica`]).
+    pub per_replica: bool,
     pub operands: Vec<Value>,
 }
 
@@ -113,6 +126,7 @@ impl Interner {
 impl DeviceData {
     /// The buffer's type.
     pub fn ty(&self) -> TensorType {
-        TensorType::new(self.buffer.dtype(), self.buffer.dims().to_vec())
+        let b = &self.buffers[0];
+        TensorType::new(b.dtype(), b.dims().to_vec())
     }
 }

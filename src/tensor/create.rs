@@ -1,20 +1,104 @@
 //! Creating tensors on a device: uploads, scalars, constants, ranges and random values.
 
+use std::panic::Location;
+
 use neuron_pc_compiler::ir::{Literal, Op};
 use neuron_pc_compiler::{DType, HostTensor};
 
 use super::Tensor;
 use crate::device::trace::Value;
 use crate::device::LazyDevice;
-use crate::error::Result;
+use crate::error::{Error, Result};
+
+/// `host` cut along its first dimension into `n` equal blocks (`n` divides it).
+pub(crate) fn split_rows(host: &HostTensor, n: usize) -> Result<Vec<HostTensor>> {
+    let rows = host.dims()[0];
+    let block = rows / n;
+    let bytes = host.bytes();
+    let per_row = bytes.len() / rows.max(1);
+    let mut dims = host.dims().to_vec();
+    dims[0] = block;
+    (0..n)
+        .map(|r| {
+            let part = bytes[r * block * per_row..(r + 1) * block * per_row].to_vec();
+            HostTensor::from_bytes(host.dtype(), &dims, part).map_err(Error::from)
+        })
+        .collect()
+}
 
 impl LazyDevice {
-    /// Copies `host` to the device; the tensor holds device data (nothing pending).
+    /// Copies `host` to the device; the tensor holds device data (nothing pending). On a
+    /// data-parallel device every replica gets the same copy (a replicated value: parameters,
+    /// scalars, anything every replica needs whole).
     pub fn tensor(&self, host: &HostTensor) -> Result<Tensor> {
         let data = self.inner.upload(host, false)?;
-        Ok(Tensor {
+        Ok(self.holding(data))
+    }
+
+    /// Splits `host` along its first dimension into one equal block per replica, replica `r`
+    /// getting block `r` (a per-replica value: each replica's shard of a global batch). On
+    /// one device the tensor is `host` whole.
+    #[track_caller]
+    pub fn shard(&self, host: &HostTensor) -> Result<Tensor> {
+        let location = Location::caller();
+        let n = self.replicas();
+        let rows = host.dims().first().copied().unwrap_or(0);
+        if host.dims().is_empty() || rows % n != 0 {
+            return Err(Error::Placement {
+                location,
+                message: format!(
+                    "cannot shard {}{:?} over {n} replicas: the first dimension must divide \
+                     by the replica count",
+                    host.dtype(),
+                    host.dims()
+                ),
+            });
+        }
+        let blocks = split_rows(host, n)?;
+        self.from_replicas(&blocks)
+    }
+
+    /// One value per replica (`hosts[r]` on replica `r`), all of one shape and dtype: a
+    /// per-replica tensor.
+    #[track_caller]
+    pub fn from_replicas(&self, hosts: &[HostTensor]) -> Result<Tensor> {
+        let location = Location::caller();
+        let n = self.replicas();
+        let first = hosts.first();
+        let same = first.is_some_and(|f| {
+            hosts
+                .iter()
+                .all(|h| h.dtype() == f.dtype() && h.dims() == f.dims())
+        });
+        if hosts.len() != n || !same {
+            let shapes: Vec<String> = hosts
+                .iter()
+                .map(|h| format!("{}{:?}", h.dtype(), h.dims()))
+                .collect();
+            return Err(Error::Placement {
+                location,
+                message: format!(
+                    "from_replicas needs {n} values of one type (one per replica), got [{}]",
+                    shapes.join(", ")
+                ),
+            });
+        }
+        let refs: Vec<&HostTensor> = hosts.iter().collect();
+        let data = self.inner.upload_replicas(&refs, true, false)?;
+        Ok(self.holding(data))
+    }
+
+    fn holding(&self, data: std::sync::Arc<crate::device::trace::DeviceData>) -> Tensor {
+        Tensor {
             cell: self.inner.new_cell(data.ty(), Value::Data(data)),
-        })
+        }
+    }
+
+    /// The index of the replica running the step (`u32` scalar, per-replica; 0 on one
+    /// device).
+    #[track_caller]
+    pub fn replica_index(&self) -> Result<Tensor> {
+        Tensor::apply_nullary(&self.inner, Op::ReplicaId)
     }
 
     /// A scalar on the device, for values that change between steps (learning rate, step

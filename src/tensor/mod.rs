@@ -13,8 +13,7 @@ mod random;
 mod shape;
 mod shape_ops;
 
-/// The combiner of [`Tensor::all_reduce`] and [`Tensor::reduce_scatter`].
-pub use neuron_pc_compiler::ir::ReduceOp;
+pub use collective::Reduction;
 pub(crate) use shape::shape_error;
 
 use std::panic::Location;
@@ -163,19 +162,61 @@ impl Tensor {
         })
     }
 
+    /// True when the replicas of a data-parallel device may hold different values of this
+    /// tensor (a batch shard, anything computed from one, the replica index); false when they
+    /// hold the same (uploads with [`LazyDevice::tensor`], parameters, results of collectives
+    /// over every replica). See [`LazyDevice::shard`].
+    pub fn is_per_replica(&self) -> bool {
+        lock(&self.cell.value).is_per_replica()
+    }
+
     /// Copies the value to the host, computing it first if it is pending (an implicit sync).
+    /// On several replicas the value must be replicated (the replicas agree); read a
+    /// per-replica value with [`Tensor::to_host_replicas`], or combine it first
+    /// ([`Tensor::all_reduce`], [`Tensor::all_gather`]).
     #[track_caller]
     pub fn to_host(&self) -> Result<HostTensor> {
         let site = Location::caller();
         let dev = self.device_inner()?;
+        if dev.devices.len() > 1 && self.is_per_replica() {
+            return Err(Error::Placement {
+                location: site,
+                message: format!(
+                    "this {} value differs between the {} replicas: read it with \
+                     to_host_replicas(), or all_reduce / all_gather it first",
+                    self.cell.ty,
+                    dev.devices.len()
+                ),
+            });
+        }
+        let data = self.computed(&dev, site)?;
+        dev.download(&data, 0)
+    }
+
+    /// Every replica's value, in replica order (one entry on a single device).
+    #[track_caller]
+    pub fn to_host_replicas(&self) -> Result<Vec<HostTensor>> {
+        let site = Location::caller();
+        let dev = self.device_inner()?;
+        let data = self.computed(&dev, site)?;
+        (0..dev.devices.len())
+            .map(|r| dev.download(&data, r))
+            .collect()
+    }
+
+    /// The device data of this tensor, computing it first if it is pending.
+    fn computed(
+        &self,
+        dev: &Arc<DeviceInner>,
+        site: &'static Location<'static>,
+    ) -> Result<Arc<crate::device::trace::DeviceData>> {
         if self.is_pending() {
             dev.sync(vec![self.cell.clone()], site, false)?;
         }
-        let data = match &*lock(&self.cell.value) {
-            Value::Data(d) => d.clone(),
+        match &*lock(&self.cell.value) {
+            Value::Data(d) => Ok(d.clone()),
             Value::Node(_) => unreachable!("sync leaves data behind or fails"),
-        };
-        dev.download(&data)
+        }
     }
 
     /// The values as a flat vector of `T` (which must be the tensor's dtype).
@@ -224,6 +265,19 @@ impl Tensor {
         }
         let dev = self.device_inner()?;
         let new_value = value.value();
+        if dev.devices.len() > 1 && new_value.is_per_replica() && !self.is_per_replica() {
+            return Err(Error::Placement {
+                location,
+                message: format!(
+                    "assigning a value that differs between the {} replicas to a replicated \
+                     {} tensor{} would make its replicas diverge; average it over the \
+                     replicas first (all_reduce with Mean, or optim::average_gradients)",
+                    dev.devices.len(),
+                    self.cell.ty,
+                    self.name().map(|n| format!(" ({n})")).unwrap_or_default()
+                ),
+            });
+        }
         let pending = new_value.is_pending();
         let old = std::mem::replace(&mut *lock(&self.cell.value), new_value);
         if let (true, Value::Data(d)) = (pending, &old) {

@@ -74,6 +74,14 @@ pub struct Launched {
     pub done: Option<Event>,
 }
 
+/// A launched SPMD execution: per replica, the outputs now; contents when every event of
+/// `done` is ready (replicas the plugin reported complete at launch have none).
+#[derive(Debug)]
+pub struct LaunchedReplicas {
+    pub outputs: Vec<Vec<Buffer>>,
+    pub done: Vec<Event>,
+}
+
 impl Client {
     /// Compiles a StableHLO program given as MLIR text; launches check their arguments
     /// against the signature read from the text.
@@ -277,6 +285,21 @@ impl LoadedExecutable {
         Ok(Launched {
             outputs: outputs.pop().unwrap_or_default(),
             done: events.pop().flatten(),
+        })
+    }
+
+    /// Starts one replica per entry of `per_device` (a program compiled with that many
+    /// replicas; entry `r` holds replica `r`'s arguments, on its device) and returns at once.
+    /// `keep` is as for [`LoadedExecutable::execute_donating`], the same for every replica.
+    pub fn launch_replicated(
+        &self,
+        per_device: &[Vec<&Buffer>],
+        keep: &[usize],
+    ) -> Result<LaunchedReplicas> {
+        let (outputs, events) = self.launch_inner(per_device, keep)?;
+        Ok(LaunchedReplicas {
+            outputs,
+            done: events.into_iter().flatten().collect(),
         })
     }
 

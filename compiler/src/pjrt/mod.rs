@@ -47,7 +47,7 @@ pub use api::Plugin;
 pub use buffer::Buffer;
 pub use client::{Client, ClientOptions, Device};
 pub use event::Event;
-pub use executable::{Launched, LoadedExecutable};
+pub use executable::{Launched, LaunchedReplicas, LoadedExecutable};
 pub use logging::plugin_logs_enabled;
 pub use malloc::{tune_allocator_once, MALLOC_TUNING_VAR};
 pub use options::{CompileOptions, OverrideValue};
