@@ -7,7 +7,12 @@
 //! ```
 //! Prints one `{"step": N, "loss": X}` line per step (exact f32 bits in `bits`), then, with
 //! `--json`, a `METRICS {...}` line with the device's metrics.
+//!
+//! Data-parallel with `NEURON_PC_DEVICES=N` (N divides 4): each replica takes its shard of the
+//! 4-row batch, and the gradient is summed over the replicas before the update, so every N
+//! follows the same trajectory up to float reassociation.
 
+use neuron_pc::tensor::Reduction;
 use neuron_pc::{HostTensor, LazyDevice};
 
 struct Args {
@@ -69,13 +74,13 @@ fn main() -> anyhow::Result<()> {
             eprintln!("aot_probe: failing on purpose at step {step}");
             std::process::exit(3);
         }
-        let x = dev.tensor(&HostTensor::from_slice(
+        let x = dev.shard(&HostTensor::from_slice(
             &data(step + 2, 4 * a.width),
             &[4, a.width],
         )?)?;
         let y = x.matmul(&w)?.tanh()?;
-        let loss = y.mul(&y)?.mean_all()?;
-        let grad = x.transpose(0, 1)?.matmul(&y)?;
+        let loss = y.mul(&y)?.mean_all()?.all_reduce(Reduction::Mean)?;
+        let grad = x.transpose(0, 1)?.matmul(&y)?.all_reduce(Reduction::Sum)?;
         w.assign(&w.sub(&grad.mul_scalar(0.01)?)?)?;
         dev.mark_step()?;
         for k in 0..a.variants {

@@ -199,3 +199,47 @@ fn compile_writes_one_timeline_of_the_trial_run_and_every_workers_compiles() {
     assert!(v["compile_efficiency"].as_f64().unwrap() > 0.0, "{v}");
     let _ = std::fs::remove_file(&trace);
 }
+
+#[test]
+fn a_data_parallel_job_precompiles_its_replicated_graphs() {
+    let cache = tmp("e2e-dp");
+    let probe = probe();
+    let p = probe.to_str().unwrap();
+    let two = [("NEURON_PC_DEVICES", "2")];
+    let out = npc(
+        &cache,
+        &["compile", "--json", "--", p, "--steps", "2"],
+        &two,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = json(&out);
+    assert_eq!(
+        (v["found"].as_u64(), v["compiled"].as_u64()),
+        (Some(3), Some(3)),
+        "{v}"
+    );
+    // The workers compiled with the two-replica assignment (a key mismatch would fail them).
+    assert_eq!(entry_keys(&cache), keys(&v, "compiled"));
+
+    // The real run on two replicas compiles nothing and follows the one-device run.
+    let (dp, m) = run_probe_with(&cache, &["--steps", "4"], &two);
+    assert_eq!(
+        (m["compiles"].as_u64(), m["disk_hits"].as_u64()),
+        (Some(0), Some(3)),
+        "{m}"
+    );
+    let one_cache = tmp("e2e-dp-one");
+    let (single, m1) = run_probe(&one_cache, &["--steps", "4"]);
+    assert_eq!(m1["compiles"], 3, "{m1}");
+    for (a, b) in dp.iter().zip(&single) {
+        let (a, b) = (f32::from_bits(*a as u32), f32::from_bits(*b as u32));
+        assert!((a - b).abs() <= 1e-5 * b.abs().max(1e-3), "{a} vs {b}");
+    }
+    // Four replicas are another program: compiled, not found.
+    let (_, m4) = run_probe_with(&cache, &["--steps", "1"], &[("NEURON_PC_DEVICES", "4")]);
+    assert_eq!(
+        (m4["compiles"].as_u64(), m4["disk_hits"].as_u64()),
+        (Some(3), Some(0)),
+        "{m4}"
+    );
+}

@@ -41,6 +41,10 @@ pub struct GraphRecord {
     /// Process id of the job that produced it.
     #[serde(default)]
     pub pid: u32,
+    /// The device of each replica of a data-parallel program (empty: one device); compiled
+    /// with this assignment, which is part of the key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<usize>,
 }
 
 impl GraphRecord {
@@ -59,6 +63,7 @@ impl GraphRecord {
                 .collect(),
             site: site.to_string(),
             pid: std::process::id(),
+            replicas: Vec::new(),
         }
     }
 
@@ -81,15 +86,18 @@ fn param_types(graph: &Graph) -> Vec<String> {
 /// Writes one extracted graph into `dir`: the program, then its record.
 pub(crate) fn write_graph(
     dir: &Path,
-    key: &Key,
-    text: &str,
+    program: &super::Program,
     graph: &Graph,
     site: &Location<'_>,
     names: &[String],
 ) -> Result<()> {
+    let (key, text) = (&program.key, &program.text);
     let err = |e: std::io::Error| Error::Extract(format!("{}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(err)?;
-    let record = GraphRecord::new(key, graph, site, names);
+    let mut record = GraphRecord::new(key, graph, site, names);
+    if program.options.num_replicas > 1 {
+        record.replicas = program.options.device_assignment.clone();
+    }
     let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Extract(e.to_string()))?;
     let write = crate::checkpoint::write_atomic;
     write(&dir.join(format!("{key}.mlir")), text.as_bytes()).map_err(err)?;

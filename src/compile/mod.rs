@@ -68,6 +68,9 @@ pub struct Program {
     /// Parameter and result types (from the IR for traced graphs, read from the text for
     /// programs of other frontends); every launch checks its arguments against it.
     pub signature: Option<Signature>,
+    /// What it is compiled with (replica count and device assignment included); part of the
+    /// key.
+    pub options: CompileOptions,
 }
 
 /// Where an executable came from.
@@ -227,7 +230,11 @@ impl Compiler {
 
     /// The key of compiling `text` with this compiler.
     pub fn key_of(&self, text: &str) -> Key {
-        Key::new(cache_key(text, &self.options, &self.flags, &self.identity))
+        self.key_with(text, &self.options)
+    }
+
+    fn key_with(&self, text: &str, options: &CompileOptions) -> Key {
+        Key::new(cache_key(text, options, &self.flags, &self.identity))
     }
 
     /// Runs the graph passes the flags ask for, lowers the result to StableHLO (with `aliases`
@@ -239,15 +246,28 @@ impl Compiler {
             key: self.key_of(&text),
             signature: Some(signature_of(&optimized)),
             text,
+            options: self.options.clone(),
         })
     }
 
     /// A program given as text by another frontend (its signature is read from the text).
     pub fn program(&self, text: String) -> Program {
+        self.program_on(text, &[])
+    }
+
+    /// A program given as text, replicated over `devices` (replica `i` on `devices[i]`; none
+    /// or one device: a single-device program), as extracted from a data-parallel job.
+    pub fn program_on(&self, text: String, devices: &[usize]) -> Program {
+        let options = if devices.len() > 1 {
+            self.options.clone().replicated(devices)
+        } else {
+            self.options.clone()
+        };
         Program {
-            key: self.key_of(&text),
+            key: self.key_with(&text, &options),
             signature: Signature::parse(&text),
             text,
+            options,
         }
     }
 
@@ -383,8 +403,11 @@ impl Compiler {
     }
 
     fn compile_here(&self, program: &Program) -> neuron_pc_compiler::Result<LoadedExecutable> {
-        self.client
-            .compile_with_signature(&program.text, &self.options, program.signature.clone())
+        self.client.compile_with_signature(
+            &program.text,
+            &program.options,
+            program.signature.clone(),
+        )
     }
 }
 

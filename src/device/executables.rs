@@ -71,7 +71,7 @@ pub(crate) fn obtain(
     }
     if let Some(dir) = &dev.config.extract_dir {
         if !compiler.contains(&program.key) {
-            extract::write_graph(dir, &program.key, &program.text, graph, site, names)?;
+            extract::write_graph(dir, &program, graph, site, names)?;
             lock(&dev.metrics).graphs_extracted += 1;
         }
         let exe = StepExecutable {

@@ -97,8 +97,18 @@ pub fn entry_keys(cache: &Path) -> Vec<String> {
 
 /// Runs the probe job for real; returns (loss bits per step, metrics JSON).
 pub fn run_probe(cache: &Path, args: &[&str]) -> (Vec<u64>, serde_json::Value) {
+    run_probe_with(cache, args, &[])
+}
+
+/// [`run_probe`] with extra environment variables.
+pub fn run_probe_with(
+    cache: &Path,
+    args: &[&str],
+    envs: &[(&str, &str)],
+) -> (Vec<u64>, serde_json::Value) {
     let out = Command::new(probe())
         .args(args)
+        .envs(envs.iter().copied())
         .arg("--json")
         .env("NEURON_COMPILE_CACHE_URL", cache)
         .env_remove("NEURON_CC_FLAGS")

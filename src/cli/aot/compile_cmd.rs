@@ -88,6 +88,7 @@ impl ExtractDir {
                         mlir,
                         nodes: rec.nodes,
                         origin: rec.site,
+                        replicas: rec.replicas,
                     });
                 }
                 Err(e) => tracing::warn!("extracted graph {}: {e}", path.display()),

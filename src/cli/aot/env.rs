@@ -5,7 +5,7 @@ use anyhow::Context;
 use neuron_pc::compile::{CacheConfig, Compiler};
 use neuron_pc_cache::Cache;
 use neuron_pc_compiler::flags::CompilerFlags;
-use neuron_pc_compiler::pjrt::{find_plugin, Client, ClientOptions, Plugin};
+use neuron_pc_compiler::pjrt::{find_plugin, Client, ClientOptions, Plugin, Target};
 
 /// The compiler and cache of one AOT command.
 pub struct AotEnv {
@@ -18,10 +18,24 @@ impl AotEnv {
     /// Loads the target's plugin and opens the cache at `url` (a `--cache` flag; `None`: the
     /// environment's or the default, see [`CacheConfig::resolve`]).
     pub fn open(flags: CompilerFlags, url: Option<&str>) -> anyhow::Result<AotEnv> {
+        AotEnv::open_with_devices(flags, url, 0)
+    }
+
+    /// As [`AotEnv::open`], with a cpu client of at least `devices` devices (for programs
+    /// replicated over that many).
+    pub fn open_with_devices(
+        flags: CompilerFlags,
+        url: Option<&str>,
+        devices: usize,
+    ) -> anyhow::Result<AotEnv> {
         let cache = CacheConfig::resolve(url, &flags)?;
         let plugin =
             Plugin::load(&find_plugin(flags.target)?).context("loading the PJRT plugin")?;
-        let client = Client::new(&plugin, &ClientOptions::default())?;
+        let options = ClientOptions {
+            cpu_device_count: (devices > 0 && flags.target == Target::Cpu)
+                .then_some(devices as i64),
+        };
+        let client = Client::new(&plugin, &options)?;
         let compiler = Compiler::with_cache(client, flags, &cache)?;
         Ok(AotEnv { compiler, cache })
     }

@@ -84,6 +84,7 @@ pub fn run(args: CompileGraphsArgs) -> anyhow::Result<i32> {
             nodes: count_ops(&text),
             origin: path.display().to_string(),
             mlir: path,
+            replicas: Vec::new(),
         });
     }
     let work = temp_dir("compile-graphs")?;

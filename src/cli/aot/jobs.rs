@@ -14,6 +14,8 @@ pub struct GraphJob {
     pub nodes: usize,
     /// Where it came from: the mark_step site or the file name.
     pub origin: String,
+    /// The device of each replica (data-parallel programs; empty: one device).
+    pub replicas: Vec<usize>,
 }
 
 /// How one graph ended.

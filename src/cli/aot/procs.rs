@@ -123,6 +123,7 @@ impl Worker {
         let line = serde_json::to_string(&WorkerJob {
             key: job.key.clone(),
             mlir: job.mlir.clone(),
+            replicas: job.replicas.clone(),
         });
         let sent = match (&mut self.stdin, line) {
             (Some(s), Ok(l)) => writeln!(s, "{l}").and_then(|_| s.flush()).is_ok(),

@@ -88,6 +88,7 @@ mod tests {
             mlir: Default::default(),
             nodes: 0,
             origin: String::new(),
+            replicas: Vec::new(),
         };
         let g = |o| GraphReport::new(&job, o, 0.0, None);
         let mut s = PoolSummary {

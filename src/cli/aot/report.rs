@@ -273,6 +273,7 @@ mod tests {
             mlir: Default::default(),
             nodes: 1,
             origin: String::new(),
+            replicas: Vec::new(),
         };
         let mut r = GraphReport::new(&job, outcome, compile_ms, None);
         r.cpu_ms = cpu_ms;

@@ -48,6 +48,9 @@ pub struct WorkerJob {
     pub key: CacheKey,
     /// The program text's file.
     pub mlir: PathBuf,
+    /// The device of each replica of a data-parallel program (empty: one device).
+    #[serde(default)]
+    pub replicas: Vec<usize>,
 }
 
 /// How a job ended in the worker.
@@ -101,7 +104,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<i32> {
     // The parent sends only graphs it decided to compile, recorded failures included when the
     // user asked to retry them.
     flags.retry_failed = true;
-    let env = AotEnv::open(flags, args.cache.as_deref())?;
+    let mut env = AotEnv::open(flags.clone(), args.cache.as_deref())?;
     let ready_ms = started.elapsed().as_secs_f64() * 1e3;
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
@@ -112,6 +115,12 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<i32> {
         }
         let job: WorkerJob = serde_json::from_str(&line)
             .map_err(|e| anyhow::anyhow!("bad job line {line:?}: {e}"))?;
+        // A data-parallel program names devices this client may not have (the cpu client
+        // makes as many as asked for): reopen with enough.
+        let needed = job.replicas.iter().max().map_or(0, |&d| d + 1);
+        if needed > env.compiler.client().device_count() {
+            env = AotEnv::open_with_devices(flags.clone(), args.cache.as_deref(), needed)?;
+        }
         let mut result = compile_one(&env, &job);
         result.ready_ms = ready_ms;
         writeln!(out, "{RESULT_PREFIX}{}", serde_json::to_string(&result)?)?;
@@ -136,7 +145,7 @@ fn compile_one(env: &AotEnv, job: &WorkerJob) -> WorkerResult {
             return result(WorkerOutcome::Failed, 0.0, 0.0, m);
         }
     };
-    let program = env.compiler.program(text);
+    let program = env.compiler.program_on(text, &job.replicas);
     if program.key.store != job.key {
         let m = format!(
             "key mismatch: asked for {} but this compiler and flags give {}",
