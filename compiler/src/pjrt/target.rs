@@ -102,20 +102,24 @@ pub fn find_plugin(target: Target) -> Result<PathBuf> {
             })
         };
     }
-    site_packages_dirs()
-        .iter()
-        .flat_map(|sp| {
-            target
-                .site_packages_paths()
-                .into_iter()
-                .map(move |rel| sp.join(rel))
-        })
-        .find(|p| p.is_file())
+    let find_in = |dirs: Vec<PathBuf>| {
+        dirs.iter()
+            .flat_map(|sp| {
+                target
+                    .site_packages_paths()
+                    .into_iter()
+                    .map(move |rel| sp.join(rel))
+            })
+            .find(|p| p.is_file())
+    };
+    // Asking python3 costs ~0.1 s (a process start): only when no virtual environment has it.
+    find_in(venv_site_packages_dirs())
+        .or_else(|| find_in(python_site_packages()))
         .ok_or_else(not_found)
 }
 
-/// Candidate site-packages directories, most specific first.
-fn site_packages_dirs() -> Vec<PathBuf> {
+/// Candidate site-packages directories of virtual environments, most specific first.
+fn venv_site_packages_dirs() -> Vec<PathBuf> {
     let mut venvs: Vec<PathBuf> = Vec::new();
     for var in ["NEURON_PC_VENV", "VIRTUAL_ENV"] {
         if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
@@ -127,9 +131,7 @@ fn site_packages_dirs() -> Vec<PathBuf> {
     }
     // The checkout this binary was built from: lets `cargo run` and tests work from anywhere.
     venvs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv"));
-    let mut dirs: Vec<PathBuf> = venvs.iter().flat_map(|v| venv_site_packages(v)).collect();
-    dirs.extend(python_site_packages());
-    dirs
+    venvs.iter().flat_map(|v| venv_site_packages(v)).collect()
 }
 
 fn venv_site_packages(venv: &Path) -> Vec<PathBuf> {
