@@ -268,11 +268,7 @@ impl DeviceInner {
         match op {
             Op::ReplicaId => true,
             Op::AllReduce { replica_groups, .. } | Op::AllGather { replica_groups, .. } => {
-                if everyone(replica_groups) {
-                    false
-                } else {
-                    trivial(replica_groups) && any() || !trivial(replica_groups)
-                }
+                !everyone(replica_groups) && (!trivial(replica_groups) || any())
             }
             Op::ReduceScatter { replica_groups, .. } => !trivial(replica_groups) || any(),
             _ => any(),
