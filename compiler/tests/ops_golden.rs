@@ -446,8 +446,14 @@ fn replica_ids_follow_the_device_assignment() {
     let out = exe.execute_replicated(&args).unwrap();
     let want = neuron_pc_compiler::reference::evaluate_replicated(&g, &inputs).unwrap();
     for (r, outs) in out.iter().enumerate() {
-        assert_eq!(outs[0].to_host().unwrap().to_vec::<u32>().unwrap(), [r as u32]);
-        assert_eq!(outs[1].to_host().unwrap().to_vec::<f32>().unwrap(), [3.0, 30.0]);
+        assert_eq!(
+            outs[0].to_host().unwrap().to_vec::<u32>().unwrap(),
+            [r as u32]
+        );
+        assert_eq!(
+            outs[1].to_host().unwrap().to_vec::<f32>().unwrap(),
+            [3.0, 30.0]
+        );
         assert_eq!(outs[0].to_host().unwrap(), want[r][0], "replica {r}");
         assert_eq!(outs[1].to_host().unwrap(), want[r][1], "replica {r}");
     }

@@ -232,9 +232,11 @@ impl fmt::Display for Op {
             Op::Parameter { index } => write!(f, "{n}{{index={index}}}"),
             Op::Constant(lit) => write!(f, "{n}({lit})"),
             Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select => f.write_str(n),
-            Op::DynamicUpdateSlice | Op::Gather | Op::ScatterAdd | Op::StopGradient | Op::ReplicaId => {
-                f.write_str(n)
-            }
+            Op::DynamicUpdateSlice
+            | Op::Gather
+            | Op::ScatterAdd
+            | Op::StopGradient
+            | Op::ReplicaId => f.write_str(n),
             Op::Convert(d) => write!(f, "{n}{{{d}}}"),
             Op::Iota { dims, dim, dtype } => {
                 write!(f, "{n}{{dims={dims:?}, dim={dim}, dtype={dtype}}}")
