@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use neuron_pc_compiler::pjrt::{Buffer, Device};
-use neuron_pc_compiler::HostTensor;
+use neuron_pc_compiler::{DType, HostTensor};
 use serde_json::json;
 
 use super::devices::{compile, Collective, Setup};
@@ -66,22 +66,64 @@ pub fn counts(min_bytes: u64, max_bytes: u64, factor: u64, n: u64) -> Vec<u64> {
     out
 }
 
-/// The input value of element `i` on rank `r`: small integers, so every sum is exact.
-fn input_value(i: u64, r: u64) -> f32 {
-    ((i + r) % 8) as f32
+/// The inputs and outputs repeat every 8 elements: rank `r` holds `(i + r) % 8` at index `i`
+/// (small integers, so every sum is exact). Building and comparing them is then copying and
+/// comparing bytes, quick for a 16 MiB message even in a debug build.
+const PERIOD: usize = 8;
+
+/// The input pattern: `INPUT[k] = k`, read from position `r` on rank `r`.
+const INPUT: [f32; PERIOD] = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0];
+
+/// `len` f32 values (little-endian bytes) whose element `j` is `pattern[(start + j) % 8]`.
+fn periodic(pattern: &[f32; PERIOD], start: u64, len: u64) -> anyhow::Result<Vec<u8>> {
+    let total = len as usize * 4;
+    let mut bytes = Vec::new();
+    bytes
+        .try_reserve_exact(total.max(PERIOD * 4))
+        .with_context(|| format!("allocating {total} bytes on the host"))?;
+    bytes
+        .extend((0..PERIOD as u64).flat_map(|j| pattern[((start + j) % 8) as usize].to_le_bytes()));
+    // Doubling keeps the length a whole number of periods until the last, partial copy.
+    while bytes.len() < total {
+        let take = bytes.len().min(total - bytes.len());
+        bytes.extend_from_within(..take);
+    }
+    bytes.truncate(total);
+    Ok(bytes)
 }
 
-/// What element `i` of rank `q`'s output must be, for `count` elements over `n` ranks.
-fn expected(c: Collective, count: u64, n: u64, q: u64, i: u64) -> f32 {
+/// `sums[k]`: the sum over `n` ranks of the inputs at an index `i` with `i % 8 == k`.
+fn sums(n: u64) -> [f32; PERIOD] {
+    let mut sums = [0.0f32; PERIOD];
+    for (k, s) in sums.iter_mut().enumerate() {
+        *s = (0..n).map(|r| INPUT[(k + r as usize) % PERIOD]).sum();
+    }
+    sums
+}
+
+/// Rank `r`'s input for `c` over `count` elements and `n` ranks, as bytes.
+fn input_bytes(c: Collective, count: u64, n: u64, r: u64) -> anyhow::Result<Vec<u8>> {
+    let len = match c {
+        Collective::AllGather => count / n,
+        Collective::AllReduce | Collective::ReduceScatter => count,
+    };
+    periodic(&INPUT, r, len)
+}
+
+/// Rank `q`'s exact output for `c`, as bytes.
+fn expected_bytes(c: Collective, count: u64, n: u64, q: u64) -> anyhow::Result<Vec<u8>> {
+    let share = count / n;
     match c {
-        Collective::AllReduce => (0..n).map(|r| input_value(i, r)).sum(),
+        Collective::AllReduce => periodic(&sums(n), 0, count),
+        Collective::ReduceScatter => periodic(&sums(n), q * share, share),
         Collective::AllGather => {
-            let share = count / n;
-            input_value(i % share, i / share)
-        }
-        Collective::ReduceScatter => {
-            let share = count / n;
-            (0..n).map(|r| input_value(q * share + i, r)).sum()
+            let mut out = Vec::new();
+            out.try_reserve_exact(count as usize * 4)
+                .with_context(|| format!("allocating {} bytes on the host", count * 4))?;
+            for r in 0..n {
+                out.extend_from_slice(&periodic(&INPUT, r, share)?);
+            }
+            Ok(out)
         }
     }
 }
@@ -184,23 +226,17 @@ pub fn sweep(s: &Setup, args: &DoctorArgs, print: bool) -> (Check, Vec<Row>) {
 fn measure(s: &Setup, c: Collective, count: u64, warmup: u32, iters: u32) -> anyhow::Result<Row> {
     let n = s.devices.len() as u64;
     let share = count / n;
-    let (in_count, out_count) = match c {
-        Collective::AllReduce => (count, count),
-        Collective::AllGather => (share, count),
-        Collective::ReduceScatter => (count, share),
+    let in_count = match c {
+        Collective::AllGather => share,
+        Collective::AllReduce | Collective::ReduceScatter => count,
     };
     let g = c.graph(n as usize, &[in_count as usize])?;
     let exe = compile(s, &g)?;
     // One rank's input at a time on the host: the peak is one message, not one per device.
     let mut buffers: Vec<Buffer> = Vec::with_capacity(s.devices.len());
     for (r, &d) in s.devices.iter().enumerate() {
-        let mut values = Vec::new();
-        values
-            .try_reserve_exact(in_count as usize)
-            .with_context(|| format!("allocating {} bytes on the host", in_count * 4))?;
-        values.extend((0..in_count).map(|i| input_value(i, r as u64)));
-        let host = HostTensor::from_slice(&values, &[in_count as usize])?;
-        drop(values);
+        let bytes = input_bytes(c, count, n, r as u64)?;
+        let host = HostTensor::from_bytes(DType::F32, &[in_count as usize], bytes)?;
         let buffer = s
             .client
             .buffer_from_host(&host, Device(d))
@@ -219,7 +255,7 @@ fn measure(s: &Setup, c: Collective, count: u64, warmup: u32, iters: u32) -> any
         times.push(t.elapsed());
         last = out;
     }
-    let wrong = count_wrong(c, &last, count, out_count)?;
+    let wrong = count_wrong(c, &last, count)?;
     let time = median(&mut times);
     let seconds = time.as_secs_f64().max(1e-9);
     let size_bytes = count * 4;
@@ -237,30 +273,31 @@ fn measure(s: &Setup, c: Collective, count: u64, warmup: u32, iters: u32) -> any
 }
 
 /// Elements of the outputs (rank `q`'s at position `q`) that differ from the exact result.
-fn count_wrong(
-    c: Collective,
-    outputs: &[Vec<Buffer>],
-    count: u64,
-    out_count: u64,
-) -> anyhow::Result<u64> {
+fn count_wrong(c: Collective, outputs: &[Vec<Buffer>], count: u64) -> anyhow::Result<u64> {
     let n = outputs.len() as u64;
     let mut wrong = 0;
     for (q, out) in outputs.iter().enumerate() {
         let Some(b) = out.first() else {
             anyhow::bail!("replica {q} returned no output")
         };
-        let got = b.to_host()?.to_vec::<f32>()?;
-        if got.len() as u64 != out_count {
+        let host = b.to_host()?;
+        let want = expected_bytes(c, count, n, q as u64)?;
+        if host.dtype() != DType::F32 || host.bytes().len() != want.len() {
             anyhow::bail!(
-                "replica {q} returned {} elements, not {out_count}",
-                got.len()
+                "replica {q} returned {}{:?}, not f32[{}]",
+                host.dtype(),
+                host.dims(),
+                want.len() / 4
             );
         }
-        wrong += got
-            .iter()
-            .enumerate()
-            .filter(|&(i, v)| v.to_bits() != expected(c, count, n, q as u64, i as u64).to_bits())
-            .count() as u64;
+        if host.bytes() != want.as_slice() {
+            wrong += host
+                .bytes()
+                .chunks_exact(4)
+                .zip(want.chunks_exact(4))
+                .filter(|(g, w)| g != w)
+                .count() as u64;
+        }
     }
     Ok(wrong)
 }
@@ -347,23 +384,54 @@ mod tests {
         assert_eq!(counts(8 << 30, 8 << 30, 1024, 2), [2 << 30]);
     }
 
+    fn floats(bytes: &[u8]) -> Vec<f32> {
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    }
+
     #[test]
-    fn expected_values_are_the_collectives_of_the_inputs() {
+    fn inputs_and_expected_outputs_follow_the_definitions() {
         // Two ranks, four elements: rank r holds (i + r) % 8.
-        let ar: Vec<f32> = (0..4)
-            .map(|i| expected(Collective::AllReduce, 4, 2, 0, i))
-            .collect();
-        assert_eq!(ar, [1.0, 3.0, 5.0, 7.0]);
+        assert_eq!(
+            floats(&input_bytes(Collective::AllReduce, 4, 2, 1).unwrap()),
+            [1.0, 2.0, 3.0, 4.0]
+        );
+        let out = |c, q| floats(&expected_bytes(c, 4, 2, q).unwrap());
+        assert_eq!(out(Collective::AllReduce, 0), [1.0, 3.0, 5.0, 7.0]);
         // Gathered: rank 0's two elements [0, 1], then rank 1's [1, 2].
-        let ag: Vec<f32> = (0..4)
-            .map(|i| expected(Collective::AllGather, 4, 2, 1, i))
-            .collect();
-        assert_eq!(ag, [0.0, 1.0, 1.0, 2.0]);
+        assert_eq!(out(Collective::AllGather, 1), [0.0, 1.0, 1.0, 2.0]);
         // Rank 1 keeps elements 2 and 3 of the sum.
-        let rs: Vec<f32> = (0..2)
-            .map(|i| expected(Collective::ReduceScatter, 4, 2, 1, i))
-            .collect();
-        assert_eq!(rs, [5.0, 7.0]);
+        assert_eq!(out(Collective::ReduceScatter, 1), [5.0, 7.0]);
+        // Against the definitions, with lengths that are not whole periods (and one over the
+        // doubling's steps).
+        let input = |i: u64, r: u64| ((i + r) % 8) as f32;
+        for (count, n) in [(60, 5), (3 * 1031, 3)] {
+            let share = count / n;
+            for c in Collective::ALL {
+                for q in 0..n {
+                    let mine: Vec<f32> = match c {
+                        Collective::AllGather => (0..share).map(|i| input(i, q)).collect(),
+                        _ => (0..count).map(|i| input(i, q)).collect(),
+                    };
+                    assert_eq!(floats(&input_bytes(c, count, n, q).unwrap()), mine);
+                    let want: Vec<f32> = match c {
+                        Collective::AllReduce => (0..count)
+                            .map(|i| (0..n).map(|r| input(i, r)).sum())
+                            .collect(),
+                        Collective::AllGather => {
+                            (0..count).map(|i| input(i % share, i / share)).collect()
+                        }
+                        Collective::ReduceScatter => (0..share)
+                            .map(|i| (0..n).map(|r| input(q * share + i, r)).sum())
+                            .collect(),
+                    };
+                    let got = floats(&expected_bytes(c, count, n, q).unwrap());
+                    assert_eq!(got, want, "{c:?} rank {q} of {n}, {count} elements");
+                }
+            }
+        }
     }
 
     #[test]
