@@ -81,8 +81,10 @@ fn periodic(pattern: &[f32; PERIOD], start: u64, len: u64) -> anyhow::Result<Vec
     bytes
         .try_reserve_exact(total.max(PERIOD * 4))
         .with_context(|| format!("allocating {total} bytes on the host"))?;
-    bytes
-        .extend((0..PERIOD as u64).flat_map(|j| pattern[((start + j) % 8) as usize].to_le_bytes()));
+    bytes.extend(
+        (0..PERIOD as u64)
+            .flat_map(|j| pattern[((start + j) % PERIOD as u64) as usize].to_le_bytes()),
+    );
     // Doubling keeps the length a whole number of periods until the last, partial copy.
     while bytes.len() < total {
         let take = bytes.len().min(total - bytes.len());
