@@ -502,10 +502,38 @@ impl Cache {
         })
     }
 
+    /// The record of a new entry: digest, sizes, signature when a signing key is set.
+    pub(crate) fn new_record(
+        &self,
+        key: &CacheKey,
+        executable: &[u8],
+        program: &str,
+        key_inputs: &BTreeMap<String, String>,
+        compile_ms: f64,
+    ) -> EntryRecord {
+        let digest = sha256_hex(executable);
+        EntryRecord {
+            format_version: ENTRY_FORMAT_VERSION,
+            key: key.to_string(),
+            key_inputs: key_inputs.clone(),
+            executable_size: executable.len() as u64,
+            signature: self
+                .opts
+                .signing_key
+                .as_deref()
+                .map(|sk| sign(sk, key, &digest)),
+            executable_sha256: digest,
+            program_size: program.len() as u64,
+            compile_ms,
+            tool_version: self.opts.tool_version.clone(),
+            created_at: now_secs(),
+        }
+    }
+
     /// Writes an entry; the record goes last: it is the commit point readers look for. With
     /// `replace` false the first complete entry wins (a create-only put of the record) and a
     /// loser removes its executable; an entry that does not verify is replaced either way.
-    fn write_entry(
+    pub(crate) fn write_entry(
         &self,
         tier: &TierState,
         key: &CacheKey,
@@ -589,23 +617,7 @@ impl Cache {
         if self.opts.read_only {
             return PutOutcome::ReadOnly;
         }
-        let digest = sha256_hex(executable);
-        let record = EntryRecord {
-            format_version: ENTRY_FORMAT_VERSION,
-            key: key.to_string(),
-            key_inputs: key_inputs.clone(),
-            executable_size: executable.len() as u64,
-            signature: self
-                .opts
-                .signing_key
-                .as_deref()
-                .map(|sk| sign(sk, key, &digest)),
-            executable_sha256: digest,
-            program_size: program.len() as u64,
-            compile_ms,
-            tool_version: self.opts.tool_version.clone(),
-            created_at: now_secs(),
-        };
+        let record = self.new_record(key, executable, program, key_inputs, compile_ms);
         tracing::debug!(
             "compile cache: storing {key} ({} bytes), key inputs {:?}",
             executable.len(),

@@ -16,6 +16,7 @@ mod key;
 mod lease;
 mod maintain;
 mod options;
+mod probe;
 mod record;
 mod s3;
 mod store;
@@ -31,6 +32,7 @@ pub use options::{
     default_dir, parse_size, CacheOptions, CACHE_URL_ENV, LOCAL_DIR_ENV, LOCAL_TIER_ENV,
     MAX_SIZE_ENV, READ_ONLY_ENV, SIGNING_KEY_ENV,
 };
+pub use probe::{ProbeStep, ProbeTimes, TierProbe};
 pub use record::{EntryRecord, FailureRecord, ENTRY_FORMAT_VERSION};
 pub use s3::{S3Options, S3Store, DEFAULT_S3_BUDGET, S3_TIMEOUT_ENV};
 pub use store::{LocalStore, ObjectMeta, PutMode, Store, Tier};

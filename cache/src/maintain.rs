@@ -393,7 +393,7 @@ impl Cache {
 }
 
 /// Deletes an entry, record first so no reader sees a record without its executable.
-fn remove_entry(store: &dyn Store, key: &CacheKey) -> Result<()> {
+pub(crate) fn remove_entry(store: &dyn Store, key: &CacheKey) -> Result<()> {
     store.delete(&record_name(key))?;
     for o in store.list(&format!("entries/{}/{key}.", key.shard()))? {
         store.delete(&o.name)?;

@@ -5,6 +5,7 @@
 mod aot;
 mod cache;
 mod cache_check;
+mod doctor;
 mod targets;
 
 use clap::{Parser, Subcommand};
@@ -32,6 +33,9 @@ enum Command {
     /// Report the graphs a job makes: counts, sizes, shape-only variants, and graphs a real run
     /// needed that the trial run never produced.
     Analyze(aot::analyze::AnalyzeArgs),
+    /// Preflight before a long job: plugin, every device, collectives, the compile cache, free
+    /// disk, and a collective bandwidth table; one line per check, exit 1 when any fails.
+    Doctor(doctor::DoctorArgs),
     /// Look after the persistent compile cache: ls, stats, show, verify, prune, rm, clear.
     Cache(cache::CacheArgs),
     /// Internal: a worker process that compiles graphs one at a time (run by `compile` and
@@ -48,6 +52,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::CompileGraphs(args) => aot::graphs_cmd::run(args),
         Command::RunGraph(args) => aot::run_graph::run(args),
         Command::Analyze(args) => aot::analyze::run(args),
+        Command::Doctor(args) => doctor::run(args),
         Command::Cache(args) => cache::run_with(args, Some(&cache_check::check_executable)),
         Command::CompileWorker(args) => aot::worker::run(args),
     }

@@ -6,6 +6,8 @@
 //! turns the persistent cache off. The `NEURON_PC_CACHE_*` variables (read-only, signing, local
 //! tier, size bound, S3 timeouts) become the cache's options.
 
+use std::path::PathBuf;
+
 use neuron_pc_cache::{Cache, CacheOptions, Error as CacheError};
 use neuron_pc_compiler::flags::CompilerFlags;
 use neuron_pc_compiler::key::CompilerIdentity;
@@ -84,6 +86,25 @@ impl CacheConfig {
         }
     }
 
+    /// The directory of the local tier: the cache's directory, or for an `s3://` cache the
+    /// local tier in front of it (`None` when that is turned off, or for a URL of another
+    /// scheme).
+    pub fn local_dir(&self) -> Option<PathBuf> {
+        let location = self.location();
+        if location.starts_with("s3://") {
+            let o = &self.options;
+            return o.local_tier.then(|| {
+                o.local_dir
+                    .clone()
+                    .unwrap_or_else(neuron_pc_cache::default_dir)
+            });
+        }
+        if let Some(path) = location.strip_prefix("file://") {
+            return Some(PathBuf::from(path));
+        }
+        (!location.contains("://")).then(|| PathBuf::from(location))
+    }
+
     /// Opens the cache; every failure is an error (what a command that looks after the cache
     /// wants). `compiler` names the compiler in failure records.
     pub fn open(
@@ -157,6 +178,25 @@ mod tests {
             .filter(|v| !v.is_empty())
             .unwrap_or_else(|| "/from/flags".into());
         assert_eq!(c.url.as_deref(), Some(want.as_str()));
+    }
+
+    #[test]
+    fn the_local_tier_directory_of_each_kind_of_url() {
+        assert_eq!(CacheConfig::at("/c").local_dir(), Some(PathBuf::from("/c")));
+        assert_eq!(
+            CacheConfig::at("file:///c/d").local_dir(),
+            Some(PathBuf::from("/c/d"))
+        );
+        let mut s3 = CacheConfig::at("s3://b/p");
+        s3.options.local_dir = Some("/front".into());
+        assert_eq!(s3.local_dir(), Some(PathBuf::from("/front")));
+        s3.options.local_tier = false;
+        assert_eq!(s3.local_dir(), None);
+        assert_eq!(CacheConfig::at("gs://b").local_dir(), None);
+        assert_eq!(
+            CacheConfig::default().local_dir(),
+            Some(neuron_pc_cache::default_dir())
+        );
     }
 
     #[test]
