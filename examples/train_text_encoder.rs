@@ -2,11 +2,14 @@
 //!
 //! ```sh
 //! cargo run --release --example train_text_encoder -- --steps 300
+//! cargo run --release --example train_text_encoder -- --steps 300 --devices 4
 //! neuron-pc compile -- cargo run --release --example train_text_encoder -- --steps 5
 //! ```
 //!
-//! One step graph holds forward, backward and the AdamW update; the learning rate is a device
-//! scalar, so the whole run compiles two graphs (training and validation), once.
+//! One step graph holds forward, backward, the gradient all-reduce (data-parallel runs) and
+//! the AdamW update; the learning rate is a device scalar, so the whole run compiles two graphs
+//! (training and validation), once. With `--devices N` (or `NEURON_PC_DEVICES=N`) every step
+//! runs on N replicas, each on its shard of the global batch.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -17,9 +20,10 @@ use neuron_pc::checkpoint::StateDict;
 use neuron_pc::data::{DeviceLoader, LastBatch};
 use neuron_pc::models::{accuracy, SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::Module;
-use neuron_pc::optim::{AdamW, WarmupCosine};
+use neuron_pc::optim::{average_gradients, AdamW, WarmupCosine};
 use neuron_pc::state;
-use neuron_pc::{grad, DType, LazyDevice, Tensor};
+use neuron_pc::tensor::Reduction;
+use neuron_pc::{grad, DType, DeviceConfig, LazyDevice, Tensor};
 
 /// Train the example text encoder.
 #[derive(Parser, Debug)]
@@ -27,8 +31,12 @@ struct Args {
     /// Training steps (in total, counting steps done before a resume).
     #[arg(long, default_value_t = 300)]
     steps: u64,
+    /// The global batch: split over the replicas (`--devices`).
     #[arg(long, default_value_t = 64)]
     batch_size: usize,
+    /// Data-parallel replicas (devices of this process); default `NEURON_PC_DEVICES`, else 1.
+    #[arg(long)]
+    devices: Option<usize>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     #[arg(long, default_value_t = 8192)]
@@ -76,7 +84,18 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let process_start = Instant::now();
     let args = Args::parse();
-    let device = LazyDevice::from_env()?;
+    let mut device_config = DeviceConfig::from_env()?;
+    if let Some(n) = args.devices {
+        device_config.replicas = n;
+    }
+    let device = LazyDevice::new(device_config)?;
+    let replicas = device.replicas();
+    if !args.batch_size.is_multiple_of(replicas) {
+        anyhow::bail!(
+            "--batch-size {} does not split over {replicas} replicas: use a multiple of {replicas}",
+            args.batch_size
+        );
+    }
     let config = TextEncoderConfig {
         vocab: args.vocab,
         embed: args.embed,
@@ -120,11 +139,13 @@ fn main() -> anyhow::Result<()> {
         };
         let loss = {
             let lr = device.scalar(schedule.lr(step), DType::F32)?;
+            // each replica's mean loss over its shard; its gradients averaged over the replicas
+            // are the gradients of the global batch's mean loss
             let loss = model.loss(ids, mask, labels)?;
             let param_refs: Vec<&Tensor> = params.iter().collect();
-            let grads = grad(&loss, &param_refs)?;
+            let grads = average_gradients(&grad(&loss, &param_refs)?)?;
             opt.step(&params, &grads, &lr)?;
-            loss
+            loss.all_reduce(Reduction::Mean)?
         };
         // mark_step launches the step and returns; reading the loss waits for it. Read it only
         // when it is printed, as PyTorch/XLA jobs do, so tracing the next step overlaps this
@@ -175,9 +196,26 @@ fn main() -> anyhow::Result<()> {
     }
 
     let m = device.metrics();
+    let trained = args.steps.saturating_sub(start_step);
+    let train_s = first_step_at.map_or(0.0, |t| {
+        (process_start.elapsed().as_secs_f64() - t.as_secs_f64()).max(1e-9)
+    });
     if args.json {
         println!("{}", m.to_json());
     } else {
+        println!(
+            "data-parallel: {replicas} replica(s), global batch {}, {} per replica",
+            batch_size,
+            batch_size / replicas
+        );
+        if trained > 1 && train_s > 0.0 {
+            // after the first step (compilation or cache load excluded)
+            let rate = (trained - 1) as f64 * batch_size as f64 / train_s;
+            println!(
+                "throughput {rate:.0} samples/s global, {:.0} per replica (after step 1)",
+                rate / replicas as f64
+            );
+        }
         if let Some(acc) = last_val {
             println!("final validation accuracy {acc:.3}");
         }
@@ -201,9 +239,9 @@ fn validate(
         let host = task.batch(1, i, batch_size);
         let t: Vec<Tensor> = host
             .iter()
-            .map(|h| device.tensor(h))
+            .map(|h| device.shard(h))
             .collect::<neuron_pc::Result<_>>()?;
-        let acc = accuracy(&model.forward(&t[0], &t[1])?, &t[2])?;
+        let acc = accuracy(&model.forward(&t[0], &t[1])?, &t[2])?.all_reduce(Reduction::Mean)?;
         device.mark_step()?;
         total += acc.item()?;
     }

@@ -1,6 +1,11 @@
 //! A device loader: takes host batches from any iterator, makes every batch the same shape (so
 //! training never compiles a second step graph), and copies the next batches to the device on a
 //! background thread while the current step runs.
+//!
+//! On a data-parallel device (several replicas) the batch size is the global batch: each batch
+//! is padded or dropped as a whole, then split along its first dimension so that every replica
+//! gets its own shard (PyTorch/XLA's `MpDeviceLoader` over a `DistributedSampler`, in one
+//! process).
 
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread::JoinHandle;
@@ -23,10 +28,13 @@ pub enum LastBatch {
 
 /// One batch on the device.
 pub struct DeviceBatch {
-    /// The batch's tensors, each with the batch dimension first.
+    /// The batch's tensors, each with the batch dimension first: per-replica shards of
+    /// `batch_size / replicas` rows (the whole batch on one device).
     pub tensors: Vec<Tensor>,
-    /// Rows that hold real examples (the rest is padding).
+    /// Rows of the global batch that hold real examples (the rest is padding).
     pub valid: usize,
+    /// Real rows of each replica's shard (shard `r` holds global rows `r * b .. (r + 1) * b`).
+    pub valid_per_replica: Vec<usize>,
     /// Position of this batch in the stream.
     pub index: usize,
 }
@@ -53,19 +61,31 @@ impl DeviceLoader {
     {
         let (tx, rx) = sync_channel(prefetch.max(1));
         let device = device.clone();
+        let replicas = device.replicas();
         let iter = batches.into_iter();
         let worker = std::thread::Builder::new()
             .name("neuron-pc-loader".into())
             .spawn(move || {
+                if !batch_size.is_multiple_of(replicas) || batch_size == 0 {
+                    let _ = tx.send(Err(Error::Config(format!(
+                        "a global batch of {batch_size} rows does not split over {replicas} \
+                         replicas: make the batch size a multiple of the replica count"
+                    ))));
+                    return;
+                }
+                let shard = batch_size / replicas;
                 for (index, batch) in iter.enumerate() {
                     let prepared = match fix_shape(batch, batch_size, last) {
                         Ok(Some((host, valid))) => host
                             .iter()
-                            .map(|h| device.tensor(h))
+                            .map(|h| device.shard(h))
                             .collect::<Result<Vec<_>>>()
                             .map(|tensors| DeviceBatch {
                                 tensors,
                                 valid,
+                                valid_per_replica: (0..replicas)
+                                    .map(|r| valid.saturating_sub(r * shard).min(shard))
+                                    .collect(),
                                 index,
                             }),
                         Ok(None) => continue,

@@ -2,6 +2,8 @@
 //! change every step (learning rate, step count) are device scalars, never graph constants, so a
 //! whole training run uses one step graph.
 
+use std::panic::Location;
+
 use neuron_pc_compiler::{DType, HostTensor};
 
 use crate::device::LazyDevice;
@@ -30,8 +32,69 @@ impl WarmupCosine {
     }
 }
 
+/// Gradients combined in one all-reduce at most (PyTorch DDP's default bucket size).
+pub const BUCKET_BYTES: usize = 25 << 20;
+
+/// Averages each replica's gradients over every replica, inside the step graph: what PyTorch's
+/// `DistributedDataParallel` does during backward. Call it between `grad` and the optimizer.
+/// With per-replica losses (each replica's mean over its shard of the batch), the result is the
+/// gradient of the mean loss over the global batch, the same on every replica.
+///
+/// Gradients of one dtype are flattened into buckets of at most [`BUCKET_BYTES`] and each
+/// bucket is all-reduced once. Replicated gradients pass through; on one device nothing is
+/// recorded.
+#[track_caller]
+pub fn average_gradients(grads: &[Tensor]) -> Result<Vec<Tensor>> {
+    let location = Location::caller();
+    let mut out: Vec<Tensor> = grads.to_vec();
+    let Some(first) = grads.first() else {
+        return Ok(out);
+    };
+    if first.device()?.replicas() == 1 {
+        return Ok(out);
+    }
+    // Buckets of gradient indices, by dtype, in order.
+    let mut buckets: Vec<(DType, usize, Vec<usize>)> = Vec::new();
+    for (i, g) in grads.iter().enumerate() {
+        if !g.is_per_replica() {
+            continue;
+        }
+        let bytes = g.elem_count() * g.dtype().size_in_bytes();
+        match buckets
+            .iter_mut()
+            .rev()
+            .find(|(d, used, _)| *d == g.dtype() && used + bytes <= BUCKET_BYTES)
+        {
+            Some((_, used, members)) => {
+                *used += bytes;
+                members.push(i);
+            }
+            None => buckets.push((g.dtype(), bytes, vec![i])),
+        }
+    }
+    for (_, _, members) in buckets {
+        if let [i] = members[..] {
+            out[i] = grads[i].all_reduce_at_mean(location)?;
+            continue;
+        }
+        let flat: Vec<Tensor> = members
+            .iter()
+            .map(|&i| grads[i].reshape(&[grads[i].elem_count()]))
+            .collect::<Result<_>>()?;
+        let refs: Vec<&Tensor> = flat.iter().collect();
+        let averaged = Tensor::cat(&refs, 0)?.all_reduce_at_mean(location)?;
+        let sizes: Vec<usize> = flat.iter().map(Tensor::elem_count).collect();
+        for (&i, part) in members.iter().zip(averaged.split_sizes(&sizes, 0)?) {
+            out[i] = part.reshape(grads[i].dims())?;
+        }
+    }
+    Ok(out)
+}
+
 /// Scales `grads` so their global L2 norm is at most `max_norm` (in-graph); returns the norm
-/// before clipping.
+/// before clipping. On a data-parallel device, clip after [`average_gradients`]: the averaged
+/// gradients are the global gradient, so the norm is the global norm on every replica (clipping
+/// per-replica gradients would scale each replica by its own norm).
 #[track_caller]
 pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<Tensor> {
     let mut total: Option<Tensor> = None;

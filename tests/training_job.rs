@@ -241,3 +241,43 @@ fn after_neuron_pc_compile_a_real_run_compiles_nothing_and_matches_jit() {
         std::fs::remove_dir_all(d).unwrap();
     }
 }
+
+#[test]
+fn with_two_devices_the_job_trains_data_parallel_and_says_so() {
+    let cache = tmp("dp");
+    let args = ["--steps", "20", "--val-every", "20", "--loss-log"];
+    let one = run(&cache, &args);
+    let out = command(&cache, &args)
+        .args(["--devices", "2"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("data-parallel: 2 replica(s), global batch 32, 16 per replica"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("samples/s global"), "{stdout}");
+    // the same global batches: the same losses up to float reassociation
+    let two = parse(&stdout);
+    assert_eq!(two.losses.len(), 20);
+    for ((s, a), (_, b)) in two.losses.iter().zip(&one.losses) {
+        assert!((a - b).abs() <= 1e-4 * b.abs(), "step {s}: {a} vs {b}");
+    }
+    // the environment variable works too, and a batch that does not split is one clear line
+    let out = command(&cache, &["--steps", "1"])
+        .env("NEURON_PC_DEVICES", "3")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("does not split over 3 replicas"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&cache).unwrap();
+}

@@ -143,6 +143,15 @@ impl Tensor {
         mean_of(out, op, size)
     }
 
+    /// [`Tensor::all_reduce`] with a mean, reported at `location`.
+    pub(crate) fn all_reduce_at_mean(
+        &self,
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
+        let groups = self.all_replicas()?;
+        self.all_reduce_at(Reduction::Mean, &groups, location)
+    }
+
     /// One group of every replica of this tensor's device.
     fn all_replicas(&self) -> Result<Vec<Vec<usize>>> {
         let n = self.device_inner()?.devices.len();

@@ -43,7 +43,7 @@ impl LazyDevice {
         let location = Location::caller();
         let n = self.replicas();
         let rows = host.dims().first().copied().unwrap_or(0);
-        if host.dims().is_empty() || rows % n != 0 {
+        if host.dims().is_empty() || !rows.is_multiple_of(n) {
             return Err(Error::Placement {
                 location,
                 message: format!(
