@@ -152,7 +152,7 @@ fn topo_order(root: &Value) -> Vec<Value> {
 fn non_diff(op: &Op, location: &'static Location<'static>) -> Error {
     let reason = match op {
         Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => {
-            "collectives other than a sum all-reduce have no gradient rule yet"
+            "a product over replicas has no gradient rule"
         }
         _ => "it has no derivative on the float path to the loss",
     };
@@ -516,26 +516,87 @@ fn vjp(
             )?;
             vec![Some(g.clone()), None, Some(du)]
         }
-        // d/dx_k sum over replicas = the sum of the replicas' gradients (the loss of an SPMD
-        // program is the sum of the replicas' losses)
+        // The loss of an SPMD program is the sum of the replicas' losses, so the cotangent of
+        // an operand on replica k sums what every replica's result received from it.
+        // sum: every replica's result holds x_k, so x̄_k = sum over the group of ȳ
         Op::AllReduce {
             op: ReduceOp::Sum,
             replica_groups,
+        } => vec![Some(group_sum(g, replica_groups, location)?)],
+        // max/min: x_k reached the result where it equals it (ties share)
+        Op::AllReduce {
+            op: ReduceOp::Max | ReduceOp::Min,
+            replica_groups,
         } => {
-            vec![Some(Tensor::apply_at(
-                Op::AllReduce {
-                    op: ReduceOp::Sum,
-                    replica_groups: replica_groups.clone(),
-                },
-                &[g],
-                location,
-            )?)]
+            let hit = x[0].eq(y)?.to_dtype(g.dtype())?;
+            let count = group_sum(&hit, replica_groups, location)?;
+            let total = group_sum(g, replica_groups, location)?;
+            vec![Some(total.mul(&hit)?.div(&count)?)]
         }
-        // not needed for data-parallel training (gradients are all-reduced after `grad`)
-        Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => {
-            return Err(non_diff(op, location))
+        // concatenation: x_k is block k of every replica's result
+        Op::AllGather {
+            dim,
+            replica_groups,
+        } => vec![Some(Tensor::apply_at(
+            Op::ReduceScatter {
+                op: ReduceOp::Sum,
+                dim: *dim,
+                replica_groups: replica_groups.clone(),
+            },
+            &[g],
+            location,
+        )?)],
+        // block j of the group's sum went to replica j: x̄_k gathers every ȳ_j
+        Op::ReduceScatter {
+            op: ReduceOp::Sum,
+            dim,
+            replica_groups,
+        } => vec![Some(gather(g, *dim, replica_groups, location)?)],
+        Op::ReduceScatter {
+            op: ReduceOp::Max | ReduceOp::Min,
+            dim,
+            replica_groups,
+        } => {
+            let whole = gather(y, *dim, replica_groups, location)?;
+            let hit = x[0].eq(&whole)?.to_dtype(g.dtype())?;
+            let count = group_sum(&hit, replica_groups, location)?;
+            let total = gather(g, *dim, replica_groups, location)?;
+            vec![Some(total.mul(&hit)?.div(&count)?)]
         }
+        Op::AllReduce {
+            op: ReduceOp::Prod, ..
+        }
+        | Op::ReduceScatter {
+            op: ReduceOp::Prod, ..
+        } => return Err(non_diff(op, location)),
     })
+}
+
+/// The sum of `t` over each replica group (an all-reduce).
+fn group_sum(
+    t: &Tensor,
+    groups: &[Vec<usize>],
+    location: &'static Location<'static>,
+) -> Result<Tensor> {
+    let op = Op::AllReduce {
+        op: ReduceOp::Sum,
+        replica_groups: groups.to_vec(),
+    };
+    Tensor::apply_at(op, &[t], location)
+}
+
+/// The group's `t` concatenated along `dim` (an all-gather).
+fn gather(
+    t: &Tensor,
+    dim: usize,
+    groups: &[Vec<usize>],
+    location: &'static Location<'static>,
+) -> Result<Tensor> {
+    let op = Op::AllGather {
+        dim,
+        replica_groups: groups.to_vec(),
+    };
+    Tensor::apply_at(op, &[t], location)
 }
 
 /// Integer `indices` clamped into `0..rows`, as gather reads them.
