@@ -5,6 +5,14 @@
 //! The plain methods combine every replica; the `_in` variants take `replica_groups`, a
 //! partition of the replicas into equal groups that combine among themselves (`[[0, 1], [2,
 //! 3]]`). On one device every collective is the identity.
+//!
+//! Gradients: the loss of an SPMD program is the sum over replicas of each replica's loss, so
+//! `grad` on replica `k` is the derivative of that sum by replica `k`'s values. A sum
+//! all-reduce's gradient is the sum all-reduce of the incoming gradients, an all-gather's is a
+//! sum reduce-scatter and a sum reduce-scatter's is an all-gather; max and min send the summed
+//! gradient to the replicas holding the extreme (ties share it equally). With per-replica
+//! losses (each a mean over its shard), each replica's gradient is its local gradient, and
+//! [`crate::optim::average_gradients`] turns them into the gradient of the global batch.
 
 use std::panic::Location;
 
