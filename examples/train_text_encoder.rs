@@ -89,7 +89,7 @@ fn main() -> anyhow::Result<()> {
         device_config.replicas = n;
     }
     let device = LazyDevice::new(device_config)?;
-    let replicas = device.replicas();
+    let replicas = device.global_replicas();
     if !args.batch_size.is_multiple_of(replicas) {
         anyhow::bail!(
             "--batch-size {} does not split over {replicas} replicas: use a multiple of {replicas}",

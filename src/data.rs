@@ -62,18 +62,20 @@ impl DeviceLoader {
         let (tx, rx) = sync_channel(prefetch.max(1));
         let device = device.clone();
         let replicas = device.replicas();
+        // In a multi-process run this process's replicas take their rows of the global batch.
+        let (global, offset) = (device.global_replicas(), device.replica_offset());
         let iter = batches.into_iter();
         let worker = std::thread::Builder::new()
             .name("neuron-pc-loader".into())
             .spawn(move || {
-                if !batch_size.is_multiple_of(replicas) || batch_size == 0 {
+                if !batch_size.is_multiple_of(global) || batch_size == 0 {
                     let _ = tx.send(Err(Error::Config(format!(
-                        "a global batch of {batch_size} rows does not split over {replicas} \
+                        "a global batch of {batch_size} rows does not split over {global} \
                          replicas: make the batch size a multiple of the replica count"
                     ))));
                     return;
                 }
-                let shard = batch_size / replicas;
+                let shard = batch_size / global;
                 for (index, batch) in iter.enumerate() {
                     let prepared = match fix_shape(batch, batch_size, last) {
                         Ok(Some((host, valid))) => host
@@ -83,7 +85,7 @@ impl DeviceLoader {
                             .map(|tensors| DeviceBatch {
                                 tensors,
                                 valid,
-                                valid_per_replica: (0..replicas)
+                                valid_per_replica: (offset..offset + replicas)
                                     .map(|r| valid.saturating_sub(r * shard).min(shard))
                                     .collect(),
                                 index,

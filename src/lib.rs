@@ -27,9 +27,11 @@ pub mod optim;
 pub mod state;
 pub mod tensor;
 pub mod timeline;
+pub mod topology;
 
 pub use autodiff::grad;
 pub use device::{DeviceConfig, LazyDevice, Metrics};
 pub use error::{Error, Result};
 pub use neuron_pc_compiler::{DType, HostTensor};
 pub use tensor::Tensor;
+pub use topology::Topology;

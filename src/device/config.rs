@@ -8,6 +8,7 @@ use neuron_pc_compiler::pjrt::Target;
 
 use crate::compile::CacheConfig;
 use crate::error::{Error, Result};
+use crate::topology::Topology;
 
 /// Directory that puts devices in extract mode (set by `neuron-pc compile`).
 pub const EXTRACT_DIR_ENV: &str = "NEURON_PC_EXTRACT_DIR";
@@ -57,6 +58,8 @@ pub struct DeviceConfig {
     /// Write a Chrome trace-event timeline of the device's phases here when it is dropped
     /// (`NEURON_PC_TRACE`; see [`crate::timeline`]).
     pub trace: Option<PathBuf>,
+    /// This process's place in a multi-process run, from the launcher's variables.
+    pub topology: Topology,
 }
 
 impl Default for DeviceConfig {
@@ -74,6 +77,7 @@ impl Default for DeviceConfig {
             graph_log: None,
             max_steps_in_flight: 2,
             trace: None,
+            topology: Topology::single(),
         }
     }
 }
@@ -118,6 +122,7 @@ impl DeviceConfig {
         };
         Ok(DeviceConfig {
             replicas,
+            topology: Topology::from_env()?,
             flags,
             cache,
             extract_dir: path_env(EXTRACT_DIR_ENV),

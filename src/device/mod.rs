@@ -107,6 +107,7 @@ impl LazyDevice {
         if config.replicas == 0 {
             return Err(Error::Config("a device needs at least one replica".into()));
         }
+        crate::topology::check_launch(&config.topology, target, config.extract_dir.is_some())?;
         let last = config.device_index + config.replicas;
         let cpu_device_count = match target {
             // the cpu client makes as many devices as asked for
@@ -135,7 +136,14 @@ impl LazyDevice {
             }));
         }
         let devices: Vec<Device> = (config.device_index..last).map(Device).collect();
-        let ids: Vec<usize> = devices.iter().map(|d| d.0).collect();
+        // Several processes (extract mode only, see `check_launch`): the program spans every
+        // process's replicas, numbered globally.
+        let topology = &config.topology;
+        let ids: Vec<usize> = if topology.is_multi_process() {
+            (0..topology.global_replicas(config.replicas)).collect()
+        } else {
+            devices.iter().map(|d| d.0).collect()
+        };
         let compiler =
             Compiler::for_job(client, config.flags.clone(), &config.cache)?.with_replicas(&ids);
         let metrics = Metrics {
@@ -170,9 +178,21 @@ impl LazyDevice {
         &self.inner.config
     }
 
-    /// How many replicas every step graph runs on (1: a single-device job).
+    /// How many replicas of every step graph run in this process (1: a single-device job).
     pub fn replicas(&self) -> usize {
         self.inner.devices.len()
+    }
+
+    /// Replicas in the whole run: [`LazyDevice::replicas`] times the processes of a
+    /// multi-process launch (see [`crate::topology`]).
+    pub fn global_replicas(&self) -> usize {
+        self.inner.global_replicas()
+    }
+
+    /// The global index of this process's first replica.
+    pub fn replica_offset(&self) -> usize {
+        let t = &self.inner.config.topology;
+        t.global_replica_offset(self.replicas())
     }
 
     /// True in extract mode (values are zero-filled stand-ins; nothing is executed).
@@ -208,6 +228,11 @@ impl DeviceInner {
     /// The PJRT client of the device's target.
     pub(crate) fn client(&self) -> &Client {
         self.compiler.client()
+    }
+
+    /// Replicas of the whole run (collectives span them all).
+    pub(crate) fn global_replicas(&self) -> usize {
+        self.compiler.replicas()
     }
 
     /// A new cell holding `value`; a pending one joins the next step's outputs.
@@ -263,7 +288,7 @@ impl DeviceInner {
     fn result_per_replica(&self, op: &Op, operands: &[Value]) -> bool {
         let any = || operands.iter().any(Value::is_per_replica);
         let everyone =
-            |groups: &[Vec<usize>]| groups.len() == 1 && groups[0].len() == self.devices.len();
+            |groups: &[Vec<usize>]| groups.len() == 1 && groups[0].len() == self.global_replicas();
         let trivial = |groups: &[Vec<usize>]| groups.iter().all(|g| g.len() == 1);
         match op {
             Op::ReplicaId => true,

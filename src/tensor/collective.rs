@@ -162,7 +162,7 @@ impl Tensor {
 
     /// One group of every replica of this tensor's device.
     fn all_replicas(&self) -> Result<Vec<Vec<usize>>> {
-        let n = self.device_inner()?.devices.len();
+        let n = self.device_inner()?.global_replicas();
         Ok(vec![(0..n).collect()])
     }
 
@@ -175,7 +175,7 @@ impl Tensor {
         groups: &[Vec<usize>],
         location: &'static Location<'static>,
     ) -> Result<usize> {
-        let n = self.device_inner()?.devices.len();
+        let n = self.device_inner()?.global_replicas();
         let bad = |message: String| Error::Op {
             location,
             source: neuron_pc_compiler::Error::Shape {

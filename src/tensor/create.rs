@@ -37,11 +37,12 @@ impl LazyDevice {
 
     /// Splits `host` along its first dimension into one equal block per replica, replica `r`
     /// getting block `r` (a per-replica value: each replica's shard of a global batch). On
-    /// one device the tensor is `host` whole.
+    /// one device the tensor is `host` whole. In a multi-process run `host` is the global
+    /// batch, split over every process's replicas; this process keeps its replicas' blocks.
     #[track_caller]
     pub fn shard(&self, host: &HostTensor) -> Result<Tensor> {
         let location = Location::caller();
-        let n = self.replicas();
+        let n = self.global_replicas();
         let rows = host.dims().first().copied().unwrap_or(0);
         if host.dims().is_empty() || !rows.is_multiple_of(n) {
             return Err(Error::Placement {
@@ -54,8 +55,9 @@ impl LazyDevice {
                 ),
             });
         }
-        let blocks = split_rows(host, n)?;
-        self.from_replicas(&blocks)
+        let mut blocks = split_rows(host, n)?;
+        let mine = self.replica_offset()..self.replica_offset() + self.replicas();
+        self.from_replicas(&blocks.drain(mine).collect::<Vec<_>>())
     }
 
     /// One value per replica (`hosts[r]` on replica `r`), all of one shape and dtype: a
