@@ -46,6 +46,16 @@ pub struct Metrics {
     /// Why the persistent compile cache (or its shared tier) was not usable at start, if so.
     #[serde(default)]
     pub cache_unavailable: Option<String>,
+    /// Replicas of every step in this process, in the whole run, and this process's place
+    /// (rank and process count, from the launcher; 0 of 1 without one).
+    #[serde(default)]
+    pub replicas: usize,
+    #[serde(default)]
+    pub global_replicas: usize,
+    #[serde(default)]
+    pub rank: usize,
+    #[serde(default)]
+    pub world_size: usize,
 }
 
 impl Metrics {
@@ -54,6 +64,15 @@ impl Metrics {
         let hits = self.memory_hits + self.disk_hits + self.remote_hits;
         let mut s = String::new();
         let mut line = |k: &str, v: String| s.push_str(&format!("{k:<26} {v}\n"));
+        if self.global_replicas > 1 {
+            line(
+                "replicas",
+                format!(
+                    "{} in this process, {} in the run (rank {} of {})",
+                    self.replicas, self.global_replicas, self.rank, self.world_size
+                ),
+            );
+        }
         line(
             "steps",
             format!(

@@ -148,6 +148,10 @@ impl LazyDevice {
             Compiler::for_job(client, config.flags.clone(), &config.cache)?.with_replicas(&ids);
         let metrics = Metrics {
             cache_unavailable: compiler.cache_unavailable().map(str::to_string),
+            replicas: devices.len(),
+            global_replicas: compiler.replicas(),
+            rank: config.topology.rank,
+            world_size: config.topology.world_size,
             ..Metrics::default()
         };
         Ok(LazyDevice {
