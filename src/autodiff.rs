@@ -713,18 +713,18 @@ mod tests {
         })
         .unwrap();
         let x = dev.from_slice(&[1.0f32, 2.0], &[2]).unwrap();
-        let gathered = Tensor::apply(
-            Op::AllGather {
-                dim: 0,
+        let product = Tensor::apply(
+            Op::AllReduce {
+                op: ReduceOp::Prod,
                 replica_groups: vec![vec![0]],
             },
             &[&x],
         )
         .unwrap();
-        let loss = gathered.sum_all().unwrap();
+        let loss = product.sum_all().unwrap();
         match grad(&loss, &[&x]) {
             Err(Error::NotDifferentiable { op, location, .. }) => {
-                assert_eq!(op, "all_gather");
+                assert_eq!(op, "all_reduce");
                 assert!(location.file().ends_with("autodiff.rs"), "{location}");
             }
             other => panic!("expected NotDifferentiable, got {other:?}"),
