@@ -154,7 +154,14 @@ impl Tensor {
     /// Records an op with no tensor operands (constants, iota) on `dev`.
     #[track_caller]
     pub(crate) fn apply_nullary(dev: &Arc<DeviceInner>, op: Op) -> Result<Tensor> {
-        let location = Location::caller();
+        Tensor::apply_nullary_at(dev, op, Location::caller())
+    }
+
+    pub(crate) fn apply_nullary_at(
+        dev: &Arc<DeviceInner>,
+        op: Op,
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
         let ty = neuron_pc_compiler::ir::infer(&op, &[])
             .map_err(|source| Error::Op { location, source })?;
         Ok(Tensor {

@@ -167,29 +167,39 @@ impl Tensor {
     /// `self + value` (a constant of the graph).
     #[track_caller]
     pub fn add_scalar(&self, value: f64) -> Result<Tensor> {
-        let c = self.constant_like(value)?;
-        self.broadcast_binary(Op::Binary(BinaryOp::Add), &c, Location::caller())
+        self.scalar_op(BinaryOp::Add, value, Location::caller())
     }
 
     /// `self * value` (a constant of the graph).
     #[track_caller]
     pub fn mul_scalar(&self, value: f64) -> Result<Tensor> {
-        let c = self.constant_like(value)?;
-        self.broadcast_binary(Op::Binary(BinaryOp::Mul), &c, Location::caller())
+        self.scalar_op(BinaryOp::Mul, value, Location::caller())
     }
 
     /// `self ^ value` (a constant of the graph).
     #[track_caller]
     pub fn powf(&self, value: f64) -> Result<Tensor> {
-        let c = self.constant_like(value)?;
-        self.broadcast_binary(Op::Binary(BinaryOp::Pow), &c, Location::caller())
+        self.scalar_op(BinaryOp::Pow, value, Location::caller())
     }
 
     /// `max(self, 0)`
     #[track_caller]
     pub fn relu(&self) -> Result<Tensor> {
-        let zero = self.constant_like(0.0)?;
-        self.broadcast_binary(Op::Binary(BinaryOp::Max), &zero, Location::caller())
+        self.scalar_op(BinaryOp::Max, 0.0, Location::caller())
+    }
+
+    /// `self op value` with `value` recorded as one splat constant of this tensor's type (one
+    /// node, not a scalar and its broadcast).
+    fn scalar_op(
+        &self,
+        op: BinaryOp,
+        value: f64,
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
+        let dev = self.device_inner()?;
+        let splat = Literal::splat(self.dtype(), value, self.dims());
+        let c = Tensor::apply_nullary_at(&dev, Op::Constant(splat), location)?;
+        Tensor::apply_at(Op::Binary(op), &[self, &c], location)
     }
 
     /// `cond ? on_true : on_false`, elementwise with broadcasting; `cond` is pred.
