@@ -82,7 +82,11 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
         let Some(g) = cot.remove(&key(v)) else {
             continue;
         };
-        let (op, ty) = lock(&dev.interner).op_of(node.op_id).clone();
+        let (op, ty) = {
+            let interner = lock(&dev.interner);
+            let (op, ty) = interner.op_of(node.op_id);
+            (op.clone(), ty.clone())
+        };
         let y = Tensor {
             cell: dev.detached_cell(v.clone(), ty),
         };

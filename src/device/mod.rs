@@ -240,7 +240,7 @@ impl DeviceInner {
     }
 
     /// A new cell holding `value`; a pending one joins the next step's outputs.
-    pub(crate) fn new_cell(self: &Arc<Self>, ty: TensorType, value: Value) -> Arc<Cell> {
+    pub(crate) fn new_cell(self: &Arc<Self>, ty: Arc<TensorType>, value: Value) -> Arc<Cell> {
         let pending = value.is_pending();
         let cell = Arc::new(Cell {
             id: self.next_tensor_id.fetch_add(1, Ordering::Relaxed),
@@ -261,7 +261,7 @@ impl DeviceInner {
     pub(crate) fn detached_cell(self: &Arc<Self>, value: Value, ty: TensorType) -> Arc<Cell> {
         Arc::new(Cell {
             id: u64::MAX,
-            ty,
+            ty: Arc::new(ty),
             device: Arc::downgrade(self),
             value: Mutex::new(value),
             donor: Mutex::new(None),
@@ -274,10 +274,10 @@ impl DeviceInner {
         self: &Arc<Self>,
         op: Op,
         ty: TensorType,
-        operands: Vec<Value>,
+        operands: trace::Operands,
     ) -> Arc<Cell> {
         let per_replica = self.result_per_replica(&op, &operands);
-        let op_id = lock(&self.interner).op(op, &ty);
+        let (op_id, ty) = lock(&self.interner).op(op, ty);
         let node = Arc::new(Node {
             op_id,
             per_replica,

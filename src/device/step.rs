@@ -142,7 +142,7 @@ impl Traced {
             if matches!(self.entries[self.outputs[j] as usize], Entry::Param { .. }) {
                 continue;
             }
-            if cell.ty == d.ty() && !aliases.iter().any(|&(p, _)| p == i) {
+            if *cell.ty == d.ty() && !aliases.iter().any(|&(p, _)| p == i) {
                 aliases.push((i, j));
             }
         }

@@ -54,7 +54,8 @@ impl Value {
 pub(crate) struct Cell {
     /// Creation order; pending outputs of a step are ordered by it.
     pub id: u64,
-    pub ty: TensorType,
+    /// Shared with the device's [`Interner`] for recorded ops (no allocation per op).
+    pub ty: Arc<TensorType>,
     pub device: Weak<super::DeviceInner>,
     pub value: Mutex<Value>,
     /// The device data this tensor held before an in-place update made it pending: if the
@@ -72,8 +73,11 @@ pub(crate) struct Node {
     pub op_id: u32,
     /// The result may differ between replicas (see [`DeviceData::per_replica`]).
     pub per_replica: bool,
-    pub operands: Vec<Value>,
+    pub operands: Operands,
 }
+
+/// A node's operands, inline for up to two.
+pub(crate) type Operands = smallvec::SmallVec<[Value; 2]>;
 
 /// Distinct (op, result type) pairs and distinct types seen by one device.
 ///
@@ -82,26 +86,28 @@ pub(crate) struct Node {
 #[derive(Default)]
 pub(crate) struct Interner {
     ops: HashMap<u64, Vec<u32>>,
-    op_list: Vec<(Op, TensorType)>,
+    op_list: Vec<(Op, Arc<TensorType>)>,
     types: HashMap<TensorType, u32>,
     type_list: Vec<TensorType>,
 }
 
 impl Interner {
-    pub fn op(&mut self, op: Op, ty: &TensorType) -> u32 {
-        let hash = rustc_hash::FxBuildHasher.hash_one((&op, ty));
+    /// The id of `(op, ty)` and the interned type.
+    pub fn op(&mut self, op: Op, ty: TensorType) -> (u32, Arc<TensorType>) {
+        let hash = rustc_hash::FxBuildHasher.hash_one((&op, &ty));
         if let Some(ids) = self.ops.get(&hash) {
             for &id in ids {
                 let (o, t) = &self.op_list[id as usize];
-                if *o == op && t == ty {
-                    return id;
+                if *o == op && **t == ty {
+                    return (id, t.clone());
                 }
             }
         }
         let id = self.op_list.len() as u32;
+        let ty = Arc::new(ty);
         self.op_list.push((op, ty.clone()));
         self.ops.entry(hash).or_default().push(id);
-        id
+        (id, ty)
     }
 
     pub fn ty(&mut self, ty: &TensorType) -> u32 {
@@ -114,8 +120,9 @@ impl Interner {
         id
     }
 
-    pub fn op_of(&self, id: u32) -> &(Op, TensorType) {
-        &self.op_list[id as usize]
+    pub fn op_of(&self, id: u32) -> (&Op, &TensorType) {
+        let (op, ty) = &self.op_list[id as usize];
+        (op, ty)
     }
 
     pub fn type_of(&self, id: u32) -> &TensorType {

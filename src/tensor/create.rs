@@ -92,7 +92,9 @@ impl LazyDevice {
 
     fn holding(&self, data: std::sync::Arc<crate::device::trace::DeviceData>) -> Tensor {
         Tensor {
-            cell: self.inner.new_cell(data.ty(), Value::Data(data)),
+            cell: self
+                .inner
+                .new_cell(std::sync::Arc::new(data.ty()), Value::Data(data)),
         }
     }
 

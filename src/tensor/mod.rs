@@ -140,7 +140,7 @@ impl Tensor {
             }
             &few[..operands.len()]
         } else {
-            many = operands.iter().map(|t| &t.cell.ty).collect();
+            many = operands.iter().map(|t| &*t.cell.ty).collect();
             &many
         };
         let ty = neuron_pc_compiler::ir::infer(&op, types)
@@ -165,7 +165,7 @@ impl Tensor {
         let ty = neuron_pc_compiler::ir::infer(&op, &[])
             .map_err(|source| Error::Op { location, source })?;
         Ok(Tensor {
-            cell: dev.record(op, ty, Vec::new()),
+            cell: dev.record(op, ty, Default::default()),
         })
     }
 
