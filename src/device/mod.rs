@@ -261,7 +261,7 @@ impl DeviceInner {
     pub(crate) fn detached_cell(self: &Arc<Self>, value: Value, ty: TensorType) -> Arc<Cell> {
         Arc::new(Cell {
             id: u64::MAX,
-            ty: Arc::new(ty),
+            ty: self.interned(ty),
             device: Arc::downgrade(self),
             value: Mutex::new(value),
             donor: Mutex::new(None),
@@ -278,6 +278,17 @@ impl DeviceInner {
     ) -> Arc<Cell> {
         let per_replica = self.result_per_replica(&op, &operands);
         let (op_id, ty) = lock(&self.interner).op(op, ty);
+        self.record_interned(op_id, per_replica, ty, operands)
+    }
+
+    /// Records op `op_id` (interned, of result type `ty`) over `operands`.
+    pub(crate) fn record_interned(
+        self: &Arc<Self>,
+        op_id: u32,
+        per_replica: bool,
+        ty: Arc<TensorType>,
+        operands: trace::Operands,
+    ) -> Arc<Cell> {
         let node = Arc::new(Node {
             op_id,
             per_replica,
@@ -289,7 +300,7 @@ impl DeviceInner {
     /// Whether `op`'s result may differ between replicas: the replica index does; a
     /// collective over one group of every replica gives all the same value; any other op
     /// differs where an operand does.
-    fn result_per_replica(&self, op: &Op, operands: &[Value]) -> bool {
+    pub(crate) fn result_per_replica(&self, op: &Op, operands: &[Value]) -> bool {
         let any = || operands.iter().any(Value::is_per_replica);
         let everyone =
             |groups: &[Vec<usize>]| groups.len() == 1 && groups[0].len() == self.global_replicas();
@@ -302,6 +313,11 @@ impl DeviceInner {
             Op::ReduceScatter { replica_groups, .. } => !trivial(replica_groups) || any(),
             _ => any(),
         }
+    }
+
+    /// The device's shared copy of `ty`.
+    pub(crate) fn interned(&self, ty: TensorType) -> Arc<TensorType> {
+        lock(&self.interner).ty_arc(ty)
     }
 
     /// Registers a tensor that became pending again (an in-place update).

@@ -83,13 +83,21 @@ pub(crate) type Operands = smallvec::SmallVec<[Value; 2]>;
 ///
 /// Ops are found by the hash of `(op, type)` and compared by reference, so a hit (almost every
 /// op of every step after the first) allocates nothing.
+///
+/// Types are interned too, one `Arc` per distinct type for the device's life, so the address of
+/// a cell's type identifies the type; `applied` maps an op and its operands' type addresses to
+/// the op's id, skipping type inference for every application seen before.
 #[derive(Default)]
 pub(crate) struct Interner {
     ops: HashMap<u64, Vec<u32>>,
     op_list: Vec<(Op, Arc<TensorType>)>,
-    types: HashMap<TensorType, u32>,
-    type_list: Vec<TensorType>,
+    types: HashMap<Arc<TensorType>, u32>,
+    type_list: Vec<Arc<TensorType>>,
+    applied: HashMap<u64, Vec<(u32, TypeAddrs)>>,
 }
+
+/// The addresses of interned operand types.
+pub(crate) type TypeAddrs = smallvec::SmallVec<[usize; 4]>;
 
 impl Interner {
     /// The id of `(op, ty)` and the interned type.
@@ -104,10 +112,40 @@ impl Interner {
             }
         }
         let id = self.op_list.len() as u32;
-        let ty = Arc::new(ty);
+        let ty = self.ty_arc(ty);
         self.op_list.push((op, ty.clone()));
         self.ops.entry(hash).or_default().push(id);
         (id, ty)
+    }
+
+    /// The op id of `op` applied to operands of the interned types at `addrs`, if that
+    /// application was seen before, and its result type.
+    pub fn applied(&self, op: &Op, addrs: &[usize]) -> Option<(u32, Arc<TensorType>)> {
+        let hash = rustc_hash::FxBuildHasher.hash_one((op, addrs));
+        let hits = self.applied.get(&hash)?;
+        hits.iter().find_map(|(id, a)| {
+            let (o, t) = &self.op_list[*id as usize];
+            (a[..] == *addrs && o == op).then(|| (*id, t.clone()))
+        })
+    }
+
+    /// Remembers that `op` on operands of the types at `addrs` is op `id`.
+    pub fn remember(&mut self, op: &Op, addrs: TypeAddrs, id: u32) {
+        let hash = rustc_hash::FxBuildHasher.hash_one((op, &addrs[..]));
+        self.applied.entry(hash).or_default().push((id, addrs));
+    }
+
+    /// True when `ty` is this interner's shared copy of its type.
+    pub fn is_interned(&self, ty: &Arc<TensorType>) -> bool {
+        self.types
+            .get(&**ty)
+            .is_some_and(|&id| Arc::ptr_eq(&self.type_list[id as usize], ty))
+    }
+
+    /// The one shared copy of `ty`.
+    pub fn ty_arc(&mut self, ty: TensorType) -> Arc<TensorType> {
+        let id = self.ty(&ty);
+        self.type_list[id as usize].clone()
     }
 
     pub fn ty(&mut self, ty: &TensorType) -> u32 {
@@ -115,8 +153,9 @@ impl Interner {
             return id;
         }
         let id = self.type_list.len() as u32;
-        self.type_list.push(ty.clone());
-        self.types.insert(ty.clone(), id);
+        let shared = Arc::new(ty.clone());
+        self.type_list.push(shared.clone());
+        self.types.insert(shared, id);
         id
     }
 
@@ -135,5 +174,35 @@ impl DeviceData {
     pub fn ty(&self) -> TensorType {
         let b = &self.buffers[0];
         TensorType::new(b.dtype(), b.dims().to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use neuron_pc_compiler::ir::UnaryOp;
+    use neuron_pc_compiler::DType;
+
+    #[test]
+    fn an_application_is_remembered_by_op_and_operand_types() {
+        let mut i = Interner::default();
+        let a = i.ty_arc(TensorType::new(DType::F32, vec![2, 3]));
+        let b = i.ty_arc(TensorType::new(DType::F32, vec![3, 2]));
+        assert!(i.is_interned(&a) && !i.is_interned(&Arc::new((*a).clone())));
+        assert!(Arc::ptr_eq(
+            &a,
+            &i.ty_arc(TensorType::new(DType::F32, vec![2, 3]))
+        ));
+        let tanh = Op::Unary(UnaryOp::Tanh);
+        let at = |t: &Arc<TensorType>| -> TypeAddrs { [Arc::as_ptr(t) as usize].into() };
+        assert!(i.applied(&tanh, &at(&a)).is_none());
+        let (id, ty) = i.op(tanh.clone(), (*a).clone());
+        i.remember(&tanh, at(&a), id);
+        let (hit, hit_ty) = i.applied(&tanh, &at(&a)).unwrap();
+        assert_eq!(hit, id);
+        assert!(Arc::ptr_eq(&hit_ty, &ty) && Arc::ptr_eq(&ty, &a));
+        // another operand type, another op: not a hit
+        assert!(i.applied(&tanh, &at(&b)).is_none());
+        assert!(i.applied(&Op::Unary(UnaryOp::Exp), &at(&a)).is_none());
     }
 }

@@ -94,7 +94,7 @@ impl LazyDevice {
         Tensor {
             cell: self
                 .inner
-                .new_cell(std::sync::Arc::new(data.ty()), Value::Data(data)),
+                .new_cell(self.inner.interned(data.ty()), Value::Data(data)),
         }
     }
 

@@ -131,7 +131,22 @@ impl Tensor {
                 op: op.name(),
             });
         }
-        // Operand types on the stack for the usual one to four operands (this runs per op).
+        let values: crate::device::trace::Operands = operands.iter().map(|t| t.value()).collect();
+        let per_replica = dev.result_per_replica(&op, &values);
+        // An application seen before (same op, operands of the same interned types): its id
+        // and type without inference.
+        let addrs: crate::device::trace::TypeAddrs = operands
+            .iter()
+            .map(|t| Arc::as_ptr(&t.cell.ty) as usize)
+            .collect();
+        let mut interner = lock(&dev.interner);
+        if let Some((op_id, ty)) = interner.applied(&op, &addrs) {
+            drop(interner);
+            return Ok(Tensor {
+                cell: dev.record_interned(op_id, per_replica, ty, values),
+            });
+        }
+        // Operand types on the stack for the usual one to four operands.
         let mut few: [&TensorType; 4] = [&first.cell.ty; 4];
         let many: Vec<&TensorType>;
         let types: &[&TensorType] = if operands.len() <= few.len() {
@@ -145,9 +160,19 @@ impl Tensor {
         };
         let ty = neuron_pc_compiler::ir::infer(&op, types)
             .map_err(|source| Error::Op { location, source })?;
-        let values = operands.iter().map(|t| t.value()).collect();
+        // Only types interned by this device may be remembered by address.
+        let interned = operands.iter().all(|t| interner.is_interned(&t.cell.ty));
+        let (op_id, ty) = if interned {
+            let key = op.clone();
+            let (op_id, ty) = interner.op(op, ty);
+            interner.remember(&key, addrs, op_id);
+            (op_id, ty)
+        } else {
+            interner.op(op, ty)
+        };
+        drop(interner);
         Ok(Tensor {
-            cell: dev.record(op, ty, values),
+            cell: dev.record_interned(op_id, per_replica, ty, values),
         })
     }
 
