@@ -194,7 +194,9 @@ mod tests {
             &i.ty_arc(TensorType::new(DType::F32, vec![2, 3]))
         ));
         let tanh = Op::Unary(UnaryOp::Tanh);
-        let at = |t: &Arc<TensorType>| -> TypeAddrs { [Arc::as_ptr(t) as usize].into() };
+        let at = |t: &Arc<TensorType>| -> TypeAddrs {
+            std::iter::once(Arc::as_ptr(t) as usize).collect()
+        };
         assert!(i.applied(&tanh, &at(&a)).is_none());
         let (id, ty) = i.op(tanh.clone(), (*a).clone());
         i.remember(&tanh, at(&a), id);
