@@ -17,8 +17,14 @@ const ALIAS_MARK: u32 = u32::MAX - 2;
 
 /// One entry of the walk, in graph order.
 enum Entry {
-    Param { ty_id: u32, index: usize },
-    Op { node: Arc<Node>, operands: Vec<u32> },
+    Param {
+        ty_id: u32,
+        index: usize,
+    },
+    Op {
+        node: Arc<Node>,
+        operands: smallvec::SmallVec<[u32; 2]>,
+    },
 }
 
 /// The result of walking from a set of root nodes.
@@ -94,7 +100,7 @@ pub(crate) fn trace(roots: &[Arc<Node>]) -> Traced {
             if node_pos.get(&node).is_some() {
                 continue; // reached twice through a diamond before being finished
             }
-            let operands: Vec<u32> = node
+            let operands: smallvec::SmallVec<[u32; 2]> = node
                 .operands
                 .iter()
                 .map(|v| match v {
