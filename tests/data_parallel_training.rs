@@ -273,3 +273,36 @@ fn the_loader_shards_the_global_batch_and_pads_or_drops_it_whole() {
         "{e}"
     );
 }
+
+#[test]
+fn clipping_averaged_gradients_uses_the_global_norm() {
+    // the single-device gradient of the global batch is the reference
+    let grads_of = |n: usize| -> (Vec<Vec<f32>>, f64) {
+        let dev = device(n);
+        let model = TextEncoder::new(&dev, config(), 3).unwrap();
+        let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
+        let task = SyntheticTask::new(config(), 5);
+        let b: Vec<Tensor> = task
+            .batch(0, 0, BATCH)
+            .iter()
+            .map(|h| dev.shard(h).unwrap())
+            .collect();
+        let loss = model.loss(&b[0], &b[1], &b[2]).unwrap();
+        let refs: Vec<&Tensor> = params.iter().collect();
+        let mut g = average_gradients(&grad(&loss, &refs).unwrap()).unwrap();
+        let norm = clip_grad_norm(&mut g, 0.01).unwrap();
+        dev.mark_step().unwrap();
+        let clipped = g.iter().map(|t| t.to_vec::<f32>().unwrap()).collect();
+        (clipped, norm.item().unwrap())
+    };
+    let (one, norm1) = grads_of(1);
+    let (four, norm4) = grads_of(4);
+    assert!(norm1 > 0.01, "the test must clip: norm {norm1}");
+    assert_close(norm4, norm1, 1e-5, "global norm on 4 replicas");
+    // clipped to 0.01 in both cases, the same vectors
+    let total: f64 = four.iter().flatten().map(|&v| (v as f64) * (v as f64)).sum();
+    assert_close(total.sqrt(), 0.01, 1e-4, "clipped norm");
+    for (a, b) in four.iter().flatten().zip(one.iter().flatten()) {
+        assert!((a - b).abs() <= 1e-6 + 1e-4 * b.abs(), "{a} vs {b}");
+    }
+}
