@@ -300,7 +300,11 @@ fn clipping_averaged_gradients_uses_the_global_norm() {
     assert!(norm1 > 0.01, "the test must clip: norm {norm1}");
     assert_close(norm4, norm1, 1e-5, "global norm on 4 replicas");
     // clipped to 0.01 in both cases, the same vectors
-    let total: f64 = four.iter().flatten().map(|&v| (v as f64) * (v as f64)).sum();
+    let total: f64 = four
+        .iter()
+        .flatten()
+        .map(|&v| (v as f64) * (v as f64))
+        .sum();
     assert_close(total.sqrt(), 0.01, 1e-4, "clipped norm");
     for (a, b) in four.iter().flatten().zip(one.iter().flatten()) {
         assert!((a - b).abs() <= 1e-6 + 1e-4 * b.abs(), "{a} vs {b}");
