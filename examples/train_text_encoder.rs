@@ -79,6 +79,9 @@ struct Args {
     /// Print the metrics summary as JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Also write the metrics as JSON to this file at the end (not in a trial run).
+    #[arg(long)]
+    metrics_file: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -196,6 +199,20 @@ fn main() -> anyhow::Result<()> {
     }
 
     let m = device.metrics();
+    if let Some(path) = &args.metrics_file {
+        // A trial run (`neuron-pc compile`) computes nothing: its metrics would replace a real
+        // run's file with a run that never happened. The library skips its own writes
+        // (checkpoints) the same way.
+        if extracting {
+            eprintln!(
+                "extract mode: not writing {} (a trial run computes nothing)",
+                path.display()
+            );
+        } else {
+            std::fs::write(path, m.to_json())
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
     let trained = args.steps.saturating_sub(start_step);
     let train_s = first_step_at.map_or(0.0, |t| {
         (process_start.elapsed().as_secs_f64() - t.as_secs_f64()).max(1e-9)

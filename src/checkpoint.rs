@@ -80,8 +80,13 @@ fn from_st(d: Dtype) -> Option<DType> {
 }
 
 impl StateDict {
-    /// Writes the state dict to `path` atomically.
+    /// Writes the state dict to `path` atomically. In a trial run (extract mode, see
+    /// [`crate::trial`]) nothing is written: the values are zero-filled stand-ins, and the file
+    /// at `path` (a real checkpoint, maybe) is left as it was; one line says so per path.
     pub fn save(&self, path: &Path) -> Result<()> {
+        if crate::trial::skip_write("checkpoint", path) {
+            return Ok(());
+        }
         let io = |source| CheckpointError::Io {
             path: path.to_path_buf(),
             source,

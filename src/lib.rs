@@ -28,6 +28,7 @@ pub mod state;
 pub mod tensor;
 pub mod timeline;
 pub mod topology;
+pub mod trial;
 
 pub use autodiff::grad;
 pub use device::{DeviceConfig, LazyDevice, Metrics};

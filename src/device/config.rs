@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::topology::Topology;
 
 /// Directory that puts devices in extract mode (set by `neuron-pc compile`).
-pub const EXTRACT_DIR_ENV: &str = "NEURON_PC_EXTRACT_DIR";
+pub use crate::trial::EXTRACT_DIR_ENV;
 /// Any value but `0` makes a new graph after warm-up an error.
 pub const NO_NEW_GRAPHS_ENV: &str = "NEURON_PC_NO_COMPILE_AFTER_WARMUP";
 /// Any value but `0` turns the step debug mode on: every step cut and, once per source line,
@@ -23,6 +23,8 @@ pub const MAX_IN_FLIGHT_ENV: &str = "NEURON_PC_MAX_STEPS_IN_FLIGHT";
 pub const GRAPH_LOG_ENV: &str = "NEURON_PC_GRAPH_LOG";
 /// How many devices (replicas) a data-parallel job runs on in this process.
 pub const DEVICES_ENV: &str = "NEURON_PC_DEVICES";
+/// Any value but `0` turns index checks on (see [`DeviceConfig::check_indices`]).
+pub const CHECK_INDICES_ENV: &str = "NEURON_PC_CHECK_INDICES";
 /// PyTorch/XLA's count of CPU devices, read on the cpu target when `NEURON_PC_DEVICES` is unset.
 pub const CPU_NUM_DEVICES_ENV: &str = "CPU_NUM_DEVICES";
 
@@ -60,6 +62,12 @@ pub struct DeviceConfig {
     pub trace: Option<PathBuf>,
     /// This process's place in a multi-process run, from the launcher's variables.
     pub topology: Topology,
+    /// Index checks: a class label (`cross_entropy`), embedding row or `gather` index outside
+    /// its range is an error naming the op and its line, read at the next sync after the step
+    /// that computed it (as PyTorch raises). Off by default: XLA then clamps an embedding row
+    /// into the table (index 9 of 4 rows reads row 3), and an out-of-range label or gather
+    /// index selects nothing (a zero). The checks add a few small outputs to every step graph.
+    pub check_indices: bool,
 }
 
 impl Default for DeviceConfig {
@@ -78,6 +86,7 @@ impl Default for DeviceConfig {
             max_steps_in_flight: 2,
             trace: None,
             topology: Topology::single(),
+            check_indices: false,
         }
     }
 }
@@ -128,6 +137,7 @@ impl DeviceConfig {
             extract_dir: path_env(EXTRACT_DIR_ENV),
             fail_on_new_graph_after_warmup: flag_env(NO_NEW_GRAPHS_ENV),
             debug_steps: flag_env(DEBUG_STEPS_ENV),
+            check_indices: flag_env(CHECK_INDICES_ENV),
             graph_log: path_env(GRAPH_LOG_ENV),
             trace: path_env(crate::timeline::TRACE_ENV),
             max_steps_in_flight: match std::env::var(MAX_IN_FLIGHT_ENV) {
