@@ -66,6 +66,15 @@ pub enum Error {
     },
 
     Checkpoint(crate::checkpoint::CheckpointError),
+
+    /// With index checks on (`NEURON_PC_CHECK_INDICES=1`), an op met a class label, embedding
+    /// row or gather index outside its range; `site` is the op's call in the user's code.
+    IndexOutOfRange {
+        site: &'static Location<'static>,
+        op: &'static str,
+        step: u64,
+        message: String,
+    },
 }
 
 impl std::fmt::Display for Error {
@@ -97,6 +106,16 @@ impl std::fmt::Display for Error {
             Error::Extract(m) => write!(f, "extract mode: {m}"),
             Error::Placement { location, message } => write!(f, "{location}: {message}"),
             Error::Checkpoint(e) => e.fmt(f),
+            Error::IndexOutOfRange {
+                site,
+                op,
+                step,
+                message,
+            } => write!(
+                f,
+                "{site}: {op}: index out of range in step {step}: {message} \
+                 (checked because NEURON_PC_CHECK_INDICES is on)"
+            ),
         }
     }
 }
@@ -117,7 +136,8 @@ impl std::error::Error for Error {
             | Error::NotDifferentiable { .. }
             | Error::StepFailed { .. }
             | Error::Extract(_)
-            | Error::Placement { .. } => None,
+            | Error::Placement { .. }
+            | Error::IndexOutOfRange { .. } => None,
         }
     }
 }

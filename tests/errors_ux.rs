@@ -123,12 +123,12 @@ fn wrong_rank_inputs_to_layers_are_shape_errors() {
         (
             "cross_entropy 1-d logits",
             cross_entropy(&logits_1d, &labels),
-            "logits must have rank 2",
+            "labels must have the logits' leading dimensions []",
         ),
         (
             "cross_entropy 2-d labels",
             cross_entropy(&logits, &labels_2d),
-            "labels must have rank 1",
+            "labels must have the logits' leading dimensions [4]",
         ),
     ];
     for (what, result, needle) in cases {

@@ -65,10 +65,12 @@ impl Sites {
     }
 }
 
-/// Called for every graph not found in memory, before it is compiled.
+/// Called for every graph not found in memory, before it is compiled. `explicit`: the graph
+/// was cut by `mark_step` at `site`; otherwise by a read of a value there (an implicit sync).
 pub(crate) fn check_new_graph(
     dev: &Arc<DeviceInner>,
     site: &'static Location<'static>,
+    explicit: bool,
     graph: &Graph,
     names: &[String],
 ) -> Result<()> {
@@ -76,24 +78,93 @@ pub(crate) fn check_new_graph(
     let mut sites = lock(&dev.sites);
     let entry = sites.by_site.entry(site).or_default();
     let after_warmup = entry.steps >= dev.config.warmup_steps;
-    let diff = (after_warmup && !entry.graphs.is_empty()).then(|| explain(&entry.graphs, &summary));
+    let cause = (after_warmup && !entry.graphs.is_empty()).then(|| cause(&entry.graphs, &summary));
     let step = entry.steps;
     entry.graphs.push(summary);
-    let Some(diff) = diff else { return Ok(()) };
+    let Some(cause) = cause else { return Ok(()) };
     lock(&dev.metrics).recompiles_after_warmup += 1;
-    let message = format!(
-        "new graph at mark_step {site} after warm-up (step {step} there): it differs from a graph \
-         seen at the same place in {diff}; each new graph is compiled again. If shapes vary \
-         between steps, use fixed-size batches (drop or pad the last partial batch); values that \
-         change every step belong in device tensors, not constants"
-    );
+    let cut = if explicit {
+        format!("mark_step {site}")
+    } else {
+        format!("the read at {site} (an implicit sync)")
+    };
+    let message = match &cause {
+        Cause::Grows(counts) => format!(
+            "new graph at {cut} after warm-up (step {step} there): the graph cut here grows step \
+             after step ({counts} ops), so each one is compiled again. Values computed in one \
+             step feed the next with no mark_step between them: a missing mark_step. Call \
+             device.mark_step() once per training step (after the optimizer update); the read \
+             at {site} then only waits for a value"
+        ),
+        Cause::Inputs(diff) => format!(
+            "new graph at {cut} after warm-up (step {step} there): its inputs differ from a \
+             graph seen at the same place ({diff}): shapes vary between steps, and each new \
+             shape is compiled again. Use fixed-size batches (drop or pad the last partial \
+             batch; pad sequences to a few lengths)"
+        ),
+        Cause::Ops(diff) => format!(
+            "new graph at {cut} after warm-up (step {step} there): it differs from a graph seen \
+             at the same place in {diff}, and each new graph is compiled again. A value baked \
+             into the graph changed (a plain number in an op, a branch taken): values that \
+             change every step belong in device tensors (device.scalar), not constants"
+        ),
+    };
     if dev.config.fail_on_new_graph_after_warmup {
         return Err(Error::NewGraphAfterWarmup(message));
     }
-    if entry.reported.insert(diff) {
+    let key = match cause {
+        // a growing graph is one problem, however many sizes it reaches
+        Cause::Grows(_) => "grows".to_string(),
+        Cause::Inputs(d) | Cause::Ops(d) => d,
+    };
+    if entry.reported.insert(key) {
         tracing::warn!("{message}");
     }
     Ok(())
+}
+
+/// Why a site produced a new graph.
+#[derive(Debug, PartialEq)]
+enum Cause {
+    /// Each graph at the site has more ops than the one before (the op counts, oldest first).
+    Grows(String),
+    /// The inputs differ from the closest graph seen there (what differs).
+    Inputs(String),
+    /// The ops differ (a constant, an op).
+    Ops(String),
+}
+
+/// How many graphs in a row, the new one included, must each be larger than the one before
+/// for the site to count as growing (two could be a second code path).
+const GROWTH_RUN: usize = 3;
+
+fn cause(seen: &[Summary], new: &Summary) -> Cause {
+    let recent: Vec<usize> = seen
+        .iter()
+        .rev()
+        .take(GROWTH_RUN - 1)
+        .rev()
+        .map(|s| s.ops.len())
+        .chain([new.ops.len()])
+        .collect();
+    if recent.len() == GROWTH_RUN && recent.windows(2).all(|w| w[1] > w[0]) {
+        let shown: Vec<String> = seen
+            .iter()
+            .rev()
+            .take(4)
+            .rev()
+            .map(|s| s.ops.len())
+            .chain([new.ops.len()])
+            .map(|n| n.to_string())
+            .collect();
+        return Cause::Grows(shown.join(", "));
+    }
+    let diff = explain(seen, new);
+    if diff.starts_with("its inputs") || diff.starts_with("its number of inputs") {
+        Cause::Inputs(diff)
+    } else {
+        Cause::Ops(diff)
+    }
 }
 
 /// Counts a completed step at `site`.
@@ -193,6 +264,33 @@ mod tests {
         assert_eq!(
             explain(&seen, &new),
             "its inputs (input 0: f32[31,128] vs f32[32,128], input 1 (labels): i32[31] vs i32[32])"
+        );
+    }
+
+    #[test]
+    fn tells_a_growing_graph_from_varying_shapes() {
+        let ops = |n: usize| -> Vec<String> { (0..n).map(|i| format!("op{i}")).collect() };
+        let sized = |n: usize| Summary {
+            params: vec!["f32[4]".into()],
+            names: Vec::new(),
+            ops: ops(n),
+        };
+        // 2, 12, 22 ops: three graphs, each larger than the one before
+        let seen = vec![sized(2), sized(12)];
+        assert_eq!(cause(&seen, &sized(22)), Cause::Grows("2, 12, 22".into()));
+        // two sizes are not yet growth (a second code path looks the same)
+        assert!(matches!(cause(&[sized(2)], &sized(12)), Cause::Ops(_)));
+        // a smaller graph after larger ones is not growth
+        assert!(matches!(cause(&seen, &sized(5)), Cause::Ops(_)));
+        // a batch of another size: the inputs differ, the op count does not grow
+        let shapes = vec![
+            s(&["f32[32,128]"], &["dot", "tanh"]),
+            s(&["f32[31,128]"], &["dot", "tanh"]),
+        ];
+        let new = s(&["f32[30,128]"], &["dot", "tanh"]);
+        assert_eq!(
+            cause(&shapes, &new),
+            Cause::Inputs("its inputs (input 0: f32[30,128] vs f32[32,128])".into())
         );
     }
 

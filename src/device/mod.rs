@@ -1,6 +1,7 @@
 //! The lazy device: tensors record operations; `mark_step` cuts the recorded work into one
 //! graph, finds or compiles its executable, and runs it.
 
+pub(crate) mod checks;
 mod config;
 mod debug;
 mod diagnose;
@@ -23,8 +24,8 @@ use neuron_pc_compiler::pjrt::{
 use neuron_pc_compiler::HostTensor;
 
 pub use config::{
-    DeviceConfig, CPU_NUM_DEVICES_ENV, DEBUG_STEPS_ENV, DEVICES_ENV, EXTRACT_DIR_ENV,
-    GRAPH_LOG_ENV, MAX_IN_FLIGHT_ENV, NO_NEW_GRAPHS_ENV,
+    DeviceConfig, CHECK_INDICES_ENV, CPU_NUM_DEVICES_ENV, DEBUG_STEPS_ENV, DEVICES_ENV,
+    EXTRACT_DIR_ENV, GRAPH_LOG_ENV, MAX_IN_FLIGHT_ENV, NO_NEW_GRAPHS_ENV,
 };
 pub use debug::TARGET as DEBUG_STEPS_LOG_TARGET;
 pub use metrics::Metrics;
@@ -58,6 +59,8 @@ pub(crate) struct DeviceInner {
     pub executables: Mutex<HashMap<Vec<u32>, Arc<StepExecutable>>>,
     pub metrics: Mutex<Metrics>,
     pub sites: Mutex<diagnose::Sites>,
+    /// Index checks whose results are not read yet (see `checks.rs`).
+    pub index_checks: Mutex<Vec<checks::IndexCheck>>,
     /// Launched steps that may still be running.
     in_flight: InFlight,
     /// The phases of every step, when a timeline was asked for.
@@ -108,6 +111,9 @@ impl LazyDevice {
             return Err(Error::Config("a device needs at least one replica".into()));
         }
         crate::topology::check_launch(&config.topology, target, config.extract_dir.is_some())?;
+        if config.extract_dir.is_some() {
+            crate::trial::mark_trial_run();
+        }
         let last = config.device_index + config.replicas;
         let cpu_device_count = match target {
             // the cpu client makes as many devices as asked for
@@ -163,6 +169,7 @@ impl LazyDevice {
                 executables: Mutex::new(HashMap::default()),
                 metrics: Mutex::new(metrics),
                 sites: Mutex::new(diagnose::Sites::default()),
+                index_checks: Mutex::new(Vec::new()),
                 in_flight: InFlight::default(),
                 timeline: config.trace.as_ref().map(|p| {
                     let t = Timeline::new(p);
@@ -199,7 +206,19 @@ impl LazyDevice {
         t.global_replica_offset(self.replicas())
     }
 
-    /// True in extract mode (values are zero-filled stand-ins; nothing is executed).
+    /// True in extract mode, the trial run of `neuron-pc compile`: nothing is executed and every
+    /// value read is a zero-filled stand-in. The library then writes none of the user's files
+    /// (checkpoints are skipped with one line each, see [`crate::trial`]); a job's own outputs
+    /// (metrics files, logs, uploads, a "best model" copy) should be skipped the same way:
+    ///
+    /// ```no_run
+    /// # fn main() -> neuron_pc::Result<()> {
+    /// # let device = neuron_pc::LazyDevice::from_env()?;
+    /// if !device.is_extracting() {
+    ///     std::fs::write("metrics.json", "{}").expect("metrics written");
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn is_extracting(&self) -> bool {
         self.inner.config.extract_dir.is_some()
     }
@@ -215,13 +234,15 @@ impl LazyDevice {
     pub fn synchronize(&self) -> Result<()> {
         let (done, result) = self.inner.in_flight.drain();
         self.inner.account(&done);
-        result
+        result?;
+        self.inner.poll_index_checks(true)
     }
 
     /// Runs everything pending: one graph over every live tensor with a pending value.
     #[track_caller]
     pub fn mark_step(&self) -> Result<()> {
         let site = Location::caller();
+        self.inner.poll_index_checks(false)?;
         let cells = self.inner.take_pending();
         lock(&self.inner.metrics).steps += 1;
         self.inner.sync(cells, site, true)
@@ -428,6 +449,15 @@ impl DeviceInner {
         Ok(host)
     }
 
+    /// Copies replica `replica`'s value to the host once its step is done, outside the
+    /// metrics and the timeline (the device's own bookkeeping reads, such as index checks).
+    pub(crate) fn download_quietly(&self, data: &DeviceData, replica: usize) -> Result<HostTensor> {
+        if let Some(p) = &data.producer {
+            p.wait()?;
+        }
+        Ok(data.buffers[replica].to_host()?)
+    }
+
     /// Every live tensor with a pending value, in creation order; forgets dropped ones.
     fn take_pending(&self) -> Vec<Arc<Cell>> {
         let weak = std::mem::take(&mut *lock(&self.pending));
@@ -444,11 +474,16 @@ impl DeviceInner {
     /// Computes the pending values of `cells` as one graph and stores the results in them.
     pub(crate) fn sync(
         self: &Arc<Self>,
-        cells: Vec<Arc<Cell>>,
+        mut cells: Vec<Arc<Cell>>,
         site: &'static Location<'static>,
         explicit: bool,
     ) -> Result<()> {
         let started = Instant::now();
+        if !explicit {
+            // A read computes the index checks recorded so far with its value, so the read
+            // can report them (a mark_step's pending list holds them already).
+            self.pending_check_cells(&mut cells);
+        }
         if let (true, Some(t)) = (explicit, &self.timeline) {
             let traced_from = *lock(&self.last_step_end);
             t.span(HOST_TRACK, "trace", traced_from, started, &[]);
@@ -482,7 +517,7 @@ impl DeviceInner {
             None => {
                 let graph = traced.to_graph(&lock(&self.interner))?;
                 let names = traced.param_names();
-                diagnose::check_new_graph(self, site, &graph, &names)?;
+                diagnose::check_new_graph(self, site, explicit, &graph, &names)?;
                 let (exe, how) = executables::obtain(self, &graph, &aliases, site, &names)?;
                 lock(&self.metrics).graphs_seen += 1;
                 lock(&self.executables).insert(traced.identity.clone(), exe.clone());
@@ -619,9 +654,15 @@ impl Drop for DeviceInner {
         let (done, result) = self.in_flight.drain();
         if let Err(e) = result {
             tracing::error!("a step failed and its values were never read: {e}");
+        } else if let Err(e) = self.poll_index_checks(true) {
+            tracing::error!("{e}");
         }
         self.account(&done);
-        if let Some(t) = &self.timeline {
+        if let Some(t) = self
+            .timeline
+            .as_ref()
+            .filter(|t| !crate::trial::skip_overwrite("timeline", t.path()))
+        {
             match t.write() {
                 Ok(()) => tracing::info!("timeline written to {}", t.path().display()),
                 Err(e) => tracing::error!("timeline {}: {e}", t.path().display()),

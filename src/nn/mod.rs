@@ -14,7 +14,7 @@ mod loss;
 mod norm;
 
 pub use conv::{Conv1d, Conv2d, ConvConfig, ConvLayer};
-pub use loss::{cross_entropy_with, CrossEntropyOptions};
+pub use loss::{cross_entropy_with, CrossEntropyOptions, IGNORE_INDEX};
 pub use norm::{BatchNorm, GroupNorm, RMSNorm};
 
 /// A shape error at the user's call site unless `t` has rank `rank`; `layout` names the
@@ -174,10 +174,13 @@ impl Embedding {
         })
     }
 
-    /// `ids` of any shape (integer) → `ids.dims() + [dim]`.
+    /// `ids` of any shape (integer) → `ids.dims() + [dim]`. An id past the table reads its
+    /// last row (XLA clamps) where PyTorch raises; index checks
+    /// ([`crate::DeviceConfig::check_indices`]) make it an error naming this call.
     #[track_caller]
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        self.weight.index_select_rows(ids)
+        self.weight
+            .index_select_rows_as("embedding", ids, std::panic::Location::caller())
     }
 }
 
@@ -275,15 +278,12 @@ pub fn one_hot(labels: &Tensor, classes: usize, dtype: DType) -> Result<Tensor> 
     expanded.eq(&iota)?.to_dtype(dtype)
 }
 
-/// Mean cross-entropy of `logits [n, classes]` against integer `labels [n]`.
+/// Mean cross-entropy of `logits [.., classes]` against integer `labels [..]` with PyTorch's
+/// defaults: labels equal to -100 ([`loss::IGNORE_INDEX`]) are ignored and the mean runs over
+/// the others. [`cross_entropy_with`] takes other options (no ignored label, label smoothing).
 #[track_caller]
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
-    check_rank("cross_entropy", "logits", logits, 2, "[n, classes]")?;
-    check_rank("cross_entropy", "labels", labels, 1, "[n]")?;
-    let classes = logits.dims()[1];
-    let logp = log_softmax(logits, -1)?;
-    let picked = logp.mul(&one_hot(labels, classes, logits.dtype())?)?;
-    picked.sum_all()?.mul_scalar(-1.0 / logits.dims()[0] as f64)
+    cross_entropy_with(logits, labels, CrossEntropyOptions::default())
 }
 
 /// Mean of `x [b, s, d]` over the positions where `mask [b, s]` (float 0/1) is 1.

@@ -103,7 +103,8 @@ impl Tensor {
     /// `torch.gather(self, dim, index)`: `out[.., j, ..] = self[.., index[.., j, ..], ..]` with the
     /// index replacing position `dim`. `index` is an integer tensor of this tensor's rank whose
     /// other dimensions are at most this tensor's. Out-of-range indices select nothing (the
-    /// result is 0 there).
+    /// result is 0 there) where PyTorch raises; index checks
+    /// ([`crate::DeviceConfig::check_indices`]) make them an error naming this call.
     ///
     /// Composite: a one-hot comparison of `index` with the positions of `dim`, then a sum, so it
     /// costs `index.len() * self.dims()[dim]` elements; fine for label picking and small
@@ -169,6 +170,8 @@ impl Tensor {
             .unsqueeze(d as isize)?
             .broadcast_to_at(&wide, location)?;
         let picked = Tensor::where_cond(&hit, &spread, &spread.zeros_like()?)?;
-        picked.reduce(ReduceOp::Sum, &[d as isize + 1], false, location)
+        let out = picked.reduce(ReduceOp::Sum, &[d as isize + 1], false, location)?;
+        index.check_index_range("gather", "indices", n, None, location)?;
+        Ok(out)
     }
 }

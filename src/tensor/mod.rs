@@ -5,6 +5,7 @@
 mod collective;
 mod conv;
 mod create;
+mod index_check;
 mod math;
 mod matmul;
 mod ops;
@@ -222,7 +223,9 @@ impl Tensor {
             });
         }
         let data = self.computed(&dev, site)?;
-        dev.download(&data, 0)
+        let host = dev.download(&data, 0)?;
+        dev.poll_index_checks(false)?;
+        Ok(host)
     }
 
     /// Every replica's value, in replica order (one entry on a single device).
@@ -231,9 +234,11 @@ impl Tensor {
         let site = Location::caller();
         let dev = self.device_inner()?;
         let data = self.computed(&dev, site)?;
-        (0..dev.devices.len())
+        let hosts = (0..dev.devices.len())
             .map(|r| dev.download(&data, r))
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        dev.poll_index_checks(false)?;
+        Ok(hosts)
     }
 
     /// The device data of this tensor, computing it first if it is pending.

@@ -400,10 +400,24 @@ impl Tensor {
     }
 
     /// Rows of this `[n, d]` table picked by integer `indices` of any shape: the result has
-    /// shape `indices.dims() + [d]` (an embedding lookup).
+    /// shape `indices.dims() + [d]` (an embedding lookup). An index outside `0..n` is clamped
+    /// into the table (XLA's gather), unless index checks are on
+    /// ([`crate::DeviceConfig::check_indices`]), which report it as an error.
     #[track_caller]
     pub fn index_select_rows(&self, indices: &Tensor) -> Result<Tensor> {
-        Tensor::apply(Op::Gather, &[self, indices])
+        self.index_select_rows_as("index_select_rows", indices, Location::caller())
+    }
+
+    /// [`Tensor::index_select_rows`] for the user-facing op `op` called at `location`.
+    pub(crate) fn index_select_rows_as(
+        &self,
+        op: &'static str,
+        indices: &Tensor,
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
+        let rows = Tensor::apply_at(Op::Gather, &[self, indices], location)?;
+        indices.check_index_range(op, "indices", self.dims()[0], None, location)?;
+        Ok(rows)
     }
 
     /// Adds `updates` (`indices.dims() + [d]`) into the rows of this `[n, d]` table named by
