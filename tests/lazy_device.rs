@@ -221,3 +221,23 @@ fn memory_stays_flat_over_many_steps() {
     // 700 steps each replacing a 16 KiB buffer: one kept per step would be 11 MiB.
     assert!(growth < 4 * 1024, "RSS grew by {growth} KiB over 700 steps");
 }
+
+#[test]
+fn the_cpu_client_has_the_devices_the_run_uses_not_the_plugins_default() {
+    // The plugin's default is 4 devices (and 4 thread pools' worth of threads).
+    assert_eq!(device().client_devices(), 1);
+    for (index, replicas, want) in [(0, 2, 2), (2, 1, 3), (1, 3, 4)] {
+        let dev = LazyDevice::new(DeviceConfig {
+            cache: neuron_pc::compile::CacheConfig::disabled(),
+            device_index: index,
+            replicas,
+            ..DeviceConfig::default()
+        })
+        .unwrap();
+        assert_eq!(
+            dev.client_devices(),
+            want,
+            "device {index}, {replicas} replicas"
+        );
+    }
+}

@@ -40,7 +40,8 @@ pub struct DeviceConfig {
     /// Replicas of every step graph (SPMD data parallelism over devices
     /// `device_index..device_index + replicas`); 1 runs on one device.
     pub replicas: usize,
-    /// CPU plugin: how many devices the client exposes.
+    /// CPU plugin: how many devices the client exposes (at least the ones this device runs
+    /// on; by default exactly those).
     pub cpu_device_count: Option<i64>,
     /// Extract mode: write new graphs here instead of compiling them.
     pub extract_dir: Option<PathBuf>,

@@ -97,9 +97,9 @@ pub(crate) fn check_new_graph(
              at {site} then only waits for a value"
         ),
         Cause::Inputs(diff) => format!(
-            "new graph at {cut} after warm-up (step {step} there): its inputs differ from a \
-             graph seen at the same place ({diff}): shapes vary between steps, and each new \
-             shape is compiled again. Use fixed-size batches (drop or pad the last partial \
+            "new graph at {cut} after warm-up (step {step} there): it differs from a graph \
+             seen at the same place in {diff}: shapes vary between steps, and each new shape \
+             is compiled again. Use fixed-size batches (drop or pad the last partial \
              batch; pad sequences to a few lengths)"
         ),
         Cause::Ops(diff) => format!(

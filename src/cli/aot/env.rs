@@ -31,9 +31,10 @@ impl AotEnv {
         let cache = CacheConfig::resolve(url, &flags)?;
         let plugin =
             Plugin::load(&find_plugin(flags.target)?).context("loading the PJRT plugin")?;
+        // One device unless a replicated program needs more (the plugin's default is 4, and
+        // its thread pools grow with the device count).
         let options = ClientOptions {
-            cpu_device_count: (devices > 0 && flags.target == Target::Cpu)
-                .then_some(devices as i64),
+            cpu_device_count: (flags.target == Target::Cpu).then_some(devices.max(1) as i64),
         };
         let client = Client::new(&plugin, &options)?;
         let compiler = Compiler::with_cache(client, flags, &cache)?;
