@@ -9,10 +9,14 @@ use crate::device::LazyDevice;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
+mod attention;
 mod conv;
 mod loss;
 mod norm;
 
+pub use attention::{
+    apply_rotary_pos_emb, rotate_half, scaled_dot_product_attention, RotaryEmbedding,
+};
 pub use conv::{Conv1d, Conv2d, ConvConfig, ConvLayer};
 pub use loss::{cross_entropy_with, CrossEntropyOptions};
 pub use norm::{BatchNorm, GroupNorm, RMSNorm};
@@ -35,6 +39,22 @@ fn check_rank(op: &'static str, what: &str, t: &Tensor, rank: usize, layout: &st
             ),
         },
     })
+}
+
+/// A shape error at the user's call site unless the last dimension of `x` is the length of the
+/// per-feature `weight` (which would otherwise broadcast silently over a dimension of 1).
+#[track_caller]
+fn check_last_dim(op: &'static str, x: &Tensor, weight: &Tensor) -> Result<()> {
+    let n = weight.dims().first().copied().unwrap_or(0);
+    if x.dims().last() == Some(&n) {
+        return Ok(());
+    }
+    Err(crate::tensor::shape_error(
+        op,
+        format!("{}, weight {}", x.ty(), weight.ty()),
+        format!("the last dimension of the input must be the normalised size {n}"),
+        std::panic::Location::caller(),
+    ))
 }
 
 /// The host-side generator for parameter initialisation (the workspace's one SplitMix64).
@@ -195,16 +215,23 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
+    /// PyTorch's default `eps`, 1e-5.
     pub fn new(device: &LazyDevice, dim: usize) -> Result<LayerNorm> {
+        LayerNorm::with_eps(device, dim, 1e-5)
+    }
+
+    /// `torch.nn.LayerNorm(dim, eps=eps)` (a model config's `layer_norm_eps`).
+    pub fn with_eps(device: &LazyDevice, dim: usize, eps: f64) -> Result<LayerNorm> {
         Ok(LayerNorm {
             weight: device.tensor(&HostTensor::from_slice(&vec![1f32; dim], &[dim])?)?,
             bias: device.tensor(&HostTensor::zeros(DType::F32, &[dim]))?,
-            eps: 1e-5,
+            eps,
         })
     }
 
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        check_last_dim("layer_norm", x, &self.weight)?;
         let mean = x.mean(&[-1], true)?;
         let centered = x.sub(&mean)?;
         let var = centered.mul(&centered)?.mean(&[-1], true)?;
@@ -228,6 +255,12 @@ pub fn gelu(x: &Tensor) -> Result<Tensor> {
         .erf()?
         .add_scalar(1.0)?;
     x.mul(&inner)?.mul_scalar(0.5)
+}
+
+/// SiLU (swish), `x * sigmoid(x)` (`torch.nn.functional.silu`); see [`Tensor::silu`].
+#[track_caller]
+pub fn silu(x: &Tensor) -> Result<Tensor> {
+    x.silu()
 }
 
 /// Softmax along `dim` (max-subtracted for stability).
