@@ -1,7 +1,8 @@
 //! The LLM building blocks (silu, rotary position embeddings, scaled-dot-product attention with
 //! grouped-query heads, RMSNorm / LayerNorm with an explicit eps): values on the cpu plugin
 //! against plain Rust loops written from the definitions (sharing no code with the library),
-//! gradients against central finite differences in f64 (`grad_check/`), and shape errors.
+//! gradients against central finite differences in f64 (`grad_check/`), shape errors, and the
+//! StableHLO of grouped-query attention (no kv head copied out to the query heads).
 //!
 //! Tolerances: f64 ops `1e-12 (1 + |want|)`; anything through the rotary tables, which are
 //! float32 as in Hugging Face, `1e-5 (1 + |want|)` (an angle of position 12 carries ~1e-6 of
@@ -444,4 +445,53 @@ fn llm_block_gradients() {
         },
     );
     c.finish();
+}
+
+#[test]
+fn grouped_query_attention_never_repeats_the_kv_heads() {
+    let dir = std::env::temp_dir().join(format!("npc-gqa-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let dev = LazyDevice::new(neuron_pc::DeviceConfig {
+        cache: neuron_pc::compile::CacheConfig::disabled(),
+        extract_dir: Some(dir.clone()),
+        ..neuron_pc::DeviceConfig::default()
+    })
+    .unwrap();
+    // uploads, not constants (which the lowering would fold away)
+    let z = |d: &[usize]| {
+        dev.tensor(&neuron_pc::HostTensor::zeros(DType::F32, d))
+            .unwrap()
+    };
+    // 8 query heads over 2 kv heads, 3 queries, 5 keys, head dim 4
+    let y = sdpa(
+        &z(&[1, 8, 3, 4]),
+        &z(&[1, 2, 5, 4]),
+        &z(&[1, 2, 5, 4]),
+        None,
+        true,
+        None,
+    );
+    let _pending = y.unwrap();
+    dev.mark_step().unwrap();
+    let mlir: String = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "mlir"))
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    std::fs::remove_dir_all(&dir).unwrap();
+    // both products batch over the 2 kv heads, with the 4 query heads of a group stacked
+    assert_eq!(mlir.matches("stablehlo.dot_general").count(), 2, "{mlir}");
+    assert!(
+        mlir.contains("(tensor<1x2x12x4xf32>, tensor<1x2x5x4xf32>)"),
+        "{mlir}"
+    );
+    assert!(
+        mlir.contains("(tensor<1x2x12x5xf32>, tensor<1x2x5x4xf32>)"),
+        "{mlir}"
+    );
+    // k or v copied out to the 8 query heads would have one of these types
+    for repeated in ["tensor<1x8x5x4xf32>", "tensor<1x2x4x5x4xf32>"] {
+        assert!(!mlir.contains(repeated), "{repeated} in\n{mlir}");
+    }
 }
