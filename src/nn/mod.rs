@@ -13,6 +13,7 @@ mod attention;
 mod conv;
 mod loss;
 mod norm;
+mod var_builder;
 
 pub use attention::{
     apply_rotary_pos_emb, rotate_half, scaled_dot_product_attention, RotaryEmbedding,
@@ -20,6 +21,7 @@ pub use attention::{
 pub use conv::{Conv1d, Conv2d, ConvConfig, ConvLayer};
 pub use loss::{cross_entropy_with, CrossEntropyOptions};
 pub use norm::{BatchNorm, GroupNorm, RMSNorm};
+pub use var_builder::{Init, VarBuilder};
 
 /// A shape error at the user's call site unless `t` has rank `rank`; `layout` names the
 /// dimensions expected (`[n, classes]`), so layers never index `dims()` out of range.
@@ -161,6 +163,21 @@ impl Linear {
         })
     }
 
+    /// `weight [outputs, inputs]` (and `bias [outputs]`) under `vb`'s prefix, read from its
+    /// checkpoint; with no checkpoint, `torch.nn.Linear`'s initialisation.
+    pub fn from_vb(vb: &VarBuilder, inputs: usize, outputs: usize, bias: bool) -> Result<Linear> {
+        let init = Init::Uniform {
+            bound: 1.0 / (inputs as f64).sqrt(),
+        };
+        Ok(Linear {
+            weight: vb.get(&[outputs, inputs], "weight", init)?,
+            bias: match bias {
+                true => Some(vb.get(&[outputs], "bias", init)?),
+                false => None,
+            },
+        })
+    }
+
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.linear(&self.weight, self.bias.as_ref())
@@ -191,6 +208,13 @@ impl Embedding {
         let w: Vec<f32> = (0..num * dim).map(|_| rng.normal() as f32).collect();
         Ok(Embedding {
             weight: device.tensor(&HostTensor::from_slice(&w, &[num, dim])?)?,
+        })
+    }
+
+    /// `weight [num, dim]` under `vb`'s prefix (standard normal with no checkpoint).
+    pub fn from_vb(vb: &VarBuilder, num: usize, dim: usize) -> Result<Embedding> {
+        Ok(Embedding {
+            weight: vb.get(&[num, dim], "weight", Init::Normal { std: 1.0 })?,
         })
     }
 
@@ -225,6 +249,15 @@ impl LayerNorm {
         Ok(LayerNorm {
             weight: device.tensor(&HostTensor::from_slice(&vec![1f32; dim], &[dim])?)?,
             bias: device.tensor(&HostTensor::zeros(DType::F32, &[dim]))?,
+            eps,
+        })
+    }
+
+    /// `weight` and `bias` `[dim]` under `vb`'s prefix (1 and 0 with no checkpoint).
+    pub fn from_vb(vb: &VarBuilder, dim: usize, eps: f64) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: vb.get(&[dim], "weight", Init::Const(1.0))?,
+            bias: vb.get(&[dim], "bias", Init::Const(0.0))?,
             eps,
         })
     }

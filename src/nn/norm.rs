@@ -221,6 +221,14 @@ impl RMSNorm {
         })
     }
 
+    /// `weight [dim]` under `vb`'s prefix (1 with no checkpoint); `eps` as the field.
+    pub fn from_vb(vb: &super::VarBuilder, dim: usize, eps: Option<f64>) -> Result<RMSNorm> {
+        Ok(RMSNorm {
+            weight: vb.get(&[dim], "weight", super::Init::Const(1.0))?,
+            eps,
+        })
+    }
+
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         super::check_last_dim("rms_norm", x, &self.weight)?;
