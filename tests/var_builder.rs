@@ -298,3 +298,67 @@ fn without_a_checkpoint_layers_take_pytorch_initialisation() {
     assert_eq!(m.head.weight.dims(), &[6, 4]);
     assert!(VarBuilder::random(&dev, 0).unused().is_empty());
 }
+
+#[test]
+fn a_saved_module_rebuilds_from_its_file_and_saves_back_the_same() {
+    use neuron_pc::nn::{Conv2d, ConvConfig, HostRng, MultiHeadAttention};
+    use neuron_pc::state;
+    let dir = tmpdir("roundtrip");
+    let dev = device();
+    let mut rng = HostRng::new(11);
+    let mut config = ConvConfig::new(4, 6, [3, 2]);
+    config.groups = 2;
+    let conv = Conv2d::new(&dev, &mut rng, config.clone()).unwrap();
+    let mha = MultiHeadAttention::new(&dev, &mut rng, 8, 2).unwrap();
+    // one file holding both, under prefixes, as a parent module's state_dict() would
+    let mut sd = StateDict::default();
+    for (prefix, part) in [
+        ("encoder.conv", state::module_state(&conv).unwrap()),
+        ("encoder.attn", state::module_state(&mha).unwrap()),
+    ] {
+        for (name, t) in part.tensors {
+            sd.tensors.insert(format!("{prefix}.{name}"), t);
+        }
+    }
+    let path = dir.join("encoder.safetensors");
+    sd.save(&path).unwrap();
+
+    let vb = VarBuilder::from_safetensors(&dev, &[&path])
+        .unwrap()
+        .pp("encoder");
+    let conv2 = Conv2d::from_vb(&vb.pp("conv"), config.clone()).unwrap();
+    let mha2 = MultiHeadAttention::from_vb(&vb.pp("attn"), 8, 2).unwrap();
+    assert!(vb.unused().is_empty(), "{:?}", vb.unused());
+    // saved back, each is the file it came from
+    assert_eq!(
+        state::module_state(&conv2).unwrap(),
+        state::module_state(&conv).unwrap()
+    );
+    assert_eq!(
+        state::module_state(&mha2).unwrap(),
+        state::module_state(&mha).unwrap()
+    );
+    // and computes the same
+    let x = dev
+        .from_slice(&ramp(2 * 3 * 8, -1.0), &[2, 3, 8])
+        .unwrap()
+        .mul_scalar(0.1)
+        .unwrap();
+    let (a, b) = (
+        mha.forward_with(&x, None, true).unwrap(),
+        mha2.forward_with(&x, None, true).unwrap(),
+    );
+    assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+    // a wrong geometry is caught by the shape check
+    let mut wide = config;
+    wide.kernel = [3, 3];
+    let e = Conv2d::from_vb(&vb.pp("conv"), wide)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("encoder.conv.weight: file has f32[6, 2, 3, 2]"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -405,6 +405,31 @@ impl MultiHeadAttention {
         })
     }
 
+    /// `in_proj_weight`, `in_proj_bias` and `out_proj.{weight,bias}` under `vb`'s prefix;
+    /// with no checkpoint, PyTorch's initialisation as in [`MultiHeadAttention::new`].
+    pub fn from_vb(vb: &VarBuilder, dim: usize, heads: usize) -> Result<MultiHeadAttention> {
+        let xavier = Init::Uniform {
+            bound: (6.0 / (dim + 3 * dim) as f64).sqrt(),
+        };
+        let zero = Init::Const(0.0);
+        let out = vb.pp("out_proj");
+        Ok(MultiHeadAttention {
+            in_proj_weight: vb.get(&[3 * dim, dim], "in_proj_weight", xavier)?,
+            in_proj_bias: vb.get(&[3 * dim], "in_proj_bias", zero)?,
+            out_proj: Linear {
+                weight: out.get(
+                    &[dim, dim],
+                    "weight",
+                    Init::Uniform {
+                        bound: 1.0 / (dim as f64).sqrt(),
+                    },
+                )?,
+                bias: Some(out.get(&[dim], "bias", zero)?),
+            },
+            heads,
+        })
+    }
+
     /// `x [b, s, e]`, optional `mask [b, s]` (1 = attend, 0 = padding) → `[b, s, e]`.
     #[track_caller]
     pub fn forward(&self, x: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
