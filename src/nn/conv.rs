@@ -37,12 +37,8 @@ impl<const K: usize> ConvConfig<K> {
     }
 }
 
-/// Weight `[out, in / groups, kernel..]` and optional bias `[out]`.
-fn init<const K: usize>(
-    device: &LazyDevice,
-    rng: &mut HostRng,
-    c: &ConvConfig<K>,
-) -> Result<(Tensor, Option<Tensor>)> {
+/// The weight's dims `[out, in / groups, kernel..]` and PyTorch's init bound 1/sqrt(fan_in).
+fn weight_dims<const K: usize>(c: &ConvConfig<K>) -> Result<(Vec<usize>, f64)> {
     if c.groups == 0
         || !c.in_channels.is_multiple_of(c.groups)
         || !c.out_channels.is_multiple_of(c.groups)
@@ -57,6 +53,16 @@ fn init<const K: usize>(
     let bound = 1.0 / (fan_in.max(1) as f64).sqrt();
     let mut dims = vec![c.out_channels, per_group];
     dims.extend_from_slice(&c.kernel);
+    Ok((dims, bound))
+}
+
+/// Weight `[out, in / groups, kernel..]` and optional bias `[out]`.
+fn init<const K: usize>(
+    device: &LazyDevice,
+    rng: &mut HostRng,
+    c: &ConvConfig<K>,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let (dims, bound) = weight_dims(c)?;
     let n: usize = dims.iter().product();
     let weight = device.tensor(&HostTensor::from_slice(&rng.uniform_vec(n, bound), &dims)?)?;
     let bias = if c.bias {
@@ -97,6 +103,23 @@ pub type Conv2d = ConvLayer<2>;
 impl<const K: usize> ConvLayer<K> {
     pub fn new(device: &LazyDevice, rng: &mut HostRng, config: ConvConfig<K>) -> Result<Self> {
         let (weight, bias) = init(device, rng, &config)?;
+        Ok(ConvLayer {
+            weight,
+            bias,
+            config,
+        })
+    }
+
+    /// `weight` (and `bias`) under `vb`'s prefix, read from its checkpoint; with no
+    /// checkpoint, PyTorch's initialisation.
+    pub fn from_vb(vb: &super::VarBuilder, config: ConvConfig<K>) -> Result<Self> {
+        let (dims, bound) = weight_dims(&config)?;
+        let init = super::Init::Uniform { bound };
+        let weight = vb.get(&dims, "weight", init)?;
+        let bias = match config.bias {
+            true => Some(vb.get(&[config.out_channels], "bias", init)?),
+            false => None,
+        };
         Ok(ConvLayer {
             weight,
             bias,

@@ -9,13 +9,19 @@ use crate::device::LazyDevice;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
+mod attention;
 mod conv;
 mod loss;
 mod norm;
+mod var_builder;
 
+pub use attention::{
+    apply_rotary_pos_emb, rotate_half, scaled_dot_product_attention, RotaryEmbedding,
+};
 pub use conv::{Conv1d, Conv2d, ConvConfig, ConvLayer};
 pub use loss::{cross_entropy_with, CrossEntropyOptions, IGNORE_INDEX};
 pub use norm::{BatchNorm, GroupNorm, RMSNorm};
+pub use var_builder::{Init, VarBuilder};
 
 /// A shape error at the user's call site unless `t` has rank `rank`; `layout` names the
 /// dimensions expected (`[n, classes]`), so layers never index `dims()` out of range.
@@ -35,6 +41,22 @@ fn check_rank(op: &'static str, what: &str, t: &Tensor, rank: usize, layout: &st
             ),
         },
     })
+}
+
+/// A shape error at the user's call site unless the last dimension of `x` is the length of the
+/// per-feature `weight` (which would otherwise broadcast silently over a dimension of 1).
+#[track_caller]
+fn check_last_dim(op: &'static str, x: &Tensor, weight: &Tensor) -> Result<()> {
+    let n = weight.dims().first().copied().unwrap_or(0);
+    if x.dims().last() == Some(&n) {
+        return Ok(());
+    }
+    Err(crate::tensor::shape_error(
+        op,
+        format!("{}, weight {}", x.ty(), weight.ty()),
+        format!("the last dimension of the input must be the normalised size {n}"),
+        std::panic::Location::caller(),
+    ))
 }
 
 /// The host-side generator for parameter initialisation (the workspace's one SplitMix64).
@@ -141,6 +163,21 @@ impl Linear {
         })
     }
 
+    /// `weight [outputs, inputs]` (and `bias [outputs]`) under `vb`'s prefix, read from its
+    /// checkpoint; with no checkpoint, `torch.nn.Linear`'s initialisation.
+    pub fn from_vb(vb: &VarBuilder, inputs: usize, outputs: usize, bias: bool) -> Result<Linear> {
+        let init = Init::Uniform {
+            bound: 1.0 / (inputs as f64).sqrt(),
+        };
+        Ok(Linear {
+            weight: vb.get(&[outputs, inputs], "weight", init)?,
+            bias: match bias {
+                true => Some(vb.get(&[outputs], "bias", init)?),
+                false => None,
+            },
+        })
+    }
+
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.linear(&self.weight, self.bias.as_ref())
@@ -174,6 +211,13 @@ impl Embedding {
         })
     }
 
+    /// `weight [num, dim]` under `vb`'s prefix (standard normal with no checkpoint).
+    pub fn from_vb(vb: &VarBuilder, num: usize, dim: usize) -> Result<Embedding> {
+        Ok(Embedding {
+            weight: vb.get(&[num, dim], "weight", Init::Normal { std: 1.0 })?,
+        })
+    }
+
     /// `ids` of any shape (integer) → `ids.dims() + [dim]`. An id past the table reads its
     /// last row (XLA clamps) where PyTorch raises; index checks
     /// ([`crate::DeviceConfig::check_indices`]) make it an error naming this call.
@@ -198,16 +242,32 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
+    /// PyTorch's default `eps`, 1e-5.
     pub fn new(device: &LazyDevice, dim: usize) -> Result<LayerNorm> {
+        LayerNorm::with_eps(device, dim, 1e-5)
+    }
+
+    /// `torch.nn.LayerNorm(dim, eps=eps)` (a model config's `layer_norm_eps`).
+    pub fn with_eps(device: &LazyDevice, dim: usize, eps: f64) -> Result<LayerNorm> {
         Ok(LayerNorm {
             weight: device.tensor(&HostTensor::from_slice(&vec![1f32; dim], &[dim])?)?,
             bias: device.tensor(&HostTensor::zeros(DType::F32, &[dim]))?,
-            eps: 1e-5,
+            eps,
+        })
+    }
+
+    /// `weight` and `bias` `[dim]` under `vb`'s prefix (1 and 0 with no checkpoint).
+    pub fn from_vb(vb: &VarBuilder, dim: usize, eps: f64) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: vb.get(&[dim], "weight", Init::Const(1.0))?,
+            bias: vb.get(&[dim], "bias", Init::Const(0.0))?,
+            eps,
         })
     }
 
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        check_last_dim("layer_norm", x, &self.weight)?;
         let mean = x.mean(&[-1], true)?;
         let centered = x.sub(&mean)?;
         let var = centered.mul(&centered)?.mean(&[-1], true)?;
@@ -231,6 +291,12 @@ pub fn gelu(x: &Tensor) -> Result<Tensor> {
         .erf()?
         .add_scalar(1.0)?;
     x.mul(&inner)?.mul_scalar(0.5)
+}
+
+/// SiLU (swish), `x * sigmoid(x)` (`torch.nn.functional.silu`); see [`Tensor::silu`].
+#[track_caller]
+pub fn silu(x: &Tensor) -> Result<Tensor> {
+    x.silu()
 }
 
 /// Softmax along `dim` (max-subtracted for stability).
@@ -335,6 +401,31 @@ impl MultiHeadAttention {
             in_proj_weight: device.tensor(&w)?,
             in_proj_bias: device.tensor(&HostTensor::zeros(DType::F32, &[3 * dim]))?,
             out_proj,
+            heads,
+        })
+    }
+
+    /// `in_proj_weight`, `in_proj_bias` and `out_proj.{weight,bias}` under `vb`'s prefix;
+    /// with no checkpoint, PyTorch's initialisation as in [`MultiHeadAttention::new`].
+    pub fn from_vb(vb: &VarBuilder, dim: usize, heads: usize) -> Result<MultiHeadAttention> {
+        let xavier = Init::Uniform {
+            bound: (6.0 / (dim + 3 * dim) as f64).sqrt(),
+        };
+        let zero = Init::Const(0.0);
+        let out = vb.pp("out_proj");
+        Ok(MultiHeadAttention {
+            in_proj_weight: vb.get(&[3 * dim, dim], "in_proj_weight", xavier)?,
+            in_proj_bias: vb.get(&[3 * dim], "in_proj_bias", zero)?,
+            out_proj: Linear {
+                weight: out.get(
+                    &[dim, dim],
+                    "weight",
+                    Init::Uniform {
+                        bound: 1.0 / (dim as f64).sqrt(),
+                    },
+                )?,
+                bias: Some(out.get(&[dim], "bias", zero)?),
+            },
             heads,
         })
     }

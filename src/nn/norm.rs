@@ -205,6 +205,7 @@ pub struct RMSNorm {
 }
 
 impl RMSNorm {
+    /// PyTorch's default: `eps` is the machine epsilon of the input's dtype.
     pub fn new(device: &LazyDevice, dim: usize) -> Result<RMSNorm> {
         Ok(RMSNorm {
             weight: filled(device, 1.0, dim)?,
@@ -212,8 +213,25 @@ impl RMSNorm {
         })
     }
 
+    /// `torch.nn.RMSNorm(dim, eps=eps)`; Llama configs give `rms_norm_eps` (1e-5 or 1e-6).
+    pub fn with_eps(device: &LazyDevice, dim: usize, eps: f64) -> Result<RMSNorm> {
+        Ok(RMSNorm {
+            weight: filled(device, 1.0, dim)?,
+            eps: Some(eps),
+        })
+    }
+
+    /// `weight [dim]` under `vb`'s prefix (1 with no checkpoint); `eps` as the field.
+    pub fn from_vb(vb: &super::VarBuilder, dim: usize, eps: Option<f64>) -> Result<RMSNorm> {
+        Ok(RMSNorm {
+            weight: vb.get(&[dim], "weight", super::Init::Const(1.0))?,
+            eps,
+        })
+    }
+
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        super::check_last_dim("rms_norm", x, &self.weight)?;
         let eps = self.eps.unwrap_or(match x.dtype() {
             DType::F64 => f64::EPSILON,
             DType::F16 => 0.000_976_562_5,

@@ -1,5 +1,5 @@
-//! Composites PyTorch users reach for: `clamp`, `var`/`std`, `logsumexp`, `detach`, and
-//! `gather` along a dimension. Built from IR primitives; each is checked against a plain Rust
+//! Composites PyTorch users reach for: `clamp`, `silu`, `var`/`std`, `logsumexp`, `detach`,
+//! and `gather` along a dimension. Built from IR primitives; each is checked against a plain Rust
 //! reference and finite differences in `tests/tensor_ops.rs`.
 
 use std::panic::Location;
@@ -34,6 +34,12 @@ impl Tensor {
             y = y.minimum(&y.constant_like(hi)?)?;
         }
         Ok(y)
+    }
+
+    /// SiLU (swish), `x * sigmoid(x)`, like `torch.nn.functional.silu` (Llama's MLP gate).
+    #[track_caller]
+    pub fn silu(&self) -> Result<Tensor> {
+        self.mul(&self.sigmoid()?)
     }
 
     /// Variance over `dims` with Bessel's `correction` (1 gives the unbiased estimate, PyTorch's
