@@ -6,6 +6,12 @@
 //! is padded or dropped as a whole, then split along its first dimension so that every replica
 //! gets its own shard (PyTorch/XLA's `MpDeviceLoader` over a `DistributedSampler`, in one
 //! process).
+//!
+//! Variable-length token data goes through [`LengthBuckets`] ([`DeviceLoader::for_tokens`]).
+
+mod buckets;
+
+pub use buckets::{BucketedBatches, LengthBuckets, PaddedTokens};
 
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread::JoinHandle;
@@ -26,7 +32,8 @@ pub enum LastBatch {
     Pad,
 }
 
-/// One batch on the device.
+/// One batch on the device. It may gain fields: build one with [`DeviceBatch::new`].
+#[non_exhaustive]
 pub struct DeviceBatch {
     /// The batch's tensors, each with the batch dimension first: per-replica shards of
     /// `batch_size / replicas` rows (the whole batch on one device).
@@ -37,6 +44,23 @@ pub struct DeviceBatch {
     pub valid_per_replica: Vec<usize>,
     /// Position of this batch in the stream.
     pub index: usize,
+    /// Real tokens in the global batch (padding excluded), for token batches from
+    /// [`DeviceLoader::for_tokens`]; `None` for other batches.
+    pub tokens: Option<usize>,
+}
+
+impl DeviceBatch {
+    /// A batch of `tensors` (on one device, or this process's shards) whose first `valid` rows
+    /// are real, at position `index` of its stream.
+    pub fn new(tensors: Vec<Tensor>, valid: usize, index: usize) -> DeviceBatch {
+        DeviceBatch {
+            tensors,
+            valid,
+            valid_per_replica: vec![valid],
+            index,
+            tokens: None,
+        }
+    }
 }
 
 /// Iterates over fixed-shape device batches prepared ahead on a background thread.
@@ -59,12 +83,56 @@ impl DeviceLoader {
         I: IntoIterator<Item = Vec<HostTensor>>,
         I::IntoIter: Send + 'static,
     {
+        let items = batches.into_iter().map(|b| Ok((b, None, None)));
+        DeviceLoader::start(device, items, batch_size, last, prefetch)
+    }
+
+    /// Starts loading token batches padded to length buckets ([`LengthBuckets::batches`]):
+    /// each device batch is `[input_ids, attention_mask, labels]` with
+    /// [`DeviceBatch::tokens`] set. A partial last batch is dropped or padded with rows of no
+    /// tokens (mask 0, labels -100), so padding never counts in the loss.
+    pub fn for_tokens<I>(
+        device: &LazyDevice,
+        batches: I,
+        batch_size: usize,
+        last: LastBatch,
+        prefetch: usize,
+    ) -> DeviceLoader
+    where
+        I: IntoIterator<Item = Result<PaddedTokens>>,
+        I::IntoIter: Send + 'static,
+    {
+        let items = batches.into_iter().map(move |b| {
+            let b = b?;
+            let tokens = Some(b.tokens);
+            let rows = b.input_ids.dims()[0];
+            let b = match last {
+                LastBatch::Pad if rows < batch_size => b.with_rows(batch_size),
+                _ => b,
+            };
+            Ok((b.into_tensors(), tokens, Some(rows)))
+        });
+        DeviceLoader::start(device, items, batch_size, last, prefetch)
+    }
+
+    fn start<I>(
+        device: &LazyDevice,
+        batches: I,
+        batch_size: usize,
+        last: LastBatch,
+        prefetch: usize,
+    ) -> DeviceLoader
+    where
+        // (host tensors, real tokens, real rows when the rows were padded already)
+        I: Iterator<Item = Result<(Vec<HostTensor>, Option<usize>, Option<usize>)>>
+            + Send
+            + 'static,
+    {
         let (tx, rx) = sync_channel(prefetch.max(1));
         let device = device.clone();
         let replicas = device.replicas();
         // In a multi-process run this process's replicas take their rows of the global batch.
         let (global, offset) = (device.global_replicas(), device.replica_offset());
-        let iter = batches.into_iter();
         let worker = std::thread::Builder::new()
             .name("neuron-pc-loader".into())
             .spawn(move || {
@@ -76,9 +144,12 @@ impl DeviceLoader {
                     return;
                 }
                 let shard = batch_size / global;
-                for (index, batch) in iter.enumerate() {
-                    let prepared = match fix_shape(batch, batch_size, last) {
-                        Ok(Some((host, valid))) => host
+                for (index, item) in batches.enumerate() {
+                    let prepared = match item.and_then(|(b, tokens, rows)| {
+                        Ok(fix_shape(b, batch_size, last)?
+                            .map(|(host, valid)| ((host, rows.unwrap_or(valid)), tokens)))
+                    }) {
+                        Ok(Some(((host, valid), tokens))) => host
                             .iter()
                             .map(|h| device.shard(h))
                             .collect::<Result<Vec<_>>>()
@@ -89,6 +160,7 @@ impl DeviceLoader {
                                     .map(|r| valid.saturating_sub(r * shard).min(shard))
                                     .collect(),
                                 index,
+                                tokens,
                             }),
                         Ok(None) => continue,
                         Err(e) => Err(e),
@@ -111,7 +183,24 @@ impl Iterator for DeviceLoader {
     type Item = Result<DeviceBatch>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        self.rx.recv().ok()
+        match self.rx.recv() {
+            Ok(batch) => Some(batch),
+            // The stream ended, or the batch iterator panicked on the loader thread: say so
+            // instead of ending the epoch early without a word.
+            Err(_) => match self.worker.take().map(JoinHandle::join) {
+                Some(Err(panic)) => {
+                    let message = panic
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| panic.downcast_ref::<&str>().copied())
+                        .unwrap_or("no message");
+                    Some(Err(Error::Config(format!(
+                        "the batch iterator panicked on the loader thread: {message}"
+                    ))))
+                }
+                _ => None,
+            },
+        }
     }
 }
 
