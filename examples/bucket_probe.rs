@@ -11,7 +11,7 @@
 //! `METRICS {...}` line. Without `--buckets` every batch is padded to its own longest sequence
 //! (one graph per length: what buckets avoid).
 
-use neuron_pc::data::{DeviceLoader, LastBatch, LengthBuckets};
+use neuron_pc::data::{DeviceLoader, LastBatch, LengthBuckets, PaddedTokens};
 use neuron_pc::nn::cross_entropy;
 use neuron_pc::optim::AdamW;
 use neuron_pc::{grad, DType, HostTensor, LazyDevice, Tensor};
@@ -40,11 +40,6 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let max_len = buckets.as_ref().map_or(max_len, LengthBuckets::max);
-    // Every length up to the largest bucket may occur: exactly the per-length bucket set.
-    let buckets = match buckets {
-        Some(b) => b,
-        None => LengthBuckets::new(2..=max_len)?,
-    };
     let device = LazyDevice::from_env()?;
     let init = |seed: u64, dims: [usize; 2]| -> neuron_pc::Result<Tensor> {
         let v: Vec<f32> = (0..dims[0] * dims[1])
@@ -73,7 +68,14 @@ fn main() -> anyhow::Result<()> {
             })
             .collect::<Vec<Vec<i32>>>()
     });
-    let batches = buckets.batches(stream, ROWS, 0);
+    let batches: Box<dyn Iterator<Item = neuron_pc::Result<PaddedTokens>> + Send> = match buckets {
+        Some(b) => Box::new(b.batches(stream, ROWS, 0)),
+        // every batch padded to its own longest sequence: one bucket per length
+        None => {
+            let each = LengthBuckets::new(2..=max_len)?;
+            Box::new(stream.map(move |batch| each.pad(&batch, 0)))
+        }
+    };
     let loader = DeviceLoader::for_tokens(&device, batches, ROWS, LastBatch::Drop, 2);
     for (step, batch) in (0..steps).zip(loader) {
         let batch = batch?;

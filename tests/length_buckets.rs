@@ -199,3 +199,42 @@ fn a_panicking_batch_iterator_is_an_error_not_a_short_epoch() {
         "{e}"
     );
 }
+
+#[test]
+fn analyze_proposes_buckets_from_the_lengths_it_saw() {
+    let cache = tmp("analyze");
+    let probe = probe();
+    let out = Command::new(env!("CARGO_BIN_EXE_neuron-pc"))
+        .args(["analyze", "--json", "--", probe.to_str().unwrap()])
+        .args(["--max-len", "64", "--steps", "10"])
+        .env("NEURON_COMPILE_CACHE_URL", &cache)
+        .env_remove("NEURON_CC_FLAGS")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let groups = v["shape_groups"].as_array().unwrap();
+    let g = groups
+        .iter()
+        .find(|g| g["buckets"].is_object())
+        .unwrap_or_else(|| panic!("no bucket proposal: {v}"));
+    let b = &g["buckets"];
+    let lengths: Vec<u64> = serde_json::from_value(b["lengths"].clone()).unwrap();
+    let buckets: Vec<u64> = serde_json::from_value(b["buckets"].clone()).unwrap();
+    assert_eq!(b["dim"], 1, "{b}");
+    assert!(lengths.len() >= 5, "{b}");
+    // every length fits a bucket, each bucket is a power of two, and the saving adds up
+    for l in &lengths {
+        assert!(buckets.iter().any(|x| x >= l), "{l} fits no bucket: {b}");
+    }
+    assert!(buckets.iter().all(|x| x.is_power_of_two()), "{b}");
+    assert_eq!(
+        b["compiles_saved"].as_u64().unwrap(),
+        (lengths.len() - buckets.len()) as u64
+    );
+    std::fs::remove_dir_all(&cache).unwrap();
+}

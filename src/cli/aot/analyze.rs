@@ -44,6 +44,59 @@ pub struct ShapeGroup {
     pub differing: Vec<(usize, Vec<String>)>,
     /// The tensor name of each differing parameter (same order), `""` when unnamed.
     pub differing_names: Vec<String>,
+    /// When the shapes differ in one dimension (a sequence length): length buckets that would
+    /// hold every length seen, and the compiles they would save.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub buckets: Option<BucketProposal>,
+}
+
+/// Length buckets proposed for a group of graphs whose shapes differ in one dimension.
+#[derive(serde::Serialize, Debug, PartialEq)]
+pub struct BucketProposal {
+    /// The differing dimension of the first differing parameter.
+    pub dim: usize,
+    /// The lengths seen there, ascending.
+    pub lengths: Vec<usize>,
+    /// Powers of two holding every length: one graph each.
+    pub buckets: Vec<usize>,
+    /// Compiles saved: one per length seen, less one per bucket.
+    pub compiles_saved: usize,
+}
+
+/// The dimensions of a parameter type such as `i32[8,37]`.
+fn dims_of_param(p: &str) -> Option<Vec<usize>> {
+    let inner = p.split_once('[')?.1.strip_suffix(']')?;
+    if inner.is_empty() {
+        return Some(Vec::new());
+    }
+    inner.split(',').map(|d| d.trim().parse().ok()).collect()
+}
+
+/// Buckets for shapes that differ in exactly one dimension, the same one in every graph.
+pub fn propose_buckets(shapes: &[String]) -> Option<BucketProposal> {
+    let dims: Vec<Vec<usize>> = shapes
+        .iter()
+        .map(|s| dims_of_param(s))
+        .collect::<Option<_>>()?;
+    let rank = dims.first()?.len();
+    if dims.iter().any(|d| d.len() != rank) {
+        return None;
+    }
+    let varying: Vec<usize> = (0..rank)
+        .filter(|&i| dims.iter().any(|d| d[i] != dims[0][i]))
+        .collect();
+    let [dim] = varying[..] else { return None };
+    let mut lengths: Vec<usize> = dims.iter().map(|d| d[dim]).collect();
+    lengths.sort_unstable();
+    lengths.dedup();
+    let mut buckets: Vec<usize> = lengths.iter().map(|l| l.next_power_of_two()).collect();
+    buckets.dedup();
+    Some(BucketProposal {
+        dim,
+        compiles_saved: lengths.len().saturating_sub(buckets.len()),
+        lengths,
+        buckets,
+    })
 }
 
 #[derive(serde::Serialize, Debug)]
@@ -109,12 +162,18 @@ pub fn shape_groups(records: &[GraphRecord]) -> Vec<ShapeGroup> {
                         .to_string()
                 })
                 .collect();
+            let buckets = differing
+                .first()
+                .and_then(|(_, shapes)| propose_buckets(shapes))
+                // dimension 0 is the batch: fixed-size batches are the cure there
+                .filter(|b| b.dim > 0 && b.compiles_saved > 0);
             ShapeGroup {
                 site,
                 nodes,
                 keys: rs.iter().map(|r| r.key.clone()).collect(),
                 differing,
                 differing_names,
+                buckets,
             }
         })
         .collect()
@@ -299,10 +358,29 @@ fn print_text(a: &Analysis, records: &[GraphRecord]) {
         for ((i, shapes), name) in g.differing.iter().zip(&g.differing_names) {
             println!("  {}: {}", param_label(*i, name), shapes.join(" vs "));
         }
-        println!(
-            "  each shape compiles its own graph; \
-             use fixed-size batches (pad or drop the last partial batch)"
-        );
+        match &g.buckets {
+            Some(b) => {
+                let list: Vec<String> = b.buckets.iter().map(usize::to_string).collect();
+                println!(
+                    "  dimension {} takes {} lengths ({}..{}): pad to length buckets {} \
+                     (neuron_pc::data::LengthBuckets::parse(\"{}\")) for {} graph(s) instead \
+                     of {}, {} compile(s) saved",
+                    b.dim,
+                    b.lengths.len(),
+                    b.lengths[0],
+                    b.lengths[b.lengths.len() - 1],
+                    list.join(","),
+                    list.join(","),
+                    b.buckets.len(),
+                    b.lengths.len(),
+                    b.compiles_saved
+                );
+            }
+            None => println!(
+                "  each shape compiles its own graph; \
+                 use fixed-size batches (pad or drop the last partial batch)"
+            ),
+        }
     }
     for m in &a.flag_mismatches {
         println!("{}", super::flag_mismatch::describe(m));
@@ -380,6 +458,24 @@ mod tests {
             g[0].differing,
             vec![(0, vec!["f32[31,8]".to_string(), "f32[32,8]".to_string()])]
         );
+    }
+
+    #[test]
+    fn buckets_are_proposed_for_one_varying_dimension() {
+        let shapes: Vec<String> = [37, 9, 64, 33, 12, 60, 5]
+            .iter()
+            .map(|l| format!("i32[8,{l}]"))
+            .collect();
+        let b = propose_buckets(&shapes).unwrap();
+        assert_eq!(b.dim, 1);
+        assert_eq!(b.lengths, [5, 9, 12, 33, 37, 60, 64]);
+        assert_eq!(b.buckets, [8, 16, 64]);
+        assert_eq!(b.compiles_saved, 4);
+        // two dimensions varying (rows and length): no proposal
+        let two = ["i32[8,37]".to_string(), "i32[7,9]".to_string()];
+        assert_eq!(propose_buckets(&two), None);
+        assert_eq!(dims_of_param("f32[]"), Some(vec![]));
+        assert_eq!(dims_of_param("f32[2,x]"), None);
     }
 
     #[test]
