@@ -37,6 +37,9 @@ struct Args {
     /// Data-parallel replicas (devices of this process); default `NEURON_PC_DEVICES`, else 1.
     #[arg(long)]
     devices: Option<usize>,
+    /// ZeRO-1: shard AdamW's moments over the replicas (each keeps 1/N of them).
+    #[arg(long)]
+    zero1: bool,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     #[arg(long, default_value_t = 8192)]
@@ -109,7 +112,11 @@ fn main() -> anyhow::Result<()> {
     let model = TextEncoder::new(&device, config.clone(), args.seed)?;
     let named = model.parameters();
     let params: Vec<Tensor> = named.iter().map(|(_, t)| t.clone()).collect();
-    let mut opt = AdamW::new(&device, &params, args.weight_decay)?;
+    let mut opt = if args.zero1 {
+        AdamW::zero1(&device, &params, args.weight_decay)?
+    } else {
+        AdamW::new(&device, &params, args.weight_decay)?
+    };
     let schedule = WarmupCosine {
         base_lr: args.lr,
         min_lr: args.lr * 0.05,
@@ -146,7 +153,13 @@ fn main() -> anyhow::Result<()> {
             // are the gradients of the global batch's mean loss
             let loss = model.loss(ids, mask, labels)?;
             let param_refs: Vec<&Tensor> = params.iter().collect();
-            let grads = average_gradients(&grad(&loss, &param_refs)?)?;
+            let grads = grad(&loss, &param_refs)?;
+            // ZeRO-1 reduce-scatters each replica's own gradients inside its step
+            let grads = if args.zero1 {
+                grads
+            } else {
+                average_gradients(&grads)?
+            };
             opt.step(&params, &grads, &lr)?;
             loss.all_reduce(Reduction::Mean)?
         };
@@ -221,9 +234,14 @@ fn main() -> anyhow::Result<()> {
         println!("{}", m.to_json());
     } else {
         println!(
-            "data-parallel: {replicas} replica(s), global batch {}, {} per replica",
+            "data-parallel: {replicas} replica(s), global batch {}, {} per replica{}",
             batch_size,
-            batch_size / replicas
+            batch_size / replicas,
+            if args.zero1 {
+                ", ZeRO-1 optimizer state"
+            } else {
+                ""
+            }
         );
         if trained > 1 && train_s > 0.0 {
             // after the first step (compilation or cache load excluded)

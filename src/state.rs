@@ -74,7 +74,7 @@ pub fn optimizer_state<O: OptimizerState + ?Sized>(
     param_names: &[String],
 ) -> Result<StateDict> {
     let mut sd = StateDict::default();
-    download(opt.named_state(param_names), OPTIMIZER_PREFIX, &mut sd)?;
+    download(opt.named_state(param_names)?, OPTIMIZER_PREFIX, &mut sd)?;
     Ok(sd)
 }
 
@@ -88,7 +88,7 @@ pub fn training_state<M: Module + ?Sized, O: OptimizerState + ?Sized>(
     let names: Vec<String> = module.parameters().into_iter().map(|(n, _)| n).collect();
     let mut sd = StateDict::default();
     download(module.state_tensors(), "", &mut sd)?;
-    download(opt.named_state(&names), OPTIMIZER_PREFIX, &mut sd)?;
+    download(opt.named_state(&names)?, OPTIMIZER_PREFIX, &mut sd)?;
     sd.metadata.insert(STEP_KEY.to_string(), step.to_string());
     Ok(sd)
 }
@@ -128,7 +128,7 @@ pub fn load_training<M: Module + ?Sized, O: OptimizerState + ?Sized>(
 ) -> Result<Restored> {
     let names: Vec<String> = module.parameters().into_iter().map(|(n, _)| n).collect();
     let named = module.state_tensors();
-    let state = opt.named_state(&names);
+    let state = opt.named_state(&names)?;
     let has_optimizer = sd.tensors.keys().any(|k| k.starts_with(OPTIMIZER_PREFIX));
     let mut want = expected(&named, "");
     if has_optimizer {
@@ -144,15 +144,27 @@ pub fn load_training<M: Module + ?Sized, O: OptimizerState + ?Sized>(
             message: e.to_string(),
         })?),
     };
-    let mut targets: Vec<(String, &Tensor)> = named.iter().map(|(n, t)| (n.clone(), t)).collect();
-    if has_optimizer {
-        targets.extend(
-            state
-                .iter()
-                .map(|(n, t)| (format!("{OPTIMIZER_PREFIX}{n}"), t)),
-        );
+    // Everything is uploaded before anything is assigned, so a failed upload loads nothing.
+    let params = stage(sd, named.iter().map(|(n, t)| (n.clone(), t)), source)?;
+    let optimizer = if has_optimizer {
+        let targets = state
+            .iter()
+            .map(|(n, t)| (format!("{OPTIMIZER_PREFIX}{n}"), t));
+        Some(stage(sd, targets, source)?)
+    } else {
+        None
+    };
+    for (target, value) in params {
+        target.assign(&value)?;
     }
-    upload(sd, targets, source)?;
+    if let Some(values) = optimizer {
+        let values = state
+            .iter()
+            .zip(values)
+            .map(|((n, _), (_, v))| (n.clone(), v))
+            .collect();
+        opt.restore_state(&names, values)?;
+    }
     Ok(Restored {
         step,
         optimizer: has_optimizer,
@@ -184,6 +196,18 @@ fn upload<'a>(
     targets: impl IntoIterator<Item = (String, &'a Tensor)>,
     source: &Path,
 ) -> Result<()> {
+    for (target, value) in stage(sd, targets, source)? {
+        target.assign(&value)?;
+    }
+    Ok(())
+}
+
+/// Each target with its value from `sd` uploaded to the device (nothing assigned yet).
+fn stage<'a>(
+    sd: &StateDict,
+    targets: impl IntoIterator<Item = (String, &'a Tensor)>,
+    source: &Path,
+) -> Result<Vec<(&'a Tensor, Tensor)>> {
     let mut staged = Vec::new();
     for (name, target) in targets {
         let Some(host) = sd.tensors.get(&name) else {
@@ -195,8 +219,5 @@ fn upload<'a>(
         };
         staged.push((target, target.device()?.tensor(host)?));
     }
-    for (target, value) in staged {
-        target.assign(&value)?;
-    }
-    Ok(())
+    Ok(staged)
 }

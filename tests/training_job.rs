@@ -268,6 +268,26 @@ fn with_two_devices_the_job_trains_data_parallel_and_says_so() {
     for ((s, a), (_, b)) in two.losses.iter().zip(&one.losses) {
         assert!((a - b).abs() <= 1e-4 * b.abs(), "step {s}: {a} vs {b}");
     }
+    // ZeRO-1 over the two replicas: the same losses, half the optimizer state per replica
+    let zero1 = run(
+        &cache,
+        &[&args[..], &["--devices", "2", "--zero1", "--json"]].concat(),
+    );
+    for ((s, a), (_, b)) in zero1.losses.iter().zip(&one.losses) {
+        assert!(
+            (a - b).abs() <= 1e-4 * b.abs(),
+            "zero1 step {s}: {a} vs {b}"
+        );
+    }
+    let plain = run(&cache, &[&args[..], &["--devices", "2", "--json"]].concat());
+    let (z, p) = (
+        zero1.metrics["optimizer_state_bytes"].as_u64().unwrap(),
+        plain.metrics["optimizer_state_bytes"].as_u64().unwrap(),
+    );
+    assert!(
+        p > 0 && z * 2 >= p && z * 2 <= p + 64,
+        "zero1 {z} vs plain {p} bytes"
+    );
     // the environment variable works too, and a batch that does not split is one clear line
     let out = command(&cache, &["--steps", "1"])
         .env("NEURON_PC_DEVICES", "3")

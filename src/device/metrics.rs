@@ -56,6 +56,10 @@ pub struct Metrics {
     pub rank: usize,
     #[serde(default)]
     pub world_size: usize,
+    /// Bytes of optimizer state (AdamW's moments, SGD's momentum) one replica holds, measured
+    /// from the device buffers: 1/N of the whole with ZeRO-1 over N replicas.
+    #[serde(default)]
+    pub optimizer_state_bytes: u64,
 }
 
 impl Metrics {
@@ -81,6 +85,15 @@ impl Metrics {
             ),
         );
         line("graphs seen", self.graphs_seen.to_string());
+        if self.optimizer_state_bytes > 0 {
+            line(
+                "optimizer state",
+                format!(
+                    "{:.2} MiB per replica",
+                    self.optimizer_state_bytes as f64 / (1 << 20) as f64
+                ),
+            );
+        }
         line(
             "compiles (JIT)",
             format!("{} in {:.1} ms", self.compiles, self.compile_ms),

@@ -32,6 +32,7 @@ pub use metrics::Metrics;
 
 use crate::compile::Compiler;
 use crate::error::{Error, Result};
+use crate::tensor::Tensor;
 use crate::timeline::{Timeline, DEVICE_TRACK, HOST_TRACK};
 use executables::{How, StepExecutable};
 use inflight::{InFlight, StepRun};
@@ -59,6 +60,8 @@ pub(crate) struct DeviceInner {
     pub executables: Mutex<HashMap<Vec<u32>, Arc<StepExecutable>>>,
     pub metrics: Mutex<Metrics>,
     pub sites: Mutex<diagnose::Sites>,
+    /// Optimizer state tensors, for the per-replica bytes in the metrics.
+    pub optimizer_state: Mutex<Vec<Weak<Cell>>>,
     /// Index checks whose results are not read yet (see `checks.rs`).
     pub index_checks: Mutex<Vec<checks::IndexCheck>>,
     /// Launched steps that may still be running.
@@ -168,6 +171,7 @@ impl LazyDevice {
                 executables: Mutex::new(HashMap::default()),
                 metrics: Mutex::new(metrics),
                 sites: Mutex::new(diagnose::Sites::default()),
+                optimizer_state: Mutex::new(Vec::new()),
                 index_checks: Mutex::new(Vec::new()),
                 in_flight: InFlight::default(),
                 timeline: config.trace.as_ref().map(|p| {
@@ -233,7 +237,19 @@ impl LazyDevice {
     pub fn metrics(&self) -> Metrics {
         let done = self.inner.in_flight.retire_finished();
         self.inner.account(&done);
-        lock(&self.inner.metrics).clone()
+        let mut m = lock(&self.inner.metrics).clone();
+        m.optimizer_state_bytes = self.inner.optimizer_state_bytes();
+        m
+    }
+
+    /// Counts `tensors` as optimizer state in [`Metrics::optimizer_state_bytes`].
+    pub(crate) fn register_optimizer_state<'a>(
+        &self,
+        tensors: impl IntoIterator<Item = &'a Tensor>,
+    ) {
+        let mut state = lock(&self.inner.optimizer_state);
+        state.retain(|w| w.strong_count() > 0);
+        state.extend(tensors.into_iter().map(|t| Arc::downgrade(&t.cell)));
     }
 
     /// Waits for every launched step; the first failure among them, naming its `mark_step`.
@@ -453,6 +469,19 @@ impl DeviceInner {
             }
         }
         Ok(host)
+    }
+
+    /// Bytes one replica holds of the registered optimizer state: the first replica's device
+    /// buffer of each live state tensor whose value is computed (pending ones count by type).
+    fn optimizer_state_bytes(&self) -> u64 {
+        lock(&self.optimizer_state)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|c| match &*lock(&c.value) {
+                Value::Data(d) => d.buffers[0].size_in_bytes() as u64,
+                Value::Node(_) => c.ty.size_in_bytes() as u64,
+            })
+            .sum()
     }
 
     /// Copies replica `replica`'s value to the host once its step is done, outside the

@@ -10,6 +10,12 @@ use crate::device::LazyDevice;
 use crate::error::Result;
 use crate::tensor::Tensor;
 
+mod accumulate;
+mod zero1;
+
+pub use accumulate::GradAccumulator;
+use zero1::Zero1;
+
 /// Learning rate with linear warm-up then cosine decay to `min_lr` at `total_steps`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct WarmupCosine {
@@ -123,10 +129,28 @@ pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<Tensor> {
 
 /// An optimizer whose state can be saved and restored (see [`crate::state`]).
 pub trait OptimizerState {
-    /// The state tensors under PyTorch-like names (`<param name>.<slot>`), for parameters named
-    /// `param_names` in the order the optimizer was made for; shared with the optimizer, so
-    /// assigning to them restores its state.
-    fn named_state(&self, param_names: &[String]) -> Vec<(String, Tensor)>;
+    /// The whole state under PyTorch-like names (`<param name>.<slot>`, each shaped like its
+    /// parameter), for parameters named `param_names` in the order the optimizer was made for.
+    /// With ZeRO-1 the blocks are gathered (on the device, in the next step graph).
+    fn named_state(&self, param_names: &[String]) -> Result<Vec<(String, Tensor)>>;
+
+    /// Sets the state from `values`, named and shaped as [`OptimizerState::named_state`]
+    /// gives them (each replica keeps its block with ZeRO-1).
+    fn restore_state(&self, param_names: &[String], values: Vec<(String, Tensor)>) -> Result<()>;
+}
+
+/// Restores state whose tensors `named_state` shares with the optimizer: assigns by name.
+fn assign_by_name(named: Vec<(String, Tensor)>, values: Vec<(String, Tensor)>) -> Result<()> {
+    let mut values: std::collections::HashMap<String, Tensor> = values.into_iter().collect();
+    for (name, t) in named {
+        let Some(v) = values.remove(&name) else {
+            return Err(crate::Error::Config(format!(
+                "optimizer state {name} is missing from the values to restore"
+            )));
+        };
+        t.assign(&v)?;
+    }
+    Ok(())
 }
 
 /// AdamW as in `torch.optim.AdamW` (decoupled weight decay, bias-corrected moments).
@@ -140,33 +164,64 @@ pub struct AdamW {
     pub exp_avg_sq: Vec<Tensor>,
     /// Steps taken so far (a device scalar, f32).
     pub step: Tensor,
+    /// With ZeRO-1 ([`AdamW::zero1`]) the moments are each replica's block of them.
+    zero1: Option<Zero1>,
 }
 
 impl AdamW {
+    /// ZeRO-1 AdamW: each data-parallel replica keeps only its 1/N block of the moments (see
+    /// `optim/zero1.rs`). Pass each replica's own gradients to [`AdamW::step`] (no
+    /// [`average_gradients`] first: the step reduce-scatters them); the parameters come out
+    /// the same on every replica, as plain data-parallel AdamW makes them.
+    pub fn zero1(device: &LazyDevice, params: &[Tensor], weight_decay: f64) -> Result<AdamW> {
+        let z = Zero1::new(device, params);
+        let mut opt = AdamW::new_with(device, params, weight_decay, Some(&z))?;
+        opt.zero1 = Some(z);
+        Ok(opt)
+    }
+
+    /// Whether the state is sharded over the replicas (ZeRO-1).
+    pub fn is_zero1(&self) -> bool {
+        self.zero1.is_some()
+    }
+
     /// Zero moments for `params` (PyTorch defaults: betas 0.9/0.999, eps 1e-8).
     pub fn new(device: &LazyDevice, params: &[Tensor], weight_decay: f64) -> Result<AdamW> {
-        let zeros = |p: &Tensor| device.tensor(&HostTensor::zeros(p.dtype(), p.dims()));
-        let named = |p: &Tensor, what: &str| -> Result<Tensor> {
-            let t = zeros(p)?;
+        AdamW::new_with(device, params, weight_decay, None)
+    }
+
+    fn new_with(
+        device: &LazyDevice,
+        params: &[Tensor],
+        weight_decay: f64,
+        zero1: Option<&Zero1>,
+    ) -> Result<AdamW> {
+        let named = |i: usize, p: &Tensor, what: &str| -> Result<Tensor> {
+            let t = match zero1 {
+                Some(z) => z.zeros(i, p.dtype())?,
+                None => device.tensor(&HostTensor::zeros(p.dtype(), p.dims()))?,
+            };
             if let Some(n) = p.name() {
                 t.set_name(&format!("optimizer.{n}.{what}"));
             }
             Ok(t)
         };
+        let exp_avg: Vec<Tensor> = (params.iter().enumerate())
+            .map(|(i, p)| named(i, p, "exp_avg"))
+            .collect::<Result<_>>()?;
+        let exp_avg_sq: Vec<Tensor> = (params.iter().enumerate())
+            .map(|(i, p)| named(i, p, "exp_avg_sq"))
+            .collect::<Result<_>>()?;
+        device.register_optimizer_state(exp_avg.iter().chain(&exp_avg_sq));
         Ok(AdamW {
             beta1: 0.9,
             beta2: 0.999,
             eps: 1e-8,
             weight_decay,
-            exp_avg: params
-                .iter()
-                .map(|p| named(p, "exp_avg"))
-                .collect::<Result<_>>()?,
-            exp_avg_sq: params
-                .iter()
-                .map(|p| named(p, "exp_avg_sq"))
-                .collect::<Result<_>>()?,
+            exp_avg,
+            exp_avg_sq,
             step: device.scalar(0.0, DType::F32)?,
+            zero1: None,
         })
     }
 
@@ -189,36 +244,71 @@ impl AdamW {
         let bc2_sqrt = bc2.sqrt()?;
         let decay = lr.mul_scalar(-self.weight_decay)?.add_scalar(1.0)?;
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            // with ZeRO-1, this replica's block of the averaged gradient and of the parameter
+            let (g, w) = match &self.zero1 {
+                Some(z) => (z.grad_block(i, g)?, z.local_block(i, p)?),
+                None => (g.clone(), p.clone()),
+            };
             let m = self.exp_avg[i]
                 .mul_scalar(self.beta1)?
                 .add(&g.mul_scalar(1.0 - self.beta1)?)?;
             let v = self.exp_avg_sq[i]
                 .mul_scalar(self.beta2)?
-                .add(&g.mul(g)?.mul_scalar(1.0 - self.beta2)?)?;
+                .add(&g.mul(&g)?.mul_scalar(1.0 - self.beta2)?)?;
             let denom = v.sqrt()?.div(&bc2_sqrt)?.add_scalar(self.eps)?;
-            let updated = p.mul(&decay)?.sub(&m.div(&denom)?.mul(&step_size)?)?;
-            p.assign(&updated)?;
+            let updated = w.mul(&decay)?.sub(&m.div(&denom)?.mul(&step_size)?)?;
+            match &self.zero1 {
+                Some(z) => p.assign(&z.gather(i, &updated)?)?,
+                None => p.assign(&updated)?,
+            }
             self.exp_avg[i].assign(&m)?;
             self.exp_avg_sq[i].assign(&v)?;
         }
         self.step.assign(&t)
     }
 
-    /// State tensors under PyTorch-like names (`<param>.exp_avg`, `<param>.exp_avg_sq`).
-    pub fn named_state(&self, param_names: &[String]) -> Vec<(String, Tensor)> {
+    /// State tensors under PyTorch-like names (`<param>.exp_avg`, `<param>.exp_avg_sq`, each
+    /// shaped like its parameter; gathered from the replicas' blocks with ZeRO-1).
+    pub fn named_state(&self, param_names: &[String]) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
         for (i, name) in param_names.iter().enumerate() {
-            out.push((format!("{name}.exp_avg"), self.exp_avg[i].clone()));
-            out.push((format!("{name}.exp_avg_sq"), self.exp_avg_sq[i].clone()));
+            for (slot, t) in [
+                ("exp_avg", &self.exp_avg[i]),
+                ("exp_avg_sq", &self.exp_avg_sq[i]),
+            ] {
+                let whole = match &self.zero1 {
+                    Some(z) => z.gather(i, t)?,
+                    None => t.clone(),
+                };
+                out.push((format!("{name}.{slot}"), whole));
+            }
         }
         out.push(("step".to_string(), self.step.clone()));
-        out
+        Ok(out)
     }
 }
 
 impl OptimizerState for AdamW {
-    fn named_state(&self, param_names: &[String]) -> Vec<(String, Tensor)> {
+    fn named_state(&self, param_names: &[String]) -> Result<Vec<(String, Tensor)>> {
         AdamW::named_state(self, param_names)
+    }
+
+    fn restore_state(&self, param_names: &[String], values: Vec<(String, Tensor)>) -> Result<()> {
+        let Some(z) = &self.zero1 else {
+            return assign_by_name(self.named_state(param_names)?, values);
+        };
+        let mut values: std::collections::HashMap<String, Tensor> = values.into_iter().collect();
+        let mut take = |name: String| {
+            values
+                .remove(&name)
+                .ok_or_else(|| crate::Error::Config(format!("optimizer state {name} is missing")))
+        };
+        for (i, name) in param_names.iter().enumerate() {
+            self.exp_avg[i].assign(&z.local_block(i, &take(format!("{name}.exp_avg"))?)?)?;
+            let sq = take(format!("{name}.exp_avg_sq"))?;
+            self.exp_avg_sq[i].assign(&z.local_block(i, &sq)?)?;
+        }
+        self.step.assign(&take("step".to_string())?)
     }
 }
 
@@ -226,7 +316,9 @@ impl OptimizerState for AdamW {
 pub struct Sgd {
     pub momentum: f64,
     pub weight_decay: f64,
+    /// Per parameter; with ZeRO-1 ([`Sgd::zero1`]) each replica's block of it.
     pub momentum_buffer: Vec<Tensor>,
+    zero1: Option<Zero1>,
 }
 
 impl Sgd {
@@ -236,14 +328,37 @@ impl Sgd {
         momentum: f64,
         weight_decay: f64,
     ) -> Result<Sgd> {
-        let momentum_buffer = params
+        let momentum_buffer: Vec<Tensor> = params
             .iter()
             .map(|p| device.tensor(&HostTensor::zeros(p.dtype(), p.dims())))
             .collect::<Result<_>>()?;
+        device.register_optimizer_state(&momentum_buffer);
         Ok(Sgd {
             momentum,
             weight_decay,
             momentum_buffer,
+            zero1: None,
+        })
+    }
+
+    /// ZeRO-1 SGD: each replica keeps its 1/N block of the momentum buffers; pass each
+    /// replica's own gradients to [`Sgd::step`] (see [`AdamW::zero1`]).
+    pub fn zero1(
+        device: &LazyDevice,
+        params: &[Tensor],
+        momentum: f64,
+        weight_decay: f64,
+    ) -> Result<Sgd> {
+        let z = Zero1::new(device, params);
+        let momentum_buffer: Vec<Tensor> = (0..params.len())
+            .map(|i| z.zeros(i, params[i].dtype()))
+            .collect::<Result<_>>()?;
+        device.register_optimizer_state(&momentum_buffer);
+        Ok(Sgd {
+            momentum,
+            weight_decay,
+            momentum_buffer,
+            zero1: Some(z),
         })
     }
 
@@ -251,10 +366,14 @@ impl Sgd {
     #[track_caller]
     pub fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: &Tensor) -> Result<()> {
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            let (g, w) = match &self.zero1 {
+                Some(z) => (z.grad_block(i, g)?, z.local_block(i, p)?),
+                None => (g.clone(), p.clone()),
+            };
             let g = if self.weight_decay != 0.0 {
-                g.add(&p.mul_scalar(self.weight_decay)?)?
+                g.add(&w.mul_scalar(self.weight_decay)?)?
             } else {
-                g.clone()
+                g
             };
             let d = if self.momentum != 0.0 {
                 let b = self.momentum_buffer[i].mul_scalar(self.momentum)?.add(&g)?;
@@ -263,7 +382,11 @@ impl Sgd {
             } else {
                 g
             };
-            p.assign(&p.sub(&d.mul(lr)?)?)?;
+            let updated = w.sub(&d.mul(lr)?)?;
+            match &self.zero1 {
+                Some(z) => p.assign(&z.gather(i, &updated)?)?,
+                None => p.assign(&updated)?,
+            }
         }
         Ok(())
     }
@@ -271,95 +394,31 @@ impl Sgd {
 
 impl OptimizerState for Sgd {
     /// `<param name>.momentum_buffer` per parameter, as in `torch.optim.SGD`'s state.
-    fn named_state(&self, param_names: &[String]) -> Vec<(String, Tensor)> {
-        param_names
-            .iter()
-            .zip(&self.momentum_buffer)
-            .map(|(name, b)| (format!("{name}.momentum_buffer"), b.clone()))
-            .collect()
-    }
-}
-
-/// Gradient accumulation: the gradients of `micro_batches` micro-batches summed on the device,
-/// so a batch too large for memory trains as k smaller ones with the large batch's update.
-///
-/// Two step graphs, compiled once each: a micro-batch's forward, backward and accumulation
-/// (`accumulate` returns `None`; call `mark_step`), and on every k-th micro-batch the same plus
-/// the mean of the k gradients, which goes to the optimizer, and the sums' reset (`accumulate`
-/// returns the mean). The alternative, tracing all k forward and backward passes before one
-/// `mark_step`, makes one graph k times larger and keeps every micro-batch's activations alive
-/// at once; this keeps one micro-batch's.
-///
-/// The mean equals the large batch's gradient when each micro-batch's loss is a mean over the
-/// same number of examples (`tests/grad_accumulation.rs` checks AdamW's trajectory). For
-/// token losses whose micro-batches hold different numbers of real tokens, sum the token losses
-/// and divide by the large batch's token count instead. On several replicas the sums are each
-/// replica's own; average the returned gradients ([`average_gradients`]) once per update, not
-/// once per micro-batch.
-pub struct GradAccumulator {
-    sums: Vec<Tensor>,
-    micro_batches: usize,
-    seen: usize,
-}
-
-impl GradAccumulator {
-    /// Zero sums shaped like `params`, for updates every `micro_batches` micro-batches.
-    pub fn new(device: &LazyDevice, params: &[Tensor], micro_batches: usize) -> Result<Self> {
-        if micro_batches == 0 {
-            return Err(crate::Error::Config(
-                "gradient accumulation needs at least 1 micro-batch per update".into(),
-            ));
+    fn named_state(&self, param_names: &[String]) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::new();
+        for (i, (name, b)) in param_names.iter().zip(&self.momentum_buffer).enumerate() {
+            let whole = match &self.zero1 {
+                Some(z) => z.gather(i, b)?,
+                None => b.clone(),
+            };
+            out.push((format!("{name}.momentum_buffer"), whole));
         }
-        let sums = params
-            .iter()
-            .map(|p| {
-                let zeros = HostTensor::zeros(p.dtype(), p.dims());
-                device.from_replicas(&vec![zeros; device.replicas()])
-            })
-            .collect::<Result<_>>()?;
-        Ok(GradAccumulator {
-            sums,
-            micro_batches,
-            seen: 0,
-        })
+        Ok(out)
     }
 
-    /// Micro-batches per update.
-    pub fn micro_batches(&self) -> usize {
-        self.micro_batches
-    }
-
-    /// Adds one micro-batch's gradients (in the order of the parameters). On the last
-    /// micro-batch of an update, returns the mean over the k micro-batches and resets the sums;
-    /// before it, `None`.
-    #[track_caller]
-    pub fn accumulate(&mut self, grads: &[Tensor]) -> Result<Option<Vec<Tensor>>> {
-        if grads.len() != self.sums.len() {
-            return Err(crate::Error::Config(format!(
-                "gradient accumulation: {} gradients for {} parameters",
-                grads.len(),
-                self.sums.len()
-            )));
+    fn restore_state(&self, param_names: &[String], values: Vec<(String, Tensor)>) -> Result<()> {
+        let Some(z) = &self.zero1 else {
+            return assign_by_name(self.named_state(param_names)?, values);
+        };
+        let mut values: std::collections::HashMap<String, Tensor> = values.into_iter().collect();
+        for (i, name) in param_names.iter().enumerate() {
+            let key = format!("{name}.momentum_buffer");
+            let v = values
+                .remove(&key)
+                .ok_or_else(|| crate::Error::Config(format!("optimizer state {key} is missing")))?;
+            self.momentum_buffer[i].assign(&z.local_block(i, &v)?)?;
         }
-        self.seen += 1;
-        if self.seen < self.micro_batches {
-            for (sum, g) in self.sums.iter().zip(grads) {
-                sum.assign(&sum.add(g)?)?;
-            }
-            return Ok(None);
-        }
-        self.seen = 0;
-        let scale = 1.0 / self.micro_batches as f64;
-        let mut mean = Vec::with_capacity(grads.len());
-        for (sum, g) in self.sums.iter().zip(grads) {
-            mean.push(sum.add(g)?.mul_scalar(scale)?);
-            // zeros that stay each replica's own (a plain constant would be replicated, and the
-            // next micro-batch's per-replica sum could not be assigned to it); NaN-safe
-            let zero = sum.zeros_like()?;
-            let never = zero.ne(&zero)?;
-            sum.assign(&Tensor::where_cond(&never, sum, &zero)?)?;
-        }
-        Ok(Some(mean))
+        Ok(())
     }
 }
 

@@ -1,0 +1,106 @@
+//! ZeRO-1: the optimizer state sharded over the data-parallel replicas (the Neuron SDK's ZeRO-1
+//! optimizer, PyTorch/XLA's `ZeroRedundancyOptimizer`), inside the one step graph.
+//!
+//! Each parameter is seen flattened and padded with zeros to a multiple of the replica count
+//! N, as N equal blocks; replica `r` owns block `r`. A step reduce-scatters the gradient (its
+//! mean over the replicas, block by block), updates the replica's block of the parameter with
+//! the block of optimizer state it holds, and all-gathers the blocks into the whole parameter
+//! again, which every replica then holds. The update is elementwise, so it is the plain
+//! data-parallel update computed once per block instead of N times; the state per replica is
+//! 1/N of the plain one (plus the padding of the last block).
+//!
+//! Checkpoints hold the whole state under PyTorch's names ([`Zero1::gather`]), so a file saved
+//! with ZeRO-1 at N replicas loads at any other N, with or without ZeRO-1.
+
+use neuron_pc_compiler::{DType, HostTensor};
+
+use crate::device::LazyDevice;
+use crate::error::Result;
+use crate::tensor::{Reduction, Tensor};
+
+/// One parameter's blocks.
+#[derive(Clone, Debug)]
+struct Layout {
+    /// Elements of the parameter.
+    numel: usize,
+    /// Elements of one block: `ceil(numel / N)`.
+    block: usize,
+    /// The parameter's shape.
+    dims: Vec<usize>,
+}
+
+/// The sharding of a list of parameters over a device's replicas.
+pub(crate) struct Zero1 {
+    device: LazyDevice,
+    layouts: Vec<Layout>,
+    /// Replicas of the whole run (the blocks are numbered globally).
+    replicas: usize,
+}
+
+impl Zero1 {
+    pub(crate) fn new(device: &LazyDevice, params: &[Tensor]) -> Zero1 {
+        let replicas = device.global_replicas();
+        let layouts = params
+            .iter()
+            .map(|p| {
+                let numel = p.elem_count();
+                Layout {
+                    numel,
+                    block: numel.div_ceil(replicas).max(1),
+                    dims: p.dims().to_vec(),
+                }
+            })
+            .collect();
+        Zero1 {
+            device: device.clone(),
+            layouts,
+            replicas,
+        }
+    }
+
+    /// Zeros of parameter `i`'s block, each replica's own.
+    pub(crate) fn zeros(&self, i: usize, dtype: DType) -> Result<Tensor> {
+        let zeros = HostTensor::zeros(dtype, &[self.layouts[i].block]);
+        self.device
+            .from_replicas(&vec![zeros; self.device.replicas()])
+    }
+
+    /// `t` (shaped like parameter `i`) flattened and padded with zeros to N blocks: `[N, block]`.
+    fn blocks(&self, i: usize, t: &Tensor) -> Result<Tensor> {
+        let Layout { numel, block, .. } = self.layouts[i];
+        let flat = t.reshape(&[numel])?;
+        let padded = if block * self.replicas == numel {
+            flat
+        } else {
+            let high = (block * self.replicas - numel) as i64;
+            flat.pad(&[0], &[high], &[0], &flat.constant_like(0.0)?)?
+        };
+        padded.reshape(&[self.replicas, block])
+    }
+
+    /// This replica's block of the replicas' mean of `grad` (parameter `i`'s gradient, each
+    /// replica's own or already averaged): one reduce-scatter.
+    pub(crate) fn grad_block(&self, i: usize, grad: &Tensor) -> Result<Tensor> {
+        let block = self.layouts[i].block;
+        self.blocks(i, grad)?
+            .reduce_scatter(Reduction::Mean, 0)?
+            .reshape(&[block])
+    }
+
+    /// This replica's block of `t` (shaped like parameter `i`, the same on every replica).
+    pub(crate) fn local_block(&self, i: usize, t: &Tensor) -> Result<Tensor> {
+        let block = self.layouts[i].block;
+        let r = self.device.replica_index()?.to_dtype(DType::I32)?;
+        let zero = r.constant_like(0.0)?;
+        self.blocks(i, t)?
+            .dynamic_slice(&[&r, &zero], &[1, block])?
+            .reshape(&[block])
+    }
+
+    /// The whole of parameter `i`'s `blocks` (each replica's block, shape `[block]`), shaped like
+    /// the parameter and the same on every replica: one all-gather.
+    pub(crate) fn gather(&self, i: usize, block: &Tensor) -> Result<Tensor> {
+        let l = &self.layouts[i];
+        block.all_gather(0)?.narrow(0, 0, l.numel)?.reshape(&l.dims)
+    }
+}
