@@ -25,6 +25,7 @@ pub mod models;
 pub mod nn;
 pub mod optim;
 pub mod state;
+pub mod store;
 pub mod tensor;
 pub mod timeline;
 pub mod topology;
