@@ -66,6 +66,12 @@ pub enum Error {
     },
 
     Checkpoint(crate::checkpoint::CheckpointError),
+
+    /// The run's key-value store failed (see [`crate::store`]).
+    Store(crate::store::StoreError),
+
+    /// The ranks of a multi-process run traced different graphs (see [`crate::rank_check`]).
+    RanksDiverged(String),
 }
 
 impl std::fmt::Display for Error {
@@ -97,6 +103,8 @@ impl std::fmt::Display for Error {
             Error::Extract(m) => write!(f, "extract mode: {m}"),
             Error::Placement { location, message } => write!(f, "{location}: {message}"),
             Error::Checkpoint(e) => e.fmt(f),
+            Error::Store(e) => e.fmt(f),
+            Error::RanksDiverged(m) => f.write_str(m),
         }
     }
 }
@@ -108,6 +116,8 @@ impl std::error::Error for Error {
             // transparent, so its own cause is the next link.
             Error::Compiler(e) => e.source(),
             Error::Checkpoint(_)
+            | Error::Store(_)
+            | Error::RanksDiverged(_)
             | Error::Op { .. }
             | Error::DeviceMismatch { .. }
             | Error::DeviceGone
@@ -131,6 +141,12 @@ impl From<neuron_pc_compiler::Error> for Error {
 impl From<crate::checkpoint::CheckpointError> for Error {
     fn from(e: crate::checkpoint::CheckpointError) -> Error {
         Error::Checkpoint(e)
+    }
+}
+
+impl From<crate::store::StoreError> for Error {
+    fn from(e: crate::store::StoreError) -> Error {
+        Error::Store(e)
     }
 }
 

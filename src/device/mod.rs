@@ -3,7 +3,7 @@
 
 mod config;
 mod debug;
-mod diagnose;
+pub(crate) mod diagnose;
 mod executables;
 mod inflight;
 mod metrics;
@@ -58,6 +58,8 @@ pub(crate) struct DeviceInner {
     pub executables: Mutex<HashMap<Vec<u32>, Arc<StepExecutable>>>,
     pub metrics: Mutex<Metrics>,
     pub sites: Mutex<diagnose::Sites>,
+    /// The rank-agreement check of a multi-process run with a store.
+    pub rank_check: Option<crate::rank_check::RankCheck>,
     /// Launched steps that may still be running.
     in_flight: InFlight,
     /// The phases of every step, when a timeline was asked for.
@@ -107,7 +109,11 @@ impl LazyDevice {
         if config.replicas == 0 {
             return Err(Error::Config("a device needs at least one replica".into()));
         }
-        crate::topology::check_launch(&config.topology, target, config.extract_dir.is_some())?;
+        let extracting = config.extract_dir.is_some();
+        let rank_check = crate::rank_check::RankCheck::from_env(&config.topology, extracting)?;
+        // With the rank check, a refused launch is refused after it (`executables::obtain`).
+        let deferred = extracting || rank_check.is_some();
+        crate::topology::check_launch(&config.topology, target, deferred)?;
         let last = config.device_index + config.replicas;
         let cpu_device_count = match target {
             // the cpu client makes as many devices as asked for
@@ -163,6 +169,7 @@ impl LazyDevice {
                 executables: Mutex::new(HashMap::default()),
                 metrics: Mutex::new(metrics),
                 sites: Mutex::new(diagnose::Sites::default()),
+                rank_check,
                 in_flight: InFlight::default(),
                 timeline: config.trace.as_ref().map(|p| {
                     let t = Timeline::new(p);
