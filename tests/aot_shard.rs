@@ -1,7 +1,8 @@
 //! `--shard auto`: the shard taken from a scheduler's array-job variables, the one-line usage
 //! error when they are missing, and a real single-node Slurm (Debian's `slurm-wlm` and
-//! `munge`, started here on loopback) running `compile-graphs --shard auto` as a 4-task job
-//! array into one S3 cache (moto).
+//! `munge`, started here on loopback) running `compile-graphs --shard auto` and `compile
+//! --shard auto` as 4-task job arrays into one S3 cache (moto), then the job, which compiles
+//! nothing.
 
 #[path = "aot_common/mod.rs"]
 mod common;
@@ -392,6 +393,51 @@ impl Slurm {
         c
     }
 
+    /// Runs `script` as tasks 0-3 of a job array with `envs` (each task with a local tier of
+    /// its own, as on separate nodes), waits for it, and returns each task's JSON report.
+    fn array(&mut self, out: &Path, script: &str, envs: &[(&str, &str)]) -> Vec<serde_json::Value> {
+        std::fs::create_dir_all(out).unwrap();
+        let mut sbatch = self.client("sbatch");
+        sbatch
+            .args([
+                "--parsable",
+                "--array=0-3",
+                "--ntasks=1",
+                "--cpus-per-task=1",
+            ])
+            .arg(format!("--output={}/task-%a.json", out.display()))
+            .arg(format!("--error={}/task-%a.err", out.display()))
+            .arg(format!("--chdir={}", out.display()))
+            .arg("--wrap")
+            .arg(format!(
+                "NEURON_PC_CACHE_LOCAL_DIR={}/local-$SLURM_ARRAY_TASK_ID {script}",
+                out.display()
+            ))
+            .env_remove("NEURON_CC_FLAGS")
+            .env_remove("NEURON_COMPILE_CACHE_URL")
+            .env_remove("NEURON_PC_EXTRACT_DIR")
+            .envs(envs.iter().copied());
+        for v in SCHEDULER_VARS {
+            sbatch.env_remove(v);
+        }
+        let sub = sbatch.output().unwrap();
+        assert!(sub.status.success(), "sbatch: {}", stderr(&sub));
+        let job = String::from_utf8_lossy(&sub.stdout).trim().to_string();
+        self.job = Some(job.clone());
+        wait_for(300, "the job array to finish", || {
+            self.queued(&job).is_empty()
+        });
+        self.job = None;
+        (0..4)
+            .map(|task| {
+                let text = std::fs::read_to_string(out.join(format!("task-{task}.json"))).unwrap();
+                let err = std::fs::read_to_string(out.join(format!("task-{task}.err"))).unwrap();
+                serde_json::from_str(&text)
+                    .unwrap_or_else(|e| panic!("task {task}: {e}: {text}\nstderr: {err}"))
+            })
+            .collect()
+    }
+
     /// Jobs of `job` still pending or running.
     fn queued(&self, job: &str) -> String {
         let o = self
@@ -470,78 +516,14 @@ fn a_slurm_job_array_compiles_every_graph_once_into_one_s3_cache() {
     let want: BTreeSet<String> = per_shard.values().flatten().cloned().collect();
 
     // Each task: its own local tier (a node's disk), the shared bucket, its index from Slurm.
-    let out = d.join("out");
-    std::fs::create_dir_all(&out).unwrap();
     let script = format!(
         "{} compile-graphs --shard auto --json --jobs 1 --cache {url} {}",
         bin(),
         graphs.display()
     );
-    let mut sbatch = slurm.client("sbatch");
-    sbatch
-        .args([
-            "--parsable",
-            "--array=0-3",
-            "--ntasks=1",
-            "--cpus-per-task=1",
-        ])
-        .arg(format!("--output={}/task-%a.json", out.display()))
-        .arg(format!("--error={}/task-%a.err", out.display()))
-        .arg(format!("--chdir={}", d.display()))
-        .arg("--wrap")
-        .arg(format!(
-            "NEURON_PC_CACHE_LOCAL_DIR={}/local-$SLURM_ARRAY_TASK_ID {script}",
-            d.display()
-        ))
-        .env_remove("NEURON_CC_FLAGS")
-        .env_remove("NEURON_COMPILE_CACHE_URL")
-        .envs(s3_env);
-    for v in SCHEDULER_VARS {
-        sbatch.env_remove(v);
-    }
-    let sub = sbatch.output().unwrap();
-    assert!(sub.status.success(), "sbatch: {}", stderr(&sub));
-    let job = String::from_utf8_lossy(&sub.stdout).trim().to_string();
-    slurm.job = Some(job.clone());
-    wait_for(300, "the job array to finish", || {
-        slurm.queued(&job).is_empty()
-    });
-
-    let mut compiled_by: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    let mut indices = BTreeSet::new();
-    for task in 0..4 {
-        let text = std::fs::read_to_string(out.join(format!("task-{task}.json"))).unwrap();
-        let err = std::fs::read_to_string(out.join(format!("task-{task}.err"))).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("task {task}: {e}: {text}\nstderr: {err}"));
-        assert_eq!(v["shard"]["count"], 4, "task {task}: {v}");
-        assert_eq!(
-            v["shard"]["from"], "SLURM_ARRAY_TASK_ID",
-            "task {task}: {v}"
-        );
-        let index = v["shard"]["index"].as_u64().unwrap();
-        assert_eq!(index, task, "array task {task} is shard {task}");
-        indices.insert(index);
-        assert_eq!(
-            (v["found"].as_u64(), v["failed"].as_u64()),
-            (Some(8), Some(0)),
-            "{v}"
-        );
-        assert_eq!(
-            v["compiled"].as_u64().unwrap() + v["other_shard"].as_u64().unwrap(),
-            8
-        );
-        for k in keys(&v, "compiled") {
-            assert_eq!(shard_of(&k, 4), index, "{k} was compiled by shard {index}");
-            compiled_by.entry(k).or_default().push(index);
-        }
-    }
-    assert_eq!(indices, (0..4).collect());
-    // Every graph compiled, each exactly once, across the four tasks.
-    assert_eq!(compiled_by.keys().cloned().collect::<BTreeSet<_>>(), want);
-    for (k, by) in &compiled_by {
-        assert_eq!(by.len(), 1, "{k} compiled by shards {by:?}");
-    }
+    let reports = slurm.array(&d.join("graphs-out"), &script, &s3_env);
+    let compiled_by = compiled_once_per_shard(&reports, 8);
+    assert_eq!(compiled_by, want);
 
     // A later run on another machine (no local tier: every hit comes from the bucket)
     // compiles nothing.
@@ -567,6 +549,59 @@ fn a_slurm_job_array_compiles_every_graph_once_into_one_s3_cache() {
         (Some(8), Some(8), Some(0)),
         "{v}"
     );
+
+    // `compile --shard auto` of a job: every task runs the trial run and compiles its share;
+    // then the job itself, on a machine with no local tier, compiles nothing.
+    let job_url = format!("s3://{bucket}/job");
+    let script = format!(
+        "{} compile --shard auto --json --jobs 1 --cache {job_url} -- {} --steps 2",
+        bin(),
+        probe().display()
+    );
+    let reports = slurm.array(&d.join("job-out"), &script, &s3_env);
+    let found = reports[0]["found"].as_u64().unwrap();
+    assert!(found >= 3, "{}", reports[0]);
+    let compiled = compiled_once_per_shard(&reports, found);
+    assert_eq!(compiled.len() as u64, found);
+    let envs = [&s3_env[..], &[("NEURON_PC_CACHE_LOCAL_TIER", "0")]].concat();
+    let (_, metrics) = run_probe_with(Path::new(&job_url), &["--steps", "2"], &envs);
+    assert_eq!(metrics["compiles"], 0, "{metrics}");
+    assert_eq!(metrics["remote_hits"].as_u64(), Some(found), "{metrics}");
     drop(slurm);
     std::fs::remove_dir_all(d).unwrap();
+}
+
+/// Checks the reports of a 4-task array over `found` graphs: task `i` is shard `i` of 4 (from
+/// Slurm's variables), compiled only keys of its shard, and every key was compiled by exactly
+/// one task. Returns the keys compiled.
+fn compiled_once_per_shard(reports: &[serde_json::Value], found: u64) -> BTreeSet<String> {
+    let mut compiled_by: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for (task, v) in reports.iter().enumerate() {
+        assert_eq!(v["shard"]["count"], 4, "task {task}: {v}");
+        assert_eq!(
+            v["shard"]["from"], "SLURM_ARRAY_TASK_ID",
+            "task {task}: {v}"
+        );
+        let index = v["shard"]["index"].as_u64().unwrap();
+        assert_eq!(index, task as u64, "array task {task} is shard {task}");
+        assert_eq!(
+            (
+                v["found"].as_u64(),
+                v["failed"].as_u64(),
+                v["cached"].as_u64()
+            ),
+            (Some(found), Some(0), Some(0)),
+            "{v}"
+        );
+        let compiled = v["compiled"].as_u64().unwrap();
+        assert_eq!(compiled + v["other_shard"].as_u64().unwrap(), found, "{v}");
+        for k in keys(v, "compiled") {
+            assert_eq!(shard_of(&k, 4), index, "{k} was compiled by shard {index}");
+            compiled_by.entry(k).or_default().push(index);
+        }
+    }
+    for (k, by) in &compiled_by {
+        assert_eq!(by.len(), 1, "{k} compiled by shards {by:?}");
+    }
+    compiled_by.into_keys().collect()
 }
