@@ -74,6 +74,7 @@ fn a_rank_with_another_shape_stops_every_rank_with_one_diverged_error() {
             .filter(|&r| r != odd)
             .map(|r| r.to_string())
             .collect();
+        let mut lines = Vec::new();
         for (rank, o) in outs.iter().enumerate() {
             let e = err(o);
             assert_eq!(o.status.code(), Some(1), "rank {rank}/{world}: {e}");
@@ -102,7 +103,10 @@ fn a_rank_with_another_shape_stops_every_rank_with_one_diverged_error() {
                 "{}",
                 String::from_utf8_lossy(&o.stdout)
             );
+            lines.push(line.to_string());
         }
+        // One error, the same on every rank.
+        assert!(lines.iter().all(|l| *l == lines[0]), "{lines:#?}");
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "{:?}",
