@@ -75,6 +75,12 @@ pub enum Error {
         step: u64,
         message: String,
     },
+
+    /// The run's key-value store failed (see [`crate::store`]).
+    Store(crate::store::StoreError),
+
+    /// The ranks of a multi-process run traced different graphs (see [`crate::rank_check`]).
+    RanksDiverged(String),
 }
 
 impl std::fmt::Display for Error {
@@ -116,6 +122,8 @@ impl std::fmt::Display for Error {
                 "{site}: {op}: index out of range in step {step}: {message} \
                  (checked because NEURON_PC_CHECK_INDICES is on)"
             ),
+            Error::Store(e) => e.fmt(f),
+            Error::RanksDiverged(m) => f.write_str(m),
         }
     }
 }
@@ -127,6 +135,8 @@ impl std::error::Error for Error {
             // transparent, so its own cause is the next link.
             Error::Compiler(e) => e.source(),
             Error::Checkpoint(_)
+            | Error::Store(_)
+            | Error::RanksDiverged(_)
             | Error::Op { .. }
             | Error::DeviceMismatch { .. }
             | Error::DeviceGone
@@ -151,6 +161,12 @@ impl From<neuron_pc_compiler::Error> for Error {
 impl From<crate::checkpoint::CheckpointError> for Error {
     fn from(e: crate::checkpoint::CheckpointError) -> Error {
         Error::Checkpoint(e)
+    }
+}
+
+impl From<crate::store::StoreError> for Error {
+    fn from(e: crate::store::StoreError) -> Error {
+        Error::Store(e)
     }
 }
 

@@ -14,15 +14,15 @@ use crate::error::{Error, Result};
 
 /// What is remembered of a graph to explain differences.
 #[derive(Clone, Debug)]
-struct Summary {
-    params: Vec<String>,
+pub(crate) struct Summary {
+    pub params: Vec<String>,
     /// The tensor name of each parameter, `""` when unnamed.
-    names: Vec<String>,
-    ops: Vec<String>,
+    pub names: Vec<String>,
+    pub ops: Vec<String>,
 }
 
 impl Summary {
-    fn of(graph: &Graph, names: &[String]) -> Summary {
+    pub(crate) fn of(graph: &Graph, names: &[String]) -> Summary {
         Summary {
             params: graph
                 .parameter_types()
@@ -172,8 +172,9 @@ pub(crate) fn step_done(dev: &DeviceInner, site: &'static Location<'static>) {
     lock(&dev.sites).by_site.entry(site).or_default().steps += 1;
 }
 
-/// Names what differs between `new` and the most similar of `seen`.
-fn explain(seen: &[Summary], new: &Summary) -> String {
+/// Names what differs between `new` and the most similar of `seen` (also the rank-agreement
+/// check's diff, `crate::rank_check`).
+pub(crate) fn explain(seen: &[Summary], new: &Summary) -> String {
     let distance = |s: &Summary| {
         let p = s.params.len().abs_diff(new.params.len())
             + s.params

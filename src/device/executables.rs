@@ -81,6 +81,15 @@ pub(crate) fn obtain(
         };
         return Ok((Arc::new(exe), How::Extracted));
     }
+    if let Some(check) = &dev.rank_check {
+        let step = lock(&dev.metrics).steps;
+        let hex = program.key.hex().to_string();
+        check.agree(&crate::rank_check::GraphNote::of(
+            graph, names, &hex, step, site,
+        ))?;
+        // Cross-process collectives are not set up yet: the check is as far as such a run goes.
+        crate::topology::check_launch(&dev.config.topology, dev.config.target(), false)?;
+    }
     let obtaining = std::time::Instant::now();
     let obtained = compiler.get_or_compile(&program);
     let phase = match &obtained {

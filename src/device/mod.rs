@@ -4,7 +4,7 @@
 pub(crate) mod checks;
 mod config;
 mod debug;
-mod diagnose;
+pub(crate) mod diagnose;
 mod executables;
 mod inflight;
 mod metrics;
@@ -64,6 +64,8 @@ pub(crate) struct DeviceInner {
     pub optimizer_state: Mutex<Vec<Weak<Cell>>>,
     /// Index checks whose results are not read yet (see `checks.rs`).
     pub index_checks: Mutex<Vec<checks::IndexCheck>>,
+    /// The rank-agreement check of a multi-process run with a store.
+    pub rank_check: Option<crate::rank_check::RankCheck>,
     /// Launched steps that may still be running.
     in_flight: InFlight,
     /// The phases of every step, when a timeline was asked for.
@@ -113,8 +115,12 @@ impl LazyDevice {
         if config.replicas == 0 {
             return Err(Error::Config("a device needs at least one replica".into()));
         }
-        crate::topology::check_launch(&config.topology, target, config.extract_dir.is_some())?;
-        if config.extract_dir.is_some() {
+        let extracting = config.extract_dir.is_some();
+        let rank_check = crate::rank_check::RankCheck::from_env(&config.topology, extracting)?;
+        // With the rank check, a refused launch is refused after it (`executables::obtain`).
+        let deferred = extracting || rank_check.is_some();
+        crate::topology::check_launch(&config.topology, target, deferred)?;
+        if extracting {
             crate::trial::mark_trial_run();
         }
         let last = config.device_index + config.replicas;
@@ -173,6 +179,7 @@ impl LazyDevice {
                 sites: Mutex::new(diagnose::Sites::default()),
                 optimizer_state: Mutex::new(Vec::new()),
                 index_checks: Mutex::new(Vec::new()),
+                rank_check,
                 in_flight: InFlight::default(),
                 timeline: config.trace.as_ref().map(|p| {
                     let t = Timeline::new(p);

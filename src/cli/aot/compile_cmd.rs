@@ -220,6 +220,11 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
     let started = Instant::now();
     signals::install();
     let o = &args.opts;
+    // Before the job starts: a shard that cannot be known stops the command with nothing run.
+    let shard = match o.shard() {
+        Ok(s) => s,
+        Err(code) => return Ok(code),
+    };
     let flags = o.flags.effective(o.retry_failed)?;
     let url = CacheConfig::resolve(o.cache.as_deref(), &flags)?.url;
     // The job starts before the cache is opened; a cache path that cannot work must stop the
@@ -256,7 +261,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
             return Err(e);
         }
     };
-    let mut cfg = o.pool_config(work.clone(), !o.dry_run as usize);
+    let mut cfg = o.pool_config(work.clone(), !o.dry_run as usize, shard);
     cfg.timeline = timeline.clone();
     let jobs = cfg.jobs;
     let summary = pool::run(&env, &cfg, &mut source)?;
@@ -287,7 +292,9 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
         trial_error,
         o.dry_run,
     );
-    let report = report.with_run_flags(job_flags(env.compiler.flags()), o.flags.any());
+    let report = report
+        .with_run_flags(job_flags(env.compiler.flags()), o.flags.any())
+        .with_shard(shard);
     let code = report.print(o.json)?;
     let _ = std::fs::remove_dir_all(&work);
     Ok(code)

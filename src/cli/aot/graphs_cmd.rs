@@ -70,6 +70,10 @@ pub fn run(args: CompileGraphsArgs) -> anyhow::Result<i32> {
     let started = Instant::now();
     signals::install();
     let o = &args.opts;
+    let shard = match o.shard() {
+        Ok(s) => s,
+        Err(code) => return Ok(code),
+    };
     let flags = o.flags.effective(o.retry_failed)?;
     // No job runs here to name the neuronx-cc flags that mean nothing on this target.
     flags.warn_unused_neuron_flags();
@@ -88,7 +92,7 @@ pub fn run(args: CompileGraphsArgs) -> anyhow::Result<i32> {
         });
     }
     let work = temp_dir("compile-graphs")?;
-    let cfg = o.pool_config(work.clone(), 0);
+    let cfg = o.pool_config(work.clone(), 0, shard);
     let jobs = cfg.jobs;
     let summary = pool::run(&env, &cfg, &mut Files(jobs_list))?;
     let report = RunReport::new(
@@ -98,7 +102,8 @@ pub fn run(args: CompileGraphsArgs) -> anyhow::Result<i32> {
         None,
         None,
         o.dry_run,
-    );
+    )
+    .with_shard(shard);
     let code = report.print(o.json)?;
     let _ = std::fs::remove_dir_all(&work);
     Ok(code)

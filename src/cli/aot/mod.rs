@@ -13,6 +13,7 @@ pub mod procs;
 pub mod progress;
 pub mod report;
 pub mod run_graph;
+pub mod shard;
 pub mod signals;
 pub mod worker;
 
@@ -108,8 +109,11 @@ pub struct CompileOpts {
     #[arg(long = "retry-failed")]
     pub retry_failed: bool,
     /// Compile only the graphs of shard I of N (key's first 8 bytes, big-endian, mod N == I).
-    #[arg(long, value_parser = parse_shard)]
-    pub shard: Option<(u64, u64)>,
+    /// `auto` takes I and N from the array job's variables (Slurm's SLURM_ARRAY_TASK_*);
+    /// `auto/N` for AWS Batch (AWS_BATCH_JOB_ARRAY_INDEX) and Kubernetes Indexed Jobs
+    /// (JOB_COMPLETION_INDEX), which export the index only.
+    #[arg(long, value_parser = shard::parse, value_name = "I/N|auto[/N]")]
+    pub shard: Option<shard::ShardArg>,
     /// Find graphs and report; compile nothing.
     #[arg(long = "dry-run")]
     pub dry_run: bool,
@@ -121,30 +125,34 @@ pub struct CompileOpts {
 }
 
 impl CompileOpts {
+    /// `--shard` resolved against the environment; on a bad value, the one error line is
+    /// printed and the error is the exit status (2, a usage error).
+    pub fn shard(&self) -> Result<Option<shard::Shard>, i32> {
+        shard::from_env(self.shard).map_err(|e| {
+            eprintln!("error: {e}");
+            2
+        })
+    }
+
     /// The worker pool's settings for these options; `prespawn` workers start before any
-    /// graph is known.
-    pub fn pool_config(&self, work_dir: std::path::PathBuf, prespawn: usize) -> pool::PoolConfig {
+    /// graph is known; `shard` is [`CompileOpts::shard`]'s.
+    pub fn pool_config(
+        &self,
+        work_dir: std::path::PathBuf,
+        prespawn: usize,
+        shard: Option<shard::Shard>,
+    ) -> pool::PoolConfig {
         pool::PoolConfig {
             jobs: self.jobs.unwrap_or_else(default_jobs).max(1),
             timeout: std::time::Duration::from_secs_f64(self.timeout.max(0.001)),
             retry_failed: self.retry_failed,
-            shard: self.shard,
+            shard: shard.map(|s| s.pair()),
             dry_run: self.dry_run,
             work_dir,
             prespawn,
             timeline: None,
         }
     }
-}
-
-fn parse_shard(s: &str) -> Result<(u64, u64), String> {
-    let (i, n) = s.split_once('/').ok_or("expected I/N, e.g. 0/4")?;
-    let i: u64 = i.trim().parse().map_err(|_| "I must be a number")?;
-    let n: u64 = n.trim().parse().map_err(|_| "N must be a number")?;
-    if n == 0 || i >= n {
-        return Err(format!("shard {i}/{n}: need 0 <= I < N"));
-    }
-    Ok((i, n))
 }
 
 /// Whether a key belongs to shard `(i, n)`: its first 8 bytes as a big-endian number, mod n.
@@ -204,7 +212,5 @@ mod tests {
             let owners = (0..3).filter(|&i| in_shard(k, Some((i, 3)))).count();
             assert_eq!(owners, 1);
         }
-        assert!(parse_shard("3/3").is_err());
-        assert_eq!(parse_shard("1/4"), Ok((1, 4)));
     }
 }

@@ -13,6 +13,9 @@ pub struct RunReport<'a> {
     pub failed: usize,
     /// Left to other shards.
     pub other_shard: usize,
+    /// This process's shard (`--shard`), and where `auto` found it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<super::shard::Shard>,
     /// Not compiled because of Ctrl-C.
     pub interrupted: usize,
     /// Compiled but not stored: the cache is read-only.
@@ -125,6 +128,7 @@ impl<'a> RunReport<'a> {
             compiled: count(Outcome::Compiled),
             failed,
             other_shard: count(Outcome::OtherShard),
+            shard: None,
             interrupted: count(Outcome::Interrupted),
             read_only: count(Outcome::ReadOnly),
             graphs: &s.graphs,
@@ -153,6 +157,12 @@ impl<'a> RunReport<'a> {
     pub fn with_run_flags(mut self, flags: String, from_command_line: bool) -> RunReport<'a> {
         self.neuron_cc_flags = Some(flags);
         self.flags_from_command_line = from_command_line;
+        self
+    }
+
+    /// Adds this process's shard.
+    pub fn with_shard(mut self, shard: Option<super::shard::Shard>) -> RunReport<'a> {
+        self.shard = shard;
         self
     }
 
@@ -188,6 +198,10 @@ impl<'a> RunReport<'a> {
                 self.other_shard,
                 self.interrupted
             );
+            if let Some(s) = &self.shard {
+                let from = s.from.map(|v| format!(" (from {v})")).unwrap_or_default();
+                println!("shard {}/{}{from}", s.index, s.count);
+            }
             if self.read_only > 0 {
                 println!(
                     "{} graph(s) compiled but not stored: the cache is read-only",
