@@ -79,7 +79,7 @@ pub enum Error {
     /// The run's key-value store failed (see [`crate::store`]).
     Store(crate::store::StoreError),
 
-    /// The ranks of a multi-process run traced different graphs (see [`crate::rank_check`]).
+    /// The ranks of a multi-process run traced different graphs (see [`crate::device::rank_check`]).
     RanksDiverged(String),
 }
 

@@ -24,7 +24,6 @@ pub mod logging;
 pub mod models;
 pub mod nn;
 pub mod optim;
-pub mod rank_check;
 pub mod state;
 pub mod store;
 pub mod tensor;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_common::Etcd;
-use neuron_pc::rank_check::{GraphNote, RankCheck};
+use neuron_pc::device::rank_check::{GraphNote, RankCheck};
 use neuron_pc::store::{RunScope, ScopedStore};
 
 /// Runs `world` probe processes at once as ranks of run `run`; `width(rank)` is each rank's
@@ -88,7 +88,7 @@ fn a_rank_with_another_shape_stops_every_rank_with_one_diverged_error() {
                 "in its inputs (input 0".to_string(),
                 "f32[6,6] vs f32[8,8]".to_string(),
                 format!(
-                    "ranks {} have rank 0's graph, ranks {odd} another",
+                    "ranks with rank 0's graph: {}; with another: {odd}.",
                     others.join(", ")
                 ),
             ] {

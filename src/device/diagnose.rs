@@ -173,7 +173,7 @@ pub(crate) fn step_done(dev: &DeviceInner, site: &'static Location<'static>) {
 }
 
 /// Names what differs between `new` and the most similar of `seen` (also the rank-agreement
-/// check's diff, `crate::rank_check`).
+/// check's diff, `crate::device::rank_check`).
 pub(crate) fn explain(seen: &[Summary], new: &Summary) -> String {
     let distance = |s: &Summary| {
         let p = s.params.len().abs_diff(new.params.len())

@@ -84,7 +84,7 @@ pub(crate) fn obtain(
     if let Some(check) = &dev.rank_check {
         let step = lock(&dev.metrics).steps;
         let hex = program.key.hex().to_string();
-        check.agree(&crate::rank_check::GraphNote::of(
+        check.agree(&crate::device::rank_check::GraphNote::of(
             graph, names, &hex, step, site,
         ))?;
         // Cross-process collectives are not set up yet: the check is as far as such a run goes.

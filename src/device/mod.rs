@@ -8,6 +8,7 @@ pub(crate) mod diagnose;
 mod executables;
 mod inflight;
 mod metrics;
+pub mod rank_check;
 mod step;
 pub(crate) mod trace;
 
@@ -32,7 +33,6 @@ pub use metrics::Metrics;
 
 use crate::compile::Compiler;
 use crate::error::{Error, Result};
-use crate::tensor::Tensor;
 use crate::timeline::{Timeline, DEVICE_TRACK, HOST_TRACK};
 use executables::{How, StepExecutable};
 use inflight::{InFlight, StepRun};
@@ -65,7 +65,7 @@ pub(crate) struct DeviceInner {
     /// Index checks whose results are not read yet (see `checks.rs`).
     pub index_checks: Mutex<Vec<checks::IndexCheck>>,
     /// The rank-agreement check of a multi-process run with a store.
-    pub rank_check: Option<crate::rank_check::RankCheck>,
+    pub rank_check: Option<rank_check::RankCheck>,
     /// Launched steps that may still be running.
     in_flight: InFlight,
     /// The phases of every step, when a timeline was asked for.
@@ -116,7 +116,7 @@ impl LazyDevice {
             return Err(Error::Config("a device needs at least one replica".into()));
         }
         let extracting = config.extract_dir.is_some();
-        let rank_check = crate::rank_check::RankCheck::from_env(&config.topology, extracting)?;
+        let rank_check = rank_check::RankCheck::from_env(&config.topology, extracting)?;
         // With the rank check, a refused launch is refused after it (`executables::obtain`).
         let deferred = extracting || rank_check.is_some();
         crate::topology::check_launch(&config.topology, target, deferred)?;
@@ -247,16 +247,6 @@ impl LazyDevice {
         let mut m = lock(&self.inner.metrics).clone();
         m.optimizer_state_bytes = self.inner.optimizer_state_bytes();
         m
-    }
-
-    /// Counts `tensors` as optimizer state in [`Metrics::optimizer_state_bytes`].
-    pub(crate) fn register_optimizer_state<'a>(
-        &self,
-        tensors: impl IntoIterator<Item = &'a Tensor>,
-    ) {
-        let mut state = lock(&self.inner.optimizer_state);
-        state.retain(|w| w.strong_count() > 0);
-        state.extend(tensors.into_iter().map(|t| Arc::downgrade(&t.cell)));
     }
 
     /// Waits for every launched step; the first failure among them, naming its `mark_step`.

@@ -139,6 +139,17 @@ pub trait OptimizerState {
     fn restore_state(&self, param_names: &[String], values: Vec<(String, Tensor)>) -> Result<()>;
 }
 
+/// Counts `tensors` as optimizer state in the device's metrics (`optimizer_state_bytes`).
+fn register_state<'a>(device: &LazyDevice, tensors: impl IntoIterator<Item = &'a Tensor>) {
+    let mut state = crate::device::lock(&device.inner.optimizer_state);
+    state.retain(|w| w.strong_count() > 0);
+    state.extend(
+        tensors
+            .into_iter()
+            .map(|t| std::sync::Arc::downgrade(&t.cell)),
+    );
+}
+
 /// Restores state whose tensors `named_state` shares with the optimizer: assigns by name.
 fn assign_by_name(named: Vec<(String, Tensor)>, values: Vec<(String, Tensor)>) -> Result<()> {
     let mut values: std::collections::HashMap<String, Tensor> = values.into_iter().collect();
@@ -212,7 +223,7 @@ impl AdamW {
         let exp_avg_sq: Vec<Tensor> = (params.iter().enumerate())
             .map(|(i, p)| named(i, p, "exp_avg_sq"))
             .collect::<Result<_>>()?;
-        device.register_optimizer_state(exp_avg.iter().chain(&exp_avg_sq));
+        register_state(device, exp_avg.iter().chain(&exp_avg_sq));
         Ok(AdamW {
             beta1: 0.9,
             beta2: 0.999,
@@ -332,7 +343,7 @@ impl Sgd {
             .iter()
             .map(|p| device.tensor(&HostTensor::zeros(p.dtype(), p.dims())))
             .collect::<Result<_>>()?;
-        device.register_optimizer_state(&momentum_buffer);
+        register_state(device, &momentum_buffer);
         Ok(Sgd {
             momentum,
             weight_decay,
@@ -353,7 +364,7 @@ impl Sgd {
         let momentum_buffer: Vec<Tensor> = (0..params.len())
             .map(|i| z.zeros(i, params[i].dtype()))
             .collect::<Result<_>>()?;
-        device.register_optimizer_state(&momentum_buffer);
+        register_state(device, &momentum_buffer);
         Ok(Sgd {
             momentum,
             weight_decay,

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use neuron_pc_compiler::ir::Graph;
 
-use crate::device::diagnose::{explain, Summary};
+use super::diagnose::{explain, Summary};
 use crate::error::{Error, Result};
 use crate::store::{self, KvStore, ScopedStore};
 use crate::topology::Topology;
