@@ -28,6 +28,9 @@ use neuron_pc::state;
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
 
+/// The flags that give the whole model, which the size flags would contradict.
+const MODEL_GIVEN: [&str; 2] = ["init_from", "config"];
+
 /// Train a small Llama.
 #[derive(Parser, Debug)]
 struct Args {
@@ -52,23 +55,23 @@ struct Args {
     #[arg(long)]
     config: Option<PathBuf>,
     /// Model size when neither `--init-from` nor `--config` is given.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, conflicts_with_all = MODEL_GIVEN)]
     hidden: usize,
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, conflicts_with_all = MODEL_GIVEN)]
     layers: usize,
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, conflicts_with_all = MODEL_GIVEN)]
     heads: usize,
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, conflicts_with_all = MODEL_GIVEN)]
     kv_heads: usize,
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, conflicts_with_all = MODEL_GIVEN)]
     intermediate: usize,
     /// Vocabulary (at least 256 with `--text`).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, conflicts_with_all = MODEL_GIVEN)]
     vocab: usize,
-    #[arg(long, default_value_t = 10_000.0)]
+    #[arg(long, default_value_t = 10_000.0, conflicts_with_all = MODEL_GIVEN)]
     rope_theta: f64,
     /// Tie `lm_head` to the token embeddings.
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = MODEL_GIVEN)]
     tie_embeddings: bool,
     /// Train on the bytes of this file (one token per byte) instead of the synthetic task.
     #[arg(long)]

@@ -456,6 +456,37 @@ fn random_init_saves_and_loads_back_fp32_and_bf16_with_tied_embeddings() {
 }
 
 #[test]
+fn left_padding_leaves_the_real_tokens_logits_as_without_padding() {
+    let fx = Fixture::load("llama");
+    let model = tiny(&fx);
+    let tokens = [5i32, 17, 99, 3, 64, 8];
+    let alone = fx
+        .dev
+        .tensor(&HostTensor::from_slice(&tokens, &[1, 6]).unwrap())
+        .unwrap();
+    // two padding tokens first; positions count from the first real token, as generation does
+    let padded: Vec<i32> = [0, 0].iter().chain(&tokens).copied().collect();
+    let padded = fx
+        .dev
+        .tensor(&HostTensor::from_slice(&padded, &[1, 8]).unwrap());
+    let mask = HostTensor::from_slice(&[0i32, 0, 1, 1, 1, 1, 1, 1], &[1, 8]).unwrap();
+    let positions = HostTensor::from_slice(&[0i32, 0, 0, 1, 2, 3, 4, 5], &[1, 8]).unwrap();
+    let (mask, positions) = (
+        fx.dev.tensor(&mask).unwrap(),
+        fx.dev.tensor(&positions).unwrap(),
+    );
+    let a = model.forward(&alone, None, None).unwrap();
+    let b = model
+        .forward(&padded.unwrap(), Some(&positions), Some(&mask))
+        .unwrap();
+    fx.dev.mark_step().unwrap();
+    let b = values(&b);
+    assert!(b.iter().all(|v| v.is_finite()), "padded rows give no NaN");
+    let d = close("left padding", &b[2 * 128..], &values(&a), 1e-5, 1e-4);
+    eprintln!("left padding: max |diff| {d:e}");
+}
+
+#[test]
 fn bad_inputs_are_errors() {
     let fx = Fixture::load("llama");
     let model = tiny(&fx);

@@ -318,6 +318,10 @@ fn bad_input_is_one_clear_error() {
         ),
         (vec!["--save-dtype", "f8"], "--save-dtype"),
         (
+            vec!["--init-from", tiny.to_str().unwrap(), "--hidden", "64"],
+            "cannot be used with",
+        ),
+        (
             vec!["--batch-size", "5", "--devices", "2"],
             "does not split over 2 replicas",
         ),

@@ -369,7 +369,8 @@ impl LlamaForCausalLM {
 
     /// `input_ids [b, s]` (integer) → logits `[b, s, vocab]`. `position_ids` (`[s]` or
     /// `[b, s]`) default to `0..s`; `attention_mask [b, s]` (1 = token, 0 = padding, any dtype)
-    /// masks padded keys, on top of the causal mask.
+    /// masks padded keys, on top of the causal mask. Padding may be on either side; the logits
+    /// of padded positions are finite and meaningless.
     #[track_caller]
     pub fn forward(
         &self,
@@ -401,7 +402,23 @@ impl LlamaForCausalLM {
                         m.ty()
                     )));
                 }
-                Some(m.ne(&m.zeros_like()?)?.reshape(&[b, 1, 1, s])?)
+                // an additive mask of the dtype's lowest finite value, as transformers builds
+                // it: a query whose keys are all padding (left padding) then gets finite
+                // scores; a -inf mask would give it NaN, which reaches the real tokens in the
+                // next layer (its values are weighted by 0, and 0 * NaN is NaN)
+                let dtype = self.model.embed_tokens.weight.dtype();
+                let lowest = match dtype {
+                    DType::BF16 => 3.389_531_389_251_535_5e38,
+                    DType::F16 => 65_504.0,
+                    DType::F64 => f64::MAX,
+                    _ => f64::from(f32::MAX),
+                };
+                let keep = m.ne(&m.zeros_like()?)?.to_dtype(dtype)?;
+                Some(
+                    keep.add_scalar(-1.0)?
+                        .mul_scalar(lowest)?
+                        .reshape(&[b, 1, 1, s])?,
+                )
             }
         };
         let default_positions;
