@@ -367,6 +367,40 @@ fn sharded_checkpoint_loads_like_the_single_file() {
     fx.dev.mark_step().unwrap();
     assert_eq!(values(&a), values(&b));
 
+    // save_pretrained_sharded writes the same layout, and a later single-file save into the
+    // same directory removes the shards (a load must not find stale weights)
+    let out = TempDir::new("sharded-save");
+    single
+        .save_pretrained_sharded(out.path(), DType::F32, 20_000)
+        .unwrap();
+    let index = std::fs::read_to_string(out.path().join("model.safetensors.index.json")).unwrap();
+    let index: serde_json::Value = serde_json::from_str(&index).unwrap();
+    let files: std::collections::BTreeSet<&str> = index["weight_map"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let n = files.len();
+    assert!(n >= 4, "{files:?}");
+    for i in 1..=n {
+        let file = format!("model-{i:05}-of-{n:05}.safetensors");
+        assert!(files.contains(file.as_str()), "{files:?}");
+    }
+    assert_eq!(index["weight_map"].as_object().unwrap().len(), 21);
+    assert!(!out.path().join("model.safetensors").exists());
+    let resharded = LlamaForCausalLM::from_pretrained(&fx.dev, out.path()).unwrap();
+    let c = resharded.forward(&ids, None, None).unwrap();
+    fx.dev.mark_step().unwrap();
+    assert_eq!(values(&a), values(&c));
+    single.save_pretrained(out.path(), DType::F32).unwrap();
+    let mut left: Vec<String> = std::fs::read_dir(out.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["config.json", "model.safetensors"]);
+
     // a missing shard is one error naming the file
     std::fs::remove_file(dir.path().join("model-00002-of-00002.safetensors")).unwrap();
     let e = LlamaForCausalLM::from_pretrained(&fx.dev, dir.path())

@@ -12,6 +12,7 @@
 //! ```
 
 mod config;
+mod pretrained;
 
 use std::path::Path;
 
@@ -19,7 +20,7 @@ use neuron_pc_compiler::{DType, HostTensor};
 
 pub use config::LlamaConfig;
 
-use crate::checkpoint::{CheckpointError, StateDict};
+use crate::checkpoint::CheckpointError;
 use crate::device::LazyDevice;
 use crate::error::{Error, Result};
 use crate::nn::{
@@ -295,8 +296,8 @@ impl LlamaForCausalLM {
 
     fn load(device: &LazyDevice, dir: &Path, dtype: Option<DType>) -> Result<LlamaForCausalLM> {
         let config = LlamaConfig::from_file(&dir.join("config.json"))?;
-        let single = dir.join("model.safetensors");
-        let index = dir.join("model.safetensors.index.json");
+        let single = dir.join(pretrained::SINGLE);
+        let index = dir.join(pretrained::INDEX);
         let vb = if single.exists() {
             VarBuilder::from_safetensors(device, &[&single])?
         } else if index.exists() {
@@ -340,6 +341,22 @@ impl LlamaForCausalLM {
     /// A tied model stores no `lm_head.weight`, as `save_pretrained` does. In a trial run
     /// (`neuron-pc compile`) nothing is written.
     pub fn save_pretrained(&self, dir: &Path, dtype: DType) -> Result<()> {
+        self.save(dir, dtype, None)
+    }
+
+    /// As [`LlamaForCausalLM::save_pretrained`], in shards of at most `max_shard_bytes`
+    /// (`save_pretrained(max_shard_size=..)`): `model-00001-of-0000n.safetensors`, ... and
+    /// `model.safetensors.index.json`. A model that fits one shard is written as one file.
+    pub fn save_pretrained_sharded(
+        &self,
+        dir: &Path,
+        dtype: DType,
+        max_shard_bytes: usize,
+    ) -> Result<()> {
+        self.save(dir, dtype, Some(max_shard_bytes))
+    }
+
+    fn save(&self, dir: &Path, dtype: DType, max_shard_bytes: Option<usize>) -> Result<()> {
         if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
             return Err(Error::Config(format!(
                 "save_pretrained: dtype {dtype} is not a checkpoint dtype (f32, bf16 or f16)"
@@ -351,20 +368,12 @@ impl LlamaForCausalLM {
                 *t = HostTensor::from_f64s(dtype, &t.to_f64_vec(), t.dims())?;
             }
         }
+        // transformers refuses a safetensors file without this
         sd.metadata.insert("format".into(), "pt".into());
-        let config = dir.join("config.json");
-        if crate::trial::skip_write("config", &config) {
+        if crate::trial::skip_write("save_pretrained directory", dir) {
             return Ok(());
         }
-        let text = serde_json::to_string_pretty(&self.config.to_json(dtype))
-            .expect("a JSON value serialises");
-        crate::checkpoint::write_atomic(&config, text.as_bytes()).map_err(|source| {
-            CheckpointError::Io {
-                path: config.clone(),
-                source,
-            }
-        })?;
-        save_state(&sd, &dir.join("model.safetensors"))
+        pretrained::write_dir(dir, &self.config.to_json(dtype), &sd, max_shard_bytes)
     }
 
     /// `input_ids [b, s]` (integer) → logits `[b, s, vocab]`. `position_ids` (`[s]` or
@@ -485,10 +494,6 @@ impl LlamaForCausalLM {
             .forward_loss(input_ids, None, attention_mask, labels)?
             .0)
     }
-}
-
-fn save_state(sd: &StateDict, path: &Path) -> Result<()> {
-    Ok(sd.save(path)?)
 }
 
 impl Module for LlamaForCausalLM {
