@@ -323,6 +323,9 @@ fn main() -> anyhow::Result<()> {
         };
         let loss = {
             let lr = device.scalar(schedule.lr(step), DType::F32)?;
+            // each replica's mean over its shard's scored tokens; both tasks score the same
+            // number of tokens in every row, so averaging the replicas' gradients gives the
+            // global batch's (with ragged -100 labels, weight each replica by its count)
             let loss = model.loss(ids, None, labels)?;
             let refs: Vec<&Tensor> = params.iter().collect();
             let grads = average_gradients(&grad(&loss, &refs)?)?;
