@@ -378,3 +378,30 @@ fn the_readme_fine_tuning_example_is_quoted_verbatim_and_runs() {
     assert!(String::from_utf8_lossy(&usage.stderr).contains("usage: llama_finetune"));
     std::fs::remove_dir_all(&cache).unwrap();
 }
+
+#[test]
+fn a_config_json_gives_a_random_model_of_its_size() {
+    let cache = tmp("config");
+    let config = root().join("tests/data/llama-tiny/config.json");
+    let r = run(
+        &cache,
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--steps",
+            "3",
+            "--loss-log",
+        ],
+    );
+    // transformers counts 23712 parameters for this config (untied head)
+    assert!(
+        r.stdout
+            .contains("llama: 23712 parameters, 2 layers, hidden 32, 4 heads over 2 kv heads"),
+        "{}",
+        r.stdout
+    );
+    // random weights with the config's initializer range (0.05): the loss starts near ln(128)
+    assert_eq!(r.losses.len(), 3);
+    assert!((r.losses[0].1 - 128f64.ln()).abs() < 0.3, "{:?}", r.losses);
+    std::fs::remove_dir_all(&cache).unwrap();
+}
