@@ -3,6 +3,8 @@
 //! projection to classes), with PyTorch's parameter names so its state dict loads into the
 //! matching `torch.nn.Module` (see `scripts/fixtures/text_encoder.py`).
 
+pub mod llama;
+
 use neuron_pc_compiler::{DType, HostTensor};
 
 use crate::device::LazyDevice;

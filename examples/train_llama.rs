@@ -1,0 +1,418 @@
+//! Trains a small Llama (`models::llama`) on the lazy device: a synthetic sequence-reversal task
+//! by default, or byte-level tokens of a text file.
+//!
+//! ```sh
+//! cargo run --release --example train_llama -- --steps 300
+//! cargo run --release --example train_llama -- --text README.md --steps 500 --save out/llama
+//! cargo run --release --example train_llama -- --init-from tests/data/llama-tiny --steps 50
+//! neuron-pc compile -- target/release/examples/train_llama --steps 3
+//! ```
+//!
+//! The model comes from `--init-from DIR` (a `save_pretrained` directory: its config and
+//! weights), `--config config.json` (a Hugging Face config, random weights), or the size flags.
+//! `--save DIR` writes a directory `transformers`' `LlamaForCausalLM.from_pretrained` loads.
+//! One step graph holds forward, backward, the gradient all-reduce (`--devices N`) and the
+//! AdamW update, so the run compiles it once (plus the matmul that measures the peak).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use neuron_pc::checkpoint::StateDict;
+use neuron_pc::data::{DeviceLoader, LastBatch};
+use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM};
+use neuron_pc::nn::{HostRng, Module, IGNORE_INDEX};
+use neuron_pc::optim::{average_gradients, AdamW, WarmupCosine};
+use neuron_pc::state;
+use neuron_pc::tensor::Reduction;
+use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
+
+/// The flags that give the whole model, which the size flags would contradict.
+const MODEL_GIVEN: [&str; 2] = ["init_from", "config"];
+
+/// Train a small Llama.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Training steps (in total, counting steps done before a resume).
+    #[arg(long, default_value_t = 300)]
+    steps: u64,
+    /// The global batch (sequences): split over the replicas (`--devices`).
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 24)]
+    seq_len: usize,
+    /// Data-parallel replicas (devices of this process); default `NEURON_PC_DEVICES`, else 1.
+    #[arg(long)]
+    devices: Option<usize>,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Start from this `save_pretrained` directory (config.json + model.safetensors).
+    #[arg(long, conflicts_with = "config")]
+    init_from: Option<PathBuf>,
+    /// A Hugging Face `config.json` for a randomly initialised model.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Model size when neither `--init-from` nor `--config` is given.
+    #[arg(long, default_value_t = 64, conflicts_with_all = MODEL_GIVEN)]
+    hidden: usize,
+    #[arg(long, default_value_t = 2, conflicts_with_all = MODEL_GIVEN)]
+    layers: usize,
+    #[arg(long, default_value_t = 4, conflicts_with_all = MODEL_GIVEN)]
+    heads: usize,
+    #[arg(long, default_value_t = 2, conflicts_with_all = MODEL_GIVEN)]
+    kv_heads: usize,
+    #[arg(long, default_value_t = 128, conflicts_with_all = MODEL_GIVEN)]
+    intermediate: usize,
+    /// Vocabulary (at least 256 with `--text`).
+    #[arg(long, default_value_t = 256, conflicts_with_all = MODEL_GIVEN)]
+    vocab: usize,
+    #[arg(long, default_value_t = 10_000.0, conflicts_with_all = MODEL_GIVEN)]
+    rope_theta: f64,
+    /// Tie `lm_head` to the token embeddings.
+    #[arg(long, conflicts_with_all = MODEL_GIVEN)]
+    tie_embeddings: bool,
+    /// Train on the bytes of this file (one token per byte) instead of the synthetic task.
+    #[arg(long)]
+    text: Option<PathBuf>,
+    /// Symbols of the synthetic reversal task (tokens 2 .. 2 + alphabet).
+    #[arg(long, default_value_t = 16)]
+    alphabet: usize,
+    #[arg(long, default_value_t = 1e-2)]
+    lr: f64,
+    #[arg(long, default_value_t = 10)]
+    warmup: u64,
+    #[arg(long, default_value_t = 0.1)]
+    weight_decay: f64,
+    /// Write the trained model as a `save_pretrained` directory.
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// The dtype `--save` writes: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    save_dtype: String,
+    /// Where training checkpoints go (`last.safetensors`); none: no checkpoints.
+    #[arg(long)]
+    ckpt_dir: Option<PathBuf>,
+    /// Save a checkpoint every M steps (0: only at the end).
+    #[arg(long, default_value_t = 100)]
+    ckpt_every: u64,
+    /// Continue from `<ckpt-dir>/last.safetensors` if it exists.
+    #[arg(long)]
+    resume: bool,
+    #[arg(long, default_value_t = 50)]
+    log_every: u64,
+    /// Print each step's loss as a JSON line (for tests and scripts).
+    #[arg(long)]
+    loss_log: bool,
+    /// Print the metrics summary as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Side of the square f32 matmul that measures the device's peak (0: skip).
+    #[arg(long, default_value_t = 1024)]
+    peak_matmul: usize,
+}
+
+/// Where the training sequences come from; batch `i` is a pure function of `(seed, i)`, so a
+/// resumed run sees the same data.
+#[derive(Clone)]
+enum Task {
+    /// `[0, a_1 .. a_k, 1, a_k .. a_1]`: the model learns to reverse; only the reversed half
+    /// is scored (the rest of the labels are -100).
+    Reverse { alphabet: usize },
+    /// Windows of a byte string; every next byte is scored.
+    Bytes(std::sync::Arc<[u8]>),
+}
+
+impl Task {
+    /// `input_ids` and `labels`, int32 `[batch, seq]`.
+    fn batch(&self, seed: u64, index: u64, batch: usize, seq: usize) -> Vec<HostTensor> {
+        let mut rng = HostRng::new(seed.wrapping_mul(0x9E37_79B9).wrapping_add(index));
+        let mut ids = Vec::with_capacity(batch * seq);
+        let mut labels = Vec::with_capacity(batch * seq);
+        for _ in 0..batch {
+            match self {
+                Task::Reverse { alphabet } => {
+                    let k = seq / 2 - 1;
+                    let a: Vec<i32> = (0..k)
+                        .map(|_| 2 + (rng.next_u64() % *alphabet as u64) as i32)
+                        .collect();
+                    let row: Vec<i32> = std::iter::once(0)
+                        .chain(a.iter().copied())
+                        .chain(std::iter::once(1))
+                        .chain(a.iter().rev().copied())
+                        .chain(std::iter::repeat(0))
+                        .take(seq)
+                        .collect();
+                    for (t, &tok) in row.iter().enumerate() {
+                        let scored = t >= k + 2 && t < 2 * k + 2;
+                        labels.push(if scored { tok } else { IGNORE_INDEX as i32 });
+                    }
+                    ids.extend(row);
+                }
+                Task::Bytes(bytes) => {
+                    let start = (rng.next_u64() % (bytes.len() - seq + 1) as u64) as usize;
+                    let row = bytes[start..start + seq].iter().map(|b| i32::from(*b));
+                    ids.extend(row.clone());
+                    labels.extend(row);
+                }
+            }
+        }
+        vec![
+            HostTensor::from_slice(&ids, &[batch, seq]).expect("sizes agree"),
+            HostTensor::from_slice(&labels, &[batch, seq]).expect("sizes agree"),
+        ]
+    }
+}
+
+fn model_config(args: &Args) -> anyhow::Result<LlamaConfig> {
+    if let Some(path) = &args.config {
+        return Ok(LlamaConfig::from_file(path)?);
+    }
+    let mut c = LlamaConfig::new(
+        args.vocab,
+        args.hidden,
+        args.intermediate,
+        args.layers,
+        args.heads,
+        args.kv_heads,
+    )?;
+    c.rope_theta = args.rope_theta;
+    c.rms_norm_eps = 1e-5;
+    c.tie_word_embeddings = args.tie_embeddings;
+    c.max_position_embeddings = args.seq_len.max(c.max_position_embeddings);
+    Ok(c)
+}
+
+/// FLOP/s of a `side`-square f32 matmul on every replica: the best of three timed runs after
+/// one that compiles (or loads) its graph.
+fn measure_peak(device: &LazyDevice, side: usize, seed: u64) -> anyhow::Result<Option<f64>> {
+    if side == 0 {
+        return Ok(None);
+    }
+    let mut rng = HostRng::new(seed ^ 0xF10F);
+    let host = |rng: &mut HostRng| {
+        HostTensor::from_slice(&rng.uniform_vec(side * side, 1.0), &[side, side])
+    };
+    let a = device.tensor(&host(&mut rng)?)?;
+    let b = device.tensor(&host(&mut rng)?)?;
+    let mut best = f64::INFINITY;
+    for i in 0..4 {
+        let t = Instant::now();
+        let c = a.matmul(&b)?.sum_all()?;
+        device.mark_step()?;
+        c.item()?;
+        if i > 0 {
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+    }
+    let flops = 2.0 * (side as f64).powi(3) * device.global_replicas() as f64;
+    Ok(Some(flops / best.max(1e-9)))
+}
+
+fn main() -> anyhow::Result<()> {
+    let process_start = Instant::now();
+    let args = Args::parse();
+    let mut device_config = DeviceConfig::from_env()?;
+    if let Some(n) = args.devices {
+        device_config.replicas = n;
+    }
+    let device = LazyDevice::new(device_config)?;
+    let replicas = device.global_replicas();
+    if !args.batch_size.is_multiple_of(replicas) {
+        bail!(
+            "--batch-size {} does not split over {replicas} replicas: use a multiple of {replicas}",
+            args.batch_size
+        );
+    }
+    let save_dtype = match args.save_dtype.as_str() {
+        "f32" | "float32" => DType::F32,
+        "bf16" | "bfloat16" => DType::BF16,
+        other => bail!("--save-dtype {other:?}: use f32 or bf16"),
+    };
+    let extracting = device.is_extracting();
+    let not_real = if extracting {
+        "  (extract mode: not real)"
+    } else {
+        ""
+    };
+    let peak = measure_peak(&device, args.peak_matmul, args.seed)?;
+
+    let model = match &args.init_from {
+        Some(dir) => LlamaForCausalLM::from_pretrained_as(&device, dir, DType::F32)
+            .with_context(|| format!("--init-from {}", dir.display()))?,
+        None => LlamaForCausalLM::random(&device, &model_config(&args)?, args.seed)?,
+    };
+    let config = model.config.clone();
+    let seq = args.seq_len;
+    let task = match &args.text {
+        Some(path) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("--text {}", path.display()))?;
+            if bytes.len() < seq {
+                bail!(
+                    "--text {}: {} bytes, fewer than one sequence of {seq}",
+                    path.display(),
+                    bytes.len()
+                );
+            }
+            if config.vocab_size < 256 {
+                bail!(
+                    "--text needs a vocabulary of at least 256 (bytes), the model has {}",
+                    config.vocab_size
+                );
+            }
+            Task::Bytes(bytes.into())
+        }
+        None => {
+            if seq < 4 {
+                bail!("--seq-len {seq}: the reversal task needs at least 4 tokens");
+            }
+            if config.vocab_size < 2 + args.alphabet {
+                bail!(
+                    "--alphabet {} needs a vocabulary of at least {}, the model has {}",
+                    args.alphabet,
+                    2 + args.alphabet,
+                    config.vocab_size
+                );
+            }
+            Task::Reverse {
+                alphabet: args.alphabet,
+            }
+        }
+    };
+
+    let named = model.parameters();
+    let params: Vec<Tensor> = named.iter().map(|(_, t)| t.clone()).collect();
+    let mut opt = AdamW::new(&device, &params, args.weight_decay)?;
+    opt.beta2 = 0.95;
+    let schedule = WarmupCosine {
+        base_lr: args.lr,
+        min_lr: args.lr * 0.1,
+        warmup_steps: args.warmup,
+        total_steps: args.steps,
+    };
+    let mut start_step = 0;
+    let ckpt_path = args.ckpt_dir.as_ref().map(|d| d.join("last.safetensors"));
+    if let (true, Some(path)) = (args.resume, &ckpt_path) {
+        if path.exists() {
+            start_step = load_checkpoint(path, &model, &opt)?;
+            println!("resumed from {} at step {start_step}", path.display());
+        }
+    }
+    println!(
+        "llama: {} parameters, {} layers, hidden {}, {} heads over {} kv heads, vocab {}",
+        config.num_parameters(),
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.vocab_size
+    );
+
+    let (batch_size, seed) = (args.batch_size, args.seed);
+    let stream = task.clone();
+    let batches = (start_step..args.steps).map(move |i| stream.batch(seed, i, batch_size, seq));
+    let loader = DeviceLoader::new(&device, batches, batch_size, LastBatch::Drop, 2);
+    let mut first_step_at = None;
+    let mut last_loss = f64::NAN;
+    for (step, batch) in (start_step..args.steps).zip(loader) {
+        let batch = batch?;
+        let [ids, labels] = &batch.tensors[..] else {
+            bail!("a batch has two tensors")
+        };
+        let loss = {
+            let lr = device.scalar(schedule.lr(step), DType::F32)?;
+            // each replica's mean over its shard's scored tokens; both tasks score the same
+            // number of tokens in every row, so averaging the replicas' gradients gives the
+            // global batch's (with ragged -100 labels, weight each replica by its count)
+            let loss = model.loss(ids, None, labels)?;
+            let refs: Vec<&Tensor> = params.iter().collect();
+            let grads = average_gradients(&grad(&loss, &refs)?)?;
+            opt.step(&params, &grads, &lr)?;
+            loss.all_reduce(Reduction::Mean)?
+        };
+        device.mark_step()?;
+        let log_due = (step + 1) % args.log_every == 0 || step + 1 == args.steps;
+        let loss_value = if args.loss_log || log_due || first_step_at.is_none() {
+            loss.item()?
+        } else {
+            f64::NAN
+        };
+        if first_step_at.is_none() {
+            first_step_at = Some(process_start.elapsed());
+        }
+        if args.loss_log {
+            println!("{{\"step\": {}, \"loss\": {loss_value:.9e}}}", step + 1);
+        }
+        if log_due {
+            println!("step {:>5}  loss {loss_value:.4}{not_real}", step + 1);
+            last_loss = loss_value;
+        }
+        let ckpt_due = args.ckpt_every > 0 && (step + 1) % args.ckpt_every == 0;
+        if let (true, Some(path)) = (ckpt_due || step + 1 == args.steps, &ckpt_path) {
+            state::training_state(&model, &opt, step + 1)?
+                .save(path)
+                .with_context(|| format!("saving {}", path.display()))?;
+        }
+    }
+    if let Some(dir) = &args.save {
+        model
+            .save_pretrained(dir, save_dtype)
+            .with_context(|| format!("--save {}", dir.display()))?;
+        if !extracting {
+            println!("saved {} ({})", dir.display(), args.save_dtype);
+        }
+    }
+
+    let m = device.metrics();
+    if args.json {
+        println!("{}", m.to_json());
+        return Ok(());
+    }
+    let trained = args.steps.saturating_sub(start_step);
+    let train_s = first_step_at.map_or(0.0, |t| {
+        (process_start.elapsed().as_secs_f64() - t.as_secs_f64()).max(1e-9)
+    });
+    println!(
+        "data-parallel: {replicas} replica(s), global batch {batch_size} x {seq} tokens, {} \
+         per replica",
+        batch_size / replicas
+    );
+    if trained > 1 && train_s > 0.0 {
+        // after the first step (compilation or a cache load excluded)
+        let steps_per_s = (trained - 1) as f64 / train_s;
+        let tokens = steps_per_s * (batch_size * seq) as f64;
+        println!("throughput {tokens:.0} tokens/s (after step 1){not_real}");
+        let achieved = steps_per_s * config.training_flops(batch_size, seq);
+        if let Some(peak) = peak {
+            println!(
+                "model FLOPs utilisation {:.1}% ({:.2} GFLOP/s of a measured {}x{} f32 matmul \
+                 peak of {:.2} GFLOP/s){not_real}",
+                100.0 * achieved / peak,
+                achieved / 1e9,
+                args.peak_matmul,
+                args.peak_matmul,
+                peak / 1e9
+            );
+        }
+    }
+    if !extracting && last_loss.is_finite() {
+        println!("final loss {last_loss:.4}");
+    }
+    if let Some(t) = first_step_at {
+        println!("time to first step {:.3} s", t.as_secs_f64());
+    }
+    print!("{}", m.report());
+    Ok(())
+}
+
+/// Restores the model and optimizer from `<ckpt-dir>/last.safetensors`; returns its step.
+fn load_checkpoint(path: &Path, model: &LlamaForCausalLM, opt: &AdamW) -> anyhow::Result<u64> {
+    let sd = StateDict::load(path)?;
+    if !sd.metadata.contains_key(state::STEP_KEY) {
+        bail!("{}: not a training checkpoint (no step)", path.display());
+    }
+    let restored = state::load_training(model, opt, &sd, path)?;
+    restored.step.context("checkpoint has no step")
+}

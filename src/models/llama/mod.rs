@@ -1,0 +1,506 @@
+//! The Llama family of decoder-only language models (Llama 2/3, and Mistral-style
+//! grouped-query configs without a sliding window), with `transformers`' `LlamaForCausalLM`
+//! parameter names, so the directory `save_pretrained` writes loads here and the one
+//! [`LlamaForCausalLM::save_pretrained`] writes loads there.
+//!
+//! ```no_run
+//! use neuron_pc::models::llama::LlamaForCausalLM;
+//! # fn main() -> neuron_pc::Result<()> {
+//! let device = neuron_pc::LazyDevice::from_env()?;
+//! let model = LlamaForCausalLM::from_pretrained(&device, "save_pretrained_dir".as_ref())?;
+//! # Ok(()) }
+//! ```
+
+mod config;
+mod pretrained;
+
+use std::path::Path;
+
+use neuron_pc_compiler::{DType, HostTensor};
+
+pub use config::LlamaConfig;
+
+use crate::checkpoint::CheckpointError;
+use crate::device::LazyDevice;
+use crate::error::{Error, Result};
+use crate::nn::{
+    apply_rotary_pos_emb, cross_entropy, scaled_dot_product_attention, Embedding, Init, Linear,
+    Module, RMSNorm, RotaryEmbedding, VarBuilder,
+};
+use crate::tensor::{shape_error, Tensor};
+
+fn join(prefix: &str, name: &str) -> String {
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
+}
+
+/// A bias-free projection initialised as `transformers` does (normal, std
+/// `initializer_range`).
+fn proj(vb: &VarBuilder, name: &str, inputs: usize, outputs: usize, std: f64) -> Result<Linear> {
+    Ok(Linear {
+        weight: vb
+            .pp(name)
+            .get(&[outputs, inputs], "weight", Init::Normal { std })?,
+        bias: None,
+    })
+}
+
+/// `LlamaRMSNorm`: the statistics in float32 whatever the input's dtype, the result cast
+/// back before the weight is applied.
+fn rms_norm(norm: &RMSNorm, x: &Tensor) -> Result<Tensor> {
+    let dtype = x.dtype();
+    let x32 = x.to_dtype(DType::F32)?;
+    let var = x32.mul(&x32)?.mean(&[-1], true)?;
+    let eps = norm.eps.unwrap_or(1e-6);
+    let normed = x32.mul(&var.add_scalar(eps)?.rsqrt()?)?.to_dtype(dtype)?;
+    normed.mul(&norm.weight)
+}
+
+/// `self_attn`: the q/k/v/o projections with grouped-query heads.
+pub struct LlamaAttention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl LlamaAttention {
+    pub fn from_vb(vb: &VarBuilder, c: &LlamaConfig) -> Result<LlamaAttention> {
+        let (h, d, std) = (c.hidden_size, c.head_dim, c.initializer_range);
+        Ok(LlamaAttention {
+            q_proj: proj(vb, "q_proj", h, c.num_attention_heads * d, std)?,
+            k_proj: proj(vb, "k_proj", h, c.num_key_value_heads * d, std)?,
+            v_proj: proj(vb, "v_proj", h, c.num_key_value_heads * d, std)?,
+            o_proj: proj(vb, "o_proj", c.num_attention_heads * d, h, std)?,
+            num_heads: c.num_attention_heads,
+            num_kv_heads: c.num_key_value_heads,
+            head_dim: d,
+        })
+    }
+
+    /// `x [b, s, hidden]`, the rotary tables and a key mask → `[b, s, hidden]`.
+    fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        key_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (b, s) = (x.dims()[0], x.dims()[1]);
+        let heads = |p: &Linear, n: usize| -> Result<Tensor> {
+            p.forward(x)?
+                .reshape(&[b, s, n, self.head_dim])?
+                .permute(&[0, 2, 1, 3]) // [b, n, s, head_dim]
+        };
+        let q = apply_rotary_pos_emb(&heads(&self.q_proj, self.num_heads)?, cos, sin)?;
+        let k = apply_rotary_pos_emb(&heads(&self.k_proj, self.num_kv_heads)?, cos, sin)?;
+        let v = heads(&self.v_proj, self.num_kv_heads)?;
+        let ctx = scaled_dot_product_attention(&q, &k, &v, key_mask, true, None)?
+            .permute(&[0, 2, 1, 3])?
+            .reshape(&[b, s, self.num_heads * self.head_dim])?;
+        self.o_proj.forward(&ctx)
+    }
+}
+
+impl Module for LlamaAttention {
+    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        self.q_proj.named_params(&join(prefix, "q_proj"), out);
+        self.k_proj.named_params(&join(prefix, "k_proj"), out);
+        self.v_proj.named_params(&join(prefix, "v_proj"), out);
+        self.o_proj.named_params(&join(prefix, "o_proj"), out);
+    }
+}
+
+/// `mlp`: SwiGLU, `down(silu(gate(x)) * up(x))`.
+pub struct LlamaMlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+impl LlamaMlp {
+    pub fn from_vb(vb: &VarBuilder, c: &LlamaConfig) -> Result<LlamaMlp> {
+        let (h, i, std) = (c.hidden_size, c.intermediate_size, c.initializer_range);
+        Ok(LlamaMlp {
+            gate_proj: proj(vb, "gate_proj", h, i, std)?,
+            up_proj: proj(vb, "up_proj", h, i, std)?,
+            down_proj: proj(vb, "down_proj", i, h, std)?,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let gated = self.gate_proj.forward(x)?.silu()?;
+        self.down_proj
+            .forward(&gated.mul(&self.up_proj.forward(x)?)?)
+    }
+}
+
+impl Module for LlamaMlp {
+    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        self.gate_proj.named_params(&join(prefix, "gate_proj"), out);
+        self.up_proj.named_params(&join(prefix, "up_proj"), out);
+        self.down_proj.named_params(&join(prefix, "down_proj"), out);
+    }
+}
+
+/// `model.layers.N`: pre-norm attention and MLP blocks, each with a residual connection.
+pub struct LlamaDecoderLayer {
+    pub self_attn: LlamaAttention,
+    pub mlp: LlamaMlp,
+    pub input_layernorm: RMSNorm,
+    pub post_attention_layernorm: RMSNorm,
+}
+
+impl LlamaDecoderLayer {
+    pub fn from_vb(vb: &VarBuilder, c: &LlamaConfig) -> Result<LlamaDecoderLayer> {
+        let eps = Some(c.rms_norm_eps);
+        Ok(LlamaDecoderLayer {
+            self_attn: LlamaAttention::from_vb(&vb.pp("self_attn"), c)?,
+            mlp: LlamaMlp::from_vb(&vb.pp("mlp"), c)?,
+            input_layernorm: RMSNorm::from_vb(&vb.pp("input_layernorm"), c.hidden_size, eps)?,
+            post_attention_layernorm: RMSNorm::from_vb(
+                &vb.pp("post_attention_layernorm"),
+                c.hidden_size,
+                eps,
+            )?,
+        })
+    }
+
+    fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        key_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let attn =
+            self.self_attn
+                .forward(&rms_norm(&self.input_layernorm, x)?, cos, sin, key_mask)?;
+        let h = x.add(&attn)?;
+        let mlp = self
+            .mlp
+            .forward(&rms_norm(&self.post_attention_layernorm, &h)?)?;
+        h.add(&mlp)
+    }
+}
+
+impl Module for LlamaDecoderLayer {
+    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        self.self_attn.named_params(&join(prefix, "self_attn"), out);
+        self.mlp.named_params(&join(prefix, "mlp"), out);
+        self.input_layernorm
+            .named_params(&join(prefix, "input_layernorm"), out);
+        self.post_attention_layernorm
+            .named_params(&join(prefix, "post_attention_layernorm"), out);
+    }
+}
+
+/// `model`: embeddings, decoder layers, the final norm and the rotary tables.
+pub struct LlamaModel {
+    pub embed_tokens: Embedding,
+    pub layers: Vec<LlamaDecoderLayer>,
+    pub norm: RMSNorm,
+    pub rotary_emb: RotaryEmbedding,
+}
+
+impl Module for LlamaModel {
+    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        self.embed_tokens
+            .named_params(&join(prefix, "embed_tokens"), out);
+        for (i, layer) in self.layers.iter().enumerate() {
+            layer.named_params(&join(prefix, &format!("layers.{i}")), out);
+        }
+        self.norm.named_params(&join(prefix, "norm"), out);
+    }
+}
+
+/// `LlamaForCausalLM`: the decoder and a language-model head (`lm_head`, or the token
+/// embeddings when `tie_word_embeddings`).
+pub struct LlamaForCausalLM {
+    pub config: LlamaConfig,
+    pub model: LlamaModel,
+    /// `None` when the head is tied to `model.embed_tokens.weight`.
+    pub lm_head: Option<Linear>,
+}
+
+impl LlamaForCausalLM {
+    /// Builds the model from `vb` (a checkpoint, or [`VarBuilder::random`] for `transformers`'
+    /// initialisation: normal with std `initializer_range` for the projections and embeddings,
+    /// ones for the norms). Parameters are read under `model.` and `lm_head.`.
+    pub fn from_vb(vb: &VarBuilder, config: &LlamaConfig) -> Result<LlamaForCausalLM> {
+        let c = config;
+        let m = vb.pp("model");
+        let embed_tokens = Embedding {
+            weight: m.pp("embed_tokens").get(
+                &[c.vocab_size, c.hidden_size],
+                "weight",
+                Init::Normal {
+                    std: c.initializer_range,
+                },
+            )?,
+        };
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| LlamaDecoderLayer::from_vb(&m.pp(&format!("layers.{i}")), c))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = RMSNorm::from_vb(&m.pp("norm"), c.hidden_size, Some(c.rms_norm_eps))?;
+        let lm_head = match c.tie_word_embeddings {
+            true => None,
+            false => Some(proj(
+                vb,
+                "lm_head",
+                c.hidden_size,
+                c.vocab_size,
+                c.initializer_range,
+            )?),
+        };
+        Ok(LlamaForCausalLM {
+            config: c.clone(),
+            model: LlamaModel {
+                embed_tokens,
+                layers,
+                norm,
+                rotary_emb: RotaryEmbedding::new(vb.device(), c.head_dim, c.rope_theta)?,
+            },
+            lm_head,
+        })
+    }
+
+    /// A randomly initialised model (as `LlamaForCausalLM(config)` with a seed), float32.
+    pub fn random(device: &LazyDevice, config: &LlamaConfig, seed: u64) -> Result<Self> {
+        LlamaForCausalLM::from_vb(&VarBuilder::random(device, seed), config)
+    }
+
+    /// Loads a `save_pretrained` directory: `config.json` and `model.safetensors`, or the
+    /// shards named by `model.safetensors.index.json`. Parameters keep the checkpoint's dtype;
+    /// see [`LlamaForCausalLM::from_pretrained_as`] to convert them. Every tensor of the
+    /// checkpoint must be used (a strict load), apart from a tied model's `lm_head.weight`.
+    pub fn from_pretrained(device: &LazyDevice, dir: &Path) -> Result<LlamaForCausalLM> {
+        LlamaForCausalLM::load(device, dir, None)
+    }
+
+    /// As [`LlamaForCausalLM::from_pretrained`], the parameters converted to `dtype` as they
+    /// are read (a bfloat16 checkpoint trained in float32).
+    pub fn from_pretrained_as(
+        device: &LazyDevice,
+        dir: &Path,
+        dtype: DType,
+    ) -> Result<LlamaForCausalLM> {
+        LlamaForCausalLM::load(device, dir, Some(dtype))
+    }
+
+    fn load(device: &LazyDevice, dir: &Path, dtype: Option<DType>) -> Result<LlamaForCausalLM> {
+        let config = LlamaConfig::from_file(&dir.join("config.json"))?;
+        let single = dir.join(pretrained::SINGLE);
+        let index = dir.join(pretrained::INDEX);
+        let vb = if single.exists() {
+            VarBuilder::from_safetensors(device, &[&single])?
+        } else if index.exists() {
+            VarBuilder::from_safetensors_index(device, &index)?
+        } else {
+            return Err(CheckpointError::Io {
+                path: single,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no model.safetensors or model.safetensors.index.json in the directory \
+                     (a save_pretrained directory in the safetensors format is expected)",
+                ),
+            }
+            .into());
+        };
+        let vb = match dtype {
+            Some(d) => vb.with_dtype(d),
+            None => vb,
+        };
+        let model = LlamaForCausalLM::from_vb(&vb, &config)?;
+        let unused: Vec<String> = vb
+            .unused()
+            .into_iter()
+            .filter(|n| !(config.tie_word_embeddings && n == "lm_head.weight"))
+            .collect();
+        if !unused.is_empty() {
+            return Err(CheckpointError::Mismatch {
+                path: dir.to_path_buf(),
+                problems: unused
+                    .iter()
+                    .map(|n| format!("  unexpected: {n} (not a parameter of this model)"))
+                    .collect(),
+            }
+            .into());
+        }
+        Ok(model)
+    }
+
+    /// Writes `config.json` and `model.safetensors` into `dir` (created if needed), the
+    /// parameters in `dtype` (float32 or bfloat16), for `LlamaForCausalLM.from_pretrained`.
+    /// A tied model stores no `lm_head.weight`, as `save_pretrained` does. In a trial run
+    /// (`neuron-pc compile`) nothing is written.
+    pub fn save_pretrained(&self, dir: &Path, dtype: DType) -> Result<()> {
+        self.save(dir, dtype, None)
+    }
+
+    /// As [`LlamaForCausalLM::save_pretrained`], in shards of at most `max_shard_bytes`
+    /// (`save_pretrained(max_shard_size=..)`): `model-00001-of-0000n.safetensors`, ... and
+    /// `model.safetensors.index.json`. A model that fits one shard is written as one file.
+    pub fn save_pretrained_sharded(
+        &self,
+        dir: &Path,
+        dtype: DType,
+        max_shard_bytes: usize,
+    ) -> Result<()> {
+        self.save(dir, dtype, Some(max_shard_bytes))
+    }
+
+    fn save(&self, dir: &Path, dtype: DType, max_shard_bytes: Option<usize>) -> Result<()> {
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(Error::Config(format!(
+                "save_pretrained: dtype {dtype} is not a checkpoint dtype (f32, bf16 or f16)"
+            )));
+        }
+        let mut sd = crate::state::module_state(self)?;
+        for t in sd.tensors.values_mut() {
+            if t.dtype() != dtype {
+                *t = HostTensor::from_f64s(dtype, &t.to_f64_vec(), t.dims())?;
+            }
+        }
+        // transformers refuses a safetensors file without this
+        sd.metadata.insert("format".into(), "pt".into());
+        if crate::trial::skip_write("save_pretrained directory", dir) {
+            return Ok(());
+        }
+        pretrained::write_dir(dir, &self.config.to_json(dtype), &sd, max_shard_bytes)
+    }
+
+    /// `input_ids [b, s]` (integer) → logits `[b, s, vocab]`. `position_ids` (`[s]` or
+    /// `[b, s]`) default to `0..s`; `attention_mask [b, s]` (1 = token, 0 = padding, any dtype)
+    /// masks padded keys, on top of the causal mask. Padding may be on either side; the logits
+    /// of padded positions are finite and meaningless.
+    #[track_caller]
+    pub fn forward(
+        &self,
+        input_ids: &Tensor,
+        position_ids: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let location = std::panic::Location::caller();
+        let err = |message: String| {
+            shape_error(
+                "LlamaForCausalLM::forward",
+                input_ids.ty().to_string(),
+                message,
+                location,
+            )
+        };
+        if input_ids.rank() != 2 || !input_ids.dtype().is_int() {
+            return Err(err(
+                "input_ids must be integers of shape [batch, seq]".into()
+            ));
+        }
+        let (b, s) = (input_ids.dims()[0], input_ids.dims()[1]);
+        let key_mask = match attention_mask {
+            None => None,
+            Some(m) => {
+                if m.dims() != [b, s] {
+                    return Err(err(format!(
+                        "attention_mask must be [{b}, {s}] like input_ids, got {}",
+                        m.ty()
+                    )));
+                }
+                // an additive mask of the dtype's lowest finite value, as transformers builds
+                // it: a query whose keys are all padding (left padding) then gets finite
+                // scores; a -inf mask would give it NaN, which reaches the real tokens in the
+                // next layer (its values are weighted by 0, and 0 * NaN is NaN)
+                let dtype = self.model.embed_tokens.weight.dtype();
+                let lowest = match dtype {
+                    DType::BF16 => 3.389_531_389_251_535_5e38,
+                    DType::F16 => 65_504.0,
+                    DType::F64 => f64::MAX,
+                    _ => f64::from(f32::MAX),
+                };
+                let keep = m.ne(&m.zeros_like()?)?.to_dtype(dtype)?;
+                Some(
+                    keep.add_scalar(-1.0)?
+                        .mul_scalar(lowest)?
+                        .reshape(&[b, 1, 1, s])?,
+                )
+            }
+        };
+        let default_positions;
+        let positions = match position_ids {
+            Some(p) => p,
+            None => {
+                default_positions = input_ids.device()?.arange(s, DType::I32)?;
+                &default_positions
+            }
+        };
+        let m = &self.model;
+        let (cos, sin) = m.rotary_emb.cos_sin(positions)?;
+        let mut h = m.embed_tokens.forward(input_ids)?;
+        for layer in &m.layers {
+            h = layer.forward(&h, &cos, &sin, key_mask.as_ref())?;
+        }
+        let h = rms_norm(&m.norm, &h)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => h.linear(&m.embed_tokens.weight, None),
+        }
+    }
+
+    /// The next-token loss as `LlamaForCausalLM` computes it with `labels`: the logits of
+    /// positions `0..s-1` against the labels of `1..s`, labels -100 ignored, the mean over the
+    /// rest (in float32). Returns `(loss, logits)`.
+    #[track_caller]
+    pub fn forward_loss(
+        &self,
+        input_ids: &Tensor,
+        position_ids: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+        labels: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let logits = self.forward(input_ids, position_ids, attention_mask)?;
+        let (b, s) = (input_ids.dims()[0], input_ids.dims()[1]);
+        if labels.dims() != [b, s] {
+            return Err(shape_error(
+                "LlamaForCausalLM::loss",
+                format!("{}, labels {}", input_ids.ty(), labels.ty()),
+                "labels must have the shape of input_ids".into(),
+                std::panic::Location::caller(),
+            ));
+        }
+        if s < 2 {
+            return Err(Error::Config(
+                "LlamaForCausalLM::loss: a sequence needs at least 2 tokens to predict one".into(),
+            ));
+        }
+        let shifted = logits.narrow(1, 0, s - 1)?.to_dtype(DType::F32)?;
+        let targets = labels.narrow(1, 1, s - 1)?;
+        Ok((cross_entropy(&shifted, &targets)?, logits))
+    }
+
+    /// [`LlamaForCausalLM::forward_loss`]'s loss alone.
+    #[track_caller]
+    pub fn loss(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        labels: &Tensor,
+    ) -> Result<Tensor> {
+        Ok(self
+            .forward_loss(input_ids, None, attention_mask, labels)?
+            .0)
+    }
+}
+
+impl Module for LlamaForCausalLM {
+    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        self.model.named_params(&join(prefix, "model"), out);
+        if let Some(head) = &self.lm_head {
+            head.named_params(&join(prefix, "lm_head"), out);
+        }
+    }
+}
