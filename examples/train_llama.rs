@@ -13,6 +13,9 @@
 //! `--save DIR` writes a directory `transformers`' `LlamaForCausalLM.from_pretrained` loads.
 //! One step graph holds forward, backward, the gradient all-reduce (`--devices N`) and the
 //! AdamW update, so the run compiles it once (plus the matmul that measures the peak).
+//! `--buckets 16,32,64` trains on rows of random length padded to length buckets (one graph per
+//! bucket), `--grad-accum K` takes K micro-batches per update (a micro-batch graph and an
+//! update graph), `--zero1` shards AdamW's moments over the replicas.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -20,10 +23,10 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Parser;
 use neuron_pc::checkpoint::StateDict;
-use neuron_pc::data::{DeviceLoader, LastBatch};
+use neuron_pc::data::{DeviceLoader, LastBatch, LengthBuckets};
 use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM};
 use neuron_pc::nn::{HostRng, Module, IGNORE_INDEX};
-use neuron_pc::optim::{average_gradients, AdamW, WarmupCosine};
+use neuron_pc::optim::{average_gradients, AdamW, GradAccumulator, WarmupCosine};
 use neuron_pc::state;
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
@@ -111,6 +114,18 @@ struct Args {
     /// Side of the square f32 matmul that measures the device's peak (0: skip).
     #[arg(long, default_value_t = 1024)]
     peak_matmul: usize,
+    /// Variable-length sequences padded to these length buckets (`16,32,64` or `64..512`;
+    /// the largest must be at most `--seq-len`): each row of the reversal task gets a random
+    /// length, each batch the smallest bucket that holds it, and a mask and -100 labels.
+    #[arg(long)]
+    buckets: Option<String>,
+    /// Gradient accumulation: each optimizer step takes K micro-batches of
+    /// `batch-size / K` sequences (the same update as one batch of `batch-size`).
+    #[arg(long, default_value_t = 1)]
+    grad_accum: usize,
+    /// ZeRO-1: shard AdamW's moments over the replicas (each keeps 1/N of them).
+    #[arg(long)]
+    zero1: bool,
 }
 
 /// Where the training sequences come from; batch `i` is a pure function of `(seed, i)`, so a
@@ -125,6 +140,52 @@ enum Task {
 }
 
 impl Task {
+    /// Rows of random lengths up to `seq` (reversal: `2k + 2` tokens for a random `k`; bytes: a
+    /// random window), each with its labels, for length buckets.
+    fn ragged_rows(
+        &self,
+        seed: u64,
+        index: u64,
+        batch: usize,
+        seq: usize,
+    ) -> Vec<(Vec<i32>, Vec<i32>)> {
+        let mut rng = HostRng::new(seed.wrapping_mul(0x9E37_79B9).wrapping_add(index) ^ 0x5bd1);
+        (0..batch)
+            .map(|_| match self {
+                Task::Reverse { alphabet } => {
+                    let k = 1 + (rng.next_u64() % (seq / 2 - 1) as u64) as usize;
+                    let a: Vec<i32> = (0..k)
+                        .map(|_| 2 + (rng.next_u64() % *alphabet as u64) as i32)
+                        .collect();
+                    let ids: Vec<i32> = std::iter::once(0)
+                        .chain(a.iter().copied())
+                        .chain(std::iter::once(1))
+                        .chain(a.iter().rev().copied())
+                        .collect();
+                    let labels = (0..ids.len())
+                        .map(|t| {
+                            if t >= k + 2 {
+                                ids[t]
+                            } else {
+                                IGNORE_INDEX as i32
+                            }
+                        })
+                        .collect();
+                    (ids, labels)
+                }
+                Task::Bytes(bytes) => {
+                    let len = 2 + (rng.next_u64() % (seq - 1) as u64) as usize;
+                    let start = (rng.next_u64() % (bytes.len() - len + 1) as u64) as usize;
+                    let ids: Vec<i32> = bytes[start..start + len]
+                        .iter()
+                        .map(|b| i32::from(*b))
+                        .collect();
+                    (ids.clone(), ids)
+                }
+            })
+            .collect()
+    }
+
     /// `input_ids` and `labels`, int32 `[batch, seq]`.
     fn batch(&self, seed: u64, index: u64, batch: usize, seq: usize) -> Vec<HostTensor> {
         let mut rng = HostRng::new(seed.wrapping_mul(0x9E37_79B9).wrapping_add(index));
@@ -284,7 +345,11 @@ fn main() -> anyhow::Result<()> {
 
     let named = model.parameters();
     let params: Vec<Tensor> = named.iter().map(|(_, t)| t.clone()).collect();
-    let mut opt = AdamW::new(&device, &params, args.weight_decay)?;
+    let mut opt = if args.zero1 {
+        AdamW::zero1(&device, &params, args.weight_decay)?
+    } else {
+        AdamW::new(&device, &params, args.weight_decay)?
+    };
     opt.beta2 = 0.95;
     let schedule = WarmupCosine {
         base_lr: args.lr,
@@ -311,26 +376,92 @@ fn main() -> anyhow::Result<()> {
     );
 
     let (batch_size, seed) = (args.batch_size, args.seed);
+    let k = args.grad_accum.max(1);
+    let micro = batch_size / k;
+    if !batch_size.is_multiple_of(k) || !micro.is_multiple_of(replicas) {
+        bail!(
+            "--batch-size {batch_size} with --grad-accum {k}: micro-batches of {} sequences \
+             must split over {replicas} replica(s)",
+            batch_size as f64 / k as f64
+        );
+    }
+    // Micro-batch `m` of step `i` is rows `m * micro ..` of batch `i`: the same data as one
+    // batch of `batch_size`, whatever K.
     let stream = task.clone();
-    let batches = (start_step..args.steps).map(move |i| stream.batch(seed, i, batch_size, seq));
-    let loader = DeviceLoader::new(&device, batches, batch_size, LastBatch::Drop, 2);
+    let micro_batches = (start_step..args.steps).flat_map(move |i| (0..k).map(move |m| (i, m)));
+    let loader = match &args.buckets {
+        None => {
+            let batches = micro_batches.map(move |(i, m)| {
+                let whole = stream.batch(seed, i, batch_size, seq);
+                whole.iter().map(|t| rows(t, m * micro, micro)).collect()
+            });
+            DeviceLoader::new(&device, batches, micro, LastBatch::Drop, 2)
+        }
+        Some(spec) => {
+            let buckets = LengthBuckets::parse(spec)?;
+            if buckets.max() > seq {
+                bail!("--buckets {spec}: the largest exceeds --seq-len {seq}");
+            }
+            let rows = micro_batches.map(move |(i, m)| {
+                let mut all = stream.ragged_rows(seed, i, batch_size, seq);
+                all.drain(m * micro..(m + 1) * micro).collect::<Vec<_>>()
+            });
+            let batches = buckets.batches(rows, micro, 0).accumulating(k);
+            DeviceLoader::for_tokens(&device, batches, micro, LastBatch::Drop, 2)
+        }
+    };
+    let mut accumulator = (k > 1)
+        .then(|| GradAccumulator::new(&device, &params, k))
+        .transpose()?;
+    let mut loss_sum: Option<Tensor> = None;
     let mut first_step_at = None;
     let mut last_loss = f64::NAN;
-    for (step, batch) in (start_step..args.steps).zip(loader) {
+    let mut real_tokens = 0usize;
+    for (n, batch) in loader.enumerate() {
         let batch = batch?;
-        let [ids, labels] = &batch.tensors[..] else {
-            bail!("a batch has two tensors")
+        let step = start_step + (n / k) as u64;
+        let (ids, mask, labels) = match &batch.tensors[..] {
+            [ids, labels] => (ids, None, labels),
+            [ids, mask, labels] => (ids, Some(mask), labels),
+            _ => bail!("a batch has two or three tensors"),
         };
-        let loss = {
-            let lr = device.scalar(schedule.lr(step), DType::F32)?;
-            // each replica's mean over its shard's scored tokens; both tasks score the same
-            // number of tokens in every row, so averaging the replicas' gradients gives the
-            // global batch's (with ragged -100 labels, weight each replica by its count)
-            let loss = model.loss(ids, None, labels)?;
-            let refs: Vec<&Tensor> = params.iter().collect();
-            let grads = average_gradients(&grad(&loss, &refs)?)?;
-            opt.step(&params, &grads, &lr)?;
-            loss.all_reduce(Reduction::Mean)?
+        real_tokens += batch.tokens.unwrap_or(ids.elem_count() * replicas);
+        // each replica's mean over its shard's scored tokens; the reversal task scores the same
+        // number of tokens in every row, so averaging the replicas' gradients gives the global
+        // batch's (with ragged -100 labels, as with --buckets, it weights each micro-batch
+        // and replica equally rather than each token)
+        let loss = model.loss(ids, mask, labels)?;
+        let refs: Vec<&Tensor> = params.iter().collect();
+        let grads = grad(&loss, &refs)?;
+        let loss = loss.all_reduce(Reduction::Mean)?;
+        let loss = match loss_sum.take() {
+            Some(sum) => sum.add(&loss)?,
+            None => loss,
+        };
+        let grads = match &mut accumulator {
+            Some(acc) => match acc.accumulate(&grads)? {
+                Some(mean) => mean,
+                None => {
+                    // a micro-batch: its gradients are summed on the device
+                    loss_sum = Some(loss);
+                    device.mark_step()?;
+                    continue;
+                }
+            },
+            None => grads,
+        };
+        // ZeRO-1 reduce-scatters each replica's own gradients inside its step
+        let grads = if args.zero1 {
+            grads
+        } else {
+            average_gradients(&grads)?
+        };
+        let lr = device.scalar(schedule.lr(step), DType::F32)?;
+        opt.step(&params, &grads, &lr)?;
+        let loss = if k > 1 {
+            loss.mul_scalar(1.0 / k as f64)?
+        } else {
+            loss
         };
         device.mark_step()?;
         let log_due = (step + 1) % args.log_every == 0 || step + 1 == args.steps;
@@ -382,7 +513,9 @@ fn main() -> anyhow::Result<()> {
     if trained > 1 && train_s > 0.0 {
         // after the first step (compilation or a cache load excluded)
         let steps_per_s = (trained - 1) as f64 / train_s;
-        let tokens = steps_per_s * (batch_size * seq) as f64;
+        // real tokens (padding excluded with --buckets) per optimizer step, on average
+        let per_step = real_tokens as f64 / trained as f64;
+        let tokens = steps_per_s * per_step;
         println!("throughput {tokens:.0} tokens/s (after step 1){not_real}");
         let achieved = steps_per_s * config.training_flops(batch_size, seq);
         if let Some(peak) = peak {
@@ -405,6 +538,19 @@ fn main() -> anyhow::Result<()> {
     }
     print!("{}", m.report());
     Ok(())
+}
+
+/// Rows `start..start + n` of a batch tensor (first dimension).
+fn rows(t: &HostTensor, start: usize, n: usize) -> HostTensor {
+    let row = t.bytes().len() / t.dims()[0];
+    let mut dims = t.dims().to_vec();
+    dims[0] = n;
+    HostTensor::from_bytes(
+        t.dtype(),
+        &dims,
+        t.bytes()[start * row..(start + n) * row].to_vec(),
+    )
+    .expect("a slice of rows has the row size")
 }
 
 /// Restores the model and optimizer from `<ckpt-dir>/last.safetensors`; returns its step.

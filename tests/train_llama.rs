@@ -405,3 +405,81 @@ fn a_config_json_gives_a_random_model_of_its_size() {
     assert!((r.losses[0].1 - 128f64.ln()).abs() < 0.3, "{:?}", r.losses);
     std::fs::remove_dir_all(&cache).unwrap();
 }
+
+#[test]
+fn accumulation_zero1_and_buckets_train_as_the_plain_run_and_compile_ahead() {
+    let cache = tmp("levers");
+    let base = [SMALL, &["--steps", "8", "--loss-log"]].concat();
+    let plain = run(&cache, &base);
+    assert_eq!(plain.losses.len(), 8);
+    let close = |other: &Run, tol: f64, what: &str| {
+        assert_eq!(other.losses.len(), plain.losses.len(), "{what}");
+        for ((s, a), (_, b)) in other.losses.iter().zip(&plain.losses) {
+            assert!(
+                (a - b).abs() <= tol * b.abs(),
+                "{what} step {s}: {a} vs {b}"
+            );
+        }
+    };
+    // 4 micro-batches of 4 sequences: the update of one batch of 16
+    let accumulated = run(
+        &cache,
+        &[&base[..], &["--grad-accum", "4", "--json"]].concat(),
+    );
+    close(&accumulated, 1e-5, "--grad-accum 4");
+    // the micro-batch graph, the update graph and the peak-measuring matmul
+    assert_eq!(accumulated.metrics["compiles"], 3);
+    // ZeRO-1 over two replicas, with and without accumulation
+    let zero1 = run(
+        &cache,
+        &[&base[..], &["--zero1", "--devices", "2", "--json"]].concat(),
+    );
+    close(&zero1, 1e-4, "--zero1 --devices 2");
+    let both = [
+        &base[..],
+        &["--zero1", "--devices", "2", "--grad-accum", "2"],
+    ]
+    .concat();
+    close(
+        &run(&cache, &both),
+        1e-4,
+        "--zero1 --devices 2 --grad-accum 2",
+    );
+    let plain_dp = run(&cache, &[&base[..], &["--devices", "2", "--json"]].concat());
+    let (z, p) = (
+        zero1.metrics["optimizer_state_bytes"].as_u64().unwrap(),
+        plain_dp.metrics["optimizer_state_bytes"].as_u64().unwrap(),
+    );
+    assert!(
+        z * 2 >= p && z * 2 < p + 1024,
+        "zero1 {z} vs plain {p} bytes per replica"
+    );
+    // Length buckets with accumulation: the trial visits every bucket's micro-batch and update
+    // graphs, so the real run compiles nothing.
+    let bucketed = [SMALL, &["--buckets", "8,16,24", "--grad-accum", "2"]].concat();
+    let job = job();
+    let out = Command::new(env!("CARGO_BIN_EXE_neuron-pc"))
+        .args(["compile", "--json", "--", job.to_str().unwrap()])
+        .args(&bucketed)
+        .args(["--steps", "3"])
+        .env("NEURON_COMPILE_CACHE_URL", cache.join("b"))
+        .env_remove("NEURON_CC_FLAGS")
+        .env_remove("NEURON_PC_DEVICES")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // 3 buckets x (micro-batch, update), and the peak matmul
+    assert_eq!(report["compiled"], 7, "{report}");
+    let real = run(
+        &cache.join("b"),
+        &[&bucketed[..], &["--steps", "12", "--json"]].concat(),
+    );
+    assert_eq!(real.metrics["compiles"], 0, "{}", real.metrics);
+    assert!(real.losses.iter().all(|(_, l)| l.is_finite()));
+    std::fs::remove_dir_all(&cache).unwrap();
+}

@@ -74,16 +74,28 @@ impl LengthBuckets {
         self.lengths.get(i).copied()
     }
 
-    /// Pads `sequences` (one row each) to the smallest bucket holding the longest of them.
-    /// A sequence longer than the largest bucket is an error naming it (truncate the data or
-    /// add a bucket): cutting tokens silently would change what the model learns.
-    pub fn pad(&self, sequences: &[Vec<i32>], pad_id: i32) -> Result<PaddedTokens> {
-        let longest = sequences.iter().map(Vec::len).max().unwrap_or(0);
+    /// Pads `sequences` (one row each: token ids, or ids with their own labels, see
+    /// [`TokenRow`]) to the smallest bucket holding the longest of them. A sequence longer than
+    /// the largest bucket is an error naming it (truncate the data or add a bucket): cutting
+    /// tokens silently would change what the model learns.
+    pub fn pad<R: TokenRow>(&self, sequences: &[R], pad_id: i32) -> Result<PaddedTokens> {
+        let longest = sequences.iter().map(|s| s.ids().len()).max().unwrap_or(0);
+        if let Some((row, s)) = sequences
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.labels().is_some_and(|l| l.len() != s.ids().len()))
+        {
+            return Err(Error::Config(format!(
+                "sequence {row} of the batch has {} tokens but {} labels",
+                s.ids().len(),
+                s.labels().map_or(0, <[i32]>::len)
+            )));
+        }
         let Some(length) = self.bucket_for(longest) else {
             let (row, _) = sequences
                 .iter()
                 .enumerate()
-                .find(|(_, s)| s.len() == longest)
+                .find(|(_, s)| s.ids().len() == longest)
                 .expect("the longest exists");
             return Err(Error::Config(format!(
                 "sequence {row} of the batch has {longest} tokens, more than the largest length \
@@ -98,27 +110,16 @@ impl LengthBuckets {
     /// [`super::DeviceLoader::for_tokens`]. In a trial run (extract mode) the stream starts with
     /// one batch of `rows` sequences of every bucket length, so the trial run traces each
     /// bucket's graphs; give it at least as many steps as there are buckets.
-    pub fn batches<I>(&self, stream: I, rows: usize, pad_id: i32) -> BucketedBatches<I::IntoIter>
+    pub fn batches<I, R>(&self, stream: I, rows: usize, pad_id: i32) -> BucketedBatches<I::IntoIter>
     where
-        I: IntoIterator<Item = Vec<Vec<i32>>>,
+        I: IntoIterator<Item = Vec<R>>,
+        R: TokenRow,
     {
-        let sweep = if crate::trial::is_trial_run() {
-            tracing::warn!(
-                "extract mode: the first {} batches visit every length bucket {:?} so that the \
-                 trial run traces (and neuron-pc compile compiles) each; run the trial for at \
-                 least {} steps",
-                self.lengths.len(),
-                self.lengths,
-                self.lengths.len()
-            );
-            self.lengths.clone()
-        } else {
-            Vec::new()
-        };
         BucketedBatches {
             buckets: self.clone(),
             stream: stream.into_iter(),
-            sweep: sweep.into_iter(),
+            sweep: None,
+            micro_batches: 1,
             rows,
             pad_id,
         }
@@ -166,7 +167,33 @@ impl PaddedTokens {
     }
 }
 
-fn pad_rows(sequences: &[Vec<i32>], length: usize, pad_id: i32) -> PaddedTokens {
+/// One sequence of a token batch: its ids, and optionally labels of its own (the same length;
+/// -100 where a token is not scored, such as a prompt). Without labels, every token is scored.
+pub trait TokenRow {
+    fn ids(&self) -> &[i32];
+    fn labels(&self) -> Option<&[i32]>;
+}
+
+impl TokenRow for Vec<i32> {
+    fn ids(&self) -> &[i32] {
+        self
+    }
+    fn labels(&self) -> Option<&[i32]> {
+        None
+    }
+}
+
+/// `(ids, labels)`.
+impl TokenRow for (Vec<i32>, Vec<i32>) {
+    fn ids(&self) -> &[i32] {
+        &self.0
+    }
+    fn labels(&self) -> Option<&[i32]> {
+        Some(&self.1)
+    }
+}
+
+fn pad_rows<R: TokenRow>(sequences: &[R], length: usize, pad_id: i32) -> PaddedTokens {
     let rows = sequences.len();
     let mut ids = vec![pad_id; rows * length];
     let mut mask = vec![0i32; rows * length];
@@ -174,10 +201,11 @@ fn pad_rows(sequences: &[Vec<i32>], length: usize, pad_id: i32) -> PaddedTokens 
     let mut tokens = 0;
     for (r, s) in sequences.iter().enumerate() {
         let at = r * length;
-        ids[at..at + s.len()].copy_from_slice(s);
-        labels[at..at + s.len()].copy_from_slice(s);
-        mask[at..at + s.len()].fill(1);
-        tokens += s.len();
+        let n = s.ids().len();
+        ids[at..at + n].copy_from_slice(s.ids());
+        labels[at..at + n].copy_from_slice(s.labels().unwrap_or(s.ids()));
+        mask[at..at + n].fill(1);
+        tokens += n;
     }
     let t = |v: &[i32]| HostTensor::from_slice(v, &[rows, length]).expect("sizes match");
     PaddedTokens {
@@ -194,18 +222,56 @@ fn pad_rows(sequences: &[Vec<i32>], length: usize, pad_id: i32) -> PaddedTokens 
 pub struct BucketedBatches<I> {
     buckets: LengthBuckets,
     stream: I,
-    sweep: std::vec::IntoIter<usize>,
+    /// The trial run's bucket lengths still to visit (made at the first batch).
+    sweep: Option<std::vec::IntoIter<usize>>,
+    micro_batches: usize,
     rows: usize,
     pad_id: i32,
 }
 
-impl<I: Iterator<Item = Vec<Vec<i32>>>> Iterator for BucketedBatches<I> {
+impl<I> BucketedBatches<I> {
+    /// With gradient accumulation over `k` micro-batches per update: a trial run visits each
+    /// bucket `k` times in a row, so it traces both the micro-batch graph and the update graph
+    /// of every bucket (`--steps` of the trial: at least the number of buckets).
+    pub fn accumulating(mut self, k: usize) -> Self {
+        self.micro_batches = k.max(1);
+        self
+    }
+
+    fn sweep(&mut self) -> &mut std::vec::IntoIter<usize> {
+        let (lengths, k) = (self.buckets.lengths(), self.micro_batches);
+        self.sweep.get_or_insert_with(|| {
+            if !crate::trial::is_trial_run() {
+                return Vec::new().into_iter();
+            }
+            tracing::warn!(
+                "extract mode: the first {} batches visit every length bucket {lengths:?}{} so \
+                 that the trial run traces (and neuron-pc compile compiles) each; run the \
+                 trial for at least {} steps",
+                lengths.len() * k,
+                if k > 1 {
+                    format!(", {k} micro-batches each")
+                } else {
+                    String::new()
+                },
+                lengths.len()
+            );
+            let sweep: Vec<usize> = lengths
+                .iter()
+                .flat_map(|&l| std::iter::repeat_n(l, k))
+                .collect();
+            sweep.into_iter()
+        })
+    }
+}
+
+impl<I: Iterator<Item = Vec<R>>, R: TokenRow> Iterator for BucketedBatches<I> {
     type Item = Result<PaddedTokens>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if let Some(length) = self.sweep.next() {
+        if let Some(length) = self.sweep().next() {
             // A trial run computes nothing: only the shape matters.
-            let rows = vec![vec![self.pad_id; length]; self.rows];
+            let rows: Vec<Vec<i32>> = vec![vec![self.pad_id; length]; self.rows];
             return Some(Ok(pad_rows(&rows, length, self.pad_id)));
         }
         let batch = self.stream.next()?;
@@ -271,6 +337,22 @@ mod tests {
         );
         let e = b.pad(&[vec![1; 3], vec![1; 9]], 0).unwrap_err().to_string();
         assert!(e.contains("sequence 1") && e.contains("9 tokens"), "{e}");
+    }
+
+    #[test]
+    fn rows_with_their_own_labels_keep_them_and_pad_with_minus_100() {
+        let b = LengthBuckets::new([4]).unwrap();
+        let rows = [
+            (vec![7, 8, 9], vec![-100, 8, 9]),
+            (vec![5, 6], vec![6, -100]),
+        ];
+        let p = b.pad(&rows, 0).unwrap();
+        let n = -100;
+        assert_eq!(p.labels.to_vec::<i32>().unwrap(), [n, 8, 9, n, 6, n, n, n]);
+        assert_eq!(p.tokens, 5);
+        let bad = [(vec![1, 2], vec![1])];
+        let e = b.pad(&bad, 0).unwrap_err().to_string();
+        assert!(e.contains("2 tokens but 1 labels"), "{e}");
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 mod buckets;
 
-pub use buckets::{BucketedBatches, LengthBuckets, PaddedTokens};
+pub use buckets::{BucketedBatches, LengthBuckets, PaddedTokens, TokenRow};
 
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread::JoinHandle;
