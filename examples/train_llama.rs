@@ -464,7 +464,7 @@ fn main() -> anyhow::Result<()> {
             loss
         };
         device.mark_step()?;
-        let log_due = (step + 1) % args.log_every == 0 || step + 1 == args.steps;
+        let log_due = (step + 1).is_multiple_of(args.log_every) || step + 1 == args.steps;
         let loss_value = if args.loss_log || log_due || first_step_at.is_none() {
             loss.item()?
         } else {
@@ -480,7 +480,7 @@ fn main() -> anyhow::Result<()> {
             println!("step {:>5}  loss {loss_value:.4}{not_real}", step + 1);
             last_loss = loss_value;
         }
-        let ckpt_due = args.ckpt_every > 0 && (step + 1) % args.ckpt_every == 0;
+        let ckpt_due = args.ckpt_every > 0 && (step + 1).is_multiple_of(args.ckpt_every);
         if let (true, Some(path)) = (ckpt_due || step + 1 == args.steps, &ckpt_path) {
             state::training_state(&model, &opt, step + 1)?
                 .save(path)
