@@ -19,6 +19,7 @@ pub mod checkpoint;
 pub mod compile;
 pub mod data;
 pub mod device;
+pub mod distributed;
 mod error;
 pub mod logging;
 pub mod models;

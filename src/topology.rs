@@ -348,26 +348,39 @@ fn first_host(list: &str) -> Option<String> {
 }
 
 /// Refuses a launch this build cannot serve: several processes of a data-parallel run need
-/// collectives across processes, which the CPU PJRT plugins do not implement and which
-/// neuron-pc does not yet set up for the other plugins (the PJRT client's distributed
-/// options). Extracting graphs (`extracting`) runs nothing and is always allowed.
+/// collectives across processes, which the CPU PJRT plugins do not implement, and a cuda
+/// client of several processes needs the run's key-value store (`NEURON_PC_STORE`) for its
+/// callbacks (see [`crate::distributed`]). Extracting graphs (`extracting`) runs nothing and is
+/// always allowed.
 pub fn check_launch(topology: &Topology, target: Target, extracting: bool) -> Result<()> {
+    let has_store = std::env::var(crate::store::STORE_ENV).is_ok_and(|v| !v.trim().is_empty());
+    check_launch_with(topology, target, extracting, has_store)
+}
+
+/// [`check_launch`] with the store's presence given.
+pub fn check_launch_with(
+    topology: &Topology,
+    target: Target,
+    extracting: bool,
+    has_store: bool,
+) -> Result<()> {
     if !topology.is_multi_process() || extracting {
         return Ok(());
     }
-    Err(Error::Config(match target {
-        Target::Cpu => format!(
+    match target {
+        Target::Cpu => Err(Error::Config(format!(
             "cpu: this process is {topology}, but the CPU PJRT plugins implement only \
              in-process collectives; run one process with several devices \
              (NEURON_PC_DEVICES=N) instead, or a cuda or neuron target"
-        ),
-        other => format!(
-            "{}: this process is {topology}; collectives across processes need the PJRT \
-             plugin's distributed client options, which neuron-pc does not set up yet: run \
-             one process per node with NEURON_PC_DEVICES set to its device count",
-            other.name()
-        ),
-    }))
+        ))),
+        Target::Cuda if !has_store => Err(Error::Config(format!(
+            "cuda: this process is {topology}; a cuda client of several processes exchanges \
+             its topology through a key-value store every process reaches: set \
+             NEURON_PC_STORE=etcd://HOST:PORT (or run one process per node with \
+             NEURON_PC_DEVICES set to its GPU count)"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::process::{Command, Stdio};
 
 use common::*;
-use neuron_pc::topology::{check_launch, Launcher, Topology};
+use neuron_pc::topology::{check_launch, check_launch_with, Launcher, Topology};
 use neuron_pc_compiler::pjrt::Target;
 
 fn parse(vars: &[(&str, &str)]) -> neuron_pc::Result<Topology> {
@@ -191,7 +191,15 @@ fn cross_process_collectives_on_cpu_are_refused_but_extract_mode_is_not() {
     );
     assert!(check_launch(&t, Target::Cpu, true).is_ok());
     assert!(check_launch(&Topology::single(), Target::Cpu, false).is_ok());
-    assert!(check_launch(&t, Target::Cuda, false).is_err());
+    // cuda: several processes need the run's store for the client's key-value callbacks
+    let e = check_launch_with(&t, Target::Cuda, false, false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("NEURON_PC_STORE"), "{e}");
+    assert!(check_launch_with(&t, Target::Cuda, false, true).is_ok());
+    // Neuron: the runtime's own bootstrap (NEURON_RT_ROOT_COMM_ID), no store needed
+    assert!(check_launch_with(&t, Target::Trn1, false, false).is_ok());
+    assert!(check_launch_with(&t, Target::Cpu, false, true).is_err());
 
     // A job launched as rank 1 of 2 on cpu: one line on stderr, a failing exit status.
     let out = Command::new(probe())

@@ -45,6 +45,7 @@ fn main() -> AnyResult<()> {
         &plugin,
         &ClientOptions {
             cpu_device_count: Some(1),
+            ..Default::default()
         },
     )?;
     let device = client.devices()[0];

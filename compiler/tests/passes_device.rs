@@ -30,6 +30,7 @@ fn client() -> &'static Client {
             &plugin,
             &ClientOptions {
                 cpu_device_count: Some(1),
+                ..Default::default()
             },
         )
         .unwrap()

@@ -24,6 +24,7 @@ fn every_level_compiles_and_computes_the_same_values() {
         &plugin,
         &ClientOptions {
             cpu_device_count: Some(1),
+            ..Default::default()
         },
     )
     .unwrap();

@@ -19,6 +19,7 @@ fn client() -> &'static Client {
             &plugin,
             &ClientOptions {
                 cpu_device_count: Some(2),
+                ..Default::default()
             },
         )
         .unwrap()

@@ -131,8 +131,15 @@ impl LazyDevice {
             Target::Cpu => Some(config.cpu_device_count.unwrap_or(0).max(last as i64)),
             _ => None,
         };
+        let mut options = ClientOptions {
+            cpu_device_count,
+            ..ClientOptions::default()
+        };
+        if config.topology.is_multi_process() && !extracting {
+            crate::distributed::prepare(&config.topology, target, config.replicas, &mut options)?;
+        }
         let plugin = Plugin::load(&find_plugin(target)?)?;
-        let client = Client::new(&plugin, &ClientOptions { cpu_device_count })?;
+        let client = Client::new(&plugin, &options)?;
         if last > client.device_count() {
             return Err(Error::Config(if config.replicas == 1 {
                 format!(

@@ -5,14 +5,40 @@ use std::ffi::CString;
 use std::sync::Arc;
 
 use super::api::{string_from, Plugin};
+use super::kv::{KeyValueStore, KvHandle};
 use super::sys::{self, Args};
 use crate::error::{Error, Result};
 
 /// Options for creating a client.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct ClientOptions {
     /// CPU plugin only: how many CPU devices the client exposes (the plugin's default is 4).
     pub cpu_device_count: Option<i64>,
+    /// Other plugin options by name (the cuda plugin's `node_id`, `num_nodes`,
+    /// `visible_devices`, `enable_mock_nccl`): passed as they are; a plugin refuses what it
+    /// does not know.
+    pub named: Vec<(String, OptionValue)>,
+    /// The run's key-value store, for a client of several processes (see [`super::kv`]).
+    pub kv_store: Option<Arc<dyn KeyValueStore>>,
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("cpu_device_count", &self.cpu_device_count)
+            .field("named", &self.named)
+            .field("kv_store", &self.kv_store.is_some())
+            .finish()
+    }
+}
+
+/// The value of a named client option.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OptionValue {
+    Int64(i64),
+    Int64List(Vec<i64>),
+    Bool(bool),
+    String(String),
 }
 
 pub(crate) struct ClientInner {
@@ -21,6 +47,9 @@ pub(crate) struct ClientInner {
     pub(crate) devices: Vec<*mut sys::PJRT_Device>,
     platform_name: String,
     platform_version: String,
+    /// The key-value callbacks' store: the client may call them as long as it lives, so this
+    /// is dropped after it (fields drop after `Drop::drop` destroyed the client).
+    _kv: Option<Box<KvHandle>>,
 }
 
 // SAFETY: PJRT clients are thread-safe by the C API's contract; the raw device pointers are
@@ -64,27 +93,69 @@ impl std::fmt::Debug for Client {
 impl Client {
     /// Creates a client of `plugin` with `options`.
     pub fn new(plugin: &Arc<Plugin>, options: &ClientOptions) -> Result<Client> {
-        let name = CString::new("cpu_device_count").expect("literal has no NUL");
-        let mut named = Vec::new();
+        let mut all: Vec<(String, OptionValue)> = Vec::new();
         if let Some(n) = options.cpu_device_count {
             if n < 1 {
                 return Err(Error::Argument {
                     message: format!("cpu_device_count must be at least 1, got {n}"),
                 });
             }
-            let mut v = sys::PJRT_NamedValue { ..Args::new() };
-            v.name = name.as_ptr();
-            v.name_size = name.as_bytes().len();
-            v.type_ = sys::PJRT_NamedValue_kInt64;
-            v.__bindgen_anon_1.int64_value = n;
-            v.value_size = 1;
-            named.push(v);
+            all.push(("cpu_device_count".into(), OptionValue::Int64(n)));
         }
+        all.extend(options.named.iter().cloned());
+        // Backing storage of the names and values: alive until the call returns.
+        let names: Vec<CString> = all
+            .iter()
+            .map(|(n, _)| {
+                CString::new(n.as_str()).map_err(|_| Error::Argument {
+                    message: format!("client option name {n:?} has a NUL byte"),
+                })
+            })
+            .collect::<Result<_>>()?;
+        let named: Vec<sys::PJRT_NamedValue> = all
+            .iter()
+            .zip(&names)
+            .map(|((_, value), name)| {
+                let mut v = sys::PJRT_NamedValue { ..Args::new() };
+                v.name = name.as_ptr();
+                v.name_size = name.as_bytes().len();
+                match value {
+                    OptionValue::Int64(i) => {
+                        v.type_ = sys::PJRT_NamedValue_kInt64;
+                        v.__bindgen_anon_1.int64_value = *i;
+                        v.value_size = 1;
+                    }
+                    OptionValue::Int64List(l) => {
+                        v.type_ = sys::PJRT_NamedValue_kInt64List;
+                        v.__bindgen_anon_1.int64_array_value = l.as_ptr();
+                        v.value_size = l.len();
+                    }
+                    OptionValue::Bool(b) => {
+                        v.type_ = sys::PJRT_NamedValue_kBool;
+                        v.__bindgen_anon_1.bool_value = *b;
+                        v.value_size = 1;
+                    }
+                    OptionValue::String(t) => {
+                        v.type_ = sys::PJRT_NamedValue_kString;
+                        v.__bindgen_anon_1.string_value = t.as_ptr() as *const std::ffi::c_char;
+                        v.value_size = t.len();
+                    }
+                }
+                v
+            })
+            .collect();
         let mut args = sys::PJRT_Client_Create_Args {
             create_options: named.as_ptr(),
             num_options: named.len(),
             ..Args::new()
         };
+        let kv = options
+            .kv_store
+            .as_ref()
+            .map(|s| Box::new(KvHandle(s.clone())));
+        if let Some(handle) = &kv {
+            handle.install(&mut args);
+        }
         pjrt_call!(plugin, PJRT_Client_Create, &mut args)?;
         let raw = args.client;
         let mut inner = ClientInner {
@@ -93,6 +164,7 @@ impl Client {
             devices: Vec::new(),
             platform_name: String::new(),
             platform_version: String::new(),
+            _kv: kv,
         };
         let mut pn = sys::PJRT_Client_PlatformName_Args {
             client: raw,

@@ -35,6 +35,7 @@ impl AotEnv {
         // its thread pools grow with the device count).
         let options = ClientOptions {
             cpu_device_count: (flags.target == Target::Cpu).then_some(devices.max(1) as i64),
+            ..Default::default()
         };
         let client = Client::new(&plugin, &options)?;
         let compiler = Compiler::with_cache(client, flags, &cache)?;

@@ -44,6 +44,7 @@ pub fn load(target: Target, wanted: Option<u32>) -> (Check, Option<Setup>) {
     let (major, minor) = plugin.api_version();
     let options = ClientOptions {
         cpu_device_count: wanted.filter(|_| target == Target::Cpu).map(i64::from),
+        ..Default::default()
     };
     let client = match Client::new(&plugin, &options) {
         Ok(c) => c,

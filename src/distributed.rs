@@ -1,0 +1,269 @@
+//! What a process of a multi-process run tells its accelerator's runtime, each a pure function
+//! of the launcher's [`Topology`] (and of the devices each process drives):
+//!
+//! - cuda: the PJRT client's options `node_id` (this process), `num_nodes` (the processes)
+//!   and, with several processes on one machine, `visible_devices` (the GPUs this process
+//!   drives), plus the key-value callbacks through the run's store (the client exchanges its
+//!   topology and NCCL ids through them);
+//! - Neuron: the runtime's variables, set before the plugin initialises as torch-neuronx does:
+//!   `NEURON_RT_ROOT_COMM_ID` (where rank 0's collectives bootstrap listens),
+//!   `NEURON_PJRT_PROCESS_INDEX`, `NEURON_PJRT_PROCESSES_NUM_DEVICES` (the devices of every
+//!   process) and `NEURON_RT_VISIBLE_CORES` (this process's cores on its machine).
+//!
+//! Every process compiles the same program over the global replica count with a global device
+//! assignment (`device/mod.rs`) and feeds its own devices. None of this has run on a GPU or a
+//! Trainium here (no such machine); the functions are unit-tested, and `check_launch` lets a
+//! multi-process cuda run start only with a store to hand the callbacks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use neuron_pc_compiler::pjrt::{ClientOptions, KeyValueStore, KvError, OptionValue, Target};
+
+use crate::error::{Error, Result};
+use crate::store::{KvStore, ScopedStore, StoreError};
+use crate::topology::Topology;
+
+/// The cuda plugin's client options for `replicas` devices per process.
+pub fn cuda_client_options(t: &Topology, replicas: usize) -> Vec<(String, OptionValue)> {
+    if !t.is_multi_process() {
+        return Vec::new();
+    }
+    let mut options = vec![
+        ("node_id".to_string(), OptionValue::Int64(t.rank as i64)),
+        (
+            "num_nodes".to_string(),
+            OptionValue::Int64(t.world_size as i64),
+        ),
+    ];
+    if t.local_world_size > 1 {
+        // several processes share the machine's GPUs: each drives its own block of them
+        let first = (t.local_rank * replicas) as i64;
+        let devices = (first..first + replicas as i64).collect();
+        options.push((
+            "visible_devices".to_string(),
+            OptionValue::Int64List(devices),
+        ));
+    }
+    options
+}
+
+/// The Neuron runtime's variables for `cores` NeuronCores per process, rank 0's collectives
+/// bootstrap listening on `root_port` of the launcher's master address.
+pub fn neuron_runtime_env(
+    t: &Topology,
+    cores: usize,
+    root_port: u16,
+) -> Result<Vec<(&'static str, String)>> {
+    if !t.is_multi_process() {
+        return Ok(Vec::new());
+    }
+    let Some(addr) = t.master_addr.as_deref() else {
+        return Err(Error::Config(format!(
+            "neuron: this process is {t}, but the launcher named no master address for the \
+             collectives' bootstrap: set MASTER_ADDR (or NEURON_RT_ROOT_COMM_ID=HOST:PORT)"
+        )));
+    };
+    let mut env = vec![("NEURON_RT_ROOT_COMM_ID", format!("{addr}:{root_port}"))];
+    env.extend(neuron_process_env(t, cores));
+    Ok(env)
+}
+
+/// The Neuron runtime's per-process variables (all but the bootstrap address).
+pub fn neuron_process_env(t: &Topology, cores: usize) -> Vec<(&'static str, String)> {
+    let first = t.local_rank * cores;
+    let visible = if cores == 1 {
+        first.to_string()
+    } else {
+        format!("{first}-{}", first + cores - 1)
+    };
+    vec![
+        ("NEURON_PJRT_PROCESS_INDEX", t.rank.to_string()),
+        (
+            "NEURON_PJRT_PROCESSES_NUM_DEVICES",
+            vec![cores.to_string(); t.world_size].join(","),
+        ),
+        ("NEURON_RT_VISIBLE_CORES", visible),
+    ]
+}
+
+/// The port rank 0's Neuron collectives bootstrap listens on: `NEURON_RT_PORT` when set, else
+/// a free port rank 0 picks and publishes in the run's store, which the other ranks read.
+pub fn neuron_root_port(t: &Topology, store: Option<&ScopedStore>) -> Result<u16> {
+    if let Ok(v) = std::env::var("NEURON_RT_PORT") {
+        return v
+            .trim()
+            .parse()
+            .map_err(|_| Error::Config(format!("NEURON_RT_PORT={v:?}: expected a port number")));
+    }
+    let Some(store) = store else {
+        return Err(Error::Config(format!(
+            "neuron: this process is {t}; the collectives' bootstrap port must be agreed: set \
+             NEURON_RT_PORT (the same on every process), NEURON_RT_ROOT_COMM_ID=HOST:PORT, or \
+             NEURON_PC_STORE so that rank 0 publishes a free one"
+        )));
+    };
+    const KEY: &str = "neuron/root_port";
+    if t.rank == 0 {
+        let port = std::net::TcpListener::bind(("0.0.0.0", 0))
+            .and_then(|l| l.local_addr())
+            .map_err(|e| Error::Config(format!("neuron: no free port for the bootstrap: {e}")))?
+            .port();
+        store.set(KEY, port.to_string().as_bytes())?;
+        return Ok(port);
+    }
+    let value = store.get(KEY, store_wait())?;
+    String::from_utf8_lossy(&value)
+        .trim()
+        .parse()
+        .map_err(|_| Error::Config(format!("neuron: rank 0 published a bad port {value:?}")))
+}
+
+/// How long a rank waits for another's value at start (the rank check's timeout).
+fn store_wait() -> Duration {
+    Duration::from_secs(300)
+}
+
+/// Sets up a multi-process run's runtime before its plugin loads: the cuda client's options
+/// and key-value store, or the Neuron runtime's variables (those the user set are kept).
+pub fn prepare(
+    t: &Topology,
+    target: Target,
+    replicas: usize,
+    options: &mut ClientOptions,
+) -> Result<()> {
+    match target {
+        Target::Cpu => Ok(()),
+        Target::Cuda => {
+            let Some(store) = crate::store::from_env()? else {
+                return crate::topology::check_launch_with(t, target, false, false);
+            };
+            options.named.extend(cuda_client_options(t, replicas));
+            options.kv_store = Some(pjrt_kv(&store));
+            Ok(())
+        }
+        Target::Trn1 | Target::Trn2 => {
+            let env = if std::env::var_os("NEURON_RT_ROOT_COMM_ID").is_none() {
+                let store = crate::store::from_env()?;
+                neuron_runtime_env(t, replicas, neuron_root_port(t, store.as_ref())?)?
+            } else {
+                neuron_process_env(t, replicas)
+            };
+            for (name, value) in env {
+                if std::env::var_os(name).is_none() {
+                    // before the plugin (and the runtime it loads) reads its environment
+                    std::env::set_var(name, value);
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The run's store as the PJRT client's key-value store (under `pjrt/` in the run's namespace).
+pub struct PjrtKv(pub ScopedStore);
+
+impl PjrtKv {
+    fn key(key: &str) -> String {
+        format!("pjrt/{key}")
+    }
+}
+
+fn kv_error(e: StoreError) -> KvError {
+    match e {
+        StoreError::Timeout { .. } => KvError::NotFound(e.to_string()),
+        other => KvError::Failed(other.to_string()),
+    }
+}
+
+impl KeyValueStore for PjrtKv {
+    fn get(&self, key: &str, timeout: Duration) -> std::result::Result<Vec<u8>, KvError> {
+        self.0.get(&Self::key(key), timeout).map_err(kv_error)
+    }
+
+    fn try_get(&self, key: &str) -> std::result::Result<Vec<u8>, KvError> {
+        match self.0.try_get(&Self::key(key)).map_err(kv_error)? {
+            Some(v) => Ok(v),
+            None => Err(KvError::NotFound(format!("{key} is not set"))),
+        }
+    }
+
+    fn put(&self, key: &str, value: &[u8]) -> std::result::Result<(), KvError> {
+        self.0.set(&Self::key(key), value).map_err(kv_error)
+    }
+}
+
+/// The client's key-value store for a multi-process cuda run.
+pub fn pjrt_kv(store: &ScopedStore) -> Arc<dyn KeyValueStore> {
+    Arc::new(PjrtKv(store.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::Launcher;
+
+    fn topo(rank: usize, world: usize, local_rank: usize, local_world: usize) -> Topology {
+        Topology {
+            rank,
+            world_size: world,
+            local_rank,
+            local_world_size: local_world,
+            node_rank: rank / local_world,
+            num_nodes: world / local_world,
+            master_addr: Some("10.1.2.3".into()),
+            master_port: Some(29500),
+            launcher: Launcher::Torchrun,
+        }
+    }
+
+    #[test]
+    fn cuda_options_name_the_process_and_its_gpus() {
+        assert!(cuda_client_options(&Topology::single(), 8).is_empty());
+        // one process per node with all 8 GPUs: no visible_devices
+        assert_eq!(
+            cuda_client_options(&topo(3, 4, 0, 1), 8),
+            vec![
+                ("node_id".to_string(), OptionValue::Int64(3)),
+                ("num_nodes".to_string(), OptionValue::Int64(4)),
+            ]
+        );
+        // 4 processes per machine, 2 GPUs each: local rank 2 drives GPUs 4 and 5
+        let o = cuda_client_options(&topo(6, 8, 2, 4), 2);
+        assert_eq!(o[0].1, OptionValue::Int64(6));
+        assert_eq!(o[1].1, OptionValue::Int64(8));
+        assert_eq!(
+            o[2],
+            ("visible_devices".into(), OptionValue::Int64List(vec![4, 5]))
+        );
+    }
+
+    #[test]
+    fn neuron_variables_split_the_cores_and_name_the_bootstrap() {
+        assert!(neuron_runtime_env(&Topology::single(), 32, 1)
+            .unwrap()
+            .is_empty());
+        // two trn1.32xlarge nodes, one process each with all 32 cores
+        let env = neuron_runtime_env(&topo(1, 2, 0, 1), 32, 62182).unwrap();
+        assert_eq!(
+            env,
+            vec![
+                ("NEURON_RT_ROOT_COMM_ID", "10.1.2.3:62182".to_string()),
+                ("NEURON_PJRT_PROCESS_INDEX", "1".to_string()),
+                ("NEURON_PJRT_PROCESSES_NUM_DEVICES", "32,32".to_string()),
+                ("NEURON_RT_VISIBLE_CORES", "0-31".to_string()),
+            ]
+        );
+        // 32 processes of one core on one node: process 5 has core 5
+        let env = neuron_runtime_env(&topo(5, 32, 5, 32), 1, 7000).unwrap();
+        assert_eq!(env[2].1.split(',').count(), 32);
+        assert_eq!(env[3], ("NEURON_RT_VISIBLE_CORES", "5".to_string()));
+        // 4 processes of 8 cores: local rank 3 has cores 24-31
+        let env = neuron_runtime_env(&topo(7, 8, 3, 4), 8, 7000).unwrap();
+        assert_eq!(env[3].1, "24-31");
+        let mut no_addr = topo(1, 2, 0, 1);
+        no_addr.master_addr = None;
+        let e = neuron_runtime_env(&no_addr, 32, 1).unwrap_err().to_string();
+        assert!(e.contains("MASTER_ADDR"), "{e}");
+    }
+}
