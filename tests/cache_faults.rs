@@ -212,7 +212,16 @@ fn a_planted_executable_consistent_with_its_record_is_recompiled() {
         "verify finds the planted executable"
     );
     let report: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap();
-    assert_eq!(report["programs_checked"], 1, "{report}");
+    // Counted as bad, not as loaded or digest-only.
+    assert_eq!(
+        (
+            &report["checked"],
+            &report["loaded"],
+            &report["digest_only"]
+        ),
+        (&1.into(), &0.into(), &0.into()),
+        "{report}"
+    );
     let bad = report["bad"].to_string();
     assert!(
         bad.contains(&ka) && bad.contains("does not match its program"),
@@ -249,6 +258,86 @@ fn a_planted_executable_consistent_with_its_record_is_recompiled() {
     for d in [a, b] {
         std::fs::remove_dir_all(d).unwrap();
     }
+}
+
+/// Issue 23 item 4: an executable of this compiler that does not load (garbage consistent with
+/// its record: digest and size rewritten) is bad: `verify` reports it and exits 1 (it used to
+/// skip it, count it as checked and exit 0), `--fix` removes it, and the counts say what was
+/// checked how (loaded vs digest only).
+#[test]
+fn verify_reports_an_executable_that_does_not_load_and_fix_removes_it() {
+    let name = "verify_reports_an_executable_that_does_not_load_and_fix_removes_it";
+    if std::env::var(CHILD).is_ok() {
+        return child_loop();
+    }
+    let a = tmp("noload");
+    let url = a.to_str().unwrap();
+    let (_, m) = child(name, &[("NEURON_COMPILE_CACHE_URL", url)]).ok();
+    assert_eq!(m.compiles, 1);
+    let k = only_key(&a);
+
+    // A sound entry: loaded, against its program.
+    let v = npc(&["cache", "verify", "--json", "--cache", url], &[]);
+    assert_eq!(
+        v.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&v.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap();
+    assert_eq!(
+        (
+            &report["checked"],
+            &report["loaded"],
+            &report["programs_checked"]
+        ),
+        (&1.into(), &1.into(), &1.into()),
+        "{report}"
+    );
+    assert_eq!(report["digest_only"], 0, "{report}");
+
+    // Garbage in place of the executable, consistent with a rewritten record.
+    let garbage: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    let digest = hex::encode(Sha256::digest(&garbage));
+    std::fs::remove_file(exe_path(&a, &k)).unwrap();
+    std::fs::write(
+        entry_dir(&a, &k).join(format!("{k}.{}.exe", &digest[..16])),
+        &garbage,
+    )
+    .unwrap();
+    let rec_path = entry_dir(&a, &k).join(format!("{k}.json"));
+    let mut rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&rec_path).unwrap()).unwrap();
+    rec["executable_sha256"] = digest.into();
+    rec["executable_size"] = garbage.len().into();
+    std::fs::write(&rec_path, serde_json::to_vec_pretty(&rec).unwrap()).unwrap();
+
+    let v = npc(&["cache", "verify", "--cache", url], &[]);
+    let out = String::from_utf8_lossy(&v.stdout).into_owned();
+    assert_eq!(v.status.code(), Some(1), "verify reports it: {out}");
+    assert!(
+        out.contains(&format!("bad {k}")) && out.contains("does not load"),
+        "{out}"
+    );
+    assert!(out.contains("checked 1 entries: 0 loaded"), "{out}");
+    let fix = npc(&["cache", "verify", "--fix", "--cache", url], &[]);
+    let out = String::from_utf8_lossy(&fix.stdout).into_owned();
+    assert_eq!(fix.status.code(), Some(0), "--fix repairs: {out}");
+    assert!(out.contains(&format!("removed entry {k}")), "{out}");
+    assert!(!rec_path.exists(), "the entry is gone");
+    // The next job compiles it again and stores a sound entry.
+    let (_, m) = child(name, &[("NEURON_COMPILE_CACHE_URL", url)]).ok();
+    assert_eq!(m.compiles, 1);
+    let v = npc(&["cache", "verify", "--cache", url], &[]);
+    assert_eq!(v.status.code(), Some(0));
+    fault_report(
+        "executable that does not load (consistent record)",
+        1,
+        "verify reports it, --fix removes it",
+        0,
+        0,
+    );
+    std::fs::remove_dir_all(a).unwrap();
 }
 
 /// Issue 14 F: a cache URL that is a symlink. The job goes on without the cache (one loud

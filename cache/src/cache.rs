@@ -137,8 +137,15 @@ pub struct VerifyReport {
     pub removed: usize,
     /// What `--fix` removed, one line each (bad entries, leftovers, foreign files, locks).
     pub removed_items: Vec<String>,
-    /// Executables whose stored program was checked against them by the caller's checker.
+    /// Executables the caller's checker loaded (digest verified, then loaded by the plugin).
+    pub loaded: usize,
+    /// Of those, the ones whose interface was also checked against their stored program.
     pub programs_checked: usize,
+    /// Entries whose digest (and signature) were verified but whose executable was not loaded
+    /// (no checker, no plugin, or written by another compiler).
+    pub digest_only: usize,
+    /// Why executables were not loaded, with how many each.
+    pub not_loaded: BTreeMap<String, usize>,
     /// Temporary files, unreferenced executables and stale locks removed by `--fix`.
     pub leftovers: usize,
 }

@@ -11,10 +11,26 @@ use crate::error::{Error, Result};
 use crate::key::CacheKey;
 use crate::record::{EntryRecord, FailureRecord, MAX_RECORD_BYTES};
 
-/// A caller's judgement of one executable against its program text: `Err(why)` when they do
-/// not belong together. The cache knows nothing of programs; the compiler side does.
+/// A caller's judgement of one verified executable, given its record and its stored program
+/// text (empty when none is stored): `Err(why)` when it is bad (it does not load, or does not
+/// take and return what its program does). The cache knows nothing of programs or plugins;
+/// the compiler side does.
 pub type ExecutableCheck<'a> =
-    &'a dyn Fn(&CacheKey, &str, &[u8]) -> std::result::Result<(), String>;
+    &'a dyn Fn(&CacheKey, &EntryRecord, &str, &[u8]) -> std::result::Result<Judged, String>;
+
+/// How a checker judged an executable it did not refuse.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Judged {
+    /// Loaded by the caller's plugin; `against_program` when its interface was also checked
+    /// against the stored program's signature.
+    Loaded {
+        /// The program's signature was compared with the executable's.
+        against_program: bool,
+    },
+    /// Not loaded here, and why (written by another compiler, no plugin): only its digest
+    /// (and signature) were checked.
+    NotLoaded(String),
+}
 use crate::store::{Store, Tier};
 
 impl Cache {
@@ -230,14 +246,33 @@ impl Cache {
                                     .push(format!("{orphan} (executable no record names)"));
                             }
                         }
-                        match (check, tier.store.get(&program_name(&key))) {
-                            (Some(check), Ok(Some(program))) if !program.is_empty() => {
-                                report.programs_checked += 1;
-                                check(&key, &String::from_utf8_lossy(&program), &hit.executable)
-                                    .err()
-                                    .map(|m| format!("executable does not match its program: {m}"))
+                        match check {
+                            Some(check) => {
+                                let program = tier
+                                    .store
+                                    .get(&program_name(&key))
+                                    .ok()
+                                    .flatten()
+                                    .unwrap_or_default();
+                                let program = String::from_utf8_lossy(&program);
+                                match check(&key, &hit.record, &program, &hit.executable) {
+                                    Ok(Judged::Loaded { against_program }) => {
+                                        report.loaded += 1;
+                                        report.programs_checked += usize::from(against_program);
+                                        None
+                                    }
+                                    Ok(Judged::NotLoaded(why)) => {
+                                        report.digest_only += 1;
+                                        *report.not_loaded.entry(why).or_default() += 1;
+                                        None
+                                    }
+                                    Err(why) => Some(why),
+                                }
                             }
-                            _ => None,
+                            None => {
+                                report.digest_only += 1;
+                                None
+                            }
                         }
                     }
                     Ok(None) if !has_record => {
