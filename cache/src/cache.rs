@@ -217,6 +217,9 @@ pub struct Cache {
     pub(crate) tiers: Vec<TierState>,
     pub(crate) opts: CacheOptions,
     warned: Mutex<HashSet<String>>,
+    /// This process's tally of the local tier's bytes and when it was listed (for the size
+    /// bound; see `enforce_bound`).
+    pub(crate) local_usage: Mutex<Option<(u64, Instant)>>,
 }
 
 /// Executables are named by key and digest, so two writers racing on one key never mix one's
@@ -342,6 +345,7 @@ impl Cache {
             tiers,
             opts,
             warned: Mutex::new(HashSet::new()),
+            local_usage: Mutex::new(None),
         })
     }
 
@@ -645,7 +649,8 @@ impl Cache {
             }
         }
         if stored {
-            self.enforce_bound();
+            let record_len = serde_json::to_vec_pretty(&record).map_or(0, |r| r.len());
+            self.enforce_bound((executable.len() + program.len() + record_len) as u64);
             PutOutcome::Stored
         } else {
             PutOutcome::Failed(last_err)
