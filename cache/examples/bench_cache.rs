@@ -148,6 +148,45 @@ fn scale(dir: &std::path::Path) {
     println!(" prune: down to half the bytes; verify: every digest)");
 }
 
+/// Four waiters on a lease another "process" holds for 5 s on the S3 store: requests per
+/// waiter per minute, from the cache's wait metrics.
+fn waiters(url: &str) -> f64 {
+    let opts = || CacheOptions {
+        local_tier: false,
+        ..CacheOptions::default()
+    };
+    let k = key(&format!("waited on {}", std::process::id()));
+    let holder = Cache::open(url, opts()).expect("s3 cache");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let hk = k.clone();
+    let h = std::thread::spawn(move || {
+        holder
+            .get_or_compile(&hk, "prog", &BTreeMap::new(), false, || {
+                tx.send(()).expect("signal");
+                std::thread::sleep(Duration::from_secs(5));
+                Ok(vec![1; 1024])
+            })
+            .expect("holder");
+    });
+    rx.recv().expect("holder compiling");
+    let ws: Vec<_> = (0..4)
+        .map(|_| {
+            let (url, k) = (url.to_string(), k.clone());
+            std::thread::spawn(move || {
+                let c = Cache::open(&url, opts()).expect("s3 cache");
+                let got = c.get_or_compile(&k, "prog", &BTreeMap::new(), false, || {
+                    Err("a waiter compiled".into())
+                });
+                assert!(matches!(got, Ok(Obtained::Waited(_))), "{got:?}");
+                c.wait_metrics().requests_per_waiter_minute
+            })
+        })
+        .collect();
+    let rates: Vec<f64> = ws.into_iter().map(|w| w.join().expect("waiter")).collect();
+    h.join().expect("holder");
+    rates.iter().sum::<f64>() / rates.len() as f64
+}
+
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let with_scale = args.iter().any(|a| a == "--scale");
@@ -189,6 +228,12 @@ fn main() {
         println!("{name:<14} {p50:>8.2}ms {p99:>8.2}ms {w:>9.1} MiB/s");
     }
     println!("(1 MiB entries; hits verified with SHA-256; writes fsynced locally)");
+    if let Some(url) = std::env::args().skip(1).find(|a| a.starts_with("s3://")) {
+        println!(
+            "waiting on a remote lease: {:.0} requests per waiter per minute (4 waiters, 5 s)",
+            waiters(&url)
+        );
+    }
     if with_scale {
         println!();
         scale(&dir);

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::key::CacheKey;
-use crate::lease::{try_acquire, Attempt};
+use crate::lease::{try_acquire, Attempt, Backoff};
 use crate::options::{default_dir, CacheOptions, CACHE_URL_ENV};
 use crate::record::{
     now_secs, sha256_hex, sign, EntryRecord, FailureRecord, ENTRY_FORMAT_VERSION, MAX_RECORD_BYTES,
@@ -220,6 +220,34 @@ pub struct Cache {
     /// This process's tally of the local tier's bytes and when it was listed (for the size
     /// bound; see `enforce_bound`).
     pub(crate) local_usage: Mutex<Option<(u64, Instant)>>,
+    waiting: WaitCounters,
+}
+
+/// How this process waited on other processes' leases (see [`Cache::wait_metrics`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct WaitMetrics {
+    /// Lookups that waited on another process's lease.
+    pub waits: u64,
+    /// Seconds spent waiting, all waits together.
+    pub wait_secs: f64,
+    /// Requests to the shared (S3) store made while waiting.
+    pub requests: u64,
+    /// `requests` per waiter per minute of waiting: what a fleet of waiters costs the store.
+    pub requests_per_waiter_minute: f64,
+}
+
+#[derive(Default)]
+struct WaitCounters {
+    inner: Mutex<(u64, Duration, u64)>,
+}
+
+impl WaitCounters {
+    fn record(&self, waited: Duration, requests: u64) {
+        let mut w = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        w.0 += 1;
+        w.1 += waited;
+        w.2 += requests;
+    }
 }
 
 /// Executables are named by key and digest, so two writers racing on one key never mix one's
@@ -346,6 +374,7 @@ impl Cache {
             opts,
             warned: Mutex::new(HashSet::new()),
             local_usage: Mutex::new(None),
+            waiting: WaitCounters::default(),
         })
     }
 
@@ -356,6 +385,23 @@ impl Cache {
             .map(|t| t.store.describe())
             .collect::<Vec<_>>()
             .join(" -> ")
+    }
+
+    /// How this process has waited on other processes' leases so far.
+    pub fn wait_metrics(&self) -> WaitMetrics {
+        let (waits, waited, requests) =
+            *self.waiting.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let minutes = waited.as_secs_f64() / 60.0;
+        WaitMetrics {
+            waits,
+            wait_secs: waited.as_secs_f64(),
+            requests,
+            requests_per_waiter_minute: if minutes > 0.0 {
+                requests as f64 / minutes
+            } else {
+                0.0
+            },
+        }
     }
 
     /// The options the cache was opened with.
@@ -378,7 +424,13 @@ impl Cache {
     /// A storage error: an unreachable tier is skipped for a while (warned about once); other
     /// errors are warned about once per kind.
     fn storage_trouble(&self, tier: &TierState, e: &Error) {
-        if tier.health.report(e) {
+        if e.is_throttled() {
+            // The server is there and busy: this operation missed, the tier stays on.
+            self.warn_once(
+                &format!("throttled:{}", tier.store.describe()),
+                &format!("{e}; slowing down"),
+            );
+        } else if tier.health.report(e) {
             let how_long = if matches!(
                 e,
                 Error::Unavailable {
@@ -705,7 +757,18 @@ impl Cache {
         let mut guard = None;
         if let (false, Some(tier)) = (self.opts.read_only, self.lock_tier()) {
             let started = Instant::now();
+            let requests_before = crate::s3::thread_requests();
+            let mut backoff = Backoff::new(self.opts.lock_poll_first, self.opts.lock_poll_cap);
             let mut announced = false;
+            let mut waited = false;
+            let done_waiting = |waited: bool| {
+                if waited {
+                    self.waiting.record(
+                        started.elapsed(),
+                        crate::s3::thread_requests() - requests_before,
+                    );
+                }
+            };
             loop {
                 if tier.is_down() {
                     break;
@@ -721,6 +784,7 @@ impl Cache {
                         break;
                     }
                     Ok(Attempt::Held(holder)) => {
+                        waited = true;
                         if !announced {
                             announced = true;
                             let who = holder.map_or_else(
@@ -734,22 +798,32 @@ impl Cache {
                             );
                         }
                     }
+                    // Throttled: the store is there and asks us to slow down; wait longer.
+                    Err(e) if e.is_throttled() => {
+                        waited = true;
+                        self.storage_trouble(tier, &e);
+                        backoff.slow_down();
+                    }
                     Err(e) => {
                         self.storage_trouble(tier, &e);
                         break;
                     }
                 }
-                std::thread::sleep(Duration::from_millis(50));
+                std::thread::sleep(backoff.pause());
                 match self.get(key) {
                     Lookup::Hit(h) => {
                         tracing::warn!(
                             "compile cache: {key} arrived after waiting {:.1} s",
                             started.elapsed().as_secs_f64()
                         );
+                        done_waiting(waited);
                         return Ok(Obtained::Waited(h));
                     }
                     // The holder failed: its failure stands for ours.
-                    Lookup::Failed(f) if !retry_failed => return Err(recorded(&f)),
+                    Lookup::Failed(f) if !retry_failed => {
+                        done_waiting(waited);
+                        return Err(recorded(&f));
+                    }
                     _ => {}
                 }
                 if started.elapsed() > self.opts.lock_wait {
@@ -762,6 +836,7 @@ impl Cache {
                     break;
                 }
             }
+            done_waiting(waited);
             // Someone may have finished between our miss and taking the lock.
             if guard.is_some() {
                 match self.get(key) {

@@ -23,6 +23,7 @@ mod store;
 
 pub use cache::{
     Cache, EntryInfo, Hit, Lookup, Obtained, PutOutcome, Stats, TierStats, VerifyReport,
+    WaitMetrics,
 };
 pub use error::{Error, Result};
 pub use key::CacheKey;

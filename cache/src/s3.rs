@@ -86,6 +86,17 @@ impl S3Options {
     }
 }
 
+thread_local! {
+    /// S3 operations this thread has made (for the waiting metrics: a waiter's own requests,
+    /// not those of other threads sharing the store).
+    static THREAD_REQUESTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// S3 operations the calling thread has made so far.
+pub(crate) fn thread_requests() -> u64 {
+    THREAD_REQUESTS.with(|n| n.get())
+}
+
 /// An S3 bucket and key prefix.
 pub struct S3Store {
     runtime: tokio::runtime::Runtime,
@@ -315,6 +326,7 @@ impl S3Store {
     /// Runs one operation on the runtime within the budget; running out of it is a timed-out
     /// [`Error::Unavailable`].
     fn block<T>(&self, fut: impl std::future::Future<Output = T>) -> Result<T> {
+        THREAD_REQUESTS.with(|n| n.set(n.get() + 1));
         self.runtime
             .block_on(async { tokio::time::timeout(self.budget, fut).await })
             .map_err(|_| Error::Unavailable {
@@ -324,6 +336,7 @@ impl S3Store {
                     self.budget.as_secs_f64()
                 ),
                 timed_out: true,
+                throttled: false,
             })
     }
 
@@ -373,10 +386,14 @@ impl S3Store {
                     let lower = message.to_ascii_lowercase();
                     // Not "timeout": every retry message names `retry_timeout`.
                     let timed_out = lower.contains("timed out");
+                    let throttled = ["slowdown", "503", "429", "toomanyrequests", "throttl"]
+                        .iter()
+                        .any(|w| lower.contains(w));
                     Error::Unavailable {
                         store,
                         message,
                         timed_out,
+                        throttled,
                     }
                 }
             }
