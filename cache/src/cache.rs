@@ -387,6 +387,22 @@ impl Cache {
             .join(" -> ")
     }
 
+    /// The shared stores that do not honour create-only writes (an S3-compatible server that
+    /// ignores `If-None-Match: *`): leases and first-writer-wins use compare-after-write on
+    /// them. Asks each store once per process (a read-only cache asks nothing).
+    pub fn without_conditional_put(&self) -> Result<Vec<String>> {
+        if self.opts.read_only {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for t in self.live_tiers() {
+            if !t.store.conditional_put()? {
+                out.push(t.store.describe());
+            }
+        }
+        Ok(out)
+    }
+
     /// How this process has waited on other processes' leases so far.
     pub fn wait_metrics(&self) -> WaitMetrics {
         let (waits, waited, requests) =

@@ -20,6 +20,19 @@ pub struct Lease {
     pub host: String,
     /// Seconds since the Unix epoch after which the lease is void.
     pub expires_at: u64,
+    /// Unique per attempt, so that a writer can tell its lease from another's by the bytes
+    /// (compare-after-write on servers without conditional PUT).
+    #[serde(default)]
+    pub nonce: u64,
+}
+
+fn nonce() -> u64 {
+    use std::sync::atomic::AtomicU64;
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ (u64::from(std::process::id()) << 40) ^ N.fetch_add(1, Ordering::Relaxed)
 }
 
 pub(crate) fn hostname() -> String {
@@ -38,6 +51,7 @@ impl Lease {
             pid: std::process::id(),
             host: hostname(),
             expires_at: now_secs() + secs,
+            nonce: nonce(),
         }
     }
 

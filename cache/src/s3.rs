@@ -104,7 +104,14 @@ pub struct S3Store {
     store: AmazonS3,
     prefix: String,
     url: String,
+    /// Whether the server honours `If-None-Match: *` on PUT; probed once, on the first
+    /// create-only write (or by `doctor`).
+    conditional: std::sync::OnceLock<bool>,
 }
+
+/// How long a create-only write without conditional PUT waits before reading the object back:
+/// writers racing on one name have all written by then, and all read the same last writer.
+const COMPARE_AFTER_WRITE_SETTLE: Duration = Duration::from_millis(250);
 
 /// True for `localhost`, 127.0.0.0/8 and `::1`.
 fn is_loopback(host: &str) -> bool {
@@ -294,7 +301,75 @@ impl S3Store {
             store,
             prefix,
             url: url.trim_end_matches('/').to_string(),
+            conditional: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Whether the server honours `If-None-Match: *` on PUT: a second create-only PUT of one
+    /// probe object must be refused. Asked of the server once per store (the first create-only
+    /// write, or `doctor`); a server that ignores it is reported in one loud line, and
+    /// create-only writes then fall back to compare-after-write (see [`Store::put`]).
+    pub fn conditional_put(&self) -> Result<bool> {
+        if let Some(v) = self.conditional.get() {
+            return Ok(*v);
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let name = format!(
+            "locks/.conditional-put-probe.{}.{}.{nanos}",
+            crate::lease::hostname(),
+            std::process::id()
+        );
+        let first = self.put_raw(&name, b"first", object_store::PutMode::Create);
+        let second = first
+            .as_ref()
+            .ok()
+            .map(|_| self.put_raw(&name, b"second", object_store::PutMode::Create));
+        let _ = self.delete(&name);
+        let honoured = match (first?, second.transpose()?) {
+            (true, Some(false)) => true,
+            // A first create-only PUT refused: a leftover of the same name; say nothing.
+            (false, _) => return Ok(true),
+            _ => false,
+        };
+        if !honoured {
+            tracing::warn!(
+                "compile cache: {} ignores If-None-Match: * on PUT (conditional writes): \
+                 compile leases and first-writer-wins fall back to compare-after-write; set \
+                 NEURON_PC_CACHE_STRICT=1 to refuse such a server",
+                self.url
+            );
+        }
+        let _ = self.conditional.set(honoured);
+        Ok(honoured)
+    }
+
+    fn put_raw(&self, name: &str, bytes: &[u8], mode: object_store::PutMode) -> Result<bool> {
+        let path = self.path(name);
+        let payload = PutPayload::from(bytes.to_vec());
+        let r = self.block(self.store.put_opts(&path, payload, mode.into()))?;
+        match r {
+            Ok(_) => Ok(true),
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => Ok(false),
+            Err(e) => Err(self.map(e)),
+        }
+    }
+
+    /// A create-only write on a server without conditional PUT: absent when looked at, then
+    /// written, then, after [`COMPARE_AFTER_WRITE_SETTLE`], read back: the writer whose bytes
+    /// are there won (every racer reads the same last writer). Callers write unique bytes (a
+    /// lease carries a nonce, a record its compile time).
+    fn create_by_compare(&self, name: &str, bytes: &[u8]) -> Result<bool> {
+        if self.get(name)?.is_some() {
+            return Ok(false);
+        }
+        self.put_raw(name, bytes, object_store::PutMode::Overwrite)?;
+        std::thread::sleep(COMPARE_AFTER_WRITE_SETTLE);
+        Ok(self.get(name)?.as_deref() == Some(bytes))
     }
 
     /// One listing request: `Denied` for refused or missing credentials, `InvalidUrl` for a
@@ -429,21 +504,17 @@ impl Store for S3Store {
     }
 
     fn put(&self, name: &str, bytes: &[u8], mode: PutMode) -> Result<bool> {
-        let path = self.path(name);
-        let payload = PutPayload::from(bytes.to_vec());
-        let mode = match mode {
-            PutMode::Overwrite => object_store::PutMode::Overwrite,
-            PutMode::CreateOnly => object_store::PutMode::Create,
-        };
-        let r = self.block(self.store.put_opts(&path, payload, mode.into()))?;
-        match r {
-            Ok(_) => Ok(true),
-            Err(
-                object_store::Error::AlreadyExists { .. }
-                | object_store::Error::Precondition { .. },
-            ) => Ok(false),
-            Err(e) => Err(self.map(e)),
+        match mode {
+            PutMode::Overwrite => self.put_raw(name, bytes, object_store::PutMode::Overwrite),
+            PutMode::CreateOnly if self.conditional_put()? => {
+                self.put_raw(name, bytes, object_store::PutMode::Create)
+            }
+            PutMode::CreateOnly => self.create_by_compare(name, bytes),
         }
+    }
+
+    fn conditional_put(&self) -> Result<bool> {
+        S3Store::conditional_put(self)
     }
 
     fn delete(&self, name: &str) -> Result<()> {

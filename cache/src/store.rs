@@ -56,6 +56,11 @@ pub trait Store: Send + Sync {
     }
     /// `Ok(false)` when `CreateOnly` found the object already there.
     fn put(&self, name: &str, bytes: &[u8], mode: PutMode) -> Result<bool>;
+    /// Whether [`PutMode::CreateOnly`] is atomic on the server (S3: `If-None-Match: *` is
+    /// honoured); `false` means it is emulated by compare-after-write. May ask the server once.
+    fn conditional_put(&self) -> Result<bool> {
+        Ok(true)
+    }
     /// Deleting a missing object is not an error.
     fn delete(&self, name: &str) -> Result<()>;
     /// Objects whose names start with `prefix`.
