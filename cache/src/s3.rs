@@ -17,8 +17,9 @@ use object_store::{BackoffConfig, ClientOptions, ObjectStore, PutPayload, RetryC
 use crate::error::{Error, Result};
 use crate::store::{ObjectMeta, PutMode, Store, Tier};
 
-/// Seconds (fractions allowed) bounding one S3 operation, retries included; default 6. Half of
-/// it bounds each attempt, the other half the time in which retries may start.
+/// Seconds (fractions allowed) bounding one S3 request, retries included; default 6. Half of
+/// it bounds each attempt, the other half the time in which retries may start. A listing is
+/// bounded per page (request), so a command over a large cache gets time in proportion.
 pub const S3_TIMEOUT_ENV: &str = "NEURON_PC_CACHE_S3_TIMEOUT";
 
 /// The default of [`S3_TIMEOUT_ENV`]: a hung server costs a training job these seconds once
@@ -415,6 +416,45 @@ impl S3Store {
             })
     }
 
+    /// Everything under `base`, one page (request) at a time, each page within the per-request
+    /// budget: a listing of N pages may take up to N budgets, so it grows with the work and a
+    /// large cache is not cut off by a bound sized for one request.
+    fn list_pages(
+        &self,
+        base: Option<&ObjectPath>,
+    ) -> Result<std::result::Result<Vec<object_store::ObjectMeta>, object_store::Error>> {
+        /// Objects per page of an S3 listing (`ListObjectsV2`'s default and maximum).
+        const PAGE: usize = 1000;
+        let r = self.runtime.block_on(async {
+            let mut stream = self.store.list(base);
+            let mut out = Vec::new();
+            loop {
+                if out.len() % PAGE == 0 {
+                    THREAD_REQUESTS.with(|n| n.set(n.get() + 1));
+                }
+                // Objects of a page already received come at once; the first of each page
+                // waits for its request.
+                match tokio::time::timeout(self.budget, stream.try_next()).await {
+                    Err(_) => return Err(out.len()),
+                    Ok(Err(e)) => return Ok(Err(e)),
+                    Ok(Ok(None)) => return Ok(Ok(out)),
+                    Ok(Ok(Some(m))) => out.push(m),
+                }
+            }
+        });
+        r.map_err(|listed| Error::Unavailable {
+            store: self.url.clone(),
+            message: format!(
+                "no answer within {:.1} s for page {} of a listing ({S3_TIMEOUT_ENV} bounds each \
+                 request; a listing may take that long per page of {PAGE} objects)",
+                self.budget.as_secs_f64(),
+                listed / PAGE + 1
+            ),
+            timed_out: true,
+            throttled: false,
+        })
+    }
+
     fn path(&self, name: &str) -> ObjectPath {
         if self.prefix.is_empty() {
             ObjectPath::from(name)
@@ -543,8 +583,7 @@ impl Store for S3Store {
         } else {
             Some(ObjectPath::from(full))
         };
-        let r: std::result::Result<Vec<object_store::ObjectMeta>, _> =
-            self.block(self.store.list(base.as_ref()).try_collect())?;
+        let r = self.list_pages(base.as_ref())?;
         let strip = if self.prefix.is_empty() {
             String::new()
         } else {
