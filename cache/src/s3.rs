@@ -501,9 +501,17 @@ impl S3Store {
                     let lower = message.to_ascii_lowercase();
                     // Not "timeout": every retry message names `retry_timeout`.
                     let timed_out = lower.contains("timed out");
-                    let throttled = ["slowdown", "503", "429", "toomanyrequests", "throttl"]
-                        .iter()
-                        .any(|w| lower.contains(w));
+                    // By the answer's status or code, never by bare digits (an endpoint's
+                    // port may contain "503").
+                    let throttled = [
+                        "slowdown",
+                        "503 service unavailable",
+                        "429 too many requests",
+                        "toomanyrequests",
+                        "throttl",
+                    ]
+                    .iter()
+                    .any(|w| lower.contains(w));
                     Error::Unavailable {
                         store,
                         message,

@@ -132,3 +132,29 @@ fn throttling_makes_a_waiter_wait_longer_not_compile() {
         0,
     );
 }
+
+/// Throttling is told from other trouble by the answer, not by digits that happen to be in a
+/// message (an endpoint's port like 15031 must not read as "503").
+#[test]
+fn throttling_is_told_from_other_trouble() {
+    let (f, p) = proxied();
+    let s = f.last().clone();
+    p.set_always(Some(Fault::Status(503)));
+    let e = s.get("entries/ab/x.json").unwrap_err();
+    assert!(e.is_throttled(), "{e}");
+    p.set_always(Some(Fault::Status(500)));
+    let e = s.get("entries/ab/x.json").unwrap_err();
+    assert!(!e.is_throttled(), "{e}");
+    p.set_always(None);
+    // Nothing listens on a port whose digits contain 503.
+    let port = (15030..15040)
+        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .expect("a free port among 15030-15039");
+    let dead = neuron_pc_cache::S3Store::open(
+        "s3://nobody/x",
+        &s3_opts(&format!("http://127.0.0.1:{port}")),
+    )
+    .unwrap();
+    let e = neuron_pc_cache::Store::get(&dead, "entries/ab/x.json").unwrap_err();
+    assert!(!e.is_throttled(), "{e}");
+}
