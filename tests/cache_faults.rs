@@ -12,7 +12,9 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use neuron_pc::{HostTensor, LazyDevice, Metrics};
+use neuron_pc_cache::{PutMode, Store};
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
 
 const CHILD: &str = "NEURON_PC_TEST_CHILD";
 /// The side of the square weight the child trains: different sizes, different graphs.
@@ -710,4 +712,103 @@ fn waiting_on_another_process_says_who_and_how_long() {
     for x in [d, saved] {
         std::fs::remove_dir_all(x).unwrap();
     }
+}
+
+/// Issue 23 item 6, as a job sees it: a lease on S3 held by a live process for 2 s; the job
+/// waits (no compile), and its metrics say how many S3 requests waiting cost: a few with the
+/// backoff, where the old 50 ms loop sent over 40 a second.
+#[test]
+fn waiting_on_an_s3_lease_backs_off_and_counts_its_requests() {
+    let name = "waiting_on_an_s3_lease_backs_off_and_counts_its_requests";
+    if std::env::var(CHILD).is_ok() {
+        return child_loop();
+    }
+    let m = server::moto();
+    let bucket = server::new_bucket(&m, "wait");
+    let url = format!("s3://{bucket}/w");
+    let endpoint = m.endpoint();
+    let envs = [
+        ("NEURON_COMPILE_CACHE_URL", url.as_str()),
+        ("NEURON_PC_CACHE_LOCAL_TIER", "0"),
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+    ];
+    let (clean, _) = child(name, &envs).ok();
+    let s3_opts = neuron_pc_cache::S3Options {
+        endpoint: Some(endpoint.clone()),
+        credentials: Some(("testing".into(), "testing".into())),
+        ..neuron_pc_cache::S3Options::default()
+    };
+    let store = Arc::new(neuron_pc_cache::S3Store::open(&url, &s3_opts).unwrap());
+    let names: Vec<String> = store
+        .list("entries/")
+        .unwrap()
+        .into_iter()
+        .map(|o| o.name)
+        .collect();
+    let record = names
+        .iter()
+        .find(|n| n.ends_with(".json"))
+        .expect("a record");
+    let k = record
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .trim_end_matches(".json")
+        .to_string();
+    // Take the entry away (keeping its bytes), and hold its lease as a live process would.
+    let saved: Vec<(String, Vec<u8>)> = names
+        .iter()
+        .map(|n| {
+            let bytes = store.get(n).unwrap().expect("listed");
+            store.delete(n).unwrap();
+            (n.clone(), bytes)
+        })
+        .collect();
+    let mut holder = Command::new("sleep").arg("60").spawn().unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let lease =
+        serde_json::json!({"pid": holder.id(), "host": host.trim(), "expires_at": now + 50});
+    let lock = format!("locks/{k}.lock");
+    store
+        .put(&lock, lease.to_string().as_bytes(), PutMode::Overwrite)
+        .unwrap();
+    // The "holder" finishes after two seconds: its entry appears (record last), it lets go.
+    let s2 = store.clone();
+    let finisher = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        let mut saved = saved;
+        saved.sort_by_key(|(n, _)| n.ends_with(".json"));
+        for (n, bytes) in saved {
+            s2.put(&n, &bytes, PutMode::Overwrite).unwrap();
+        }
+        s2.delete(&lock).unwrap();
+    });
+    let run = child(name, &envs);
+    finisher.join().unwrap();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let (got, m) = run.ok();
+    assert_eq!(got, clean);
+    assert_eq!((m.compiles, m.waited_for_others), (0, 1), "{m:?}");
+    assert!(
+        (3..=40).contains(&m.lease_wait_requests),
+        "requests while waiting about 2 s: {m:?}"
+    );
+    assert!(m.lease_requests_per_waiter_minute > 0.0, "{m:?}");
+    fault_report(
+        "job waiting on an S3 lease (metrics)",
+        1,
+        &format!(
+            "waited, no compile; {} requests ({:.0} per waiter-minute)",
+            m.lease_wait_requests, m.lease_requests_per_waiter_minute
+        ),
+        0,
+        0,
+    );
 }

@@ -208,7 +208,13 @@ impl LazyDevice {
     pub fn metrics(&self) -> Metrics {
         let done = self.inner.in_flight.retire_finished();
         self.inner.account(&done);
-        lock(&self.inner.metrics).clone()
+        let mut m = lock(&self.inner.metrics).clone();
+        if let Some(cache) = self.inner.compiler.cache() {
+            let w = cache.wait_metrics();
+            m.lease_wait_requests = w.requests;
+            m.lease_requests_per_waiter_minute = w.requests_per_waiter_minute;
+        }
+        m
     }
 
     /// Waits for every launched step; the first failure among them, naming its `mark_step`.
