@@ -196,10 +196,15 @@ impl Health {
     }
 
     /// Takes note of an error: an unreachable tier is skipped for a while, a hung one for
-    /// good. Returns true when the error was of that kind.
+    /// good. Returns true when the error was of that kind. Throttling is not: the server is
+    /// there (a holder's throttled lease renewal must not keep its entry out of the tier).
     pub(crate) fn report(&self, e: &Error) -> bool {
         match e {
-            Error::Unavailable { timed_out, .. } => {
+            Error::Unavailable {
+                throttled: false,
+                timed_out,
+                ..
+            } => {
                 if *timed_out {
                     self.off.store(true, Ordering::Relaxed);
                 }

@@ -30,6 +30,8 @@ fn waiting_opts() -> CacheOptions {
     CacheOptions {
         lock_poll_first: Duration::from_millis(50),
         lock_poll_cap: Duration::from_millis(800),
+        // Renewed every 2 s, so the holder's renewals meet the throttling too.
+        lease_secs: 6,
         ..opts()
     }
 }
@@ -107,12 +109,12 @@ fn throttling_makes_a_waiter_wait_longer_not_compile() {
             Err("the waiter compiled".into())
         })
     });
-    // While the holder compiles, every request is answered 503 SlowDown for 2 s (the old
-    // waiter gave up after its retries, 0.4 s, and compiled).
+    // While the holder compiles, every request is answered 503 SlowDown for 2.7 s, its lease
+    // renewal at 2 s included (the old waiter gave up after its retries, 0.4 s, and compiled).
     std::thread::sleep(Duration::from_millis(300));
     let before = p.state.requests.load(Ordering::SeqCst);
     p.set_always(Some(Fault::Status(503)));
-    std::thread::sleep(Duration::from_secs(2));
+    std::thread::sleep(Duration::from_millis(2700));
     p.set_always(None);
     let throttled = p.state.requests.load(Ordering::SeqCst) - before;
     assert!(throttled > 0, "the waiter was throttled");
@@ -124,6 +126,9 @@ fn throttling_makes_a_waiter_wait_longer_not_compile() {
         "throttling does not switch the tier off"
     );
     assert!(waiter.disabled_tiers().is_empty());
+    // The holder's throttled renewals did not switch the tier off for it: its entry is there.
+    let fresh = f.cache(opts());
+    assert!(fresh.contains(&k), "the holder stored its entry in S3");
     fault_report(
         "503 SlowDown while waiting on a remote lease",
         1,
