@@ -110,8 +110,9 @@ pub struct S3Store {
     conditional: std::sync::OnceLock<bool>,
 }
 
-/// How long a create-only write without conditional PUT waits before reading the object back:
-/// writers racing on one name have all written by then, and all read the same last writer.
+/// How long (at least; three times its own look and write when longer) a create-only write
+/// without conditional PUT waits before reading the object back: writers racing on one name
+/// have all written by then, and all read the same last writer.
 const COMPARE_AFTER_WRITE_SETTLE: Duration = Duration::from_millis(250);
 
 /// True for `localhost`, 127.0.0.0/8 and `::1`.
@@ -365,11 +366,13 @@ impl S3Store {
     /// are there won (every racer reads the same last writer). Callers write unique bytes (a
     /// lease carries a nonce, a record its compile time).
     fn create_by_compare(&self, name: &str, bytes: &[u8]) -> Result<bool> {
+        let started = std::time::Instant::now();
         if self.get(name)?.is_some() {
             return Ok(false);
         }
         self.put_raw(name, bytes, object_store::PutMode::Overwrite)?;
-        std::thread::sleep(COMPARE_AFTER_WRITE_SETTLE);
+        // A racer's look and write take about as long as ours: on a slow server, wait longer.
+        std::thread::sleep(COMPARE_AFTER_WRITE_SETTLE.max(started.elapsed() * 3));
         Ok(self.get(name)?.as_deref() == Some(bytes))
     }
 
