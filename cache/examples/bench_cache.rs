@@ -6,7 +6,9 @@
 //! and `verify` on it.
 //!
 //! Run by `scripts/bench-cache`, which starts the server and sets `AWS_ENDPOINT_URL`.
-//! Usage: bench_cache [--scale] [s3://bucket/prefix]   (without an S3 URL only the local row)
+//! With `--s3-scale N` (and an S3 URL), `ls`, `stats` and `verify` of N entries on S3.
+//!
+//! Usage: bench_cache [--scale] [--s3-scale N] [s3://bucket/prefix]   (no URL: local rows only)
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -187,10 +189,72 @@ fn waiters(url: &str) -> f64 {
     rates.iter().sum::<f64>() / rates.len() as f64
 }
 
+/// `ls`, `stats` and `verify` of an S3-only cache of `n` entries (record and executable each,
+/// written by 8 writers): seconds each, with the default per-request budget.
+fn s3_scale(url: &str, n: usize) -> (f64, f64, f64) {
+    let opts = || CacheOptions {
+        local_tier: false,
+        ..CacheOptions::default()
+    };
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let url = url.to_string();
+            std::thread::spawn(move || {
+                let s = neuron_pc_cache::S3Store::open(&url, &opts().s3).expect("s3 store");
+                for i in (w..n).step_by(8) {
+                    let k = key(&format!("s3 scale entry {i}"));
+                    let mut exe = vec![0u8; 256];
+                    exe[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                    let digest = hex::encode(Sha256::digest(&exe));
+                    let shard = &k.as_str()[..2];
+                    let record = EntryRecord {
+                        format_version: ENTRY_FORMAT_VERSION,
+                        key: k.to_string(),
+                        key_inputs: BTreeMap::new(),
+                        executable_size: exe.len() as u64,
+                        executable_sha256: digest.clone(),
+                        program_size: 0,
+                        compile_ms: 1.0,
+                        tool_version: "bench".into(),
+                        created_at: 0,
+                        signature: None,
+                    };
+                    let overwrite = neuron_pc_cache::PutMode::Overwrite;
+                    let exe_name = format!("entries/{shard}/{k}.{}.exe", &digest[..16]);
+                    neuron_pc_cache::Store::put(&s, &exe_name, &exe, overwrite).expect("exe");
+                    let rec = serde_json::to_vec(&record).expect("json");
+                    let rec_name = format!("entries/{shard}/{k}.json");
+                    neuron_pc_cache::Store::put(&s, &rec_name, &rec, overwrite).expect("record");
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().expect("writer");
+    }
+    let c = Cache::open(url, opts()).expect("s3 cache");
+    let t = Instant::now();
+    assert_eq!(c.list().expect("ls").len(), n);
+    let ls = secs(t);
+    let t = Instant::now();
+    assert_eq!(c.stats().expect("stats").entries, n);
+    let stats = secs(t);
+    let t = Instant::now();
+    let r = c.verify(false).expect("verify");
+    assert_eq!((r.checked, r.bad.len()), (n, 0));
+    (ls, stats, secs(t))
+}
+
 fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let with_scale = args.iter().any(|a| a == "--scale");
     args.retain(|a| a != "--scale");
+    // `--s3-scale N`: also `ls`, `stats` and `verify` of N entries on the S3 server.
+    let s3_scale_n = args.iter().position(|a| a == "--s3-scale").map(|i| {
+        let n = args.get(i + 1).and_then(|v| v.parse().ok());
+        args.drain(i..(i + 2).min(args.len()));
+        n.expect("--s3-scale takes a number of entries")
+    });
     let s3_url = args.into_iter().next();
     let dir = std::env::temp_dir().join(format!("npc-bench-cache-{}", std::process::id()));
     let mut rows = Vec::new();
@@ -237,6 +301,17 @@ fn main() {
     if with_scale {
         println!();
         scale(&dir);
+    }
+    if let (Some(n), Some(url)) = (
+        s3_scale_n,
+        std::env::args().find(|a| a.starts_with("s3://")),
+    ) {
+        let (ls, stats, verify) = s3_scale(&format!("{url}-scale"), n);
+        println!(
+            "s3 (loopback), {n} entries: ls {ls:.1}s, stats {stats:.1}s, verify {verify:.1}s \
+             (default {:.0} s budget per request)",
+            neuron_pc_cache::DEFAULT_S3_BUDGET.as_secs_f64()
+        );
     }
     let _ = std::fs::remove_dir_all(dir);
 }
