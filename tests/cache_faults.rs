@@ -7,6 +7,10 @@
 #[allow(dead_code)]
 mod server;
 
+#[path = "../cache/tests/common/proxy.rs"]
+#[allow(dead_code)]
+mod proxy;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -808,6 +812,62 @@ fn waiting_on_an_s3_lease_backs_off_and_counts_its_requests() {
             "waited, no compile; {} requests ({:.0} per waiter-minute)",
             m.lease_wait_requests, m.lease_requests_per_waiter_minute
         ),
+        0,
+        0,
+    );
+}
+
+/// Issue 23 item 5, as a job sees it: an S3 server that ignores `If-None-Match: *` (the tests'
+/// proxy drops it) is named in one warning and the job goes on with the compare-after-write
+/// fallback (its entry is then a remote hit for the next job); in strict mode the job fails.
+#[test]
+fn a_job_on_a_server_without_conditional_put_warns_once_or_fails_strict() {
+    let name = "a_job_on_a_server_without_conditional_put_warns_once_or_fails_strict";
+    if std::env::var(CHILD).is_ok() {
+        return child_loop();
+    }
+    let m = server::moto();
+    let bucket = server::new_bucket(&m, "nocond");
+    let p = proxy::Proxy::start(m.port);
+    p.set_always(Some(proxy::Fault::StripConditional));
+    let url = format!("s3://{bucket}/j");
+    let endpoint = p.endpoint();
+    let mut envs = vec![
+        ("NEURON_COMPILE_CACHE_URL", url.as_str()),
+        ("NEURON_PC_CACHE_LOCAL_TIER", "0"),
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+    ];
+    let run = child(name, &envs);
+    let (clean, metrics) = run.ok();
+    assert_eq!(metrics.compiles, 1);
+    assert_eq!(metrics.cache_unavailable, None);
+    let err = run.stderr();
+    assert_eq!(
+        err.matches("ignores If-None-Match").count(),
+        1,
+        "one warning: {err}"
+    );
+    let (again, metrics) = child(name, &envs).ok();
+    assert_eq!(
+        (metrics.compiles, metrics.remote_hits),
+        (0, 1),
+        "{metrics:?}"
+    );
+    assert_eq!(again, clean);
+    envs.push(("NEURON_PC_CACHE_STRICT", "1"));
+    let strict = child(name, &envs);
+    assert!(!strict.out.status.success(), "strict is fatal");
+    assert!(
+        strict.stderr().contains("ignores If-None-Match"),
+        "{}",
+        strict.stderr()
+    );
+    fault_report(
+        "job on an S3 server ignoring If-None-Match",
+        1,
+        "one warning, fallback, remote hit next; strict fatal",
         0,
         0,
     );
