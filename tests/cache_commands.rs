@@ -226,3 +226,81 @@ fn an_s3_cache_lists_both_tiers_counts_remote_entries_and_clear_asks() {
     assert_eq!(writer.stats().unwrap().tiers[1].entries, 0);
     std::fs::remove_dir_all(d).unwrap();
 }
+
+/// Every file under `dir` with its bytes.
+fn snapshot(dir: &std::path::Path) -> BTreeMap<PathBuf, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.insert(p.clone(), std::fs::read_to_string(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// Issue 23 item 1: each layout directory in turn a link to an outside directory holding files
+/// named like the objects of the key; `cache rm KEY` and every other command leave them as
+/// they were (the old delete fallback removed `<outside>/<key>.json`).
+#[test]
+fn no_cache_command_follows_a_layout_directory_out_of_the_root() {
+    let k = key("linked layout");
+    let shard = &k.as_str()[..2];
+    for rel in ["entries", &format!("entries/{shard}"), "failures", "locks"] {
+        let d = tmp(&format!("link-{}", rel.replace('/', "-")));
+        let root = d.join("c");
+        let url = root.to_str().unwrap();
+        let c = Cache::open(url, CacheOptions::default()).unwrap();
+        c.put(&k, b"exe", "p", &inputs(), 1.0);
+        c.put_failure(&key("other"), "failed");
+        let outside = d.join("outside");
+        let names = [
+            format!("entries/{shard}/{k}.json"),
+            format!("entries/{shard}/{k}.mlir"),
+            format!("entries/{shard}/{k}.0123456789abcdef.exe"),
+            format!("failures/{k}.json"),
+            format!("locks/{k}.lock"),
+        ];
+        for name in &names {
+            if let Some(inside) = name.strip_prefix(&format!("{rel}/")) {
+                let p = outside.join(inside);
+                std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+                std::fs::write(&p, format!("not the cache's: {inside}")).unwrap();
+            }
+        }
+        let before = snapshot(&outside);
+        let link = root.join(rel);
+        let _ = std::fs::remove_dir_all(&link);
+        std::os::unix::fs::symlink(&outside, &link).unwrap();
+        let key_arg = k.to_string();
+        for args in [
+            &["cache", "rm", &key_arg][..],
+            &["cache", "ls"],
+            &["cache", "stats"],
+            &["cache", "show", &key_arg],
+            &["cache", "verify"],
+            &["cache", "prune", "--max-size", "0"],
+            &["cache", "clear", "--failed", "--yes"],
+            &["cache", "clear", "--yes"],
+            &["cache", "verify", "--fix"],
+            &["cache", "rm", &key_arg],
+        ] {
+            let mut args = args.to_vec();
+            args.extend(["--cache", url]);
+            let o = npc(&args, &[]);
+            let (out, err) = text(&o);
+            assert!(!err.contains("panicked"), "{args:?}: {out}{err}");
+            assert_eq!(
+                snapshot(&outside),
+                before,
+                "{rel} linked out of the root: {args:?} changed the files it points to"
+            );
+        }
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}

@@ -7,12 +7,18 @@
 #[allow(dead_code)]
 mod server;
 
+#[path = "../cache/tests/common/proxy.rs"]
+#[allow(dead_code)]
+mod proxy;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use neuron_pc::{HostTensor, LazyDevice, Metrics};
+use neuron_pc_cache::{PutMode, Store};
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
 
 const CHILD: &str = "NEURON_PC_TEST_CHILD";
 /// The side of the square weight the child trains: different sizes, different graphs.
@@ -212,7 +218,16 @@ fn a_planted_executable_consistent_with_its_record_is_recompiled() {
         "verify finds the planted executable"
     );
     let report: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap();
-    assert_eq!(report["programs_checked"], 1, "{report}");
+    // Counted as bad, not as loaded or digest-only.
+    assert_eq!(
+        (
+            &report["checked"],
+            &report["loaded"],
+            &report["digest_only"]
+        ),
+        (&1.into(), &0.into(), &0.into()),
+        "{report}"
+    );
     let bad = report["bad"].to_string();
     assert!(
         bad.contains(&ka) && bad.contains("does not match its program"),
@@ -249,6 +264,86 @@ fn a_planted_executable_consistent_with_its_record_is_recompiled() {
     for d in [a, b] {
         std::fs::remove_dir_all(d).unwrap();
     }
+}
+
+/// Issue 23 item 4: an executable of this compiler that does not load (garbage consistent with
+/// its record: digest and size rewritten) is bad: `verify` reports it and exits 1 (it used to
+/// skip it, count it as checked and exit 0), `--fix` removes it, and the counts say what was
+/// checked how (loaded vs digest only).
+#[test]
+fn verify_reports_an_executable_that_does_not_load_and_fix_removes_it() {
+    let name = "verify_reports_an_executable_that_does_not_load_and_fix_removes_it";
+    if std::env::var(CHILD).is_ok() {
+        return child_loop();
+    }
+    let a = tmp("noload");
+    let url = a.to_str().unwrap();
+    let (_, m) = child(name, &[("NEURON_COMPILE_CACHE_URL", url)]).ok();
+    assert_eq!(m.compiles, 1);
+    let k = only_key(&a);
+
+    // A sound entry: loaded, against its program.
+    let v = npc(&["cache", "verify", "--json", "--cache", url], &[]);
+    assert_eq!(
+        v.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&v.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&v.stdout).unwrap();
+    assert_eq!(
+        (
+            &report["checked"],
+            &report["loaded"],
+            &report["programs_checked"]
+        ),
+        (&1.into(), &1.into(), &1.into()),
+        "{report}"
+    );
+    assert_eq!(report["digest_only"], 0, "{report}");
+
+    // Garbage in place of the executable, consistent with a rewritten record.
+    let garbage: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    let digest = hex::encode(Sha256::digest(&garbage));
+    std::fs::remove_file(exe_path(&a, &k)).unwrap();
+    std::fs::write(
+        entry_dir(&a, &k).join(format!("{k}.{}.exe", &digest[..16])),
+        &garbage,
+    )
+    .unwrap();
+    let rec_path = entry_dir(&a, &k).join(format!("{k}.json"));
+    let mut rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&rec_path).unwrap()).unwrap();
+    rec["executable_sha256"] = digest.into();
+    rec["executable_size"] = garbage.len().into();
+    std::fs::write(&rec_path, serde_json::to_vec_pretty(&rec).unwrap()).unwrap();
+
+    let v = npc(&["cache", "verify", "--cache", url], &[]);
+    let out = String::from_utf8_lossy(&v.stdout).into_owned();
+    assert_eq!(v.status.code(), Some(1), "verify reports it: {out}");
+    assert!(
+        out.contains(&format!("bad {k}")) && out.contains("does not load"),
+        "{out}"
+    );
+    assert!(out.contains("checked 1 entries: 0 loaded"), "{out}");
+    let fix = npc(&["cache", "verify", "--fix", "--cache", url], &[]);
+    let out = String::from_utf8_lossy(&fix.stdout).into_owned();
+    assert_eq!(fix.status.code(), Some(0), "--fix repairs: {out}");
+    assert!(out.contains(&format!("removed entry {k}")), "{out}");
+    assert!(!rec_path.exists(), "the entry is gone");
+    // The next job compiles it again and stores a sound entry.
+    let (_, m) = child(name, &[("NEURON_COMPILE_CACHE_URL", url)]).ok();
+    assert_eq!(m.compiles, 1);
+    let v = npc(&["cache", "verify", "--cache", url], &[]);
+    assert_eq!(v.status.code(), Some(0));
+    fault_report(
+        "executable that does not load (consistent record)",
+        1,
+        "verify reports it, --fix removes it",
+        0,
+        0,
+    );
+    std::fs::remove_dir_all(a).unwrap();
 }
 
 /// Issue 14 F: a cache URL that is a symlink. The job goes on without the cache (one loud
@@ -621,4 +716,159 @@ fn waiting_on_another_process_says_who_and_how_long() {
     for x in [d, saved] {
         std::fs::remove_dir_all(x).unwrap();
     }
+}
+
+/// Issue 23 item 6, as a job sees it: a lease on S3 held by a live process for 2 s; the job
+/// waits (no compile), and its metrics say how many S3 requests waiting cost: a few with the
+/// backoff, where the old 50 ms loop sent over 40 a second.
+#[test]
+fn waiting_on_an_s3_lease_backs_off_and_counts_its_requests() {
+    let name = "waiting_on_an_s3_lease_backs_off_and_counts_its_requests";
+    if std::env::var(CHILD).is_ok() {
+        return child_loop();
+    }
+    let m = server::moto();
+    let bucket = server::new_bucket(&m, "wait");
+    let url = format!("s3://{bucket}/w");
+    let endpoint = m.endpoint();
+    let envs = [
+        ("NEURON_COMPILE_CACHE_URL", url.as_str()),
+        ("NEURON_PC_CACHE_LOCAL_TIER", "0"),
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+    ];
+    let (clean, _) = child(name, &envs).ok();
+    let s3_opts = neuron_pc_cache::S3Options {
+        endpoint: Some(endpoint.clone()),
+        credentials: Some(("testing".into(), "testing".into())),
+        ..neuron_pc_cache::S3Options::default()
+    };
+    let store = Arc::new(neuron_pc_cache::S3Store::open(&url, &s3_opts).unwrap());
+    let names: Vec<String> = store
+        .list("entries/")
+        .unwrap()
+        .into_iter()
+        .map(|o| o.name)
+        .collect();
+    let record = names
+        .iter()
+        .find(|n| n.ends_with(".json"))
+        .expect("a record");
+    let k = record
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .trim_end_matches(".json")
+        .to_string();
+    // Take the entry away (keeping its bytes), and hold its lease as a live process would.
+    let saved: Vec<(String, Vec<u8>)> = names
+        .iter()
+        .map(|n| {
+            let bytes = store.get(n).unwrap().expect("listed");
+            store.delete(n).unwrap();
+            (n.clone(), bytes)
+        })
+        .collect();
+    let mut holder = Command::new("sleep").arg("60").spawn().unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let lease =
+        serde_json::json!({"pid": holder.id(), "host": host.trim(), "expires_at": now + 50});
+    let lock = format!("locks/{k}.lock");
+    store
+        .put(&lock, lease.to_string().as_bytes(), PutMode::Overwrite)
+        .unwrap();
+    // The "holder" finishes after two seconds: its entry appears (record last), it lets go.
+    let s2 = store.clone();
+    let finisher = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        let mut saved = saved;
+        saved.sort_by_key(|(n, _)| n.ends_with(".json"));
+        for (n, bytes) in saved {
+            s2.put(&n, &bytes, PutMode::Overwrite).unwrap();
+        }
+        s2.delete(&lock).unwrap();
+    });
+    let run = child(name, &envs);
+    finisher.join().unwrap();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let (got, m) = run.ok();
+    assert_eq!(got, clean);
+    assert_eq!((m.compiles, m.waited_for_others), (0, 1), "{m:?}");
+    assert!(
+        (3..=40).contains(&m.lease_wait_requests),
+        "requests while waiting about 2 s: {m:?}"
+    );
+    assert!(m.lease_requests_per_waiter_minute > 0.0, "{m:?}");
+    fault_report(
+        "job waiting on an S3 lease (metrics)",
+        1,
+        &format!(
+            "waited, no compile; {} requests ({:.0} per waiter-minute)",
+            m.lease_wait_requests, m.lease_requests_per_waiter_minute
+        ),
+        0,
+        0,
+    );
+}
+
+/// Issue 23 item 5, as a job sees it: an S3 server that ignores `If-None-Match: *` (the tests'
+/// proxy drops it) is named in one warning and the job goes on with the compare-after-write
+/// fallback (its entry is then a remote hit for the next job); in strict mode the job fails.
+#[test]
+fn a_job_on_a_server_without_conditional_put_warns_once_or_fails_strict() {
+    let name = "a_job_on_a_server_without_conditional_put_warns_once_or_fails_strict";
+    if std::env::var(CHILD).is_ok() {
+        return child_loop();
+    }
+    let m = server::moto();
+    let bucket = server::new_bucket(&m, "nocond");
+    let p = proxy::Proxy::start(m.port);
+    p.set_always(Some(proxy::Fault::StripConditional));
+    let url = format!("s3://{bucket}/j");
+    let endpoint = p.endpoint();
+    let mut envs = vec![
+        ("NEURON_COMPILE_CACHE_URL", url.as_str()),
+        ("NEURON_PC_CACHE_LOCAL_TIER", "0"),
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+    ];
+    let run = child(name, &envs);
+    let (clean, metrics) = run.ok();
+    assert_eq!(metrics.compiles, 1);
+    assert_eq!(metrics.cache_unavailable, None);
+    let err = run.stderr();
+    assert_eq!(
+        err.matches("ignores If-None-Match").count(),
+        1,
+        "one warning: {err}"
+    );
+    let (again, metrics) = child(name, &envs).ok();
+    assert_eq!(
+        (metrics.compiles, metrics.remote_hits),
+        (0, 1),
+        "{metrics:?}"
+    );
+    assert_eq!(again, clean);
+    envs.push(("NEURON_PC_CACHE_STRICT", "1"));
+    let strict = child(name, &envs);
+    assert!(!strict.out.status.success(), "strict is fatal");
+    assert!(
+        strict.stderr().contains("ignores If-None-Match"),
+        "{}",
+        strict.stderr()
+    );
+    fault_report(
+        "job on an S3 server ignoring If-None-Match",
+        1,
+        "one warning, fallback, remote hit next; strict fatal",
+        0,
+        0,
+    );
 }

@@ -7,6 +7,10 @@
 #[allow(dead_code)]
 mod server;
 
+#[path = "../cache/tests/common/proxy.rs"]
+#[allow(dead_code)]
+mod proxy;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -29,6 +33,7 @@ fn doctor(args: &[&str], envs: &[(&str, &str)]) -> Output {
         "NEURON_PC_CACHE_LOCAL_DIR",
         "NEURON_PC_CACHE_LOCAL_TIER",
         "NEURON_PC_CACHE_S3_TIMEOUT",
+        "NEURON_PC_CACHE_STRICT",
         "NEURON_PC_CPU_PLUGIN",
         "AWS_ENDPOINT_URL",
         "AWS_ACCESS_KEY_ID",
@@ -346,6 +351,46 @@ fn an_s3_cache_probes_both_tiers_and_a_missing_bucket_fails() {
         detail.contains("the bucket npc-doctor-no-such-bucket does not exist"),
         "{detail}"
     );
+    let _ = std::fs::remove_dir_all(local);
+}
+
+/// Issue 23 item 5: a server that ignores `If-None-Match: *` (the tests' proxy drops it in
+/// front of moto) is named in its own line: a warning with the fallback, a FAIL in strict
+/// mode; an honest server is `ok`. (doctor used to say such a cache was fine.)
+#[test]
+fn a_server_that_ignores_conditional_put_is_named() {
+    let m = server::moto();
+    let local = tmp("cond-local");
+    for (strip, strict, verdict, code) in [
+        (false, "0", "ok", 0),
+        (true, "0", "warn", 0),
+        (true, "1", "FAIL", 1),
+    ] {
+        let bucket = server::new_bucket(&m, "doctor-cond");
+        let p = proxy::Proxy::start(m.port);
+        if strip {
+            p.set_always(Some(proxy::Fault::StripConditional));
+        }
+        let endpoint = p.endpoint();
+        let envs = [
+            ("AWS_ENDPOINT_URL", endpoint.as_str()),
+            ("AWS_ACCESS_KEY_ID", "testing"),
+            ("AWS_SECRET_ACCESS_KEY", "testing"),
+            ("NEURON_PC_CACHE_LOCAL_DIR", local.to_str().unwrap()),
+            ("NEURON_PC_CACHE_STRICT", strict),
+        ];
+        let url = format!("s3://{bucket}/doctor");
+        let mut args = vec!["--cache", url.as_str()];
+        args.extend(ONE_DEVICE);
+        let out = doctor(&args, &envs);
+        let (v, detail) = line(&out, "cache/conditional-put");
+        assert_eq!(v, verdict, "strip {strip} strict {strict}: {detail}");
+        assert_eq!(out.status.code(), Some(code), "{}", stdout(&out));
+        assert_eq!(line(&out, "cache/remote").0, "ok");
+        if strip {
+            assert!(detail.contains("ignores If-None-Match"), "{detail}");
+        }
+    }
     let _ = std::fs::remove_dir_all(local);
 }
 

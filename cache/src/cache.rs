@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::key::CacheKey;
-use crate::lease::{try_acquire, Attempt};
+use crate::lease::{try_acquire, Attempt, Backoff};
 use crate::options::{default_dir, CacheOptions, CACHE_URL_ENV};
 use crate::record::{
     now_secs, sha256_hex, sign, EntryRecord, FailureRecord, ENTRY_FORMAT_VERSION, MAX_RECORD_BYTES,
@@ -137,8 +137,15 @@ pub struct VerifyReport {
     pub removed: usize,
     /// What `--fix` removed, one line each (bad entries, leftovers, foreign files, locks).
     pub removed_items: Vec<String>,
-    /// Executables whose stored program was checked against them by the caller's checker.
+    /// Executables the caller's checker loaded (digest verified, then loaded by the plugin).
+    pub loaded: usize,
+    /// Of those, the ones whose interface was also checked against their stored program.
     pub programs_checked: usize,
+    /// Entries whose digest (and signature) were verified but whose executable was not loaded
+    /// (no checker, no plugin, or written by another compiler).
+    pub digest_only: usize,
+    /// Why executables were not loaded, with how many each.
+    pub not_loaded: BTreeMap<String, usize>,
     /// Temporary files, unreferenced executables and stale locks removed by `--fix`.
     pub leftovers: usize,
 }
@@ -189,10 +196,15 @@ impl Health {
     }
 
     /// Takes note of an error: an unreachable tier is skipped for a while, a hung one for
-    /// good. Returns true when the error was of that kind.
+    /// good. Returns true when the error was of that kind. Throttling is not: the server is
+    /// there (a holder's throttled lease renewal must not keep its entry out of the tier).
     pub(crate) fn report(&self, e: &Error) -> bool {
         match e {
-            Error::Unavailable { timed_out, .. } => {
+            Error::Unavailable {
+                throttled: false,
+                timed_out,
+                ..
+            } => {
                 if *timed_out {
                     self.off.store(true, Ordering::Relaxed);
                 }
@@ -210,6 +222,37 @@ pub struct Cache {
     pub(crate) tiers: Vec<TierState>,
     pub(crate) opts: CacheOptions,
     warned: Mutex<HashSet<String>>,
+    /// This process's tally of the local tier's bytes and when it was listed (for the size
+    /// bound; see `enforce_bound`).
+    pub(crate) local_usage: Mutex<Option<(u64, Instant)>>,
+    waiting: WaitCounters,
+}
+
+/// How this process waited on other processes' leases (see [`Cache::wait_metrics`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct WaitMetrics {
+    /// Lookups that waited on another process's lease.
+    pub waits: u64,
+    /// Seconds spent waiting, all waits together.
+    pub wait_secs: f64,
+    /// Requests to the shared (S3) store made while waiting.
+    pub requests: u64,
+    /// `requests` per waiter per minute of waiting: what a fleet of waiters costs the store.
+    pub requests_per_waiter_minute: f64,
+}
+
+#[derive(Default)]
+struct WaitCounters {
+    inner: Mutex<(u64, Duration, u64)>,
+}
+
+impl WaitCounters {
+    fn record(&self, waited: Duration, requests: u64) {
+        let mut w = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        w.0 += 1;
+        w.1 += waited;
+        w.2 += requests;
+    }
 }
 
 /// Executables are named by key and digest, so two writers racing on one key never mix one's
@@ -335,6 +378,8 @@ impl Cache {
             tiers,
             opts,
             warned: Mutex::new(HashSet::new()),
+            local_usage: Mutex::new(None),
+            waiting: WaitCounters::default(),
         })
     }
 
@@ -345,6 +390,39 @@ impl Cache {
             .map(|t| t.store.describe())
             .collect::<Vec<_>>()
             .join(" -> ")
+    }
+
+    /// The shared stores that do not honour create-only writes (an S3-compatible server that
+    /// ignores `If-None-Match: *`): leases and first-writer-wins use compare-after-write on
+    /// them. Asks each store once per process (a read-only cache asks nothing).
+    pub fn without_conditional_put(&self) -> Result<Vec<String>> {
+        if self.opts.read_only {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for t in self.live_tiers() {
+            if !t.store.conditional_put()? {
+                out.push(t.store.describe());
+            }
+        }
+        Ok(out)
+    }
+
+    /// How this process has waited on other processes' leases so far.
+    pub fn wait_metrics(&self) -> WaitMetrics {
+        let (waits, waited, requests) =
+            *self.waiting.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let minutes = waited.as_secs_f64() / 60.0;
+        WaitMetrics {
+            waits,
+            wait_secs: waited.as_secs_f64(),
+            requests,
+            requests_per_waiter_minute: if minutes > 0.0 {
+                requests as f64 / minutes
+            } else {
+                0.0
+            },
+        }
     }
 
     /// The options the cache was opened with.
@@ -367,7 +445,13 @@ impl Cache {
     /// A storage error: an unreachable tier is skipped for a while (warned about once); other
     /// errors are warned about once per kind.
     fn storage_trouble(&self, tier: &TierState, e: &Error) {
-        if tier.health.report(e) {
+        if e.is_throttled() {
+            // The server is there and busy: this operation missed, the tier stays on.
+            self.warn_once(
+                &format!("throttled:{}", tier.store.describe()),
+                &format!("{e}; slowing down"),
+            );
+        } else if tier.health.report(e) {
             let how_long = if matches!(
                 e,
                 Error::Unavailable {
@@ -638,7 +722,8 @@ impl Cache {
             }
         }
         if stored {
-            self.enforce_bound();
+            let record_len = serde_json::to_vec_pretty(&record).map_or(0, |r| r.len());
+            self.enforce_bound((executable.len() + program.len() + record_len) as u64);
             PutOutcome::Stored
         } else {
             PutOutcome::Failed(last_err)
@@ -693,7 +778,18 @@ impl Cache {
         let mut guard = None;
         if let (false, Some(tier)) = (self.opts.read_only, self.lock_tier()) {
             let started = Instant::now();
+            let requests_before = crate::s3::thread_requests();
+            let mut backoff = Backoff::new(self.opts.lock_poll_first, self.opts.lock_poll_cap);
             let mut announced = false;
+            let mut waited = false;
+            let done_waiting = |waited: bool| {
+                if waited {
+                    self.waiting.record(
+                        started.elapsed(),
+                        crate::s3::thread_requests() - requests_before,
+                    );
+                }
+            };
             loop {
                 if tier.is_down() {
                     break;
@@ -709,6 +805,7 @@ impl Cache {
                         break;
                     }
                     Ok(Attempt::Held(holder)) => {
+                        waited = true;
                         if !announced {
                             announced = true;
                             let who = holder.map_or_else(
@@ -722,22 +819,32 @@ impl Cache {
                             );
                         }
                     }
+                    // Throttled: the store is there and asks us to slow down; wait longer.
+                    Err(e) if e.is_throttled() => {
+                        waited = true;
+                        self.storage_trouble(tier, &e);
+                        backoff.slow_down();
+                    }
                     Err(e) => {
                         self.storage_trouble(tier, &e);
                         break;
                     }
                 }
-                std::thread::sleep(Duration::from_millis(50));
+                std::thread::sleep(backoff.pause());
                 match self.get(key) {
                     Lookup::Hit(h) => {
                         tracing::warn!(
                             "compile cache: {key} arrived after waiting {:.1} s",
                             started.elapsed().as_secs_f64()
                         );
+                        done_waiting(waited);
                         return Ok(Obtained::Waited(h));
                     }
                     // The holder failed: its failure stands for ours.
-                    Lookup::Failed(f) if !retry_failed => return Err(recorded(&f)),
+                    Lookup::Failed(f) if !retry_failed => {
+                        done_waiting(waited);
+                        return Err(recorded(&f));
+                    }
                     _ => {}
                 }
                 if started.elapsed() > self.opts.lock_wait {
@@ -750,6 +857,7 @@ impl Cache {
                     break;
                 }
             }
+            done_waiting(waited);
             // Someone may have finished between our miss and taking the lock.
             if guard.is_some() {
                 match self.get(key) {

@@ -48,6 +48,9 @@ pub enum Error {
         /// The request ran out of time (a hung server): the tier is off for the rest of the
         /// process, so a job pays for one timeout, not one per operation.
         timed_out: bool,
+        /// The server is throttling us (503 SlowDown, 429): it is there, and asks us to slow
+        /// down; a waiter waits longer instead of giving up.
+        throttled: bool,
     },
 
     /// A stored object that fails its checks (digest, size, signature, format).
@@ -84,6 +87,19 @@ pub enum Error {
     /// The cache was opened read-only.
     #[error("the cache is read-only")]
     ReadOnly,
+}
+
+impl Error {
+    /// True for a throttling answer (503 SlowDown, 429).
+    pub fn is_throttled(&self) -> bool {
+        matches!(
+            self,
+            Error::Unavailable {
+                throttled: true,
+                ..
+            }
+        )
+    }
 }
 
 /// The crate's result type.

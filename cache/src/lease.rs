@@ -20,6 +20,19 @@ pub struct Lease {
     pub host: String,
     /// Seconds since the Unix epoch after which the lease is void.
     pub expires_at: u64,
+    /// Unique per attempt, so that a writer can tell its lease from another's by the bytes
+    /// (compare-after-write on servers without conditional PUT).
+    #[serde(default)]
+    pub nonce: u64,
+}
+
+fn nonce() -> u64 {
+    use std::sync::atomic::AtomicU64;
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ (u64::from(std::process::id()) << 40) ^ N.fetch_add(1, Ordering::Relaxed)
 }
 
 pub(crate) fn hostname() -> String {
@@ -38,6 +51,7 @@ impl Lease {
             pid: std::process::id(),
             host: hostname(),
             expires_at: now_secs() + secs,
+            nonce: nonce(),
         }
     }
 
@@ -89,7 +103,8 @@ pub(crate) enum Attempt {
     Held(Option<Lease>),
 }
 
-/// Tries to take the lease `name`, breaking a stale one.
+/// Tries to take the lease `name`, breaking a stale one. A waiter polls this, so a live lease
+/// costs one read and no write (writes are what an S3 prefix is throttled on first).
 pub(crate) fn try_acquire(
     store: &Arc<dyn Store>,
     health: &Arc<Health>,
@@ -97,16 +112,22 @@ pub(crate) fn try_acquire(
     secs: u64,
 ) -> crate::Result<Attempt> {
     for _ in 0..2 {
-        let lease = Lease::mine(secs);
-        let bytes = serde_json::to_vec(&lease).expect("lease serializes");
-        if store.put(name, &bytes, PutMode::CreateOnly)? {
-            return Ok(Attempt::Acquired(guard(store, health, name, secs)));
-        }
-        let Some(seen) = store.get(name)? else {
-            continue;
-        }; // released meanwhile
-           // Leases are written whole (create-only), so an unreadable one is debris, not a
-           // holder.
+        let seen = match store.get(name)? {
+            Some(seen) => seen,
+            None => {
+                let lease = Lease::mine(secs);
+                let bytes = serde_json::to_vec(&lease).expect("lease serializes");
+                if store.put(name, &bytes, PutMode::CreateOnly)? {
+                    return Ok(Attempt::Acquired(guard(store, health, name, secs)));
+                }
+                match store.get(name)? {
+                    Some(seen) => seen,
+                    None => continue, // released meanwhile
+                }
+            }
+        };
+        // Leases are written whole (create-only), so an unreadable one is debris, not a
+        // holder.
         match serde_json::from_slice::<Lease>(&seen) {
             Ok(l) if !l.is_invalid(secs) => return Ok(Attempt::Held(Some(l))),
             Ok(l) => tracing::info!(
@@ -158,5 +179,82 @@ fn guard(store: &Arc<dyn Store>, health: &Arc<Health>, name: &str, secs: u64) ->
         name: name.to_string(),
         stop,
         renewer,
+    }
+}
+
+/// The pauses of a process waiting on another's lease: exponential with jitter up to a cap
+/// (as the AWS SDKs back off), so a thousand waiters poll a shared store a few times a minute
+/// each instead of tens of times a second, and do not poll in step.
+pub(crate) struct Backoff {
+    next: Duration,
+    cap: Duration,
+    rng: u64,
+}
+
+impl Backoff {
+    pub(crate) fn new(first: Duration, cap: Duration) -> Backoff {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ (u64::from(std::process::id()) << 32);
+        Backoff::seeded(first, cap, seed)
+    }
+
+    pub(crate) fn seeded(first: Duration, cap: Duration, seed: u64) -> Backoff {
+        Backoff {
+            next: first.min(cap),
+            cap,
+            rng: seed | 1,
+        }
+    }
+
+    /// The next pause: uniformly in `[d/2, d]` where `d` doubles each time up to the cap.
+    pub(crate) fn pause(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.cap);
+        // xorshift64
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let frac = (self.rng >> 11) as f64 / (1u64 << 53) as f64;
+        d.mul_f64(0.5 + 0.5 * frac)
+    }
+
+    /// The store is throttling us (503 SlowDown): wait longer, at once at the cap.
+    pub(crate) fn slow_down(&mut self) {
+        self.next = self.cap;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pauses_double_with_jitter_up_to_the_cap() {
+        let (first, cap) = (Duration::from_millis(50), Duration::from_secs(2));
+        let mut b = Backoff::seeded(first, cap, 7);
+        let mut bound = first;
+        let mut pauses = Vec::new();
+        for _ in 0..12 {
+            let p = b.pause();
+            assert!(
+                p >= bound / 2 && p <= bound,
+                "{p:?} outside [{:?}, {bound:?}]",
+                bound / 2
+            );
+            pauses.push(p);
+            bound = (bound * 2).min(cap);
+        }
+        assert!(pauses[8..].iter().all(|p| *p >= cap / 2), "{pauses:?}");
+        // Two waiters started together do not poll in step.
+        let mut other = Backoff::seeded(first, cap, 8);
+        let theirs: Vec<Duration> = (0..12).map(|_| other.pause()).collect();
+        assert_ne!(pauses, theirs);
+        // Throttling: the next pause is at the cap at once.
+        let mut t = Backoff::seeded(first, cap, 9);
+        t.pause();
+        t.slow_down();
+        assert!(t.pause() >= cap / 2);
     }
 }

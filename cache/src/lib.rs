@@ -23,11 +23,12 @@ mod store;
 
 pub use cache::{
     Cache, EntryInfo, Hit, Lookup, Obtained, PutOutcome, Stats, TierStats, VerifyReport,
+    WaitMetrics,
 };
 pub use error::{Error, Result};
 pub use key::CacheKey;
 pub use lease::Lease;
-pub use maintain::ExecutableCheck;
+pub use maintain::{ExecutableCheck, Judged};
 pub use options::{
     default_dir, parse_size, CacheOptions, CACHE_URL_ENV, LOCAL_DIR_ENV, LOCAL_TIER_ENV,
     MAX_SIZE_ENV, READ_ONLY_ENV, SIGNING_KEY_ENV,

@@ -1,7 +1,7 @@
 //! The maintenance operations behind `neuron-pc cache`: listing, totals, verification,
 //! removal and least-recently-used eviction.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::cache::{
     exe_name, failure_name, key_of, program_name, record_name, Cache, EntryInfo, Stats, TierStats,
@@ -11,10 +11,26 @@ use crate::error::{Error, Result};
 use crate::key::CacheKey;
 use crate::record::{EntryRecord, FailureRecord, MAX_RECORD_BYTES};
 
-/// A caller's judgement of one executable against its program text: `Err(why)` when they do
-/// not belong together. The cache knows nothing of programs; the compiler side does.
+/// A caller's judgement of one verified executable, given its record and its stored program
+/// text (empty when none is stored): `Err(why)` when it is bad (it does not load, or does not
+/// take and return what its program does). The cache knows nothing of programs or plugins;
+/// the compiler side does.
 pub type ExecutableCheck<'a> =
-    &'a dyn Fn(&CacheKey, &str, &[u8]) -> std::result::Result<(), String>;
+    &'a dyn Fn(&CacheKey, &EntryRecord, &str, &[u8]) -> std::result::Result<Judged, String>;
+
+/// How a checker judged an executable it did not refuse.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Judged {
+    /// Loaded by the caller's plugin; `against_program` when its interface was also checked
+    /// against the stored program's signature.
+    Loaded {
+        /// The program's signature was compared with the executable's.
+        against_program: bool,
+    },
+    /// Not loaded here, and why (written by another compiler, no plugin): only its digest
+    /// (and signature) were checked.
+    NotLoaded(String),
+}
 use crate::store::{Store, Tier};
 
 impl Cache {
@@ -230,14 +246,33 @@ impl Cache {
                                     .push(format!("{orphan} (executable no record names)"));
                             }
                         }
-                        match (check, tier.store.get(&program_name(&key))) {
-                            (Some(check), Ok(Some(program))) if !program.is_empty() => {
-                                report.programs_checked += 1;
-                                check(&key, &String::from_utf8_lossy(&program), &hit.executable)
-                                    .err()
-                                    .map(|m| format!("executable does not match its program: {m}"))
+                        match check {
+                            Some(check) => {
+                                let program = tier
+                                    .store
+                                    .get(&program_name(&key))
+                                    .ok()
+                                    .flatten()
+                                    .unwrap_or_default();
+                                let program = String::from_utf8_lossy(&program);
+                                match check(&key, &hit.record, &program, &hit.executable) {
+                                    Ok(Judged::Loaded { against_program }) => {
+                                        report.loaded += 1;
+                                        report.programs_checked += usize::from(against_program);
+                                        None
+                                    }
+                                    Ok(Judged::NotLoaded(why)) => {
+                                        report.digest_only += 1;
+                                        *report.not_loaded.entry(why).or_default() += 1;
+                                        None
+                                    }
+                                    Err(why) => Some(why),
+                                }
                             }
-                            _ => None,
+                            None => {
+                                report.digest_only += 1;
+                                None
+                            }
                         }
                     }
                     Ok(None) if !has_record => {
@@ -250,7 +285,7 @@ impl Cache {
                 if let Some(p) = problem {
                     report.bad.push((key.to_string(), format!("{p} ({here})")));
                     if fix {
-                        remove_entry(tier.store.as_ref(), &key)?;
+                        delete_listed(tier.store.as_ref(), &key, &names)?;
                         report.removed += 1;
                         report.removed_items.push(format!("entry {key} ({p})"));
                     }
@@ -339,57 +374,121 @@ impl Cache {
 
     /// Evicts least recently used entries of the local tier until it holds at most
     /// `max_bytes`; returns how many entries went. Objects that vanish meanwhile (another
-    /// process evicting too) are simply skipped.
+    /// process evicting too) are simply skipped. One listing, then work linear in the number
+    /// of objects: entries are grouped by key in one pass, and evicted by the names listed.
     pub fn prune(&self, max_bytes: u64) -> Result<usize> {
         if self.opts.read_only {
             return Err(Error::ReadOnly);
         }
+        self.evict(max_bytes, max_bytes, usize::MAX)
+            .map(|e| e.removed)
+    }
+
+    /// The eviction behind [`Cache::prune`] and a put's bound: when the local tier holds more
+    /// than `max_bytes`, evicts least recently used entries until it holds at most
+    /// `target_bytes`, or until `max_entries` went.
+    pub(crate) fn evict(
+        &self,
+        max_bytes: u64,
+        target_bytes: u64,
+        max_entries: usize,
+    ) -> Result<Eviction> {
         let Some(tier) = self.live_tiers().find(|t| t.store.tier() == Tier::Local) else {
-            return Ok(0);
+            return Ok(Eviction::default());
         };
         let objects = tier.store.list("entries/")?;
         let mut total: u64 = objects.iter().map(|o| o.size).sum();
         if total <= max_bytes {
-            return Ok(0);
+            return Ok(Eviction { removed: 0, total });
         }
-        let mut sizes: BTreeMap<CacheKey, u64> = BTreeMap::new();
-        for o in &objects {
-            if let Some(k) = key_of(&o.name) {
-                *sizes.entry(k).or_default() += o.size;
+        let mut groups: HashMap<CacheKey, Group> = HashMap::with_capacity(objects.len() / 3 + 1);
+        for o in objects {
+            let Some(k) = key_of(&o.name) else { continue };
+            let g = groups.entry(k).or_default();
+            g.bytes += o.size;
+            // Recency is the record's modification time (hits touch it); entries without a
+            // record (incomplete) sort first.
+            if o.name.ends_with(".json") {
+                g.used = Some(o.modified);
             }
+            g.names.push(o.name);
         }
-        // Recency is the record's modification time (hits touch it); entries without a
-        // record (incomplete) sort first.
-        let mut order: Vec<(std::time::SystemTime, CacheKey)> = sizes
-            .keys()
-            .map(|k| {
-                let t = objects
-                    .iter()
-                    .find(|o| o.name == record_name(k))
-                    .map_or(std::time::SystemTime::UNIX_EPOCH, |o| o.modified);
-                (t, k.clone())
-            })
-            .collect();
-        order.sort();
+        let mut order: Vec<(CacheKey, Group)> = groups.into_iter().collect();
+        order.sort_by(|(ka, a), (kb, b)| {
+            let at = a.used.unwrap_or(std::time::SystemTime::UNIX_EPOCH);
+            let bt = b.used.unwrap_or(std::time::SystemTime::UNIX_EPOCH);
+            at.cmp(&bt).then_with(|| ka.cmp(kb))
+        });
         let mut removed = 0;
-        for (_, key) in order {
-            if total <= max_bytes {
+        for (key, group) in order {
+            if total <= target_bytes || removed >= max_entries {
                 break;
             }
-            remove_entry(tier.store.as_ref(), &key)?;
-            total = total.saturating_sub(sizes.get(&key).copied().unwrap_or(0));
+            delete_listed(tier.store.as_ref(), &key, &group.names)?;
+            total = total.saturating_sub(group.bytes);
             removed += 1;
         }
-        Ok(removed)
+        Ok(Eviction { removed, total })
     }
 
-    pub(crate) fn enforce_bound(&self) {
-        if let Some(max) = self.opts.max_local_bytes {
-            if let Err(e) = self.prune(max) {
+    /// Keeps the local tier within `NEURON_PC_CACHE_MAX_SIZE` after a put of `added` bytes,
+    /// with bounded work per put: the tier's size is learned by one listing and then tracked
+    /// in this process (refreshed every [`RESCAN_AFTER`]), so most puts list nothing; when it
+    /// is over the bound, at most [`EVICT_PER_PUT`] entries go, down to 90% of the bound so
+    /// that the next puts have room. `neuron-pc cache prune` does any larger job at once.
+    pub(crate) fn enforce_bound(&self, added: u64) {
+        let Some(max) = self.opts.max_local_bytes else {
+            return;
+        };
+        let mut usage = self.local_usage.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((bytes, at)) = usage.as_mut() {
+            if at.elapsed() < RESCAN_AFTER && bytes.saturating_add(added) <= max {
+                *bytes += added;
+                return;
+            }
+        }
+        match self.evict(max, max - max / 10, EVICT_PER_PUT) {
+            Ok(e) => *usage = Some((e.total, std::time::Instant::now())),
+            Err(e) => {
+                *usage = None;
                 self.warn_once("prune", &format!("evicting old entries failed: {e}"));
             }
         }
     }
+}
+
+/// The most entries one put evicts.
+pub(crate) const EVICT_PER_PUT: usize = 32;
+/// How long a process trusts its own tally of the local tier's bytes (other processes write
+/// too) before listing the tier again.
+pub(crate) const RESCAN_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What an eviction did.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Eviction {
+    /// Entries removed.
+    pub(crate) removed: usize,
+    /// Bytes under `entries/` afterwards.
+    pub(crate) total: u64,
+}
+
+/// The objects of one key, from one listing.
+#[derive(Default)]
+struct Group {
+    bytes: u64,
+    used: Option<std::time::SystemTime>,
+    names: Vec<String>,
+}
+
+/// Deletes an entry by the names a listing found, record first so no reader sees a record
+/// without its executable.
+pub(crate) fn delete_listed(store: &dyn Store, key: &CacheKey, names: &[String]) -> Result<()> {
+    let record = record_name(key);
+    store.delete(&record)?;
+    for n in names.iter().filter(|n| **n != record) {
+        store.delete(n)?;
+    }
+    Ok(())
 }
 
 /// Deletes an entry, record first so no reader sees a record without its executable.

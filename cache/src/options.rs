@@ -32,6 +32,11 @@ pub struct CacheOptions {
     pub lock_wait: Duration,
     /// Lease length (renewed while compiling).
     pub lease_secs: u64,
+    /// First pause of a process waiting on another's lease; pauses double (with jitter) up
+    /// to [`CacheOptions::lock_poll_cap`].
+    pub lock_poll_first: Duration,
+    /// Longest pause between two looks at a lease another process holds.
+    pub lock_poll_cap: Duration,
     /// Identity of the compiler, stored in failure records.
     pub compiler_version: String,
     /// neuron-pc version written into records.
@@ -54,6 +59,8 @@ impl Default for CacheOptions {
             signing_key: None,
             lock_wait: Duration::from_secs(3600),
             lease_secs: 60,
+            lock_poll_first: Duration::from_millis(50),
+            lock_poll_cap: Duration::from_secs(2),
             compiler_version: String::new(),
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
             local_tier: true,

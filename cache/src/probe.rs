@@ -56,6 +56,9 @@ pub struct TierProbe {
     pub tier: Tier,
     /// The step times, or the first step that failed and why.
     pub result: std::result::Result<ProbeTimes, (ProbeStep, Error)>,
+    /// Whether the store honours create-only writes atomically (S3: `If-None-Match: *`);
+    /// `None` when not asked (a read-only cache, or a failed probe).
+    pub conditional_put: Option<bool>,
 }
 
 impl Cache {
@@ -114,10 +117,15 @@ impl Cache {
                     read.and(deleted.map_err(|e| (ProbeStep::Delete, e)))
                         .map(|()| times)
                 };
+                let conditional_put = match (&result, self.opts.read_only) {
+                    (Ok(_), false) => store.conditional_put().ok(),
+                    _ => None,
+                };
                 TierProbe {
                     store: store.describe(),
                     tier: store.tier(),
                     result,
+                    conditional_put,
                 }
             })
             .collect()

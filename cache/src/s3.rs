@@ -17,8 +17,9 @@ use object_store::{BackoffConfig, ClientOptions, ObjectStore, PutPayload, RetryC
 use crate::error::{Error, Result};
 use crate::store::{ObjectMeta, PutMode, Store, Tier};
 
-/// Seconds (fractions allowed) bounding one S3 operation, retries included; default 6. Half of
-/// it bounds each attempt, the other half the time in which retries may start.
+/// Seconds (fractions allowed) bounding one S3 request, retries included; default 6. Half of
+/// it bounds each attempt, the other half the time in which retries may start. A listing is
+/// bounded per page (request), so a command over a large cache gets time in proportion.
 pub const S3_TIMEOUT_ENV: &str = "NEURON_PC_CACHE_S3_TIMEOUT";
 
 /// The default of [`S3_TIMEOUT_ENV`]: a hung server costs a training job these seconds once
@@ -86,6 +87,17 @@ impl S3Options {
     }
 }
 
+thread_local! {
+    /// S3 operations this thread has made (for the waiting metrics: a waiter's own requests,
+    /// not those of other threads sharing the store).
+    static THREAD_REQUESTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// S3 operations the calling thread has made so far.
+pub(crate) fn thread_requests() -> u64 {
+    THREAD_REQUESTS.with(|n| n.get())
+}
+
 /// An S3 bucket and key prefix.
 pub struct S3Store {
     runtime: tokio::runtime::Runtime,
@@ -93,7 +105,15 @@ pub struct S3Store {
     store: AmazonS3,
     prefix: String,
     url: String,
+    /// Whether the server honours `If-None-Match: *` on PUT; probed once, on the first
+    /// create-only write (or by `doctor`).
+    conditional: std::sync::OnceLock<bool>,
 }
+
+/// How long (at least; three times its own look and write when longer) a create-only write
+/// without conditional PUT waits before reading the object back: writers racing on one name
+/// have all written by then, and all read the same last writer.
+const COMPARE_AFTER_WRITE_SETTLE: Duration = Duration::from_millis(250);
 
 /// True for `localhost`, 127.0.0.0/8 and `::1`.
 fn is_loopback(host: &str) -> bool {
@@ -283,7 +303,77 @@ impl S3Store {
             store,
             prefix,
             url: url.trim_end_matches('/').to_string(),
+            conditional: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Whether the server honours `If-None-Match: *` on PUT: a second create-only PUT of one
+    /// probe object must be refused. Asked of the server once per store (the first create-only
+    /// write, or `doctor`); a server that ignores it is reported in one loud line, and
+    /// create-only writes then fall back to compare-after-write (see [`Store::put`]).
+    pub fn conditional_put(&self) -> Result<bool> {
+        if let Some(v) = self.conditional.get() {
+            return Ok(*v);
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let name = format!(
+            "locks/.conditional-put-probe.{}.{}.{nanos}",
+            crate::lease::hostname(),
+            std::process::id()
+        );
+        let first = self.put_raw(&name, b"first", object_store::PutMode::Create);
+        let second = first
+            .as_ref()
+            .ok()
+            .map(|_| self.put_raw(&name, b"second", object_store::PutMode::Create));
+        let _ = self.delete(&name);
+        let honoured = match (first?, second.transpose()?) {
+            (true, Some(false)) => true,
+            // A first create-only PUT refused: a leftover of the same name; say nothing.
+            (false, _) => return Ok(true),
+            _ => false,
+        };
+        if !honoured {
+            tracing::warn!(
+                "compile cache: {} ignores If-None-Match: * on PUT (conditional writes): \
+                 compile leases and first-writer-wins fall back to compare-after-write; set \
+                 NEURON_PC_CACHE_STRICT=1 to refuse such a server",
+                self.url
+            );
+        }
+        let _ = self.conditional.set(honoured);
+        Ok(honoured)
+    }
+
+    fn put_raw(&self, name: &str, bytes: &[u8], mode: object_store::PutMode) -> Result<bool> {
+        let path = self.path(name);
+        let payload = PutPayload::from(bytes.to_vec());
+        let r = self.block(self.store.put_opts(&path, payload, mode.into()))?;
+        match r {
+            Ok(_) => Ok(true),
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => Ok(false),
+            Err(e) => Err(self.map(e)),
+        }
+    }
+
+    /// A create-only write on a server without conditional PUT: absent when looked at, then
+    /// written, then, after [`COMPARE_AFTER_WRITE_SETTLE`], read back: the writer whose bytes
+    /// are there won (every racer reads the same last writer). Callers write unique bytes (a
+    /// lease carries a nonce, a record its compile time).
+    fn create_by_compare(&self, name: &str, bytes: &[u8]) -> Result<bool> {
+        let started = std::time::Instant::now();
+        if self.get(name)?.is_some() {
+            return Ok(false);
+        }
+        self.put_raw(name, bytes, object_store::PutMode::Overwrite)?;
+        // A racer's look and write take about as long as ours: on a slow server, wait longer.
+        std::thread::sleep(COMPARE_AFTER_WRITE_SETTLE.max(started.elapsed() * 3));
+        Ok(self.get(name)?.as_deref() == Some(bytes))
     }
 
     /// One listing request: `Denied` for refused or missing credentials, `InvalidUrl` for a
@@ -315,6 +405,7 @@ impl S3Store {
     /// Runs one operation on the runtime within the budget; running out of it is a timed-out
     /// [`Error::Unavailable`].
     fn block<T>(&self, fut: impl std::future::Future<Output = T>) -> Result<T> {
+        THREAD_REQUESTS.with(|n| n.set(n.get() + 1));
         self.runtime
             .block_on(async { tokio::time::timeout(self.budget, fut).await })
             .map_err(|_| Error::Unavailable {
@@ -324,7 +415,47 @@ impl S3Store {
                     self.budget.as_secs_f64()
                 ),
                 timed_out: true,
+                throttled: false,
             })
+    }
+
+    /// Everything under `base`, one page (request) at a time, each page within the per-request
+    /// budget: a listing of N pages may take up to N budgets, so it grows with the work and a
+    /// large cache is not cut off by a bound sized for one request.
+    fn list_pages(
+        &self,
+        base: Option<&ObjectPath>,
+    ) -> Result<std::result::Result<Vec<object_store::ObjectMeta>, object_store::Error>> {
+        /// Objects per page of an S3 listing (`ListObjectsV2`'s default and maximum).
+        const PAGE: usize = 1000;
+        let r = self.runtime.block_on(async {
+            let mut stream = self.store.list(base);
+            let mut out = Vec::new();
+            loop {
+                if out.len() % PAGE == 0 {
+                    THREAD_REQUESTS.with(|n| n.set(n.get() + 1));
+                }
+                // Objects of a page already received come at once; the first of each page
+                // waits for its request.
+                match tokio::time::timeout(self.budget, stream.try_next()).await {
+                    Err(_) => return Err(out.len()),
+                    Ok(Err(e)) => return Ok(Err(e)),
+                    Ok(Ok(None)) => return Ok(Ok(out)),
+                    Ok(Ok(Some(m))) => out.push(m),
+                }
+            }
+        });
+        r.map_err(|listed| Error::Unavailable {
+            store: self.url.clone(),
+            message: format!(
+                "no answer within {:.1} s for page {} of a listing ({S3_TIMEOUT_ENV} bounds each \
+                 request; a listing may take that long per page of {PAGE} objects)",
+                self.budget.as_secs_f64(),
+                listed / PAGE + 1
+            ),
+            timed_out: true,
+            throttled: false,
+        })
     }
 
     fn path(&self, name: &str) -> ObjectPath {
@@ -373,10 +504,22 @@ impl S3Store {
                     let lower = message.to_ascii_lowercase();
                     // Not "timeout": every retry message names `retry_timeout`.
                     let timed_out = lower.contains("timed out");
+                    // By the answer's status or code, never by bare digits (an endpoint's
+                    // port may contain "503").
+                    let throttled = [
+                        "slowdown",
+                        "503 service unavailable",
+                        "429 too many requests",
+                        "toomanyrequests",
+                        "throttl",
+                    ]
+                    .iter()
+                    .any(|w| lower.contains(w));
                     Error::Unavailable {
                         store,
                         message,
                         timed_out,
+                        throttled,
                     }
                 }
             }
@@ -412,21 +555,17 @@ impl Store for S3Store {
     }
 
     fn put(&self, name: &str, bytes: &[u8], mode: PutMode) -> Result<bool> {
-        let path = self.path(name);
-        let payload = PutPayload::from(bytes.to_vec());
-        let mode = match mode {
-            PutMode::Overwrite => object_store::PutMode::Overwrite,
-            PutMode::CreateOnly => object_store::PutMode::Create,
-        };
-        let r = self.block(self.store.put_opts(&path, payload, mode.into()))?;
-        match r {
-            Ok(_) => Ok(true),
-            Err(
-                object_store::Error::AlreadyExists { .. }
-                | object_store::Error::Precondition { .. },
-            ) => Ok(false),
-            Err(e) => Err(self.map(e)),
+        match mode {
+            PutMode::Overwrite => self.put_raw(name, bytes, object_store::PutMode::Overwrite),
+            PutMode::CreateOnly if self.conditional_put()? => {
+                self.put_raw(name, bytes, object_store::PutMode::Create)
+            }
+            PutMode::CreateOnly => self.create_by_compare(name, bytes),
         }
+    }
+
+    fn conditional_put(&self) -> Result<bool> {
+        S3Store::conditional_put(self)
     }
 
     fn delete(&self, name: &str) -> Result<()> {
@@ -455,8 +594,7 @@ impl Store for S3Store {
         } else {
             Some(ObjectPath::from(full))
         };
-        let r: std::result::Result<Vec<object_store::ObjectMeta>, _> =
-            self.block(self.store.list(base.as_ref()).try_collect())?;
+        let r = self.list_pages(base.as_ref())?;
         let strip = if self.prefix.is_empty() {
             String::new()
         } else {

@@ -56,6 +56,11 @@ pub trait Store: Send + Sync {
     }
     /// `Ok(false)` when `CreateOnly` found the object already there.
     fn put(&self, name: &str, bytes: &[u8], mode: PutMode) -> Result<bool>;
+    /// Whether [`PutMode::CreateOnly`] is atomic on the server (S3: `If-None-Match: *` is
+    /// honoured); `false` means it is emulated by compare-after-write. May ask the server once.
+    fn conditional_put(&self) -> Result<bool> {
+        Ok(true)
+    }
     /// Deleting a missing object is not an error.
     fn delete(&self, name: &str) -> Result<()>;
     /// Objects whose names start with `prefix`.
@@ -153,7 +158,11 @@ impl LocalStore {
                 if m.file_type().is_symlink() {
                     return Err(Error::Corrupt {
                         key: name.to_string(),
-                        message: "symlinks inside the cache are refused".into(),
+                        message: format!(
+                            "{} is a symlink; links inside the cache are refused, never \
+                             followed (`neuron-pc cache verify --fix` removes it)",
+                            p.display()
+                        ),
                     });
                 }
             }
@@ -247,16 +256,11 @@ impl Store for LocalStore {
     }
 
     fn delete(&self, name: &str) -> Result<()> {
-        let path = match self.path(name) {
-            Ok(p) => p,
-            // A symlink as the last component is removed itself (never what it points to);
-            // one further up is refused like any path through a symlink.
-            Err(e) => match name.rsplit_once('/') {
-                Some((dir, _)) if self.path(dir).is_ok() => self.root.join(name),
-                None if !name.is_empty() && name != "." && name != ".." => self.root.join(name),
-                _ => return Err(e),
-            },
-        };
+        // A symlink as the last component is removed itself (never what it points to); a
+        // directory on the way that is a link (`failures/` pointing outside, say) is refused
+        // like any path through a symlink: deleting `<link>/<key>.json` would delete a file
+        // outside the cache.
+        let path = self.path(name)?;
         let removed = match std::fs::symlink_metadata(&path) {
             // A directory where an object belongs is damage; `remove_dir_all` does not follow
             // symlinks inside it.

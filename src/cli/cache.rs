@@ -205,14 +205,19 @@ pub fn run_with(args: CacheArgs, check: Option<ExecutableCheck<'_>>) -> anyhow::
                     println!("removed {item}");
                 }
                 println!(
-                    "checked {} entries ({} against their programs), {} bad, {} removed, \
-                     {} leftovers cleaned",
+                    "checked {} entries: {} loaded ({} also against their programs), {} by \
+                     digest only; {} bad, {} removed, {} leftovers cleaned",
                     r.checked,
+                    r.loaded,
                     r.programs_checked,
+                    r.digest_only,
                     r.bad.len(),
                     r.removed,
                     r.leftovers
                 );
+                for (why, n) in &r.not_loaded {
+                    println!("  not loaded ({why}): {n}");
+                }
             }
             Ok(i32::from(unfixed > 0))
         }

@@ -131,11 +131,26 @@ impl CacheConfig {
         if !self.enabled {
             return Ok((None, None));
         }
+        let strict = std::env::var(CACHE_STRICT_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
         let (cache, problem) = match self.open(Some(compiler)) {
             Ok(cache) => {
                 let down = cache.disabled_tiers();
-                let problem =
+                let mut problem =
                     (!down.is_empty()).then(|| format!("{} cannot be reached", down.join(", ")));
+                // Strict mode asks now (otherwise the first create-only write asks, and a
+                // server without conditional PUT gets the compare-after-write fallback).
+                if strict && problem.is_none() {
+                    match cache.without_conditional_put() {
+                        Ok(v) if v.is_empty() => {}
+                        Ok(v) => {
+                            problem = Some(format!(
+                                "{} ignores If-None-Match: * on PUT (no conditional writes)",
+                                v.join(", ")
+                            ))
+                        }
+                        Err(e) => problem = Some(e.to_string()),
+                    }
+                }
                 (Some(cache), problem)
             }
             Err(e @ CacheError::InvalidKey { .. }) => {
@@ -144,7 +159,7 @@ impl CacheConfig {
             Err(e) => (None, Some(e.to_string())),
         };
         if let Some(p) = &problem {
-            if std::env::var(CACHE_STRICT_ENV).is_ok_and(|v| !v.is_empty() && v != "0") {
+            if strict {
                 return Err(Error::Config(format!(
                     "compile cache unavailable: {p} ({CACHE_STRICT_ENV} is set)"
                 )));

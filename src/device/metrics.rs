@@ -17,6 +17,12 @@ pub struct Metrics {
     pub remote_hits: u64,
     /// Executables another process compiled while this one waited for its lock.
     pub waited_for_others: u64,
+    /// Requests to the shared (S3) cache made while waiting on other processes' leases, and
+    /// the same per waiter per minute of waiting (what a fleet of waiters costs the store).
+    #[serde(default)]
+    pub lease_wait_requests: u64,
+    #[serde(default)]
+    pub lease_requests_per_waiter_minute: f64,
     /// Compilations done here (JIT), and their total wall time.
     pub compiles: u64,
     pub compile_ms: f64,
@@ -135,6 +141,15 @@ impl Metrics {
         );
         if let Some(why) = &self.cache_unavailable {
             line("cache unavailable", why.clone());
+        }
+        if self.lease_wait_requests > 0 {
+            line(
+                "lease waits",
+                format!(
+                    "{} shared-store requests ({:.0} per waiter-minute)",
+                    self.lease_wait_requests, self.lease_requests_per_waiter_minute
+                ),
+            );
         }
         s
     }

@@ -253,6 +253,11 @@ impl LazyDevice {
         self.inner.account(&done);
         let mut m = lock(&self.inner.metrics).clone();
         m.optimizer_state_bytes = self.inner.optimizer_state_bytes();
+        if let Some(cache) = self.inner.compiler.cache() {
+            let w = cache.wait_metrics();
+            m.lease_wait_requests = w.requests;
+            m.lease_requests_per_waiter_minute = w.requests_per_waiter_minute;
+        }
         m
     }
 

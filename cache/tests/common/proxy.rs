@@ -1,6 +1,7 @@
 //! A counting, fault-injecting HTTP proxy in front of the S3 server: it counts the requests
 //! that write (PUT, POST, DELETE) and can answer with an error status, cut a response in the
-//! middle of its body, delay, or refuse with 403 — the S3 troubles the cache must survive.
+//! middle of its body, delay, refuse with 403, or drop conditional headers — the S3 troubles
+//! the cache must survive.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -18,6 +19,9 @@ pub enum Fault {
     CutBody,
     /// Wait this long before forwarding.
     Delay(Duration),
+    /// Forward without the conditional headers (`If-None-Match`, `If-Match`): a server that
+    /// ignores conditional writes.
+    StripConditional,
 }
 
 #[derive(Default)]
@@ -176,7 +180,12 @@ fn serve(mut client: TcpStream, upstream: u16, st: &ProxyState) -> std::io::Resu
     let mut up = TcpStream::connect(("127.0.0.1", upstream))?;
     let mut new_head = String::new();
     for line in head_text.split("\r\n").filter(|l| !l.is_empty()) {
-        if !line.to_ascii_lowercase().starts_with("connection:") {
+        let lower = line.to_ascii_lowercase();
+        let conditional = lower.starts_with("if-none-match:") || lower.starts_with("if-match:");
+        if fault == Some(Fault::StripConditional) && conditional {
+            continue;
+        }
+        if !lower.starts_with("connection:") {
             new_head.push_str(line);
             new_head.push_str("\r\n");
         }

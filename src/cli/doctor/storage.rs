@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use neuron_pc::compile::{CacheConfig, USE_CACHE_ENV};
+use neuron_pc::compile::{CacheConfig, CACHE_STRICT_ENV, USE_CACHE_ENV};
 use neuron_pc_cache::{CacheKey, ProbeStep, Tier, READ_ONLY_ENV};
 use neuron_pc_compiler::flags::CompilerFlags;
 use neuron_pc_compiler::key::sha256_hex;
@@ -80,12 +80,17 @@ fn cache(config: &CacheConfig) -> Vec<Check> {
         Ok(p) => p,
         Err(e) => return vec![Check::fail(name, format!("a probe key: {e}"))],
     };
+    let strict = std::env::var(CACHE_STRICT_ENV).is_ok_and(|v| !v.is_empty() && v != "0");
     cache
         .probe(&key, &payload)
         .into_iter()
-        .map(|p| {
+        .flat_map(|p| {
+            let conditional = match (p.tier, p.conditional_put) {
+                (Tier::Remote, Some(honoured)) => Some(conditional_put(&p.store, honoured, strict)),
+                _ => None,
+            };
             let name = tier_check_name(p.tier);
-            match p.result {
+            let probe = match p.result {
                 Ok(t) => {
                     let detail = format!(
                         "{}: probe entry written, read back and verified{}, deleted (write \
@@ -120,9 +125,33 @@ fn cache(config: &CacheConfig) -> Vec<Check> {
                     let data = json!({ "store": p.store, "step": step, "error": why });
                     Check::fail(name, detail).with_data(data)
                 }
-            }
+            };
+            std::iter::once(probe).chain(conditional)
         })
         .collect()
+}
+
+/// Whether the shared store refuses a second `If-None-Match: *` PUT of one object: what
+/// compile leases and first-writer-wins rest on. A server that ignores it works through the
+/// compare-after-write fallback (a WARN), or is refused in strict mode (a FAIL).
+fn conditional_put(store: &str, honoured: bool, strict: bool) -> Check {
+    let name = "cache/conditional-put";
+    let data = json!({ "store": store, "honoured": honoured });
+    if honoured {
+        let detail = format!("{store}: a second If-None-Match: * PUT is refused, as it must be");
+        return Check::ok(name, detail).with_data(data);
+    }
+    let detail = format!(
+        "{store} ignores If-None-Match: * on PUT: compile leases and first-writer-wins use \
+         compare-after-write{}",
+        if strict {
+            format!(" ({CACHE_STRICT_ENV} is set: jobs refuse this cache)")
+        } else {
+            format!(" (a narrow race remains; {CACHE_STRICT_ENV}=1 refuses such a server)")
+        }
+    );
+    let status = if strict { Status::Fail } else { Status::Warn };
+    Check::new(name, status, detail).with_data(data)
 }
 
 /// A key no real entry has (a digest of this host, process and instant) and some bytes.
