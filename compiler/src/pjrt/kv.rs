@@ -58,6 +58,19 @@ fn alloc_value(value: Vec<u8>) -> (*mut c_char, usize) {
     (unsafe { raw.add(8) } as *mut c_char, len)
 }
 
+/// Sets a callback's out-fields to `value`, with our deleter.
+fn hand_over(
+    value: Vec<u8>,
+    out: &mut *mut c_char,
+    size: &mut usize,
+    deleter: &mut Option<unsafe extern "C" fn(*mut c_char)>,
+) {
+    let (ptr, len) = alloc_value(value);
+    *out = ptr;
+    *size = len;
+    *deleter = Some(free_value);
+}
+
 /// The deleter the plugin calls once it has copied a value from [`alloc_value`].
 unsafe extern "C" fn free_value(value: *mut c_char) {
     if value.is_null() {
@@ -132,10 +145,12 @@ unsafe extern "C" fn kv_get(args: *mut sys::PJRT_KeyValueGetCallback_Args) -> *m
     let timeout = Duration::from_millis(args.timeout_in_ms.max(0) as u64);
     let result = guarded(|| {
         let value = store.0.get(&key, timeout)?;
-        let (ptr, len) = alloc_value(value);
-        args.value = ptr;
-        args.value_size = len;
-        args.value_deleter_callback = Some(free_value);
+        hand_over(
+            value,
+            &mut args.value,
+            &mut args.value_size,
+            &mut args.value_deleter_callback,
+        );
         Ok(())
     });
     match result {
@@ -159,10 +174,12 @@ unsafe extern "C" fn kv_try_get(
     let key = unsafe { key_of(args.key, args.key_size) };
     let result = guarded(|| {
         let value = store.0.try_get(&key)?;
-        let (ptr, len) = alloc_value(value);
-        args.value = ptr;
-        args.value_size = len;
-        args.value_deleter_callback = Some(free_value);
+        hand_over(
+            value,
+            &mut args.value,
+            &mut args.value_size,
+            &mut args.value_deleter_callback,
+        );
         Ok(())
     });
     match result {
