@@ -83,7 +83,8 @@ pub enum Error {
     /// The run's key-value store failed (see [`crate::store`]).
     Store(crate::store::StoreError),
 
-    /// The ranks of a multi-process run traced different graphs (see [`crate::device::rank_check`]).
+    /// The ranks of a multi-process run traced different graphs
+    /// (see [`crate::device::rank_check`]).
     RanksDiverged(String),
 
     /// A file or stream failed. `?` on a `std::io::Error` gives `path: None`;
