@@ -3,7 +3,7 @@
 //! `grad(loss, params)` walks the nodes below `loss`, then applies each op's vector-Jacobian
 //! product in reverse order, recording the gradient computation as more lazy ops. Forward,
 //! backward and the optimizer update therefore land in one step graph at the next `mark_step`.
-//! Every op has an arm in [`vjp`] (no wildcard): a new primitive cannot be forgotten here, and a
+//! Every op has an arm in `vjp` (no wildcard): a new primitive cannot be forgotten here, and a
 //! non-differentiable one returns an error naming it.
 
 use std::collections::{HashMap, HashSet};
