@@ -20,6 +20,8 @@ pub use attention::{
 };
 pub use conv::{Conv1d, Conv2d, ConvConfig, ConvLayer};
 pub use loss::{cross_entropy_with, CrossEntropyOptions, IGNORE_INDEX};
+/// `#[derive(Module)]`: see the `neuron-pc-derive` crate for the field attributes.
+pub use neuron_pc_derive::Module;
 pub use norm::{BatchNorm, GroupNorm, RMSNorm};
 pub use var_builder::{Init, VarBuilder};
 
@@ -121,6 +123,13 @@ pub trait Module {
     }
 }
 
+/// `prefix.name`, or `name` under an empty prefix: how a parameter's state-dict name is built
+/// from its module's. What `#[derive(Module)]` calls; a hand-written
+/// [`Module::named_params`] uses it too.
+pub fn join_name(prefix: &str, name: &str) -> String {
+    join(prefix, name)
+}
+
 fn join(prefix: &str, name: &str) -> String {
     if prefix.is_empty() {
         name.to_string()
@@ -131,6 +140,7 @@ fn join(prefix: &str, name: &str) -> String {
 
 /// `y = x W^T + b`, weight `[out, in]`, initialised like `torch.nn.Linear`
 /// (uniform in ±1/sqrt(in) for both weight and bias).
+#[derive(Module)]
 pub struct Linear {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
@@ -184,16 +194,8 @@ impl Linear {
     }
 }
 
-impl Module for Linear {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        out.push((join(prefix, "weight"), self.weight.clone()));
-        if let Some(b) = &self.bias {
-            out.push((join(prefix, "bias"), b.clone()));
-        }
-    }
-}
-
 /// A lookup table `[num, dim]`, initialised like `torch.nn.Embedding` (standard normal).
+#[derive(Module)]
 pub struct Embedding {
     pub weight: Tensor,
 }
@@ -228,16 +230,12 @@ impl Embedding {
     }
 }
 
-impl Module for Embedding {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        out.push((join(prefix, "weight"), self.weight.clone()));
-    }
-}
-
 /// Layer normalisation over the last dimension, like `torch.nn.LayerNorm` (weight 1, bias 0).
+#[derive(Module)]
 pub struct LayerNorm {
     pub weight: Tensor,
     pub bias: Tensor,
+    #[module(skip)]
     pub eps: f64,
 }
 
@@ -273,13 +271,6 @@ impl LayerNorm {
         let var = centered.mul(&centered)?.mean(&[-1], true)?;
         let normed = centered.mul(&var.add_scalar(self.eps)?.rsqrt()?)?;
         normed.mul(&self.weight)?.add(&self.bias)
-    }
-}
-
-impl Module for LayerNorm {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        out.push((join(prefix, "weight"), self.weight.clone()));
-        out.push((join(prefix, "bias"), self.bias.clone()));
     }
 }
 

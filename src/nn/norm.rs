@@ -199,8 +199,10 @@ impl Module for GroupNorm {
 /// Root-mean-square normalisation over the last dimension, as `torch.nn.RMSNorm`:
 /// `x / sqrt(mean(x^2) + eps) * weight` (weight 1). PyTorch's default `eps` is the machine
 /// epsilon of the input's dtype; `eps: None` does the same.
+#[derive(super::Module)]
 pub struct RMSNorm {
     pub weight: Tensor,
+    #[module(skip)]
     pub eps: Option<f64>,
 }
 
@@ -240,11 +242,5 @@ impl RMSNorm {
         });
         let ms = x.mul(x)?.mean(&[-1], true)?;
         x.mul(&ms.add_scalar(eps)?.rsqrt()?)?.mul(&self.weight)
-    }
-}
-
-impl Module for RMSNorm {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        out.push((join(prefix, "weight"), self.weight.clone()));
     }
 }
