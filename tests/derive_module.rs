@@ -4,8 +4,12 @@
 //! those with PyTorch's fixtures).
 
 use neuron_pc::compile::CacheConfig;
+use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM};
 use neuron_pc::models::{TextEncoder, TextEncoderConfig};
-use neuron_pc::nn::{BatchNorm, Embedding, HostRng, LayerNorm, Linear, Module, RMSNorm};
+use neuron_pc::nn::{
+    BatchNorm, Conv2d, ConvConfig, Embedding, GroupNorm, HostRng, LayerNorm, Linear, Module,
+    MultiHeadAttention, RMSNorm,
+};
 use neuron_pc::{DeviceConfig, HostTensor, LazyDevice, Result, Tensor};
 
 fn device() -> LazyDevice {
@@ -152,5 +156,48 @@ fn ported_layers_keep_their_names() -> Result<()> {
         ]
     );
     assert!(buffer_names(&model).is_empty());
+
+    let bn = BatchNorm::new(&dev, 3)?;
+    assert_eq!(names(&bn), ["weight", "bias"]);
+    assert_eq!(
+        buffer_names(&bn),
+        ["running_mean", "running_var", "num_batches_tracked"]
+    );
+    assert_eq!(names(&GroupNorm::new(&dev, 2, 4)?), ["weight", "bias"]);
+    assert_eq!(
+        names(&MultiHeadAttention::new(&dev, &mut rng, 4, 2)?),
+        [
+            "in_proj_weight",
+            "in_proj_bias",
+            "out_proj.weight",
+            "out_proj.bias"
+        ]
+    );
+    let conv = Conv2d::new(&dev, &mut rng, ConvConfig::new(2, 3, [3, 3]))?;
+    assert_eq!(names(&conv), ["weight", "bias"]);
+
+    // Hugging Face's LlamaForCausalLM names (tests/llama.rs checks them against transformers)
+    let config = LlamaConfig::new(16, 8, 12, 2, 2, 1)?;
+    let llama = LlamaForCausalLM::random(&dev, &config, 0)?;
+    let got = names(&llama);
+    let layer = |i: usize| {
+        [
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight",
+            "mlp.gate_proj.weight",
+            "mlp.up_proj.weight",
+            "mlp.down_proj.weight",
+            "input_layernorm.weight",
+            "post_attention_layernorm.weight",
+        ]
+        .map(|n| format!("model.layers.{i}.{n}"))
+    };
+    let mut want = vec!["model.embed_tokens.weight".to_string()];
+    want.extend(layer(0));
+    want.extend(layer(1));
+    want.extend(["model.norm.weight".into(), "lm_head.weight".into()]);
+    assert_eq!(got, want);
     Ok(())
 }

@@ -368,10 +368,12 @@ pub fn dropout(x: &Tensor, p: f64, key: &Tensor) -> Result<Tensor> {
 
 /// Multi-head self-attention with `torch.nn.MultiheadAttention`'s parameter layout
 /// (`in_proj_weight [3E, E]`, `in_proj_bias [3E]`, `out_proj.weight`, `out_proj.bias`).
+#[derive(Module)]
 pub struct MultiHeadAttention {
     pub in_proj_weight: Tensor,
     pub in_proj_bias: Tensor,
     pub out_proj: Linear,
+    #[module(skip)]
     pub heads: usize,
 }
 
@@ -489,13 +491,5 @@ impl MultiHeadAttention {
             .permute(&[0, 2, 1, 3])?
             .reshape(&[b, s, e])?;
         self.out_proj.forward(&ctx)
-    }
-}
-
-impl Module for MultiHeadAttention {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        out.push((join(prefix, "in_proj_weight"), self.in_proj_weight.clone()));
-        out.push((join(prefix, "in_proj_bias"), self.in_proj_bias.clone()));
-        self.out_proj.named_params(&join(prefix, "out_proj"), out);
     }
 }
