@@ -1,9 +1,10 @@
 //! The public API as a job in another crate uses it, written from the README's snippets: the
-//! lazy device in a training loop, checkpoints (save, resume, load from a file), a model of the
-//! user's own as a `Module`, a batch built by hand with `DeviceBatch::new`, and `match`es on
-//! `neuron_pc::Error`. Only public items are used, so a change that would break a user's job
-//! (a new field in a struct they build, a new variant of an enum they match, a renamed method)
-//! breaks this file's build first. It also runs, on the cpu plugin.
+//! lazy device in a training loop, checkpoints (save, resume, load from a file), models of the
+//! user's own as a `Module` (derived, and written by hand), a batch built by hand with
+//! `DeviceBatch::new`, and `match`es on `neuron_pc::Error`. Only public items are used, so a
+//! change that would break a user's job (a new field in a struct they build, a new variant of
+//! an enum they match, a renamed method) breaks this file's build first. It also runs, on the
+//! cpu plugin.
 
 use std::path::{Path, PathBuf};
 
@@ -11,7 +12,7 @@ use neuron_pc::checkpoint::StateDict;
 use neuron_pc::compile::CacheConfig;
 use neuron_pc::data::{DeviceBatch, DeviceLoader, LastBatch};
 use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
-use neuron_pc::nn::{self, HostRng, Linear, Module, RMSNorm};
+use neuron_pc::nn::{self, HostRng, LayerNorm, Linear, Module, RMSNorm};
 use neuron_pc::optim::{AdamW, WarmupCosine};
 use neuron_pc::{grad, state, DType, DeviceConfig, Error, HostTensor, LazyDevice, Result, Tensor};
 
@@ -99,6 +100,30 @@ impl Module for Head {
     }
 }
 
+/// A user's model declared once: the derive names its parameters by field path.
+#[derive(Module)]
+struct Mlp {
+    layers: Vec<Linear>,
+    #[module(rename = "ln_f")]
+    norm: Option<LayerNorm>,
+    #[module(skip)]
+    width: usize,
+}
+
+impl Mlp {
+    fn new(device: &LazyDevice, width: usize, depth: usize, seed: u64) -> Result<Mlp> {
+        let mut rng = HostRng::new(seed);
+        let layers = (0..depth)
+            .map(|_| Linear::new(device, &mut rng, width, width, true))
+            .collect::<Result<_>>()?;
+        Ok(Mlp {
+            layers,
+            norm: Some(LayerNorm::new(device, width)?),
+            width,
+        })
+    }
+}
+
 /// What a job reports for each kind of failure; a job's `match` needs the `_` arm
 /// (`Error` is `#[non_exhaustive]`).
 fn kind(e: &Error) -> &'static str {
@@ -183,6 +208,34 @@ fn a_custom_module_and_a_hand_built_batch() -> Result<()> {
         StateDict::load(&path)?.tensors.keys().collect::<Vec<_>>(),
         ["norm.weight", "out.bias", "out.weight"]
     );
+    Ok(())
+}
+
+#[test]
+fn a_derived_model_saves_and_loads_by_name() -> Result<()> {
+    let device = device()?;
+    let model = Mlp::new(&device, 3, 2, 0)?;
+    assert_eq!(model.width, 3);
+    let names: Vec<String> = model.parameters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        names,
+        [
+            "layers.0.weight",
+            "layers.0.bias",
+            "layers.1.weight",
+            "layers.1.bias",
+            "ln_f.weight",
+            "ln_f.bias",
+        ]
+    );
+    let path = scratch("mlp.safetensors");
+    state::module_state(&model)?.save(&path)?;
+    let other = Mlp::new(&device, 3, 2, 1)?;
+    state::load_module(&other, &StateDict::load(&path)?, &path)?;
+    let (a, b) = (model.parameters(), other.parameters());
+    for ((_, x), (_, y)) in a.iter().zip(&b) {
+        assert_eq!(x.to_vec::<f32>()?, y.to_vec::<f32>()?);
+    }
     Ok(())
 }
 

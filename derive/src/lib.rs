@@ -249,3 +249,65 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(input: DeriveInput) -> String {
+        match expand(&input) {
+            Ok(tokens) => panic!("expected an error, got {tokens}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn bad_declarations_are_one_clear_error() {
+        for (input, want) in [
+            (syn::parse_quote! { enum E { A, B } }, "takes a struct"),
+            (
+                syn::parse_quote! { struct S { #[module(weird)] w: Tensor } },
+                "unknown module attribute",
+            ),
+            (
+                syn::parse_quote! { struct S { #[module(index_step = 0)] l: Vec<Linear> } },
+                "at least 1",
+            ),
+            (
+                syn::parse_quote! { struct S { #[module(rename = "a.b")] l: Linear } },
+                "without dots",
+            ),
+            (
+                syn::parse_quote! { struct S { #[module(skip, rename = "x")] n: usize } },
+                "no other module attribute",
+            ),
+        ] {
+            let e = error(input);
+            assert!(e.contains(want), "{e}");
+        }
+    }
+
+    #[test]
+    fn fields_expand_by_type() {
+        let input: DeriveInput = syn::parse_quote! {
+            struct S {
+                #[module(rename = "self_attn")]
+                attn: Attention,
+                bias: Option<Tensor>,
+                #[module(index_step = 2)]
+                mlp: Vec<Linear>,
+                #[module(skip)]
+                eps: f64,
+            }
+        };
+        let code = expand(&input).unwrap().to_string();
+        assert!(code.contains("\"self_attn\""), "{code}");
+        assert!(!code.contains("\"attn\""), "{code}");
+        assert!(!code.contains("eps"), "{code}");
+        assert!(code.contains("i0 * 2usize"), "{code}");
+        assert!(
+            code.contains(":: core :: option :: Option :: Some"),
+            "{code}"
+        );
+    }
+}
