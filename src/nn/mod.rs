@@ -93,6 +93,31 @@ impl HostRng {
 }
 
 /// Anything with named parameters (PyTorch `named_parameters()` order and names).
+///
+/// Derive it: `#[derive(Module)]` on a struct walks its fields in order and names each
+/// parameter by its field path (`layers.0.self_attn.weight` for `layers: Vec<Block>`), with
+/// `#[module(rename = "...")]`, `#[module(skip)]` (sizes, `eps`), `#[module(buffer)]` (state
+/// no optimizer updates) and `#[module(index_step = 2)]` (an `nn.Sequential` with activations
+/// between its layers). Write `named_params` by hand only for names no field path gives,
+/// joining with [`join_name`].
+///
+/// ```
+/// use neuron_pc::nn::{LayerNorm, Linear, Module};
+///
+/// #[derive(Module)]
+/// struct Block {
+///     #[module(rename = "self_attn")]
+///     attention: Linear,
+///     norm: Option<LayerNorm>,
+///     #[module(skip)]
+///     width: usize,
+/// }
+///
+/// #[derive(Module)]
+/// struct Model {
+///     layers: Vec<Block>, // layers.0.self_attn.weight, layers.0.norm.weight, ...
+/// }
+/// ```
 pub trait Module {
     /// Appends `(prefix + name, tensor)` for every parameter.
     fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>);
