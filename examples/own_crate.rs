@@ -9,6 +9,9 @@ use neuron_pc::optim::AdamW;
 use neuron_pc::{grad, DType, HostTensor, LazyDevice, Result, Tensor};
 
 /// conv (4 -> 8 channels, kernel 3, padding 1) -> GELU -> mean over time -> RMSNorm -> linear.
+/// The derive names its parameters by field, as PyTorch's `named_parameters()` and a state
+/// dict do: `conv.weight`, `conv.bias`, `norm.weight`, `head.weight`, `head.bias`.
+#[derive(Module)]
 struct Classifier {
     conv: Conv1d,
     norm: RMSNorm,
@@ -32,17 +35,6 @@ impl Classifier {
         let h = nn::gelu(&self.conv.forward(x)?)?;
         let pooled = h.mean(&[-1], false)?;
         self.head.forward(&self.norm.forward(&pooled)?)
-    }
-}
-
-/// PyTorch's `named_parameters()`: the names a state dict uses.
-impl Module for Classifier {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        let join =
-            |name: &str| format!("{prefix}{}{name}", if prefix.is_empty() { "" } else { "." });
-        self.conv.named_params(&join("conv"), out);
-        self.norm.named_params(&join("norm"), out);
-        self.head.named_params(&join("head"), out);
     }
 }
 

@@ -20,6 +20,7 @@ use safetensors::{Dtype, SafeTensors};
 
 /// Errors of saving and loading checkpoints.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CheckpointError {
     #[error("checkpoint {path}: {source}")]
     Io {

@@ -7,7 +7,11 @@ use std::panic::Location;
 /// `Display` and `std::error::Error` are written by hand (below) so that a message is never
 /// printed twice: a variant whose message already contains its cause's text reports no separate
 /// `source()`, or anyhow's `Caused by:` list would repeat it.
+///
+/// `#[non_exhaustive]`: new failures get new variants without breaking a job's `match`, which
+/// needs a `_` arm.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Error {
     /// An op was called with operands it cannot take; `location` is the user's call site.
     Op {
@@ -79,8 +83,23 @@ pub enum Error {
     /// The run's key-value store failed (see [`crate::store`]).
     Store(crate::store::StoreError),
 
-    /// The ranks of a multi-process run traced different graphs (see [`crate::device::rank_check`]).
+    /// The ranks of a multi-process run traced different graphs
+    /// (see [`crate::device::rank_check`]).
     RanksDiverged(String),
+
+    /// A file or stream failed. `?` on a `std::io::Error` gives `path: None`;
+    /// [`Error::io_at`] names the file.
+    Io {
+        path: Option<std::path::PathBuf>,
+        source: std::io::Error,
+    },
+
+    /// A JSON document (a model's `config.json`, a job's own settings) did not parse; `?` on a
+    /// `serde_json::Error` gives `path: None`, [`Error::json_at`] names the file.
+    Json {
+        path: Option<std::path::PathBuf>,
+        source: serde_json::Error,
+    },
 }
 
 impl std::fmt::Display for Error {
@@ -124,6 +143,14 @@ impl std::fmt::Display for Error {
             ),
             Error::Store(e) => e.fmt(f),
             Error::RanksDiverged(m) => f.write_str(m),
+            Error::Io { path, source } => match path {
+                Some(path) => write!(f, "{}: {source}", path.display()),
+                None => source.fmt(f),
+            },
+            Error::Json { path, source } => match path {
+                Some(path) => write!(f, "{}: not valid JSON: {source}", path.display()),
+                None => write!(f, "not valid JSON: {source}"),
+            },
         }
     }
 }
@@ -131,9 +158,11 @@ impl std::fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            // Op's and Checkpoint's messages include their causes' text; Compiler is
-            // transparent, so its own cause is the next link.
+            // Op's, Checkpoint's, Io's and Json's messages include their causes' text; Compiler
+            // is transparent, so its own cause is the next link. An io::Error's own inner
+            // error (one made with `io::Error::other`) is likewise in its text.
             Error::Compiler(e) => e.source(),
+            Error::Io { .. } | Error::Json { .. } => None,
             Error::Checkpoint(_)
             | Error::Store(_)
             | Error::RanksDiverged(_)
@@ -170,7 +199,36 @@ impl From<crate::store::StoreError> for Error {
     }
 }
 
+impl From<std::io::Error> for Error {
+    fn from(source: std::io::Error) -> Error {
+        Error::Io { path: None, source }
+    }
+}
+
+impl From<serde_json::Error> for Error {
+    fn from(source: serde_json::Error) -> Error {
+        Error::Json { path: None, source }
+    }
+}
+
 impl Error {
+    /// An I/O error on `path`, for `map_err(|e| Error::io_at(&path, e))` where a bare `?`
+    /// would lose which file it was.
+    pub fn io_at(path: impl Into<std::path::PathBuf>, source: std::io::Error) -> Error {
+        Error::Io {
+            path: Some(path.into()),
+            source,
+        }
+    }
+
+    /// A JSON error in the file at `path` (see [`Error::io_at`]).
+    pub fn json_at(path: impl Into<std::path::PathBuf>, source: serde_json::Error) -> Error {
+        Error::Json {
+            path: Some(path.into()),
+            source,
+        }
+    }
+
     /// This error as reported under the op the user called: a tensor method that records an IR
     /// op of another name (`matmul` records `dot_general`) renames shape and dtype errors, so
     /// messages speak of what the user wrote.
@@ -209,3 +267,34 @@ pub enum CompileError {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(path: &str) -> Result<String> {
+        Ok(std::fs::read_to_string(path)?)
+    }
+
+    #[test]
+    fn io_and_json_errors_convert_with_question_mark_and_print_one_line() {
+        let missing = "/nonexistent/neuron-pc/config.json";
+        let e = read(missing).unwrap_err();
+        assert!(matches!(e, Error::Io { path: None, .. }), "{e:?}");
+        let e = Error::io_at(missing, std::io::Error::from(std::io::ErrorKind::NotFound));
+        let text = e.to_string();
+        assert!(text.starts_with(missing), "{text}");
+        assert!(!text.contains('\n'), "{text}");
+        assert!(std::error::Error::source(&e).is_none());
+
+        let parse = |s: &str| -> Result<serde_json::Value> { Ok(serde_json::from_str(s)?) };
+        let e = parse("{").unwrap_err();
+        assert!(matches!(e, Error::Json { path: None, .. }), "{e:?}");
+        let json = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+        let text = Error::json_at("cfg.json", json).to_string();
+        assert!(text.starts_with("cfg.json: not valid JSON: "), "{text}");
+        // anyhow's chain (`{:#}`) prints the cause once: it is in the message, not `source()`.
+        let chain = format!("{:#}", anyhow::Error::from(e));
+        assert_eq!(chain.matches("EOF").count(), 1, "{chain}");
+    }
+}

@@ -13,6 +13,9 @@
 //! # Ok(()) }
 //! ```
 
+// `#[derive(Module)]` names this crate `::neuron_pc`, in here as in a user's crate.
+extern crate self as neuron_pc;
+
 pub mod amp;
 pub mod autodiff;
 pub mod checkpoint;

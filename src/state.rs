@@ -210,6 +210,11 @@ fn stage<'a>(
 ) -> Result<Vec<(&'a Tensor, Tensor)>> {
     let mut staged = Vec::new();
     for (name, target) in targets {
+        // Named from the moment they are loaded (buffers too, which `parameters()` skips):
+        // the first step's diagnostics and `neuron-pc analyze` use the state-dict name.
+        if target.name().is_none() {
+            target.set_name(&name);
+        }
         let Some(host) = sd.tensors.get(&name) else {
             return Err(CheckpointError::Mismatch {
                 path: source.to_path_buf(),

@@ -6,8 +6,6 @@
 
 #[path = "aot_common/mod.rs"]
 mod common;
-#[path = "../cache/tests/common/server.rs"]
-mod server;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -17,6 +15,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
+use neuron_pc_test_support::s3 as server;
 
 /// Every variable `--shard auto` reads, removed from the commands a test starts unless given.
 const SCHEDULER_VARS: &[&str] = &[

@@ -2,13 +2,11 @@
 //! key, `ls` and `stats` over both tiers of an S3 cache, unreadable records listed as bad,
 //! `verify --fix` that repairs and succeeds, and `clear` of a shared cache that asks first.
 
-#[path = "../cache/tests/common/server.rs"]
-#[allow(dead_code)]
-mod server;
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
+
+use neuron_pc_test_support::s3 as server;
 
 use neuron_pc_cache::{Cache, CacheKey, CacheOptions, S3Options};
 use sha2::{Digest, Sha256};

@@ -3,11 +3,13 @@
 //! `set_name`, and AdamW's moments after their parameters. The recompile warning, the graph log
 //! and `neuron-pc analyze` use them instead of a bare position.
 
+use std::path::Path;
 use std::process::Command;
 
-use neuron_pc::nn::{HostRng, Linear, Module};
+use neuron_pc::checkpoint::StateDict;
+use neuron_pc::nn::{HostRng, Linear, Module, VarBuilder};
 use neuron_pc::optim::AdamW;
-use neuron_pc::{grad, DType, DeviceConfig, LazyDevice, Tensor};
+use neuron_pc::{grad, state, DType, DeviceConfig, LazyDevice, Tensor};
 
 const CHILD: &str = "NPC_INPUT_NAMES_CHILD";
 
@@ -122,4 +124,78 @@ fn names_reach_the_graph_log_and_analyze() {
         .unwrap_or_else(|| panic!("no shape group in\n{stdout}"));
     assert!(line.contains("(features)"), "{line}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The first graph's inputs in the graph log of a job that loads its weights before any step.
+fn first_graph_inputs(
+    tag: &str,
+    load: impl FnOnce(&LazyDevice, &Path) -> neuron_pc::Result<Tensor>,
+) -> Vec<String> {
+    let dir = std::env::temp_dir().join(format!("npc-loaded-names-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let saved = dir.join("model.safetensors");
+    {
+        let dev = LazyDevice::new(DeviceConfig {
+            cache: neuron_pc::compile::CacheConfig::disabled(),
+            ..DeviceConfig::default()
+        })
+        .unwrap();
+        let model = Linear::new(&dev, &mut HostRng::new(3), 3, 2, true).unwrap();
+        state::module_state(&model).unwrap().save(&saved).unwrap();
+    }
+    let log = dir.join("graphs.jsonl");
+    let dev = LazyDevice::new(DeviceConfig {
+        cache: neuron_pc::compile::CacheConfig::disabled(),
+        graph_log: Some(log.clone()),
+        ..DeviceConfig::default()
+    })
+    .unwrap();
+    let out = load(&dev, &saved).unwrap();
+    dev.mark_step().unwrap();
+    out.to_vec::<f32>().unwrap();
+    drop(dev);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    first["param_names"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no param_names in {first}"))
+        .iter()
+        .map(|v| v.as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+#[test]
+fn parameters_loaded_with_load_module_are_named_in_the_first_step() {
+    let names = first_graph_inputs("load_module", |dev, saved| {
+        // a fresh model whose weights come from the file before any step runs
+        let model = Linear::new(dev, &mut HostRng::new(9), 3, 2, true)?;
+        state::load_module(&model, &StateDict::load(saved)?, saved)?;
+        let x = dev.from_slice(&[0.5f32; 6], &[2, 3])?;
+        model.forward(&x)?.sum_all()
+    });
+    for want in ["weight", "bias"] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "{want} missing from {names:?}"
+        );
+    }
+}
+
+#[test]
+fn parameters_built_by_a_var_builder_are_named_in_the_first_step() {
+    let names = first_graph_inputs("var_builder", |dev, saved| {
+        // no call to `parameters()`: the builder names what it reads
+        let vb = VarBuilder::from_safetensors(dev, &[saved])?;
+        let model = Linear::from_vb(&vb, 3, 2, true)?;
+        let x = dev.from_slice(&[0.5f32; 6], &[2, 3])?;
+        model.forward(&x)?.sum_all()
+    });
+    for want in ["weight", "bias"] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "{want} missing from {names:?}"
+        );
+    }
 }

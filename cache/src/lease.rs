@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cache::Health;
-use crate::record::now_secs;
+use crate::health::Health;
+use crate::record::{hostname, now_secs};
 use crate::store::{PutMode, Store};
 
 /// Lease contents.
@@ -33,12 +33,6 @@ fn nonce() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     t ^ (u64::from(std::process::id()) << 40) ^ N.fetch_add(1, Ordering::Relaxed)
-}
-
-pub(crate) fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| std::env::var("HOSTNAME").unwrap_or_default())
 }
 
 fn pid_alive(pid: u32) -> bool {

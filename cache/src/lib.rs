@@ -12,6 +12,7 @@
 
 mod cache;
 mod error;
+mod health;
 mod key;
 mod lease;
 mod maintain;

@@ -307,3 +307,10 @@ mod tests {
         assert!(still_valid > 0);
     }
 }
+
+/// This machine's name (for lease holders and probes).
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| std::env::var("HOSTNAME").unwrap_or_default())
+}

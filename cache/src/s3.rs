@@ -320,7 +320,7 @@ impl S3Store {
             .map_or(0, |d| d.as_nanos());
         let name = format!(
             "locks/.conditional-put-probe.{}.{}.{nanos}",
-            crate::lease::hostname(),
+            crate::record::hostname(),
             std::process::id()
         );
         let first = self.put_raw(&name, b"first", object_store::PutMode::Create);

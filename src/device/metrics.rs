@@ -2,6 +2,7 @@
 
 /// A snapshot of a device's counters (see [`crate::LazyDevice::metrics`]).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Metrics {
     /// `mark_step` calls, and syncs caused by reading a pending value (`to_vec`, `item`).
     pub steps: u64,

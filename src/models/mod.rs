@@ -36,10 +36,13 @@ impl Default for TextEncoderConfig {
 }
 
 /// `embedding → masked mean → (Linear → GELU)* → proj`.
+#[derive(Module)]
 pub struct TextEncoder {
+    #[module(skip)]
     pub config: TextEncoderConfig,
     pub embedding: Embedding,
     /// `mlp.0`, `mlp.2`, ... in PyTorch's `nn.Sequential` numbering (GELUs in between).
+    #[module(index_step = 2)]
     pub mlp: Vec<Linear>,
     pub proj: Linear,
 }
@@ -79,23 +82,6 @@ impl TextEncoder {
     #[track_caller]
     pub fn loss(&self, ids: &Tensor, mask: &Tensor, labels: &Tensor) -> Result<Tensor> {
         cross_entropy(&self.forward(ids, mask)?, labels)
-    }
-}
-
-impl Module for TextEncoder {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        let p = |name: &str| {
-            if prefix.is_empty() {
-                name.to_string()
-            } else {
-                format!("{prefix}.{name}")
-            }
-        };
-        self.embedding.named_params(&p("embedding"), out);
-        for (i, layer) in self.mlp.iter().enumerate() {
-            layer.named_params(&p(&format!("mlp.{}", 2 * i)), out);
-        }
-        self.proj.named_params(&p("proj"), out);
     }
 }
 

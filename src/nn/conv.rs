@@ -74,24 +74,12 @@ fn init<const K: usize>(
     Ok((weight, bias))
 }
 
-fn named<const K: usize>(conv: &ConvLayer<K>, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-    let join = |n: &str| {
-        if prefix.is_empty() {
-            n.to_string()
-        } else {
-            format!("{prefix}.{n}")
-        }
-    };
-    out.push((join("weight"), conv.weight.clone()));
-    if let Some(b) = &conv.bias {
-        out.push((join("bias"), b.clone()));
-    }
-}
-
 /// A convolution layer over `K` spatial dimensions; use the [`Conv1d`] and [`Conv2d`] names.
+#[derive(Module)]
 pub struct ConvLayer<const K: usize> {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
+    #[module(skip)]
     pub config: ConvConfig<K>,
 }
 
@@ -155,11 +143,5 @@ impl Conv2d {
             c.dilation,
             c.groups,
         )
-    }
-}
-
-impl<const K: usize> Module for ConvLayer<K> {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        named(self, prefix, out);
     }
 }

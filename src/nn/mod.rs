@@ -20,6 +20,8 @@ pub use attention::{
 };
 pub use conv::{Conv1d, Conv2d, ConvConfig, ConvLayer};
 pub use loss::{cross_entropy_with, CrossEntropyOptions, IGNORE_INDEX};
+/// `#[derive(Module)]`: see the `neuron-pc-derive` crate for the field attributes.
+pub use neuron_pc_derive::Module;
 pub use norm::{BatchNorm, GroupNorm, RMSNorm};
 pub use var_builder::{Init, VarBuilder};
 
@@ -91,6 +93,31 @@ impl HostRng {
 }
 
 /// Anything with named parameters (PyTorch `named_parameters()` order and names).
+///
+/// Derive it: `#[derive(Module)]` on a struct walks its fields in order and names each
+/// parameter by its field path (`layers.0.self_attn.weight` for `layers: Vec<Block>`), with
+/// `#[module(rename = "...")]`, `#[module(skip)]` (sizes, `eps`), `#[module(buffer)]` (state
+/// no optimizer updates) and `#[module(index_step = 2)]` (an `nn.Sequential` with activations
+/// between its layers). Write `named_params` by hand only for names no field path gives,
+/// joining with [`join_name`].
+///
+/// ```
+/// use neuron_pc::nn::{LayerNorm, Linear, Module};
+///
+/// #[derive(Module)]
+/// struct Block {
+///     #[module(rename = "self_attn")]
+///     attention: Linear,
+///     norm: Option<LayerNorm>,
+///     #[module(skip)]
+///     width: usize,
+/// }
+///
+/// #[derive(Module)]
+/// struct Model {
+///     layers: Vec<Block>, // layers.0.self_attn.weight, layers.0.norm.weight, ...
+/// }
+/// ```
 pub trait Module {
     /// Appends `(prefix + name, tensor)` for every parameter.
     fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>);
@@ -121,6 +148,13 @@ pub trait Module {
     }
 }
 
+/// `prefix.name`, or `name` under an empty prefix: how a parameter's state-dict name is built
+/// from its module's. What `#[derive(Module)]` calls; a hand-written
+/// [`Module::named_params`] uses it too.
+pub fn join_name(prefix: &str, name: &str) -> String {
+    join(prefix, name)
+}
+
 fn join(prefix: &str, name: &str) -> String {
     if prefix.is_empty() {
         name.to_string()
@@ -131,6 +165,7 @@ fn join(prefix: &str, name: &str) -> String {
 
 /// `y = x W^T + b`, weight `[out, in]`, initialised like `torch.nn.Linear`
 /// (uniform in ±1/sqrt(in) for both weight and bias).
+#[derive(Module)]
 pub struct Linear {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
@@ -184,16 +219,8 @@ impl Linear {
     }
 }
 
-impl Module for Linear {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        out.push((join(prefix, "weight"), self.weight.clone()));
-        if let Some(b) = &self.bias {
-            out.push((join(prefix, "bias"), b.clone()));
-        }
-    }
-}
-
 /// A lookup table `[num, dim]`, initialised like `torch.nn.Embedding` (standard normal).
+#[derive(Module)]
 pub struct Embedding {
     pub weight: Tensor,
 }
@@ -228,16 +255,12 @@ impl Embedding {
     }
 }
 
-impl Module for Embedding {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        out.push((join(prefix, "weight"), self.weight.clone()));
-    }
-}
-
 /// Layer normalisation over the last dimension, like `torch.nn.LayerNorm` (weight 1, bias 0).
+#[derive(Module)]
 pub struct LayerNorm {
     pub weight: Tensor,
     pub bias: Tensor,
+    #[module(skip)]
     pub eps: f64,
 }
 
@@ -273,13 +296,6 @@ impl LayerNorm {
         let var = centered.mul(&centered)?.mean(&[-1], true)?;
         let normed = centered.mul(&var.add_scalar(self.eps)?.rsqrt()?)?;
         normed.mul(&self.weight)?.add(&self.bias)
-    }
-}
-
-impl Module for LayerNorm {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        out.push((join(prefix, "weight"), self.weight.clone()));
-        out.push((join(prefix, "bias"), self.bias.clone()));
     }
 }
 
@@ -377,10 +393,12 @@ pub fn dropout(x: &Tensor, p: f64, key: &Tensor) -> Result<Tensor> {
 
 /// Multi-head self-attention with `torch.nn.MultiheadAttention`'s parameter layout
 /// (`in_proj_weight [3E, E]`, `in_proj_bias [3E]`, `out_proj.weight`, `out_proj.bias`).
+#[derive(Module)]
 pub struct MultiHeadAttention {
     pub in_proj_weight: Tensor,
     pub in_proj_bias: Tensor,
     pub out_proj: Linear,
+    #[module(skip)]
     pub heads: usize,
 }
 
@@ -498,13 +516,5 @@ impl MultiHeadAttention {
             .permute(&[0, 2, 1, 3])?
             .reshape(&[b, s, e])?;
         self.out_proj.forward(&ctx)
-    }
-}
-
-impl Module for MultiHeadAttention {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        out.push((join(prefix, "in_proj_weight"), self.in_proj_weight.clone()));
-        out.push((join(prefix, "in_proj_bias"), self.in_proj_bias.clone()));
-        self.out_proj.named_params(&join(prefix, "out_proj"), out);
     }
 }

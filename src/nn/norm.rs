@@ -12,14 +12,6 @@ fn filled(device: &LazyDevice, value: f32, n: usize) -> Result<Tensor> {
     device.tensor(&HostTensor::from_slice(&vec![value; n], &[n])?)
 }
 
-fn join(prefix: &str, name: &str) -> String {
-    if prefix.is_empty() {
-        name.to_string()
-    } else {
-        format!("{prefix}.{name}")
-    }
-}
-
 /// `[c]` → `[c, 1, ..]` so it broadcasts over a `[n, c, spatial..]` input.
 fn per_channel(t: &Tensor, rank: usize) -> Result<Tensor> {
     let mut dims = vec![t.dims()[0]];
@@ -36,16 +28,24 @@ fn per_channel(t: &Tensor, rank: usize) -> Result<Tensor> {
 /// `weight` and `bias` (so optimisers never update the statistics), and
 /// [`Module::named_buffers`] the statistics, which `state::module_state` and
 /// `state::load_module` save and load with the parameters, as PyTorch's `state_dict()` does.
+#[derive(Module)]
 pub struct BatchNorm {
     pub weight: Tensor,
     pub bias: Tensor,
+    /// `running_mean`, `running_var`, `num_batches_tracked`: buffers, as PyTorch names them.
+    #[module(buffer)]
     pub running_mean: Tensor,
+    #[module(buffer)]
     pub running_var: Tensor,
     /// Training steps taken (i64 scalar, PyTorch's `num_batches_tracked`).
+    #[module(buffer)]
     pub num_batches_tracked: Tensor,
+    #[module(skip)]
     pub eps: f64,
+    #[module(skip)]
     pub momentum: f64,
     /// `model.train()` / `model.eval()`.
+    #[module(skip)]
     pub training: bool,
 }
 
@@ -121,30 +121,16 @@ impl BatchNorm {
     }
 }
 
-impl Module for BatchNorm {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        out.push((join(prefix, "weight"), self.weight.clone()));
-        out.push((join(prefix, "bias"), self.bias.clone()));
-    }
-
-    /// `running_mean`, `running_var`, `num_batches_tracked`, as PyTorch names them.
-    fn named_buffers(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        out.push((join(prefix, "running_mean"), self.running_mean.clone()));
-        out.push((join(prefix, "running_var"), self.running_var.clone()));
-        out.push((
-            join(prefix, "num_batches_tracked"),
-            self.num_batches_tracked.clone(),
-        ));
-    }
-}
-
 /// Group normalisation of `[n, c, ..]` as `torch.nn.GroupNorm`: the channels split into
 /// `groups` groups, each normalised over its channels and spatial positions (biased variance),
 /// then a per-channel affine transform (weight 1, bias 0).
+#[derive(Module)]
 pub struct GroupNorm {
+    #[module(skip)]
     pub groups: usize,
     pub weight: Tensor,
     pub bias: Tensor,
+    #[module(skip)]
     pub eps: f64,
 }
 
@@ -189,18 +175,13 @@ impl GroupNorm {
     }
 }
 
-impl Module for GroupNorm {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        out.push((join(prefix, "weight"), self.weight.clone()));
-        out.push((join(prefix, "bias"), self.bias.clone()));
-    }
-}
-
 /// Root-mean-square normalisation over the last dimension, as `torch.nn.RMSNorm`:
 /// `x / sqrt(mean(x^2) + eps) * weight` (weight 1). PyTorch's default `eps` is the machine
 /// epsilon of the input's dtype; `eps: None` does the same.
+#[derive(Module)]
 pub struct RMSNorm {
     pub weight: Tensor,
+    #[module(skip)]
     pub eps: Option<f64>,
 }
 
@@ -240,11 +221,5 @@ impl RMSNorm {
         });
         let ms = x.mul(x)?.mean(&[-1], true)?;
         x.mul(&ms.add_scalar(eps)?.rsqrt()?)?.mul(&self.weight)
-    }
-}
-
-impl Module for RMSNorm {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        out.push((join(prefix, "weight"), self.weight.clone()));
     }
 }

@@ -298,8 +298,11 @@ impl VarBuilder {
             }
             _ => host,
         };
+        let t = self.shared.device.tensor(&host)?;
+        // The state-dict name from the start, so the first step's diagnostics name it.
+        t.set_name(&full);
         lock(&self.shared.used).insert(full);
-        self.shared.device.tensor(&host)
+        Ok(t)
     }
 
     /// The checkpoint's names that no layer has read yet (for a strict load, expect none).

@@ -20,8 +20,8 @@ use crate::tensor::Tensor;
 /// same number of examples (`tests/grad_accumulation.rs` checks AdamW's trajectory). For
 /// token losses whose micro-batches hold different numbers of real tokens, sum the token losses
 /// and divide by the large batch's token count instead. On several replicas the sums are each
-/// replica's own; average the returned gradients ([`average_gradients`](super::average_gradients)) once per update, not
-/// once per micro-batch.
+/// replica's own; average the returned gradients
+/// ([`average_gradients`](super::average_gradients)) once per update, not once per micro-batch.
 pub struct GradAccumulator {
     sums: Vec<Tensor>,
     micro_batches: usize,

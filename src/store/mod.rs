@@ -28,6 +28,7 @@ pub const DEFAULT_TIMEOUT_SECS: f64 = 10.0;
 
 /// A store error; every message names the store and, where there is one, the key.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     #[error("{STORE_ENV}={url}: {message}")]
     Url { url: String, message: String },

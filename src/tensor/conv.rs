@@ -6,7 +6,7 @@
 //! patches, and one `dot_general` batched over the groups; the pad, slice and `dot_general`
 //! rules differentiate that. Pooling records one [`Op::ReduceWindow`] (StableHLO
 //! `reduce_window`); its gradient is likewise the vjp of the windows gathered by strided slices
-//! and reduced.
+//! and reduced. Both rules are in `autodiff/window.rs`, beside the other gradient rules.
 
 use std::panic::Location;
 
@@ -210,7 +210,7 @@ impl Tensor {
     /// The convolution as an im2col composite (pad, one strided slice per kernel offset, one
     /// `dot_general` batched over the groups): the same values as [`Op::Convolution`], built
     /// from primitives that have gradient rules.
-    fn conv_composite(
+    pub(crate) fn conv_composite(
         &self,
         w: &Tensor,
         (stride, padding, dilation): (&[usize], &[usize], &[usize]),
@@ -254,27 +254,6 @@ impl Tensor {
         dims.extend_from_slice(&out);
         let y = y.reshape_at(&dims, location)?;
         Ok(y)
-    }
-
-    /// Gradients of [`Op::Convolution`] with respect to its input and kernel for the output
-    /// gradient `g`: the vjp of [`Tensor::conv_composite`] on stopped copies of the operands, so
-    /// only the paths through this convolution count.
-    pub(crate) fn convolution_vjp(
-        x: &Tensor,
-        w: &Tensor,
-        g: &Tensor,
-        geometry: (&[usize], &[usize], &[usize]),
-        groups: usize,
-    ) -> Result<(Tensor, Tensor)> {
-        let location = Location::caller();
-        let (xd, wd, gd) = (x.detach()?, w.detach()?, g.detach()?);
-        let y = xd.conv_composite(&wd, geometry, groups, location)?;
-        let loss = y.mul(&gd)?.sum_all()?;
-        let mut grads = crate::grad(&loss, &[&xd, &wd])?.into_iter();
-        match (grads.next(), grads.next()) {
-            (Some(dx), Some(dw)) => Ok((dx, dw)),
-            _ => unreachable!("grad returns one gradient per tensor asked for"),
-        }
     }
 
     fn pool_at(
@@ -336,73 +315,6 @@ impl Tensor {
             ReduceOp::Sum => pooled.mul_scalar(1.0 / kernel.iter().product::<usize>() as f64),
             ReduceOp::Max | ReduceOp::Min | ReduceOp::Prod => Ok(pooled),
         }
-    }
-
-    /// Gradient of [`Op::ReduceWindow`] for the output gradient `g`: the vjp of the same
-    /// reduction written as one strided slice of the padded input per window offset, stacked
-    /// and reduced with `reduce` (so a maximum's gradient goes to the window's maximum; tied
-    /// maxima share it).
-    pub(crate) fn reduce_window_vjp(
-        x: &Tensor,
-        g: &Tensor,
-        reduce: ReduceOp,
-        (window, stride, padding): (&[usize], &[usize], &[usize]),
-    ) -> Result<Tensor> {
-        let location = Location::caller();
-        let (xd, gd) = (x.detach()?, g.detach()?);
-        let fill = match reduce {
-            ReduceOp::Sum => 0.0,
-            ReduceOp::Prod => 1.0,
-            ReduceOp::Max => f64::NEG_INFINITY,
-            ReduceOp::Min => f64::INFINITY,
-        };
-        let padded = if padding.iter().all(|&p| p == 0) {
-            xd.clone()
-        } else {
-            let edge: Vec<i64> = padding.iter().map(|&p| p as i64).collect();
-            Tensor::apply_at(
-                Op::Pad {
-                    low: edge.clone(),
-                    high: edge,
-                    interior: vec![0; padding.len()],
-                },
-                &[&xd, &xd.constant_like(fill)?],
-                location,
-            )?
-        };
-        let out = g.dims();
-        let offsets: usize = window.iter().product();
-        let mut with_axis = vec![1];
-        with_axis.extend_from_slice(out);
-        let mut slices = Vec::with_capacity(offsets);
-        for flat in 0..offsets {
-            // row-major window offset
-            let mut rest = flat;
-            let mut start = vec![0; window.len()];
-            for i in (0..window.len()).rev() {
-                start[i] = rest % window[i];
-                rest /= window[i];
-            }
-            let limit: Vec<usize> = (0..window.len())
-                .map(|i| start[i] + (out[i] - 1) * stride[i] + 1)
-                .collect();
-            let piece = Tensor::apply_at(
-                Op::Slice {
-                    start,
-                    limit,
-                    stride: stride.to_vec(),
-                },
-                &[&padded],
-                location,
-            )?;
-            slices.push(piece.reshape_at(&with_axis, location)?);
-        }
-        let refs: Vec<&Tensor> = slices.iter().collect();
-        let stacked = Tensor::apply_at(Op::Concatenate { dim: 0 }, &refs, location)?;
-        let y = Tensor::apply_at(Op::Reduce(reduce, vec![0]), &[&stacked], location)?;
-        let loss = y.mul(&gd)?.sum_all()?;
-        let mut grads = crate::grad(&loss, &[&xd])?;
-        Ok(grads.remove(0))
     }
 
     /// The output's spatial sizes, or an error naming `op` when the window does not fit.

@@ -315,6 +315,12 @@ impl Tensor {
                 ),
             });
         }
+        // A value uploaded for this tensor (a loaded checkpoint's) is an input of the next step
+        // graph: it carries this tensor's name from now on, so that step's diagnostics name it
+        // too, not only the steps after (whose values the device names as it computes them).
+        if let (Value::Data(d), Some(name)) = (&new_value, lock(&self.cell.name).clone()) {
+            lock(&d.name).get_or_insert(name);
+        }
         let pending = new_value.is_pending();
         let old = std::mem::replace(&mut *lock(&self.cell.value), new_value);
         if let (true, Value::Data(d)) = (pending, &old) {

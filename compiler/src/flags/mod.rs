@@ -13,6 +13,7 @@
 
 mod neuron;
 mod parse;
+mod words;
 
 use std::fmt;
 
@@ -20,7 +21,7 @@ use crate::error::{Error, Result};
 pub use crate::pjrt::Target;
 
 pub use neuron::NeuronFlags;
-pub use parse::split_words;
+pub use words::split_words;
 
 /// The environment variable read by [`CompilerFlags::from_env`].
 pub const NEURON_CC_FLAGS: &str = "NEURON_CC_FLAGS";
@@ -362,7 +363,7 @@ impl fmt::Display for CompilerFlags {
             f.write_str(" --retry_failed_compilation")?;
         }
         if let Some(dir) = &self.cache_dir {
-            write!(f, " --cache_dir {}", parse::quote_word(dir))?;
+            write!(f, " --cache_dir {}", words::quote_word(dir))?;
         }
         Ok(())
     }

@@ -170,7 +170,7 @@ impl fmt::Display for NeuronFlags {
             first = false;
             write!(f, "--{k}")?;
             if let Some(v) = v {
-                write!(f, " {}", super::parse::quote_word(v))?;
+                write!(f, " {}", super::words::quote_word(v))?;
             }
         }
         Ok(())

@@ -29,14 +29,6 @@ use crate::nn::{
 };
 use crate::tensor::{shape_error, Tensor};
 
-fn join(prefix: &str, name: &str) -> String {
-    if prefix.is_empty() {
-        name.to_string()
-    } else {
-        format!("{prefix}.{name}")
-    }
-}
-
 /// A bias-free projection initialised as `transformers` does (normal, std
 /// `initializer_range`).
 fn proj(vb: &VarBuilder, name: &str, inputs: usize, outputs: usize, std: f64) -> Result<Linear> {
@@ -60,13 +52,17 @@ fn rms_norm(norm: &RMSNorm, x: &Tensor) -> Result<Tensor> {
 }
 
 /// `self_attn`: the q/k/v/o projections with grouped-query heads.
+#[derive(Module)]
 pub struct LlamaAttention {
     pub q_proj: Linear,
     pub k_proj: Linear,
     pub v_proj: Linear,
     pub o_proj: Linear,
+    #[module(skip)]
     pub num_heads: usize,
+    #[module(skip)]
     pub num_kv_heads: usize,
+    #[module(skip)]
     pub head_dim: usize,
 }
 
@@ -108,16 +104,8 @@ impl LlamaAttention {
     }
 }
 
-impl Module for LlamaAttention {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        self.q_proj.named_params(&join(prefix, "q_proj"), out);
-        self.k_proj.named_params(&join(prefix, "k_proj"), out);
-        self.v_proj.named_params(&join(prefix, "v_proj"), out);
-        self.o_proj.named_params(&join(prefix, "o_proj"), out);
-    }
-}
-
 /// `mlp`: SwiGLU, `down(silu(gate(x)) * up(x))`.
+#[derive(Module)]
 pub struct LlamaMlp {
     pub gate_proj: Linear,
     pub up_proj: Linear,
@@ -141,15 +129,8 @@ impl LlamaMlp {
     }
 }
 
-impl Module for LlamaMlp {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        self.gate_proj.named_params(&join(prefix, "gate_proj"), out);
-        self.up_proj.named_params(&join(prefix, "up_proj"), out);
-        self.down_proj.named_params(&join(prefix, "down_proj"), out);
-    }
-}
-
 /// `model.layers.N`: pre-norm attention and MLP blocks, each with a residual connection.
+#[derive(Module)]
 pub struct LlamaDecoderLayer {
     pub self_attn: LlamaAttention,
     pub mlp: LlamaMlp,
@@ -190,39 +171,21 @@ impl LlamaDecoderLayer {
     }
 }
 
-impl Module for LlamaDecoderLayer {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        self.self_attn.named_params(&join(prefix, "self_attn"), out);
-        self.mlp.named_params(&join(prefix, "mlp"), out);
-        self.input_layernorm
-            .named_params(&join(prefix, "input_layernorm"), out);
-        self.post_attention_layernorm
-            .named_params(&join(prefix, "post_attention_layernorm"), out);
-    }
-}
-
 /// `model`: embeddings, decoder layers, the final norm and the rotary tables.
+#[derive(Module)]
 pub struct LlamaModel {
     pub embed_tokens: Embedding,
     pub layers: Vec<LlamaDecoderLayer>,
     pub norm: RMSNorm,
+    #[module(skip)]
     pub rotary_emb: RotaryEmbedding,
-}
-
-impl Module for LlamaModel {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        self.embed_tokens
-            .named_params(&join(prefix, "embed_tokens"), out);
-        for (i, layer) in self.layers.iter().enumerate() {
-            layer.named_params(&join(prefix, &format!("layers.{i}")), out);
-        }
-        self.norm.named_params(&join(prefix, "norm"), out);
-    }
 }
 
 /// `LlamaForCausalLM`: the decoder and a language-model head (`lm_head`, or the token
 /// embeddings when `tie_word_embeddings`).
+#[derive(Module)]
 pub struct LlamaForCausalLM {
+    #[module(skip)]
     pub config: LlamaConfig,
     pub model: LlamaModel,
     /// `None` when the head is tied to `model.embed_tokens.weight`.
@@ -493,14 +456,5 @@ impl LlamaForCausalLM {
         Ok(self
             .forward_loss(input_ids, None, attention_mask, labels)?
             .0)
-    }
-}
-
-impl Module for LlamaForCausalLM {
-    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
-        self.model.named_params(&join(prefix, "model"), out);
-        if let Some(head) = &self.lm_head {
-            head.named_params(&join(prefix, "lm_head"), out);
-        }
     }
 }

@@ -1,0 +1,335 @@
+//! Reverse-mode differentiation over the recorded (lazy) graph.
+//!
+//! `grad(loss, params)` walks the nodes below `loss`, then applies each op's vector-Jacobian
+//! product in reverse order, recording the gradient computation as more lazy ops. Forward,
+//! backward and the optimizer update therefore land in one step graph at the next `mark_step`.
+//! Every op has an arm in `vjp` (no wildcard): a new primitive cannot be forgotten here, and a
+//! non-differentiable one returns an error naming it. The arms dispatch to one file per op
+//! family (`pointwise`, `shape`, `reduce`, `linalg`, `window`, `index`, `collective`), which
+//! hold the math; a new primitive's rule goes in its family's file.
+
+mod collective;
+mod index;
+mod linalg;
+mod pointwise;
+mod reduce;
+mod shape;
+mod window;
+
+use std::collections::{HashMap, HashSet};
+use std::panic::Location;
+use std::sync::{Arc, Weak};
+
+use neuron_pc_compiler::ir::{Op, TensorType};
+
+use crate::device::trace::Value;
+use crate::device::{lock, DeviceInner};
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+fn key(v: &Value) -> usize {
+    match v {
+        Value::Node(n) => Arc::as_ptr(n) as *const u8 as usize,
+        Value::Data(d) => Arc::as_ptr(d) as *const u8 as usize,
+    }
+}
+
+/// Gradients of the scalar `loss` with respect to each tensor of `wrt` (zeros where `loss`
+/// does not depend on it). Recorded lazily.
+///
+/// Only ops on a path from a `wrt` tensor to `loss` are differentiated, so a
+/// non-differentiable op elsewhere in the graph (or an integer side computation such as
+/// `argmax`) does not matter. Gradients never flow into integer or pred operands (indices,
+/// conditions); a float path through an op without a gradient rule is an error naming it.
+#[track_caller]
+pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let location = Location::caller();
+    if loss.elem_count() != 1 || !loss.dtype().is_float() {
+        return Err(Error::Op {
+            location,
+            source: neuron_pc_compiler::Error::Shape {
+                op: "grad",
+                operands: loss.ty().to_string(),
+                message: "the loss must be a float tensor with one element".into(),
+            },
+        });
+    }
+    if wrt
+        .iter()
+        .any(|t| !Weak::ptr_eq(&t.cell.device, &loss.cell.device))
+    {
+        return Err(Error::DeviceMismatch {
+            location,
+            op: "grad",
+        });
+    }
+    let dev = loss.device_inner()?;
+    let root = loss.value();
+    let order = topo_order(&root);
+
+    // Values that some `wrt` tensor flows into; only these need cotangents.
+    let targets: HashSet<usize> = wrt.iter().map(|t| key(&t.value())).collect();
+    let mut needed: HashSet<usize> = HashSet::new();
+    for v in &order {
+        let operands: &[Value] = match v {
+            Value::Node(n) => &n.operands,
+            Value::Data(_) => &[],
+        };
+        let k = key(v);
+        if targets.contains(&k) || operands.iter().any(|o| needed.contains(&key(o))) {
+            needed.insert(k);
+        }
+    }
+
+    // Cotangents by value identity; values are kept alive by `order`.
+    let mut cot: HashMap<usize, Tensor> = HashMap::new();
+    cot.insert(key(&root), loss.constant_like(1.0)?.reshape(loss.dims())?);
+    for v in order.iter().rev() {
+        let Value::Node(node) = v else { continue };
+        if !node.operands.iter().any(|o| needed.contains(&key(o))) {
+            continue;
+        }
+        let Some(g) = cot.remove(&key(v)) else {
+            continue;
+        };
+        let (op, ty) = {
+            let interner = lock(&dev.interner);
+            let (op, ty) = interner.op_of(node.op_id);
+            (op.clone(), ty.clone())
+        };
+        let y = Tensor {
+            cell: dev.detached_cell(v.clone(), ty),
+        };
+        let xs: Vec<Tensor> = node
+            .operands
+            .iter()
+            .map(|o| Tensor {
+                cell: dev.detached_cell(o.clone(), value_type(&dev, o)),
+            })
+            .collect();
+        let grads = vjp(&op, &xs, &y, &g, location)?;
+        for (operand, gi) in node.operands.iter().zip(grads) {
+            let k = key(operand);
+            let Some(gi) = gi.filter(|_| needed.contains(&k)) else {
+                continue;
+            };
+            let sum = match cot.remove(&k) {
+                Some(prev) => prev.add(&gi)?,
+                None => gi,
+            };
+            cot.insert(k, sum);
+        }
+        // A wrt tensor that is itself an intermediate keeps its cotangent for the answer.
+        if targets.contains(&key(v)) {
+            cot.insert(key(v), g);
+        }
+    }
+    wrt.iter()
+        .map(|t| match cot.get(&key(&t.value())) {
+            Some(g) => Ok(g.clone()),
+            None => t.zeros_like(),
+        })
+        .collect()
+}
+
+fn value_type(dev: &DeviceInner, v: &Value) -> TensorType {
+    match v {
+        Value::Node(n) => lock(&dev.interner).op_of(n.op_id).1.clone(),
+        Value::Data(d) => d.ty(),
+    }
+}
+
+/// Values below `root` in post-order (operands before users).
+fn topo_order(root: &Value) -> Vec<Value> {
+    let mut order = Vec::new();
+    let mut seen: HashSet<usize> = HashSet::new();
+    seen.insert(key(root));
+    // Iterative, so deep graphs (long training unrolls) cannot overflow the stack.
+    let mut stack: Vec<(Value, usize)> = vec![(root.clone(), 0)];
+    while let Some((v, i)) = stack.last_mut() {
+        let operands: &[Value] = match v {
+            Value::Node(n) => &n.operands,
+            Value::Data(_) => &[],
+        };
+        if let Some(c) = operands.get(*i).cloned() {
+            *i += 1;
+            if seen.insert(key(&c)) {
+                stack.push((c, 0));
+            }
+        } else if let Some((v, _)) = stack.pop() {
+            order.push(v);
+        }
+    }
+    order
+}
+
+fn non_diff(op: &Op, location: &'static Location<'static>) -> Error {
+    let reason = match op {
+        Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => {
+            "a product over replicas has no gradient rule"
+        }
+        _ => "it has no derivative on the float path to the loss",
+    };
+    Error::NotDifferentiable {
+        location,
+        op: op.name(),
+        reason,
+    }
+}
+
+/// The gradient contributions of one op application, per operand (`None`: no gradient flows,
+/// as into integer or pred operands). One arm per op, no wildcard.
+fn vjp(
+    op: &Op,
+    x: &[Tensor],
+    y: &Tensor,
+    g: &Tensor,
+    location: &'static Location<'static>,
+) -> Result<Vec<Option<Tensor>>> {
+    match op {
+        // leaves, or (random bits) an integer function of an integer key
+        Op::Parameter { .. }
+        | Op::Constant(_)
+        | Op::Iota { .. }
+        | Op::RandomBits { .. }
+        | Op::ReplicaId => Ok(vec![None; x.len()]),
+        // d/dx u(x) = u'(x) g, by UnaryOp
+        Op::Unary(u) => Ok(vec![Some(pointwise::unary(u, op, &x[0], y, g, location)?)]),
+        // d b(a, c) = (db/da g, db/dc g), by BinaryOp
+        Op::Binary(b) => {
+            let (da, dc) = pointwise::binary(b, op, x, y, g, location)?;
+            Ok(vec![Some(da), Some(dc)])
+        }
+        // pred result: no gradient flows back
+        Op::Compare(_) => Ok(vec![None, None]),
+        // d select(p, t, f) = dt where p, df elsewhere (none into the pred)
+        Op::Select => pointwise::select(&x[0], g),
+        // d/dx convert(x) = g converted back (float to float only; integers get none)
+        Op::Convert(_) => pointwise::convert(&x[0], y, g),
+        // d/dx broadcast(x) = g summed over the new and stretched dimensions
+        Op::BroadcastInDim {
+            dims,
+            broadcast_dimensions,
+        } => shape::broadcast_in_dim(x, g, dims, broadcast_dimensions),
+        // d/dx reshape(x) = reshape back
+        Op::Reshape { .. } => Ok(vec![Some(g.reshape(x[0].dims())?)]),
+        // d/dx transpose(x, perm) = transpose(g, perm^-1)
+        Op::Transpose { perm } => shape::transpose(g, perm),
+        // d/dx slice(x) = g placed back at start + i * stride, zeros elsewhere
+        Op::Slice { start, stride, .. } => shape::slice(x, g, start, stride),
+        // d/dx dynamic_slice(x, s) = g written into zeros at the same (clamped) offsets
+        Op::DynamicSlice { .. } => shape::dynamic_slice(x, g),
+        // d/dx update(x, u, s) = g with the window cleared; d/du = the window of g
+        Op::DynamicUpdateSlice => shape::dynamic_update_slice(x, g),
+        // d/dx_k concat(x) = the k-th block of g
+        Op::Concatenate { dim } => shape::concatenate(x, g, dim),
+        // d/dx pad(x, v) = g at the operand's positions; d/dv = g summed over the padding
+        Op::Pad {
+            low,
+            high,
+            interior,
+        } => shape::pad(x, g, low, high, interior),
+        // d/dx reduce(x), by ReduceOp (sum: 1; max/min: at the extreme; prod: the others)
+        Op::Reduce(r, dims) => reduce::reduce(r, dims, x, y, g),
+        // integer result: no gradient flows back
+        Op::ArgMax { .. } | Op::ArgMin { .. } => Ok(vec![None]),
+        // d/dx stop_gradient(x) = 0 by definition (detach): nothing flows back
+        Op::StopGradient => Ok(vec![None]),
+        // d(l . r) = g . r over r's free dims (for l), l . g over l's free dims (for r)
+        Op::DotGeneral {
+            lhs_batch,
+            rhs_batch,
+            lhs_contract,
+            rhs_contract,
+        } => linalg::dot_general(
+            &x[0],
+            &x[1],
+            g,
+            lhs_batch,
+            rhs_batch,
+            lhs_contract,
+            rhs_contract,
+            location,
+        ),
+        // d conv(x, w): the vjp of the same convolution written as pad + strided slices +
+        // dot_general (im2col), whose rules are above
+        Op::Convolution {
+            stride,
+            padding,
+            dilation,
+            groups,
+        } => {
+            let geometry = (&stride[..], &padding[..], &dilation[..]);
+            let (dx, dw) = window::convolution(&x[0], &x[1], g, geometry, *groups, location)?;
+            Ok(vec![Some(dx), Some(dw)])
+        }
+        // d reduce_window(x): the vjp of the same windows gathered by strided slices and reduced
+        // with `reduce` (max: to the window's maximum; sum: to every element of the window)
+        Op::ReduceWindow {
+            op: r,
+            window,
+            stride,
+            padding,
+        } => {
+            let geometry = (&window[..], &stride[..], &padding[..]);
+            let dx = window::reduce_window(&x[0], g, *r, geometry, location)?;
+            Ok(vec![Some(dx)])
+        }
+        // d/dtable gather(table, i) = g scattered (summed) into the rows that were read
+        Op::Gather => index::gather(x, g),
+        // d/dtable scatter_add = g; d/dupdates = the rows of g they were added to
+        Op::ScatterAdd => index::scatter_add(x, g),
+        // x̄_k = what every replica's result received from x_k, by ReduceOp (prod: an error)
+        Op::AllReduce {
+            op: r,
+            replica_groups,
+        } => collective::all_reduce(op, r, replica_groups, x, y, g, location),
+        // x̄_k = block k of the group's sum of ȳ (a reduce-scatter)
+        Op::AllGather {
+            dim,
+            replica_groups,
+        } => collective::all_gather(*dim, replica_groups, g, location),
+        // x̄_k gathers every replica's ȳ_j, by ReduceOp (prod: an error)
+        Op::ReduceScatter {
+            op: r,
+            dim,
+            replica_groups,
+        } => collective::reduce_scatter(op, r, *dim, replica_groups, x, y, g, location),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use neuron_pc_compiler::ir::ReduceOp;
+
+    use crate::compile::CacheConfig;
+    use crate::{DeviceConfig, LazyDevice};
+
+    #[test]
+    fn an_op_without_a_gradient_rule_is_a_typed_error_naming_it() {
+        let dev = LazyDevice::new(DeviceConfig {
+            cache: CacheConfig::disabled(),
+            ..DeviceConfig::default()
+        })
+        .unwrap();
+        let x = dev.from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+        let product = Tensor::apply(
+            Op::AllReduce {
+                op: ReduceOp::Prod,
+                replica_groups: vec![vec![0]],
+            },
+            &[&x],
+        )
+        .unwrap();
+        let loss = product.sum_all().unwrap();
+        match grad(&loss, &[&x]) {
+            Err(Error::NotDifferentiable { op, location, .. }) => {
+                assert_eq!(op, "all_reduce");
+                // the call of `grad` above, in this file
+                assert_eq!(location.file(), file!(), "{location}");
+            }
+            other => panic!("expected NotDifferentiable, got {other:?}"),
+        }
+    }
+}
