@@ -180,6 +180,13 @@ impl FailureRecord {
     }
 }
 
+/// This machine's name (for lease holders and probes).
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| std::env::var("HOSTNAME").unwrap_or_default())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,11 +313,4 @@ mod tests {
         // Some mutations only touch fields like compile_ms; the loop must have seen them.
         assert!(still_valid > 0);
     }
-}
-
-/// This machine's name (for lease holders and probes).
-pub(crate) fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| std::env::var("HOSTNAME").unwrap_or_default())
 }
