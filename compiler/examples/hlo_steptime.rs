@@ -1,19 +1,75 @@
 //! Execution time of StableHLO programs through the PJRT layer, interleaved so machine load hits
 //! all alike: `cargo run --release -p neuron-pc-compiler --example hlo_steptime -- A.mlir
-//! [B.mlir ...] [--reps N] [--xla name=value ...]`. Inputs are zeros of each parameter's type
-//! (integer inputs index row 0), the smallest output is read back; prints the median and 10th
-//! percentile per file. Used to compare a program exported by JAX with the one neuron-pc traces
-//! for the same step.
+//! [B.mlir ...] [--reps N] [--xla name=value ...] [--no-donate]`. Inputs are zeros of each
+//! parameter's type (integer inputs index row 0). Run as a training loop runs a step: the
+//! parameters the program aliases to an output (`tf.aliasing_output`, as neuron-pc's lowering
+//! and JAX's donated arguments write it) are donated and replaced by that output for the next
+//! execution, so parameters and optimizer state are updated in place, not copied
+//! (`--no-donate`: every input kept and copied). Prints per file the median and 10th
+//! percentile of synced executions (each waited for, the smallest output read back) and the
+//! median per execution of pipelined rounds (launched back to back, one wait at the end). Used
+//! to compare a program exported by JAX with the one neuron-pc traces for the same step, and
+//! to measure the runtime's floor under the lazy device's step.
 
 use std::time::Instant;
 
 use neuron_pc_compiler::pjrt::{
-    find_plugin, Buffer, Client, ClientOptions, CompileOptions, OverrideValue, Plugin, Signature,
-    Target,
+    find_plugin, Buffer, Client, ClientOptions, CompileOptions, LoadedExecutable, OverrideValue,
+    Plugin, Signature, Target,
 };
 use neuron_pc_compiler::HostTensor;
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Executions per pipelined round.
+const ROUND: usize = 10;
+
+/// Per parameter of `@main`, the output it is aliased to (`tf.aliasing_output = K`), if any;
+/// `None` when the parameter list cannot be read.
+fn aliases(mlir: &str, params: usize) -> Option<Vec<Option<usize>>> {
+    let start = mlir.find("@main(")? + "@main(".len();
+    let end = start + mlir[start..].find("->")?;
+    let found: Vec<Option<usize>> = mlir[start..end]
+        .split("%arg")
+        .skip(1)
+        .map(|p| {
+            let at = p.find("tf.aliasing_output = ")? + "tf.aliasing_output = ".len();
+            let digits: String = p[at..].chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .collect();
+    (found.len() == params).then_some(found)
+}
+
+/// A program, its inputs (replaced by the aliased outputs after each execution) and timings.
+struct Prog {
+    name: String,
+    exe: LoadedExecutable,
+    inputs: Vec<Buffer>,
+    /// Per input, the output that replaces it (donated inputs only).
+    aliased: Vec<Option<usize>>,
+    /// Indices of the inputs that are not donated.
+    keep: Vec<usize>,
+    synced: Vec<f64>,
+    pipelined: Vec<f64>,
+}
+
+impl Prog {
+    /// Launches one execution and feeds the aliased outputs back; returns the outputs left.
+    fn launch(
+        &mut self,
+    ) -> AnyResult<(Vec<Option<Buffer>>, Option<neuron_pc_compiler::pjrt::Event>)> {
+        let refs: Vec<&Buffer> = self.inputs.iter().collect();
+        let launched = self.exe.launch(&refs, &self.keep)?;
+        let mut outputs: Vec<Option<Buffer>> = launched.outputs.into_iter().map(Some).collect();
+        for (i, a) in self.aliased.iter().enumerate() {
+            if let Some(o) = a.and_then(|k| outputs.get_mut(k)).and_then(Option::take) {
+                self.inputs[i] = o;
+            }
+        }
+        Ok((outputs, launched.done))
+    }
+}
 
 fn main() -> AnyResult<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -49,6 +105,7 @@ fn main() -> AnyResult<()> {
         },
     )?;
     let device = client.devices()[0];
+    let donate = !args.iter().any(|a| a == "--no-donate");
     let mut progs = Vec::new();
     for (f, (label, opts)) in files
         .iter()
@@ -57,36 +114,78 @@ fn main() -> AnyResult<()> {
         let text = std::fs::read_to_string(f)?;
         let sig = Signature::parse(&text).ok_or(format!("{f}: no readable @main signature"))?;
         let exe = client.compile(&text, opts)?;
-        let f = format!("{f} ({label})");
-        let bufs: Vec<Buffer> = sig
+        let inputs: Vec<Buffer> = sig
             .params
             .iter()
             .map(|p| client.buffer_from_host(&HostTensor::zeros(p.dtype, &p.dims), device))
             .collect::<Result<_, _>>()?;
-        progs.push((f, exe, bufs, Vec::new()));
+        let aliased = match (donate, aliases(&text, sig.params.len())) {
+            (true, Some(a)) => a,
+            (true, None) => {
+                eprintln!("{f}: cannot read the parameters' aliasing; nothing donated");
+                vec![None; sig.params.len()]
+            }
+            (false, _) => vec![None; sig.params.len()],
+        };
+        let keep = (0..inputs.len())
+            .filter(|&i| aliased[i].is_none())
+            .collect();
+        let donated = aliased.iter().flatten().count();
+        progs.push(Prog {
+            name: format!(
+                "{f} ({label}, {donated} of {} inputs donated)",
+                inputs.len()
+            ),
+            exe,
+            inputs,
+            aliased,
+            keep,
+            synced: Vec::new(),
+            pipelined: Vec::new(),
+        });
     }
     for rep in 0..reps + 10 {
-        for (_, exe, bufs, times) in progs.iter_mut() {
+        for p in progs.iter_mut() {
             let t = Instant::now();
-            let out = exe.execute(&bufs.iter().collect::<Vec<_>>())?;
-            // Reading the smallest output waits for the execution; large outputs stay put,
-            // as a training step's parameters do.
-            if let Some(b) = out.iter().min_by_key(|b| b.size_in_bytes()) {
+            let (outputs, done) = p.launch()?;
+            if let Some(done) = done {
+                done.wait()?;
+            }
+            // Reading the smallest output left (a loss) is what a synced step waits for;
+            // the updated parameters stay on the device.
+            if let Some(b) = outputs.iter().flatten().min_by_key(|b| b.size_in_bytes()) {
                 b.to_host()?;
             }
             if rep >= 10 {
-                times.push(t.elapsed().as_secs_f64() * 1e3);
+                p.synced.push(t.elapsed().as_secs_f64() * 1e3);
             }
         }
     }
-    println!("| program | median ms | p10 ms |");
-    println!("| --- | --- | --- |");
-    for (f, _, _, times) in &mut progs {
-        times.sort_by(f64::total_cmp);
+    for _ in 0..(reps / ROUND).max(3) {
+        for p in progs.iter_mut() {
+            let t = Instant::now();
+            let mut last = None;
+            for _ in 0..ROUND {
+                last = p.launch()?.1;
+            }
+            if let Some(done) = last {
+                done.wait()?;
+            }
+            p.pipelined
+                .push(t.elapsed().as_secs_f64() * 1e3 / ROUND as f64);
+        }
+    }
+    println!("| program | synced median ms | synced p10 ms | pipelined median ms |");
+    println!("| --- | --- | --- | --- |");
+    for p in &mut progs {
+        p.synced.sort_by(f64::total_cmp);
+        p.pipelined.sort_by(f64::total_cmp);
         println!(
-            "| {f} | {:.2} | {:.2} |",
-            times[times.len() / 2],
-            times[times.len() / 10]
+            "| {} | {:.2} | {:.2} | {:.2} |",
+            p.name,
+            p.synced[p.synced.len() / 2],
+            p.synced[p.synced.len() / 10],
+            p.pipelined[p.pipelined.len() / 2]
         );
     }
     Ok(())

@@ -1,0 +1,146 @@
+//! The LLM figures of `scripts/bench`: a small Llama (`models::llama`, fp32) trained with AdamW
+//! on one device, the same model and batch shapes as `scripts/reference/llama_torch.py` (PyTorch
+//! eager and PyTorch/XLA) and `scripts/reference/llama_jax.py` (JAX `jit`).
+//!
+//! The default mode prints one `RESULT` line: the step graph's compile time (compile cache
+//! off), and the median step time synced (each step waited for) and pipelined (a round of
+//! steps with one wait at the end, median over rounds), after warm-up steps.
+//! `--first-step` runs one step against the persistent compile cache (`--cache`, else
+//! `NEURON_COMPILE_CACHE_URL`) and prints `FIRST_STEP_EPOCH <unix seconds>` when its loss is
+//! read back, so the caller can time the whole process, start to first step, as it does the
+//! peers'.
+//!
+//! `cargo run --release --example bench_llama [-- --steps 20 --first-step]`
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM};
+use neuron_pc::nn::{HostRng, Module};
+use neuron_pc::optim::AdamW;
+use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
+
+/// Time a small Llama's AdamW training step.
+#[derive(Parser, Debug)]
+struct Args {
+    #[arg(long, default_value_t = 256)]
+    hidden: usize,
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    #[arg(long, default_value_t = 8)]
+    heads: usize,
+    #[arg(long, default_value_t = 4)]
+    kv_heads: usize,
+    #[arg(long, default_value_t = 768)]
+    intermediate: usize,
+    #[arg(long, default_value_t = 2048)]
+    vocab: usize,
+    #[arg(long, default_value_t = 128)]
+    seq_len: usize,
+    #[arg(long, default_value_t = 4)]
+    batch_size: usize,
+    /// Timed steps, synced; the pipelined figure runs rounds of `steps / 2`.
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Run one step with the persistent cache and print when it is done.
+    #[arg(long)]
+    first_step: bool,
+    /// The persistent compile cache for `--first-step` (default `NEURON_COMPILE_CACHE_URL`).
+    #[arg(long)]
+    cache: Option<String>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mut device_config = DeviceConfig::from_env()?;
+    if !args.first_step {
+        // compile time is measured, so nothing may come from a cache
+        device_config.cache = neuron_pc::compile::CacheConfig::disabled();
+    } else if let Some(url) = &args.cache {
+        device_config.cache = neuron_pc::compile::CacheConfig::at(url.clone());
+    }
+    let device = LazyDevice::new(device_config)?;
+    let mut config = LlamaConfig::new(
+        args.vocab,
+        args.hidden,
+        args.intermediate,
+        args.layers,
+        args.heads,
+        args.kv_heads,
+    )?;
+    config.rms_norm_eps = 1e-5;
+    config.max_position_embeddings = args.seq_len.max(config.max_position_embeddings);
+    let model = LlamaForCausalLM::random(&device, &config, 0)?;
+    let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
+    let mut opt = AdamW::new(&device, &params, 0.01)?;
+    // four batches of uniform random tokens, uploaded once (the peers do the same)
+    let (b, s) = (args.batch_size, args.seq_len);
+    let mut rng = HostRng::new(1);
+    let batches: Vec<Tensor> = (0..4)
+        .map(|_| {
+            let ids: Vec<i32> = (0..b * s)
+                .map(|_| (rng.next_u64() % args.vocab as u64) as i32)
+                .collect();
+            Ok(device.tensor(&HostTensor::from_slice(&ids, &[b, s])?)?)
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let lr = device.scalar(1e-3, DType::F32)?;
+    let step = |i: usize, opt: &mut AdamW| -> anyhow::Result<Tensor> {
+        let ids = &batches[i % batches.len()];
+        let loss = model.loss(ids, None, ids)?;
+        let refs: Vec<&Tensor> = params.iter().collect();
+        let grads = grad(&loss, &refs)?;
+        opt.step(&params, &grads, &lr)?;
+        device.mark_step()?;
+        Ok(loss)
+    };
+    if args.first_step {
+        let loss = step(0, &mut opt)?.item()?;
+        let now = SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs_f64();
+        println!("FIRST_STEP_EPOCH {now:.6}");
+        eprintln!("loss {loss:.4}");
+        return Ok(());
+    }
+    step(0, &mut opt)?.item()?;
+    let compile_ms = device.metrics().compile_ms;
+    for i in 1..=args.warmup {
+        step(i, &mut opt)?;
+        device.synchronize()?;
+    }
+    let mut synced = Vec::new();
+    for i in 0..args.steps {
+        let t = Instant::now();
+        step(i, &mut opt)?;
+        device.synchronize()?;
+        synced.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let round = (args.steps / 2).max(1);
+    let mut pipelined = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        for i in 0..round {
+            step(i, &mut opt)?;
+        }
+        device.synchronize()?;
+        pipelined.push(t.elapsed().as_secs_f64() * 1e3 / round as f64);
+    }
+    let last = step(0, &mut opt)?.item()?;
+    anyhow::ensure!(last.is_finite(), "the loss diverged: {last}");
+    anyhow::ensure!(device.metrics().compiles == 1, "one step graph");
+    println!(
+        "RESULT neuron-pc synced_ms={:.3} pipelined_ms={:.3} compile_ms={:.1} params={} \
+         loss={last:.4}",
+        median(synced),
+        median(pipelined),
+        compile_ms,
+        config.num_parameters()
+    );
+    Ok(())
+}

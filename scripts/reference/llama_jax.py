@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""The LLM benchmark's model in JAX: one `jax.jit` AdamW step with donated parameters and
+optimizer state, the way JAX users run it.
+
+The same Llama, batches, init statistics and AdamW as scripts/reference/llama_torch.py and
+examples/bench_llama.rs (see there). Grouped-query attention through
+`jax.nn.dot_product_attention` (kv heads not repeated in the program).
+
+Prints `RESULT jax synced_ms=.. pipelined_ms=.. compile_ms=..`: the median step waited for
+(`block_until_ready`), the median per step of rounds with one wait at the end, and the step's
+`lower(...).compile()` time (tracing and lowering not included; the persistent cache off).
+`--first-step` runs one step with JAX's persistent compilation cache in `--cache DIR` and prints
+`FIRST_STEP_EPOCH <unix seconds>` once its loss is read, for the caller to time the process.
+
+Needs jax and numpy (not installed by scripts/setup): `scripts/bench` runs this when
+NEURON_PC_BENCH_JAX names a Python that has them.
+"""
+import argparse
+import statistics
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--steps", type=int, default=20)
+ap.add_argument("--warmup", type=int, default=3)
+ap.add_argument("--first-step", action="store_true")
+ap.add_argument("--cache", help="JAX persistent compilation cache directory")
+args = ap.parse_args()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+if args.first_step and args.cache:
+    jax.config.update("jax_compilation_cache_dir", args.cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, INTER = 2048, 256, 4, 8, 4, 768
+SEQ, BATCH, EPS, THETA, STD = 128, 4, 1e-5, 10000.0, 0.02
+HEAD_DIM = HIDDEN // HEADS
+
+
+def init(rng):
+    # weights stored [out, in] as in PyTorch
+    normal = lambda *shape: (rng.standard_normal(shape) * STD).astype(np.float32)  # noqa: E731
+    ones = lambda: np.ones((HIDDEN,), np.float32)  # noqa: E731
+    p = {"embed": normal(VOCAB, HIDDEN), "norm": ones(), "lm_head": normal(VOCAB, HIDDEN)}
+    for i in range(LAYERS):
+        p[f"l{i}"] = {
+            "q": normal(HEADS * HEAD_DIM, HIDDEN), "k": normal(KV_HEADS * HEAD_DIM, HIDDEN),
+            "v": normal(KV_HEADS * HEAD_DIM, HIDDEN), "o": normal(HIDDEN, HEADS * HEAD_DIM),
+            "gate": normal(INTER, HIDDEN), "up": normal(INTER, HIDDEN),
+            "down": normal(HIDDEN, INTER), "ln1": ones(), "ln2": ones(),
+        }
+    return p
+
+
+def rms_norm(x, w):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + EPS) * w
+
+
+def rotate_half(x):
+    a, b = jnp.split(x, 2, axis=-1)
+    return jnp.concatenate((-b, a), axis=-1)
+
+
+def loss_fn(p, ids):
+    b, s = ids.shape
+    inv_freq = 1.0 / THETA ** (jnp.arange(0, HEAD_DIM, 2, dtype=jnp.float32) / HEAD_DIM)
+    freqs = jnp.arange(s, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    emb = jnp.concatenate((freqs, freqs), -1)[:, None, :]  # [s, 1, d]: heads broadcast
+    cos, sin = jnp.cos(emb), jnp.sin(emb)
+    x = p["embed"][ids]
+    for i in range(LAYERS):
+        w = p[f"l{i}"]
+        h = rms_norm(x, w["ln1"])
+        q = (h @ w["q"].T).reshape(b, s, HEADS, HEAD_DIM)
+        k = (h @ w["k"].T).reshape(b, s, KV_HEADS, HEAD_DIM)
+        v = (h @ w["v"].T).reshape(b, s, KV_HEADS, HEAD_DIM)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        a = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        x = x + a.reshape(b, s, HIDDEN) @ w["o"].T
+        h = rms_norm(x, w["ln2"])
+        x = x + (jax.nn.silu(h @ w["gate"].T) * (h @ w["up"].T)) @ w["down"].T
+    logits = rms_norm(x, p["norm"]) @ p["lm_head"].T
+    logp = jax.nn.log_softmax(logits[:, :-1], -1)
+    return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], -1))
+
+
+def step(p, m, v, t, ids, lr):
+    loss, g = jax.value_and_grad(loss_fn)(p, ids)
+    b1, b2, eps, wd = 0.9, 0.999, 1e-8, 0.01
+    t = t + 1
+    m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
+    v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
+    bc1, bc2 = 1 - b1**t, 1 - b2**t
+    p = jax.tree.map(
+        lambda p, m, v: p * (1 - lr * wd) - lr / bc1 * m / (jnp.sqrt(v) / jnp.sqrt(bc2) + eps),
+        p, m, v)
+    return p, m, v, t, loss
+
+
+def main():
+    jstep = jax.jit(step, donate_argnums=(0, 1, 2, 3))
+    p = jax.tree.map(jnp.asarray, init(np.random.default_rng(0)))
+    m = jax.tree.map(jnp.zeros_like, p)
+    v = jax.tree.map(jnp.zeros_like, p)
+    t = jnp.zeros((), jnp.float32)
+    lr = jnp.asarray(1e-3, jnp.float32)
+    rng = np.random.default_rng(1)
+    batches = [jnp.asarray(rng.integers(0, VOCAB, (BATCH, SEQ), dtype=np.int32))
+               for _ in range(4)]
+    if args.first_step:
+        p, m, v, t, loss = jstep(p, m, v, t, batches[0], lr)
+        float(loss)
+        print(f"FIRST_STEP_EPOCH {time.time():.6f}", flush=True)
+        return
+    lowered = jstep.lower(p, m, v, t, batches[0], lr)
+    c0 = time.perf_counter()
+    compiled = lowered.compile()
+    compile_ms = (time.perf_counter() - c0) * 1e3
+    del compiled
+    state = (p, m, v, t)
+
+    def run(i):
+        nonlocal state
+        *state, loss = jstep(*state, batches[i % len(batches)], lr)
+        return loss
+
+    float(run(0))
+    for i in range(1, args.warmup + 1):
+        run(i).block_until_ready()
+    synced = []
+    for i in range(args.steps):
+        c0 = time.perf_counter()
+        run(i).block_until_ready()
+        synced.append((time.perf_counter() - c0) * 1e3)
+    rnd = max(args.steps // 2, 1)
+    pipelined = []
+    for _ in range(3):
+        c0 = time.perf_counter()
+        for i in range(rnd):
+            loss = run(i)
+        jax.block_until_ready((state, loss))
+        pipelined.append((time.perf_counter() - c0) * 1e3 / rnd)
+    loss = float(run(0))
+    n = sum(x.size for x in jax.tree.leaves(state[0]))
+    print(f"RESULT jax synced_ms={statistics.median(synced):.3f} "
+          f"pipelined_ms={statistics.median(pipelined):.3f} compile_ms={compile_ms:.1f} "
+          f"params={n} loss={loss:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
