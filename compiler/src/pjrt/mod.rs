@@ -31,6 +31,7 @@ macro_rules! pjrt_call {
 pub mod api;
 mod buffer;
 mod client;
+mod cuda_libs;
 mod event;
 mod executable;
 pub mod integrity;
