@@ -30,6 +30,17 @@ fn scratch() -> PathBuf {
     std::env::temp_dir().join(format!("npc-gpu-check-{}", std::process::id()))
 }
 
+/// Removes the scratch directory when the last of the three tests ends (each holds one).
+struct Cleanup;
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        static LEFT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(3);
+        if LEFT.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            let _ = std::fs::remove_dir_all(scratch());
+        }
+    }
+}
+
 /// The bundle, built once per test run, and the directory it was unpacked into.
 fn bundle() -> &'static (PathBuf, u64, PathBuf) {
     static BUNDLE: OnceLock<(PathBuf, u64, PathBuf)> = OnceLock::new();
@@ -87,6 +98,7 @@ fn run_kit(args: &[&str], env: &[(&str, &str)]) -> (i32, Vec<(String, String, St
 
 #[test]
 fn the_bundle_fits_in_60_mib_with_the_binaries_runner_and_cpu_losses() {
+    let _cleanup = Cleanup;
     let (out, size, kit) = bundle();
     assert!(*size < LIMIT, "{} is {size} bytes", out.display());
     for f in [
@@ -109,6 +121,7 @@ fn the_bundle_fits_in_60_mib_with_the_binaries_runner_and_cpu_losses() {
 
 #[test]
 fn on_the_cpu_target_every_row_passes_or_is_skipped_for_a_missing_framework() {
+    let _cleanup = Cleanup;
     let (code, rows, text) = run_kit(&["--target", "cpu"], &[]);
     let names: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
     assert_eq!(names, ROWS, "{text}");
@@ -124,6 +137,7 @@ fn on_the_cpu_target_every_row_passes_or_is_skipped_for_a_missing_framework() {
 
 #[test]
 fn without_a_usable_cuda_plugin_each_cuda_row_fails_or_skips_in_one_line() {
+    let _cleanup = Cleanup;
     // A file where the plugin belongs, its digest vouched for, its CUDA libraries absent: the
     // targets row names the first missing library instead of crashing.
     let site = scratch().join("site-packages");
