@@ -48,6 +48,24 @@ pub fn cuda_client_options(t: &Topology, replicas: usize) -> Vec<(String, Option
     options
 }
 
+/// `1`: the cuda client mocks NCCL (the plugin's `enable_mock_nccl`), so the processes of a
+/// multi-process run may share one GPU; collectives then compute nothing real. For testing the
+/// multi-process plumbing (`scripts/gpu-check`) on a machine with one GPU.
+pub const CUDA_MOCK_NCCL_ENV: &str = "NEURON_PC_CUDA_MOCK_NCCL";
+
+/// `options` with the plugin's `enable_mock_nccl` when `mock`: every process then drives the
+/// machine's first GPU, so `visible_devices` is left out.
+pub fn mock_nccl(
+    mut options: Vec<(String, OptionValue)>,
+    mock: bool,
+) -> Vec<(String, OptionValue)> {
+    if mock && !options.is_empty() {
+        options.retain(|(k, _)| k != "visible_devices");
+        options.push(("enable_mock_nccl".to_string(), OptionValue::Bool(true)));
+    }
+    options
+}
+
 /// The Neuron runtime's variables for `cores` NeuronCores per process, rank 0's collectives
 /// bootstrap listening on `root_port` of the launcher's master address.
 pub fn neuron_runtime_env(
@@ -138,7 +156,10 @@ pub fn prepare(
             let Some(store) = crate::store::from_env()? else {
                 return crate::topology::check_launch_with(t, target, false, false);
             };
-            options.named.extend(cuda_client_options(t, replicas));
+            let mock = std::env::var(CUDA_MOCK_NCCL_ENV).is_ok_and(|v| v == "1");
+            options
+                .named
+                .extend(mock_nccl(cuda_client_options(t, replicas), mock));
             options.kv_store = Some(pjrt_kv(&store));
             Ok(())
         }
@@ -236,6 +257,21 @@ mod tests {
             o[2],
             ("visible_devices".into(), OptionValue::Int64List(vec![4, 5]))
         );
+    }
+
+    #[test]
+    fn mock_nccl_shares_the_gpu_and_only_for_multi_process_runs() {
+        let two_on_one = cuda_client_options(&topo(1, 2, 1, 2), 1);
+        assert_eq!(mock_nccl(two_on_one.clone(), false), two_on_one);
+        assert_eq!(
+            mock_nccl(two_on_one, true),
+            vec![
+                ("node_id".to_string(), OptionValue::Int64(1)),
+                ("num_nodes".to_string(), OptionValue::Int64(2)),
+                ("enable_mock_nccl".to_string(), OptionValue::Bool(true)),
+            ]
+        );
+        assert!(mock_nccl(Vec::new(), true).is_empty());
     }
 
     #[test]

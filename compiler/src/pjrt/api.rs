@@ -58,6 +58,8 @@ impl Plugin {
         )?;
         super::logging::quiet_plugin_logs();
         super::malloc::tune_allocator_once();
+        // A JAX cuda plugin loads its CUDA libraries lazily; a missing one is named here.
+        super::cuda_libs::preload(&canonical)?;
         // SAFETY: loading a shared library runs its initializers; the path names a PJRT plugin
         // the user chose. Nothing else can be checked before loading.
         let lib =

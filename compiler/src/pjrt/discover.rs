@@ -28,21 +28,24 @@ impl Target {
 
     /// Where the plugin sits inside a Python environment's site-packages, in order of
     /// preference: the pinned packages of `compiler/plugins.tsv` (the default first), then
-    /// packages neuron-pc does not pin (`xla-cuda12-pjrt` or `jax-cuda12-plugin`,
-    /// `libneuronxla`).
+    /// packages neuron-pc does not pin (`xla-cuda12-pjrt`, `libneuronxla`).
     fn site_packages_paths(self) -> Vec<&'static str> {
         let unpinned: &[&str] = match self {
             Target::Cpu => &[],
-            Target::Cuda => &[
-                "xla_plugins/xla_cuda12_pjrt/xla_cuda12_pjrt.so",
-                "jax_plugins/xla_cuda12/xla_cuda_plugin.so",
-            ],
+            Target::Cuda => &["xla_plugins/xla_cuda12_pjrt/xla_cuda12_pjrt.so"],
             Target::Trn1 | Target::Trn2 => &["libneuronxla/libneuronpjrt.so"],
         };
-        pins_for(self)
+        let mut paths: Vec<&'static str> = Vec::new();
+        // versions of one package share a path: each path once
+        for p in pins_for(self)
             .map(|p| p.library)
             .chain(unpinned.iter().copied())
-            .collect()
+        {
+            if !paths.contains(&p) {
+                paths.push(p);
+            }
+        }
+        paths
     }
 }
 

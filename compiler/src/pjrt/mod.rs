@@ -31,6 +31,7 @@ macro_rules! pjrt_call {
 pub mod api;
 mod buffer;
 mod client;
+mod cuda_libs;
 mod discover;
 mod event;
 mod executable;

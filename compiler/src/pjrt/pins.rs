@@ -47,9 +47,14 @@ pub fn pins_for(target: Target) -> impl Iterator<Item = &'static Pin> {
     pins().iter().filter(move |p| p.target == target)
 }
 
-/// The pin whose library path inside site-packages is a suffix of `path`.
+/// The pin whose library path inside site-packages is a suffix of `path`. Versions of one
+/// package share a path (`jax_plugins/xla_cuda13/...` for 0.11.2 and 0.12.0.1): the file's size
+/// picks among them, else the first is taken (and its digest check then refuses the file).
 pub fn pin_for_library(path: &Path) -> Option<&'static Pin> {
-    pins().iter().find(|p| path.ends_with(p.library))
+    let size = std::fs::metadata(path).ok().map(|m| m.len());
+    let mut same_path = pins().iter().filter(|p| path.ends_with(p.library));
+    let first = same_path.clone().next();
+    same_path.find(|p| Some(p.size) == size).or(first)
 }
 
 fn parse(table: &'static str) -> Result<Vec<Pin>, String> {
@@ -92,11 +97,16 @@ mod tests {
     fn the_committed_table_parses_and_every_target_row_is_unique() {
         let all = pins();
         assert!(pins_for(Target::Cpu).count() >= 2);
+        assert!(pins_for(Target::Cuda).count() >= 2);
         for (i, a) in all.iter().enumerate() {
             for b in &all[i + 1..] {
-                assert_ne!(a.package, b.package);
-                assert_ne!(a.library, b.library);
+                assert_ne!((a.package, a.version), (b.package, b.version));
                 assert_ne!(a.sha256, b.sha256);
+                // one path, several builds: only versions of one package, told apart by size
+                if a.library == b.library {
+                    assert_eq!(a.package, b.package);
+                    assert_ne!(a.size, b.size);
+                }
             }
         }
         // The bindings are generated from a pinned package's header.
@@ -109,6 +119,26 @@ mod tests {
         let path = Path::new("/any/venv/lib/python3.11/site-packages").join(first.library);
         assert_eq!(pin_for_library(&path), Some(first));
         assert_eq!(pin_for_library(Path::new("/tmp/libpjrt_other.so")), None);
+    }
+
+    #[test]
+    fn versions_sharing_a_library_path_are_told_apart_by_the_file_size() {
+        let cuda13: Vec<&Pin> = pins_for(Target::Cuda)
+            .filter(|p| p.package == "jax-cuda13-pjrt")
+            .collect();
+        assert!(cuda13.len() >= 2);
+        let dir = std::env::temp_dir().join(format!("npc-pins-{}", std::process::id()));
+        let lib = dir.join("site-packages").join(cuda13[0].library);
+        std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+        for pin in &cuda13 {
+            // a sparse file of the pinned size: no bytes written
+            let f = std::fs::File::create(&lib).unwrap();
+            f.set_len(pin.size).unwrap();
+            assert_eq!(pin_for_library(&lib), Some(*pin));
+        }
+        std::fs::write(&lib, b"other size").unwrap();
+        assert_eq!(pin_for_library(&lib), Some(cuda13[0]));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
