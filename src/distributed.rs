@@ -130,16 +130,12 @@ pub fn neuron_root_port(t: &Topology, store: Option<&ScopedStore>) -> Result<u16
         store.set(KEY, port.to_string().as_bytes())?;
         return Ok(port);
     }
-    let value = store.get(KEY, store_wait())?;
+    let wait = crate::device::rank_check::wait_from_vars(|k| std::env::var(k).ok())?;
+    let value = store.get(KEY, wait)?;
     String::from_utf8_lossy(&value)
         .trim()
         .parse()
         .map_err(|_| Error::Config(format!("neuron: rank 0 published a bad port {value:?}")))
-}
-
-/// How long a rank waits for another's value at start (the rank check's timeout).
-fn store_wait() -> Duration {
-    Duration::from_secs(300)
 }
 
 /// Sets up a multi-process run's runtime before its plugin loads: the cuda client's options

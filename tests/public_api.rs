@@ -265,3 +265,36 @@ fn a_job_matches_on_errors() -> Result<()> {
     assert_eq!(kind(&e), "config");
     Ok(())
 }
+
+/// A user's own optimizer implements only `named_state`: the trait's default restores it.
+struct Momentum {
+    buffer: Tensor,
+}
+
+impl neuron_pc::optim::OptimizerState for Momentum {
+    fn named_state(&self, names: &[String]) -> Result<Vec<(String, Tensor)>> {
+        Ok(vec![(
+            format!("{}.momentum_buffer", names[0]),
+            self.buffer.clone(),
+        )])
+    }
+}
+
+#[test]
+fn a_users_optimizer_restores_through_the_default() -> Result<()> {
+    use neuron_pc::optim::OptimizerState;
+    let dev = device()?;
+    let opt = Momentum {
+        buffer: dev.tensor(&HostTensor::zeros(DType::F32, &[2]))?,
+    };
+    let value = dev.tensor(&HostTensor::from_slice(&[1.5f32, -2.0], &[2])?)?;
+    let names = vec!["w".to_string()];
+    opt.restore_state(&names, vec![("w.momentum_buffer".into(), value)])?;
+    assert_eq!(opt.buffer.to_vec::<f32>()?, vec![1.5, -2.0]);
+    let e = opt
+        .restore_state(&names, Vec::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("w.momentum_buffer is missing"), "{e}");
+    Ok(())
+}

@@ -135,8 +135,13 @@ pub trait OptimizerState {
     fn named_state(&self, param_names: &[String]) -> Result<Vec<(String, Tensor)>>;
 
     /// Sets the state from `values`, named and shaped as [`OptimizerState::named_state`]
-    /// gives them (each replica keeps its block with ZeRO-1).
-    fn restore_state(&self, param_names: &[String], values: Vec<(String, Tensor)>) -> Result<()>;
+    /// gives them (each replica keeps its block with ZeRO-1). The default assigns by name to
+    /// the tensors `named_state` returns, which is right whenever it shares them with the
+    /// optimizer (as every optimizer's did before ZeRO-1), so existing implementations need
+    /// no change.
+    fn restore_state(&self, param_names: &[String], values: Vec<(String, Tensor)>) -> Result<()> {
+        assign_by_name(self, param_names, values)
+    }
 }
 
 /// Counts `tensors` as optimizer state in the device's metrics (`optimizer_state_bytes`).
@@ -150,16 +155,32 @@ fn register_state<'a>(device: &LazyDevice, tensors: impl IntoIterator<Item = &'a
     );
 }
 
-/// Restores state whose tensors `named_state` shares with the optimizer: assigns by name.
-fn assign_by_name(named: Vec<(String, Tensor)>, values: Vec<(String, Tensor)>) -> Result<()> {
-    let mut values: std::collections::HashMap<String, Tensor> = values.into_iter().collect();
-    for (name, t) in named {
-        let Some(v) = values.remove(&name) else {
-            return Err(crate::Error::Config(format!(
+/// State values to restore, by name.
+struct Values(std::collections::HashMap<String, Tensor>);
+
+impl Values {
+    fn new(values: Vec<(String, Tensor)>) -> Values {
+        Values(values.into_iter().collect())
+    }
+
+    fn take(&mut self, name: String) -> Result<Tensor> {
+        self.0.remove(&name).ok_or_else(|| {
+            crate::Error::Config(format!(
                 "optimizer state {name} is missing from the values to restore"
-            )));
-        };
-        t.assign(&v)?;
+            ))
+        })
+    }
+}
+
+/// The default [`OptimizerState::restore_state`], for overrides that fall back to it.
+fn assign_by_name<O: OptimizerState + ?Sized>(
+    opt: &O,
+    param_names: &[String],
+    values: Vec<(String, Tensor)>,
+) -> Result<()> {
+    let mut values = Values::new(values);
+    for (name, t) in opt.named_state(param_names)? {
+        t.assign(&values.take(name)?)?;
     }
     Ok(())
 }
@@ -306,20 +327,16 @@ impl OptimizerState for AdamW {
 
     fn restore_state(&self, param_names: &[String], values: Vec<(String, Tensor)>) -> Result<()> {
         let Some(z) = &self.zero1 else {
-            return assign_by_name(self.named_state(param_names)?, values);
+            return assign_by_name(self, param_names, values);
         };
-        let mut values: std::collections::HashMap<String, Tensor> = values.into_iter().collect();
-        let mut take = |name: String| {
-            values
-                .remove(&name)
-                .ok_or_else(|| crate::Error::Config(format!("optimizer state {name} is missing")))
-        };
+        let mut values = Values::new(values);
         for (i, name) in param_names.iter().enumerate() {
-            self.exp_avg[i].assign(&z.local_block(i, &take(format!("{name}.exp_avg"))?)?)?;
-            let sq = take(format!("{name}.exp_avg_sq"))?;
-            self.exp_avg_sq[i].assign(&z.local_block(i, &sq)?)?;
+            let m = values.take(format!("{name}.exp_avg"))?;
+            self.exp_avg[i].assign(&z.local_block(i, &m)?)?;
+            let v = values.take(format!("{name}.exp_avg_sq"))?;
+            self.exp_avg_sq[i].assign(&z.local_block(i, &v)?)?;
         }
-        self.step.assign(&take("step".to_string())?)
+        self.step.assign(&values.take("step".to_string())?)
     }
 }
 
@@ -339,17 +356,7 @@ impl Sgd {
         momentum: f64,
         weight_decay: f64,
     ) -> Result<Sgd> {
-        let momentum_buffer: Vec<Tensor> = params
-            .iter()
-            .map(|p| device.tensor(&HostTensor::zeros(p.dtype(), p.dims())))
-            .collect::<Result<_>>()?;
-        register_state(device, &momentum_buffer);
-        Ok(Sgd {
-            momentum,
-            weight_decay,
-            momentum_buffer,
-            zero1: None,
-        })
+        Sgd::new_with(device, params, momentum, weight_decay, None)
     }
 
     /// ZeRO-1 SGD: each replica keeps its 1/N block of the momentum buffers; pass each
@@ -361,15 +368,28 @@ impl Sgd {
         weight_decay: f64,
     ) -> Result<Sgd> {
         let z = Zero1::new(device, params);
-        let momentum_buffer: Vec<Tensor> = (0..params.len())
-            .map(|i| z.zeros(i, params[i].dtype()))
+        Sgd::new_with(device, params, momentum, weight_decay, Some(z))
+    }
+
+    fn new_with(
+        device: &LazyDevice,
+        params: &[Tensor],
+        momentum: f64,
+        weight_decay: f64,
+        zero1: Option<Zero1>,
+    ) -> Result<Sgd> {
+        let momentum_buffer: Vec<Tensor> = (params.iter().enumerate())
+            .map(|(i, p)| match &zero1 {
+                Some(z) => z.zeros(i, p.dtype()),
+                None => device.tensor(&HostTensor::zeros(p.dtype(), p.dims())),
+            })
             .collect::<Result<_>>()?;
         register_state(device, &momentum_buffer);
         Ok(Sgd {
             momentum,
             weight_decay,
             momentum_buffer,
-            zero1: Some(z),
+            zero1,
         })
     }
 
@@ -419,14 +439,11 @@ impl OptimizerState for Sgd {
 
     fn restore_state(&self, param_names: &[String], values: Vec<(String, Tensor)>) -> Result<()> {
         let Some(z) = &self.zero1 else {
-            return assign_by_name(self.named_state(param_names)?, values);
+            return assign_by_name(self, param_names, values);
         };
-        let mut values: std::collections::HashMap<String, Tensor> = values.into_iter().collect();
+        let mut values = Values::new(values);
         for (i, name) in param_names.iter().enumerate() {
-            let key = format!("{name}.momentum_buffer");
-            let v = values
-                .remove(&key)
-                .ok_or_else(|| crate::Error::Config(format!("optimizer state {key} is missing")))?;
+            let v = values.take(format!("{name}.momentum_buffer"))?;
             self.momentum_buffer[i].assign(&z.local_block(i, &v)?)?;
         }
         Ok(())
