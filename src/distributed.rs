@@ -130,8 +130,7 @@ pub fn neuron_root_port(t: &Topology, store: Option<&ScopedStore>) -> Result<u16
         store.set(KEY, port.to_string().as_bytes())?;
         return Ok(port);
     }
-    let wait = crate::device::rank_check::wait_from_vars(|k| std::env::var(k).ok())?;
-    let value = store.get(KEY, wait)?;
+    let value = store.get(KEY, store_wait())?;
     String::from_utf8_lossy(&value)
         .trim()
         .parse()
@@ -175,6 +174,12 @@ pub fn prepare(
             Ok(())
         }
     }
+}
+
+/// How long a rank waits for rank 0's port at start: the rank check's default wait (reading
+/// its variable here would make `distributed` and `device` use each other).
+fn store_wait() -> Duration {
+    Duration::from_secs(300)
 }
 
 /// The run's store as the PJRT client's key-value store (under `pjrt/` in the run's namespace).
