@@ -209,6 +209,23 @@ fn starts_from_a_save_pretrained_directory_saves_one_and_resumes() {
     let model = LlamaForCausalLM::from_pretrained(&dev, &saved).unwrap();
     let want = LlamaConfig::from_file(&tiny.join("config.json")).unwrap();
     assert_eq!(model.config, want);
+    // the same run wrote the committed tests/data/llama-saved-by-example, which
+    // `scripts/fixtures/llama.py --check` loaded with transformers (tests/llama.rs compares
+    // its logits): this run's directory holds the same tensors
+    let committed = neuron_pc::checkpoint::StateDict::load(
+        &root().join("tests/data/llama-saved-by-example/model.safetensors"),
+    )
+    .unwrap();
+    let written = neuron_pc::checkpoint::StateDict::load(&saved.join("model.safetensors")).unwrap();
+    assert_eq!(
+        written.tensors.keys().collect::<Vec<_>>(),
+        committed.tensors.keys().collect::<Vec<_>>()
+    );
+    for (name, t) in &written.tensors {
+        let (a, b) = (t.to_f64_vec(), committed.tensors[name].to_f64_vec());
+        let d = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        assert!(d < 1e-4, "{name}: max |diff| {d:e} from the committed directory");
+    }
     let before = LlamaForCausalLM::from_pretrained(&dev, &tiny).unwrap();
     let (p, q) = (&model.parameters()[1].1, &before.parameters()[1].1);
     let moved = p.sub(q).unwrap().abs().unwrap().mean_all().unwrap();
