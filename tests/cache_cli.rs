@@ -67,10 +67,7 @@ fn losses_and_compiles(out: &Output) -> (Vec<String>, u64) {
 }
 
 fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("npc-cachecli-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    neuron_pc_test_support::paths::fresh_dir("npc-cachecli", tag)
 }
 
 #[test]

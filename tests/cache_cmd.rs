@@ -26,9 +26,7 @@ fn code(args: &[&str]) -> i32 {
 }
 
 fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("npc-cache-cmd-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    neuron_pc_test_support::paths::fresh_path("npc-cache-cmd", tag)
 }
 
 fn key(label: &str) -> CacheKey {

@@ -35,10 +35,7 @@ fn text(o: &Output) -> (String, String) {
 }
 
 fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("npc-ccmd-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    neuron_pc_test_support::paths::fresh_dir("npc-ccmd", tag)
 }
 
 fn key(label: &str) -> CacheKey {

@@ -135,10 +135,7 @@ fn npc(args: &[&str], envs: &[(&str, &str)]) -> Output {
 }
 
 fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("npc-cfaults-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    neuron_pc_test_support::paths::fresh_dir("npc-cfaults", tag)
 }
 
 /// The one key of a cache filled by one child run.

@@ -83,9 +83,7 @@ fn verdicts(out: &Output) -> Vec<(String, String)> {
 }
 
 fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("npc-doctor-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    neuron_pc_test_support::paths::fresh_path("npc-doctor", tag)
 }
 
 /// Every file under `dir`.

@@ -61,9 +61,7 @@ fn run_child(test: &str, envs: &[(&str, &str)]) -> (Vec<u32>, Metrics, String) {
 }
 
 fn tmp(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("npc-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+    neuron_pc_test_support::paths::fresh_path("npc", tag)
 }
 
 #[test]

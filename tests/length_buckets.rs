@@ -11,24 +11,11 @@ use neuron_pc::nn::cross_entropy;
 use neuron_pc::{DeviceConfig, HostTensor, LazyDevice};
 
 fn probe() -> PathBuf {
-    let p = Path::new(env!("CARGO_BIN_EXE_neuron-pc"))
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("bucket_probe");
-    assert!(
-        p.exists(),
-        "{} is missing: cargo build --examples",
-        p.display()
-    );
-    p
+    neuron_pc_test_support::paths::example_binary(env!("CARGO_BIN_EXE_neuron-pc"), "bucket_probe")
 }
 
 fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("npc-buckets-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    neuron_pc_test_support::paths::fresh_dir("npc-buckets", tag)
 }
 
 struct Run {

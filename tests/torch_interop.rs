@@ -44,10 +44,7 @@ fn data(name: &str) -> PathBuf {
 }
 
 fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("npc-torch-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    neuron_pc_test_support::paths::fresh_dir("npc-torch", tag)
 }
 
 /// The fixture: PyTorch's initial weights, the batch, PyTorch's results, and the configuration

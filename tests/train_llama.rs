@@ -25,24 +25,11 @@ fn root() -> &'static Path {
 }
 
 fn job() -> PathBuf {
-    let p = Path::new(env!("CARGO_BIN_EXE_neuron-pc"))
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("train_llama");
-    assert!(
-        p.exists(),
-        "{} is missing: run `cargo build --examples` first",
-        p.display()
-    );
-    p
+    neuron_pc_test_support::paths::example_binary(env!("CARGO_BIN_EXE_neuron-pc"), "train_llama")
 }
 
 fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("npc-llama-job-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    neuron_pc_test_support::paths::fresh_dir("npc-llama-job", tag)
 }
 
 fn command(cache: &Path, args: &[&str]) -> Command {

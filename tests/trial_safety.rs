@@ -32,24 +32,14 @@ const SMALL: &[&str] = &[
 ];
 
 fn job() -> PathBuf {
-    let p = Path::new(env!("CARGO_BIN_EXE_neuron-pc"))
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("train_text_encoder");
-    assert!(
-        p.exists(),
-        "{} is missing: cargo build --examples",
-        p.display()
-    );
-    p
+    neuron_pc_test_support::paths::example_binary(
+        env!("CARGO_BIN_EXE_neuron-pc"),
+        "train_text_encoder",
+    )
 }
 
 fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("npc-trial-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    neuron_pc_test_support::paths::fresh_dir("npc-trial", tag)
 }
 
 fn ok(out: Output, what: &str) -> (String, String) {

@@ -25,10 +25,7 @@ pub fn probe() -> PathBuf {
 
 /// A fresh directory for one test.
 pub fn tmp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("npc-aot-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    neuron_pc_test_support::paths::fresh_dir("npc-aot", tag)
 }
 
 /// `neuron-pc <args>` with the cache at `cache` and no inherited compiler flags.
