@@ -65,8 +65,10 @@ def main():
         name, sep, path = spec.partition("=")
         if not sep or not name.isidentifier() or not os.path.isfile(path):
             sys.exit(f"--plugin {spec}: want NAME=PATH with an existing library")
-        # Below jaxlib's cpu (priority 0): the default backend stays jaxlib's own.
-        xla_bridge.register_plugin(name, priority=-10, library_path=path)
+        # Below jaxlib's cpu (priority 0): the default backend stays jaxlib's own. One device,
+        # as jaxlib's cpu client has by default (a cpu plugin's own default is 4).
+        xla_bridge.register_plugin(name, priority=-10, library_path=path,
+                                   options={"cpu_device_count": 1})
         plugins.append((name, path))
 
     rng = np.random.default_rng(0)
@@ -83,6 +85,8 @@ def main():
         except Exception as e:  # a plugin JAX cannot start is reported, not fatal
             print(f"{name} ({path}): no device: {str(e).splitlines()[0]}", file=sys.stderr)
             continue
+        if len(jax.devices(name)) != 1:
+            print(f"{name}: {len(jax.devices(name))} devices, not 1", file=sys.stderr)
         runners.append(Runner(name, device, host))
 
     # The first step's loss (identical inputs), then warm-up; a plugin that errors or computes
