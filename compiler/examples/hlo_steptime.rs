@@ -1,18 +1,26 @@
 //! Execution time of StableHLO programs through the PJRT layer, interleaved so machine load hits
 //! all alike: `cargo run --release -p neuron-pc-compiler --example hlo_steptime -- A.mlir
-//! [B.mlir ...] [--reps N] [--xla name=value ...] [--no-donate]`. Inputs are zeros of each
-//! parameter's type (integer inputs index row 0). Run as a training loop runs a step: the
-//! parameters the program aliases to an output (`tf.aliasing_output`, as neuron-pc's lowering
-//! and JAX's donated arguments write it) are donated and replaced by that output for the next
-//! execution, so parameters and optimizer state are updated in place, not copied
-//! (`--no-donate`: every input kept and copied). Prints per file the median and 10th
-//! percentile of synced executions (each waited for, the smallest output read back) and the
-//! median per execution of pipelined rounds (launched back to back, one wait at the end). Used
-//! to compare a program exported by JAX with the one neuron-pc traces for the same step, and
-//! to measure the runtime's floor under the lazy device's step.
+//! [B.mlir ...] [--reps N] [--xla name=value ...] [--no-donate] [--plugin LIB ...]
+//! [--compile-only]`. Inputs are zeros of each parameter's type (integer inputs index row 0).
+//! `--plugin LIB` (repeatable) runs every program through each plugin library named, all
+//! loaded in this one process (one client of one device each) and interleaved with the rest;
+//! without it, through the plugin neuron-pc finds (`NEURON_PC_CPU_PLUGIN`, else the
+//! environment's). `--compile-only`: only says whether each plugin compiles each file (the
+//! file need not be a valid program).
+//!
+//! Run as a training loop runs a step: the parameters the program aliases to an output
+//! (`tf.aliasing_output`, as neuron-pc's lowering and JAX's donated arguments write it) are
+//! donated and replaced by that output for the next execution, so parameters and optimizer
+//! state are updated in place, not copied (`--no-donate`: every input kept and copied). Prints
+//! per file and plugin the median and 10th percentile of synced executions (each waited for,
+//! the smallest output read back) and the median per execution of pipelined rounds (launched
+//! back to back, one wait at the end). Used to compare a program exported by JAX with the one
+//! neuron-pc traces for the same step, and to measure the runtime's floor under the lazy
+//! device's step (scripts/bench floor: each program through every pinned cpu plugin).
 
 use std::time::Instant;
 
+use neuron_pc_compiler::pjrt::pins::pin_for_library;
 use neuron_pc_compiler::pjrt::{
     find_plugin, Buffer, Client, ClientOptions, CompileOptions, LoadedExecutable, OverrideValue,
     Plugin, Signature, Target,
@@ -41,9 +49,22 @@ fn aliases(mlir: &str, params: usize) -> Option<Vec<Option<usize>>> {
     (found.len() == params).then_some(found)
 }
 
+/// How a plugin library is named in the table: its pinned package, else its file name.
+fn plugin_label(path: &std::path::Path) -> String {
+    let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    match pin_for_library(&canonical) {
+        Some(pin) => format!("{} {}", pin.package, pin.version),
+        None => path.file_name().map_or_else(
+            || path.display().to_string(),
+            |f| f.to_string_lossy().into(),
+        ),
+    }
+}
+
 /// A program, its inputs (replaced by the aliased outputs after each execution) and timings.
 struct Prog {
     name: String,
+    plugin: String,
     exe: LoadedExecutable,
     inputs: Vec<Buffer>,
     /// Per input, the output that replaces it (donated inputs only).
@@ -71,6 +92,68 @@ impl Prog {
     }
 }
 
+/// `--compile-only`: whether the plugin compiles the file, or the first line of its error.
+/// A plugin that crashes on a program it rejects ends the process here (scripts/reject-probe
+/// runs each program in a process of its own to count those).
+fn compile_outcome(client: &Client, f: &str) -> String {
+    let text = match std::fs::read_to_string(f) {
+        Ok(t) => t,
+        Err(e) => return format!("unreadable: {e}"),
+    };
+    match client.compile(&text, &CompileOptions::default()) {
+        Ok(_) => "compiled".into(),
+        Err(e) => {
+            let first = e.to_string();
+            format!("error: {}", first.lines().next().unwrap_or_default())
+        }
+    }
+}
+
+/// Compiles `f` on `client` and makes its zero inputs on the client's first device.
+fn prepare(
+    client: &Client,
+    f: &str,
+    label: &str,
+    opts: &CompileOptions,
+    donate: bool,
+    plugin: &str,
+) -> AnyResult<Prog> {
+    let device = client.devices()[0];
+    let text = std::fs::read_to_string(f)?;
+    let sig = Signature::parse(&text).ok_or(format!("{f}: no readable @main signature"))?;
+    let exe = client.compile(&text, opts)?;
+    let inputs: Vec<Buffer> = sig
+        .params
+        .iter()
+        .map(|p| client.buffer_from_host(&HostTensor::zeros(p.dtype, &p.dims), device))
+        .collect::<Result<_, _>>()?;
+    let aliased = match (donate, aliases(&text, sig.params.len())) {
+        (true, Some(a)) => a,
+        (true, None) => {
+            eprintln!("{f}: cannot read the parameters' aliasing; nothing donated");
+            vec![None; sig.params.len()]
+        }
+        (false, _) => vec![None; sig.params.len()],
+    };
+    let keep = (0..inputs.len())
+        .filter(|&i| aliased[i].is_none())
+        .collect();
+    let donated = aliased.iter().flatten().count();
+    Ok(Prog {
+        name: format!(
+            "{f} ({label}, {donated} of {} inputs donated)",
+            inputs.len()
+        ),
+        plugin: plugin.to_string(),
+        exe,
+        inputs,
+        aliased,
+        keep,
+        synced: Vec::new(),
+        pipelined: Vec::new(),
+    })
+}
+
 fn main() -> AnyResult<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let reps = args
@@ -96,53 +179,41 @@ fn main() -> AnyResult<()> {
     if has_variant {
         options.push(("--xla", variant));
     }
-    let plugin = Plugin::load(&find_plugin(Target::Cpu)?)?;
-    let client = Client::new(
-        &plugin,
-        &ClientOptions {
-            cpu_device_count: Some(1),
-            ..Default::default()
-        },
-    )?;
-    let device = client.devices()[0];
+    let mut libraries: Vec<std::path::PathBuf> = args
+        .windows(2)
+        .filter(|w| w[0] == "--plugin")
+        .map(|w| w[1].clone().into())
+        .collect();
+    if libraries.is_empty() {
+        libraries.push(find_plugin(Target::Cpu)?);
+    }
     let donate = !args.iter().any(|a| a == "--no-donate");
+    let compile_only = args.iter().any(|a| a == "--compile-only");
     let mut progs = Vec::new();
-    for (f, (label, opts)) in files
-        .iter()
-        .flat_map(|f| options.iter().map(move |o| (f, o)))
-    {
-        let text = std::fs::read_to_string(f)?;
-        let sig = Signature::parse(&text).ok_or(format!("{f}: no readable @main signature"))?;
-        let exe = client.compile(&text, opts)?;
-        let inputs: Vec<Buffer> = sig
-            .params
-            .iter()
-            .map(|p| client.buffer_from_host(&HostTensor::zeros(p.dtype, &p.dims), device))
-            .collect::<Result<_, _>>()?;
-        let aliased = match (donate, aliases(&text, sig.params.len())) {
-            (true, Some(a)) => a,
-            (true, None) => {
-                eprintln!("{f}: cannot read the parameters' aliasing; nothing donated");
-                vec![None; sig.params.len()]
+    for library in &libraries {
+        let plugin = Plugin::load(library)?;
+        let client = Client::new(
+            &plugin,
+            &ClientOptions {
+                cpu_device_count: Some(1),
+                ..Default::default()
+            },
+        )?;
+        let label = plugin_label(library);
+        if compile_only {
+            for f in &files {
+                println!("| {f} | {label} | {} |", compile_outcome(&client, f));
             }
-            (false, _) => vec![None; sig.params.len()],
-        };
-        let keep = (0..inputs.len())
-            .filter(|&i| aliased[i].is_none())
-            .collect();
-        let donated = aliased.iter().flatten().count();
-        progs.push(Prog {
-            name: format!(
-                "{f} ({label}, {donated} of {} inputs donated)",
-                inputs.len()
-            ),
-            exe,
-            inputs,
-            aliased,
-            keep,
-            synced: Vec::new(),
-            pipelined: Vec::new(),
-        });
+            continue;
+        }
+        for f in &files {
+            for (opts_label, opts) in &options {
+                progs.push(prepare(&client, f, opts_label, opts, donate, &label)?);
+            }
+        }
+    }
+    if compile_only {
+        return Ok(());
     }
     for rep in 0..reps + 10 {
         for p in progs.iter_mut() {
@@ -175,14 +246,15 @@ fn main() -> AnyResult<()> {
                 .push(t.elapsed().as_secs_f64() * 1e3 / ROUND as f64);
         }
     }
-    println!("| program | synced median ms | synced p10 ms | pipelined median ms |");
-    println!("| --- | --- | --- | --- |");
+    println!("| program | plugin | synced median ms | synced p10 ms | pipelined median ms |");
+    println!("| --- | --- | --- | --- | --- |");
     for p in &mut progs {
         p.synced.sort_by(f64::total_cmp);
         p.pipelined.sort_by(f64::total_cmp);
         println!(
-            "| {} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {} | {:.2} | {:.2} | {:.2} |",
             p.name,
+            p.plugin,
             p.synced[p.synced.len() / 2],
             p.synced[p.synced.len() / 10],
             p.pipelined[p.pipelined.len() / 2]

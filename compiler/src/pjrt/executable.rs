@@ -97,8 +97,16 @@ impl Client {
         signature: Option<Signature>,
     ) -> Result<LoadedExecutable> {
         let format = "mlir";
+        // The text is passed with a NUL after its last byte (not counted in `code_size`): MLIR's
+        // lexer reads the byte after the text to see where it ends, as a C++ caller's
+        // std::string provides. Without it, a program cut inside a token (a string literal) is
+        // read past its end: garbage errors from some plugins, a SIGSEGV from
+        // lammps-jax-pjrt-cpu (docs/plugins.md).
+        let mut code = Vec::with_capacity(mlir.len() + 1);
+        code.extend_from_slice(mlir.as_bytes());
+        code.push(0);
         let program = sys::PJRT_Program {
-            code: mlir.as_ptr() as *mut _,
+            code: code.as_ptr() as *mut _,
             code_size: mlir.len(),
             format: format.as_ptr().cast(),
             format_size: format.len(),
