@@ -70,6 +70,8 @@ pub(crate) struct DeviceInner {
     in_flight: InFlight,
     /// The phases of every step, when a timeline was asked for.
     pub timeline: Option<Timeline>,
+    /// How many step walks ran; held while one runs (see `trace::WalkMark`).
+    walks: Mutex<u64>,
     /// When the last `mark_step` returned (the start of the next step's tracing).
     last_step_end: Mutex<Instant>,
     next_tensor_id: AtomicU64,
@@ -194,6 +196,7 @@ impl LazyDevice {
                     t.name_track(DEVICE_TRACK, "device: execution");
                     t
                 }),
+                walks: Mutex::new(0),
                 last_step_end: Mutex::new(Instant::now()),
                 next_tensor_id: AtomicU64::new(0),
                 config,
@@ -341,12 +344,15 @@ impl DeviceInner {
         ty: Arc<TensorType>,
         operands: trace::Operands,
     ) -> Arc<Cell> {
-        let node = Arc::new(Node {
-            op_id,
-            per_replica,
-            operands,
-        });
+        let node = Arc::new(Node::new(op_id, per_replica, operands));
         self.new_cell(ty, Value::Node(node))
+    }
+
+    /// A splat constant of `value` over `ty` (an interned type) as an operand value: a node
+    /// with no tensor of its own.
+    pub(crate) fn splat(&self, ty: &Arc<TensorType>, value: f64) -> Value {
+        let op_id = lock(&self.interner).splat(ty, value);
+        Value::Node(Arc::new(Node::new(op_id, false, trace::Operands::new())))
     }
 
     /// Whether `op`'s result may differ between replicas: the replica index does; a
@@ -423,6 +429,7 @@ impl DeviceInner {
             ty_id,
             producer,
             name: Mutex::new(None),
+            mark: trace::WalkMark::default(),
         })
     }
 
@@ -548,7 +555,11 @@ impl DeviceInner {
             lock(&self.metrics).implicit_syncs += 1;
             debug::warn_implicit_sync(self, site);
         }
-        let mut traced = step::trace(&roots);
+        let mut traced = {
+            let mut walks = lock(&self.walks);
+            *walks += 1;
+            step::trace(&roots, *walks)
+        };
         let aliases = traced.donations(&cells);
         let per_replica: Vec<bool> = roots.iter().map(|n| n.per_replica).collect();
         let known = lock(&self.executables).get(&traced.identity).cloned();

@@ -3,7 +3,6 @@
 //! writes the graph's exact identity as a list of integers. Equal lists mean equal graphs, so
 //! the executable found under that list in memory is the right one; no hashing is involved.
 
-use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use neuron_pc_compiler::ir::{Graph, NodeId};
@@ -22,7 +21,7 @@ enum Entry {
         index: usize,
     },
     Op {
-        node: Arc<Node>,
+        op_id: u32,
         operands: smallvec::SmallVec<[u32; 2]>,
     },
 }
@@ -41,20 +40,11 @@ pub(crate) struct Traced {
     pub op_count: usize,
 }
 
-#[derive(Default)]
-struct PtrMap<T>(HashMap<usize, T>);
-
-impl<T: Copy> PtrMap<T> {
-    fn get<P>(&self, p: &Arc<P>) -> Option<T> {
-        self.0.get(&(Arc::as_ptr(p) as *const u8 as usize)).copied()
-    }
-    fn insert<P>(&mut self, p: &Arc<P>, v: T) {
-        self.0.insert(Arc::as_ptr(p) as *const u8 as usize, v);
-    }
-}
-
-/// Walks the DAG below `roots` (each must be an op node) in post-order.
-pub(crate) fn trace(roots: &[Arc<Node>]) -> Traced {
+/// Walks the DAG below `roots` (each must be an op node) in post-order. `walk` is this walk's
+/// number, distinct from every earlier walk's on this device, and no other walk may run until
+/// this one returns: nodes and device data are numbered by marking them (`WalkMark`), with no
+/// map from addresses to positions.
+pub(crate) fn trace(roots: &[Arc<Node>], walk: u64) -> Traced {
     let mut t = Traced {
         identity: Vec::new(),
         entries: Vec::new(),
@@ -63,50 +53,48 @@ pub(crate) fn trace(roots: &[Arc<Node>]) -> Traced {
         outputs: Vec::new(),
         op_count: 0,
     };
-    let mut node_pos: PtrMap<u32> = PtrMap::default();
-    let mut data_pos: PtrMap<u32> = PtrMap::default();
-    let mut stack: Vec<(Arc<Node>, usize)> = Vec::new();
+    // The roots keep every node below them alive, so the walk borrows instead of counting.
+    let mut stack: Vec<(&Node, usize)> = Vec::new();
 
     for root in roots {
-        if node_pos.get(root).is_none() {
-            stack.push((root.clone(), 0));
+        if root.mark.get(walk).is_none() {
+            stack.push((root, 0));
         }
-        while let Some((node, i)) = stack.last_mut() {
-            if *i < node.operands.len() {
-                let v = node.operands[*i].clone();
+        while let Some(&mut (node, ref mut i)) = stack.last_mut() {
+            if let Some(v) = node.operands.get(*i) {
                 *i += 1;
                 match v {
                     Value::Node(c) => {
-                        if node_pos.get(&c).is_none() {
+                        if c.mark.get(walk).is_none() {
                             stack.push((c, 0));
                         }
                     }
                     Value::Data(d) => {
-                        if data_pos.get(&d).is_none() {
-                            data_pos.insert(&d, t.entries.len() as u32);
+                        if d.mark.get(walk).is_none() {
+                            d.mark.set(walk, t.entries.len() as u32);
                             t.identity.extend([PARAM_MARK, d.ty_id]);
                             t.entries.push(Entry::Param {
                                 ty_id: d.ty_id,
                                 index: t.params.len(),
                             });
-                            t.params.push(d);
+                            t.params.push(d.clone());
                             t.data_refs.push(0);
                         }
                     }
                 }
                 continue;
             }
-            let (node, _) = stack.pop().expect("stack is not empty");
-            if node_pos.get(&node).is_some() {
+            stack.pop();
+            if node.mark.get(walk).is_some() {
                 continue; // reached twice through a diamond before being finished
             }
             let operands: smallvec::SmallVec<[u32; 2]> = node
                 .operands
                 .iter()
                 .map(|v| match v {
-                    Value::Node(c) => node_pos.get(c).expect("operands come first in post-order"),
+                    Value::Node(c) => c.mark.get(walk).expect("operands come first in post-order"),
                     Value::Data(d) => {
-                        let pos = data_pos.get(d).expect("data operands were registered");
+                        let pos = d.mark.get(walk).expect("data operands were registered");
                         if let Entry::Param { index, .. } = &t.entries[pos as usize] {
                             t.data_refs[*index] += 1;
                         }
@@ -117,14 +105,17 @@ pub(crate) fn trace(roots: &[Arc<Node>]) -> Traced {
             t.identity.push(node.op_id);
             t.identity.push(operands.len() as u32);
             t.identity.extend(&operands);
-            node_pos.insert(&node, t.entries.len() as u32);
-            t.entries.push(Entry::Op { node, operands });
+            node.mark.set(walk, t.entries.len() as u32);
+            t.entries.push(Entry::Op {
+                op_id: node.op_id,
+                operands,
+            });
             t.op_count += 1;
         }
     }
     t.identity.push(OUTPUTS_MARK);
     for root in roots {
-        let pos = node_pos.get(root).expect("every root was walked");
+        let pos = root.mark.get(walk).expect("every root was walked");
         t.outputs.push(pos);
         t.identity.push(pos);
     }
@@ -181,8 +172,8 @@ impl Traced {
         for e in &self.entries {
             let id = match e {
                 Entry::Param { ty_id, .. } => g.parameter(interner.type_of(*ty_id).clone()),
-                Entry::Op { node, operands } => {
-                    let (op, _) = interner.op_of(node.op_id);
+                Entry::Op { op_id, operands } => {
+                    let (op, _) = interner.op_of(*op_id);
                     let args: Vec<NodeId> = operands.iter().map(|&p| ids[p as usize]).collect();
                     g.push(op.clone(), &args)?
                 }

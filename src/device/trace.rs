@@ -7,9 +7,10 @@
 
 use rustc_hash::FxHashMap as HashMap;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use neuron_pc_compiler::ir::{Op, TensorType};
+use neuron_pc_compiler::ir::{Literal, Op, TensorType};
 use neuron_pc_compiler::pjrt::Buffer;
 
 /// Device memory holding one tensor's value: one buffer per replica, on that replica's device.
@@ -26,6 +27,8 @@ pub(crate) struct DeviceData {
     pub producer: Option<Arc<super::inflight::StepRun>>,
     /// The name of the tensor holding this value, when it has one (see `Tensor::set_name`).
     pub name: Mutex<Option<Arc<str>>>,
+    /// Its parameter's position in the step walk that last reached it.
+    pub mark: WalkMark,
 }
 
 /// A value: recorded but not computed (a node), or on the device. It is both a node's operand
@@ -74,6 +77,41 @@ pub(crate) struct Node {
     /// The result may differ between replicas (see [`DeviceData::per_replica`]).
     pub per_replica: bool,
     pub operands: Operands,
+    /// Its position in the step walk that last reached it.
+    pub mark: WalkMark,
+}
+
+impl Node {
+    pub fn new(op_id: u32, per_replica: bool, operands: Operands) -> Node {
+        Node {
+            op_id,
+            per_replica,
+            operands,
+            mark: WalkMark::default(),
+        }
+    }
+}
+
+/// Where a step walk put a node or device data: the walk's number and the entry's position.
+/// The walk numbers of a device's steps are distinct and walks run one at a time (under the
+/// device's walk lock), so a mark from an earlier walk is never taken for the current one and
+/// the walk needs no map from nodes to positions (see `step.rs`).
+#[derive(Default)]
+pub(crate) struct WalkMark {
+    walk: AtomicU64,
+    pos: AtomicU32,
+}
+
+impl WalkMark {
+    /// The position given in walk `walk`, if that walk reached this.
+    pub fn get(&self, walk: u64) -> Option<u32> {
+        (self.walk.load(Ordering::Relaxed) == walk).then(|| self.pos.load(Ordering::Relaxed))
+    }
+
+    pub fn set(&self, walk: u64, pos: u32) {
+        self.pos.store(pos, Ordering::Relaxed);
+        self.walk.store(walk, Ordering::Relaxed);
+    }
 }
 
 /// A node's operands, inline for up to two.
@@ -94,6 +132,8 @@ pub(crate) struct Interner {
     types: HashMap<Arc<TensorType>, u32>,
     type_list: Vec<Arc<TensorType>>,
     applied: HashMap<u64, Vec<(u32, TypeAddrs)>>,
+    /// Splat constants by the address of their interned type and the value's bits.
+    splats: HashMap<(usize, u64), u32>,
 }
 
 /// The addresses of interned operand types.
@@ -133,6 +173,22 @@ impl Interner {
     pub fn remember(&mut self, op: &Op, addrs: TypeAddrs, id: u32) {
         let hash = rustc_hash::FxBuildHasher.hash_one((op, &addrs[..]));
         self.applied.entry(hash).or_default().push((id, addrs));
+    }
+
+    /// The id of the constant `value` (converted to `ty`'s dtype) repeated over `ty`. When `ty`
+    /// is interned, a value seen before is found by its bits and the type's address alone.
+    pub fn splat(&mut self, ty: &Arc<TensorType>, value: f64) -> u32 {
+        let key = (Arc::as_ptr(ty) as usize, value.to_bits());
+        if let Some(&id) = self.splats.get(&key) {
+            return id;
+        }
+        let lit = Literal::splat(ty.dtype, value, &ty.dims);
+        let (id, shared) = self.op(Op::Constant(lit), (**ty).clone());
+        // Interned types live as long as the interner, so their addresses are never reused.
+        if Arc::ptr_eq(&shared, ty) {
+            self.splats.insert(key, id);
+        }
+        id
     }
 
     /// True when `ty` is this interner's shared copy of its type.

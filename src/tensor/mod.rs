@@ -23,7 +23,7 @@ use std::sync::{Arc, Weak};
 use neuron_pc_compiler::ir::{Op, TensorType};
 use neuron_pc_compiler::{DType, Element, HostTensor};
 
-use crate::device::trace::{Cell, Value};
+use crate::device::trace::{Cell, Operands, Value};
 use crate::device::{lock, DeviceInner, LazyDevice};
 use crate::error::{Error, Result};
 
@@ -132,14 +132,35 @@ impl Tensor {
                 op: op.name(),
             });
         }
-        let values: crate::device::trace::Operands = operands.iter().map(|t| t.value()).collect();
+        let values: Operands = operands.iter().map(|t| t.value()).collect();
+        let mut few: [&Arc<TensorType>; 4] = [&first.cell.ty; 4];
+        let many: Vec<&Arc<TensorType>>;
+        let types: &[&Arc<TensorType>] = if operands.len() <= few.len() {
+            for (slot, t) in few.iter_mut().zip(operands) {
+                *slot = &t.cell.ty;
+            }
+            &few[..operands.len()]
+        } else {
+            many = operands.iter().map(|t| &t.cell.ty).collect();
+            &many
+        };
+        Tensor::apply_values(&dev, op, values, types, location)
+    }
+
+    /// Records `op` over operand values of the given types (each a cell's type, so interned by
+    /// `dev` when it comes from a recorded op or an upload) as a new tensor.
+    pub(crate) fn apply_values(
+        dev: &Arc<DeviceInner>,
+        op: Op,
+        values: Operands,
+        types: &[&Arc<TensorType>],
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
         let per_replica = dev.result_per_replica(&op, &values);
         // An application seen before (same op, operands of the same interned types): its id
         // and type without inference.
-        let addrs: crate::device::trace::TypeAddrs = operands
-            .iter()
-            .map(|t| Arc::as_ptr(&t.cell.ty) as usize)
-            .collect();
+        let addrs: crate::device::trace::TypeAddrs =
+            types.iter().map(|t| Arc::as_ptr(t) as usize).collect();
         let mut interner = lock(&dev.interner);
         if let Some((op_id, ty)) = interner.applied(&op, &addrs) {
             drop(interner);
@@ -148,21 +169,21 @@ impl Tensor {
             });
         }
         // Operand types on the stack for the usual one to four operands.
-        let mut few: [&TensorType; 4] = [&first.cell.ty; 4];
+        let mut few: [&TensorType; 4] = [&**types[0]; 4];
         let many: Vec<&TensorType>;
-        let types: &[&TensorType] = if operands.len() <= few.len() {
-            for (slot, t) in few.iter_mut().zip(operands) {
-                *slot = &t.cell.ty;
+        let plain: &[&TensorType] = if types.len() <= few.len() {
+            for (slot, t) in few.iter_mut().zip(types) {
+                *slot = t;
             }
-            &few[..operands.len()]
+            &few[..types.len()]
         } else {
-            many = operands.iter().map(|t| &*t.cell.ty).collect();
+            many = types.iter().map(|t| &***t).collect();
             &many
         };
-        let ty = neuron_pc_compiler::ir::infer(&op, types)
+        let ty = neuron_pc_compiler::ir::infer(&op, plain)
             .map_err(|source| Error::Op { location, source })?;
         // Only types interned by this device may be remembered by address.
-        let interned = operands.iter().all(|t| interner.is_interned(&t.cell.ty));
+        let interned = types.iter().all(|t| interner.is_interned(t));
         let (op_id, ty) = if interned {
             let key = op.clone();
             let (op_id, ty) = interner.op(op, ty);
