@@ -14,7 +14,6 @@ pub(crate) mod trace;
 
 use rustc_hash::FxHashMap as HashMap;
 use std::panic::Location;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
@@ -36,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::timeline::{Timeline, DEVICE_TRACK, HOST_TRACK};
 use executables::{How, StepExecutable};
 use inflight::{InFlight, StepRun};
-use trace::{Cell, DeviceData, Interner, Node, Value};
+use trace::{Cell, DeviceData, Node, Recorder, Value};
 
 /// A device that records tensor operations and runs them as compiled step graphs.
 ///
@@ -54,9 +53,9 @@ pub(crate) struct DeviceInner {
     /// `devices[r]`.
     pub devices: Vec<Device>,
     pub config: DeviceConfig,
-    pub interner: Mutex<Interner>,
-    /// Tensors that may hold pending values, pruned at every step.
-    pub pending: Mutex<Vec<Weak<Cell>>>,
+    /// The interner, the tensors that may hold pending values and the tensor ids: one lock
+    /// per recorded op.
+    pub recorder: Mutex<Recorder>,
     pub executables: Mutex<HashMap<Vec<u32>, Arc<StepExecutable>>>,
     pub metrics: Mutex<Metrics>,
     pub sites: Mutex<diagnose::Sites>,
@@ -74,7 +73,6 @@ pub(crate) struct DeviceInner {
     walks: Mutex<u64>,
     /// When the last `mark_step` returned (the start of the next step's tracing).
     last_step_end: Mutex<Instant>,
-    next_tensor_id: AtomicU64,
 }
 
 impl std::fmt::Debug for LazyDevice {
@@ -181,8 +179,7 @@ impl LazyDevice {
             inner: Arc::new(DeviceInner {
                 devices,
                 compiler,
-                interner: Mutex::new(Interner::default()),
-                pending: Mutex::new(Vec::new()),
+                recorder: Mutex::new(Recorder::default()),
                 executables: Mutex::new(HashMap::default()),
                 metrics: Mutex::new(metrics),
                 sites: Mutex::new(diagnose::Sites::default()),
@@ -198,7 +195,6 @@ impl LazyDevice {
                 }),
                 walks: Mutex::new(0),
                 last_step_end: Mutex::new(Instant::now()),
-                next_tensor_id: AtomicU64::new(0),
                 config,
             }),
         })
@@ -296,17 +292,28 @@ impl DeviceInner {
 
     /// A new cell holding `value`; a pending one joins the next step's outputs.
     pub(crate) fn new_cell(self: &Arc<Self>, ty: Arc<TensorType>, value: Value) -> Arc<Cell> {
+        self.new_cell_locked(&mut lock(&self.recorder), ty, value)
+    }
+
+    /// [`DeviceInner::new_cell`] with the recording lock held.
+    fn new_cell_locked(
+        self: &Arc<Self>,
+        rec: &mut Recorder,
+        ty: Arc<TensorType>,
+        value: Value,
+    ) -> Arc<Cell> {
         let pending = value.is_pending();
         let cell = Arc::new(Cell {
-            id: self.next_tensor_id.fetch_add(1, Ordering::Relaxed),
+            id: rec.next_id,
             ty,
             device: Arc::downgrade(self),
             value: Mutex::new(value),
             donor: Mutex::new(None),
             name: Mutex::new(None),
         });
+        rec.next_id += 1;
         if pending {
-            lock(&self.pending).push(Arc::downgrade(&cell));
+            rec.pending.push(Arc::downgrade(&cell));
         }
         cell
     }
@@ -332,26 +339,29 @@ impl DeviceInner {
         operands: trace::Operands,
     ) -> Arc<Cell> {
         let per_replica = self.result_per_replica(&op, &operands);
-        let (op_id, ty) = lock(&self.interner).op(op, ty);
-        self.record_interned(op_id, per_replica, ty, operands)
+        let mut rec = lock(&self.recorder);
+        let (op_id, ty) = rec.interner.op(op, ty);
+        self.record_interned(&mut rec, op_id, per_replica, ty, operands)
     }
 
-    /// Records op `op_id` (interned, of result type `ty`) over `operands`.
+    /// Records op `op_id` (interned, of result type `ty`) over `operands`, with the recording
+    /// lock held.
     pub(crate) fn record_interned(
         self: &Arc<Self>,
+        rec: &mut Recorder,
         op_id: u32,
         per_replica: bool,
         ty: Arc<TensorType>,
         operands: trace::Operands,
     ) -> Arc<Cell> {
         let node = Arc::new(Node::new(op_id, per_replica, operands));
-        self.new_cell(ty, Value::Node(node))
+        self.new_cell_locked(rec, ty, Value::Node(node))
     }
 
     /// A splat constant of `value` over `ty` (an interned type) as an operand value: a node
     /// with no tensor of its own.
     pub(crate) fn splat(&self, ty: &Arc<TensorType>, value: f64) -> Value {
-        let op_id = lock(&self.interner).splat(ty, value);
+        let op_id = lock(&self.recorder).interner.splat(ty, value);
         Value::Node(Arc::new(Node::new(op_id, false, trace::Operands::new())))
     }
 
@@ -375,12 +385,12 @@ impl DeviceInner {
 
     /// The device's shared copy of `ty`.
     pub(crate) fn interned(&self, ty: TensorType) -> Arc<TensorType> {
-        lock(&self.interner).ty_arc(ty)
+        lock(&self.recorder).interner.ty_arc(ty)
     }
 
     /// Registers a tensor that became pending again (an in-place update).
     pub(crate) fn register_pending(&self, cell: &Arc<Cell>) {
-        lock(&self.pending).push(Arc::downgrade(cell));
+        lock(&self.recorder).pending.push(Arc::downgrade(cell));
     }
 
     /// Copies `host` to every replica's device (a replicated value).
@@ -421,7 +431,7 @@ impl DeviceInner {
     ) -> Arc<DeviceData> {
         let b = &buffers[0];
         let ty = TensorType::new(b.dtype(), b.dims().to_vec());
-        let ty_id = lock(&self.interner).ty(&ty);
+        let ty_id = lock(&self.recorder).interner.ty(&ty);
         Arc::new(DeviceData {
             buffers,
             per_replica,
@@ -511,7 +521,7 @@ impl DeviceInner {
 
     /// Every live tensor with a pending value, in creation order; forgets dropped ones.
     fn take_pending(&self) -> Vec<Arc<Cell>> {
-        let weak = std::mem::take(&mut *lock(&self.pending));
+        let weak = std::mem::take(&mut lock(&self.recorder).pending);
         let mut cells: Vec<Arc<Cell>> = weak
             .iter()
             .filter_map(Weak::upgrade)
@@ -570,7 +580,7 @@ impl DeviceInner {
                 (exe, How::Memory)
             }
             None => {
-                let graph = traced.to_graph(&lock(&self.interner))?;
+                let graph = traced.to_graph(&lock(&self.recorder).interner)?;
                 let names = traced.param_names();
                 diagnose::check_new_graph(self, site, explicit, &graph, &names)?;
                 let (exe, how) = executables::obtain(self, &graph, &aliases, site, &names)?;

@@ -132,7 +132,10 @@ impl Tensor {
                 op: op.name(),
             });
         }
-        let values: Operands = operands.iter().map(|t| t.value()).collect();
+        let mut values = Operands::new();
+        for t in operands {
+            values.push(t.value());
+        }
         let mut few: [&Arc<TensorType>; 4] = [&first.cell.ty; 4];
         let many: Vec<&Arc<TensorType>>;
         let types: &[&Arc<TensorType>] = if operands.len() <= few.len() {
@@ -159,13 +162,14 @@ impl Tensor {
         let per_replica = dev.result_per_replica(&op, &values);
         // An application seen before (same op, operands of the same interned types): its id
         // and type without inference.
-        let addrs: crate::device::trace::TypeAddrs =
-            types.iter().map(|t| Arc::as_ptr(t) as usize).collect();
-        let mut interner = lock(&dev.interner);
-        if let Some((op_id, ty)) = interner.applied(&op, &addrs) {
-            drop(interner);
+        let mut addrs = crate::device::trace::TypeAddrs::new();
+        for t in types {
+            addrs.push(Arc::as_ptr(t) as usize);
+        }
+        let mut rec = lock(&dev.recorder);
+        if let Some((op_id, ty)) = rec.interner.applied(&op, &addrs) {
             return Ok(Tensor {
-                cell: dev.record_interned(op_id, per_replica, ty, values),
+                cell: dev.record_interned(&mut rec, op_id, per_replica, ty, values),
             });
         }
         // Operand types on the stack for the usual one to four operands.
@@ -183,6 +187,7 @@ impl Tensor {
         let ty = neuron_pc_compiler::ir::infer(&op, plain)
             .map_err(|source| Error::Op { location, source })?;
         // Only types interned by this device may be remembered by address.
+        let interner = &mut rec.interner;
         let interned = types.iter().all(|t| interner.is_interned(t));
         let (op_id, ty) = if interned {
             let key = op.clone();
@@ -192,9 +197,8 @@ impl Tensor {
         } else {
             interner.op(op, ty)
         };
-        drop(interner);
         Ok(Tensor {
-            cell: dev.record_interned(op_id, per_replica, ty, values),
+            cell: dev.record_interned(&mut rec, op_id, per_replica, ty, values),
         })
     }
 

@@ -202,7 +202,7 @@ impl Tensor {
         // the value and this tensor's interned type, with no literal built after the first.
         let ty = &self.cell.ty;
         let c = dev.splat(ty, value);
-        let values: Operands = [self.value(), c].into_iter().collect();
+        let values = Operands::from_buf([self.value(), c]);
         Tensor::apply_values(&dev, Op::Binary(op), values, &[ty, ty], location)
     }
 
