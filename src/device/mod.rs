@@ -69,8 +69,9 @@ pub(crate) struct DeviceInner {
     in_flight: InFlight,
     /// The phases of every step, when a timeline was asked for.
     pub timeline: Option<Timeline>,
-    /// How many step walks ran; held while one runs (see `trace::WalkMark`).
-    walks: Mutex<u64>,
+    /// How many step walks ran and the last one's sizes; held while one runs (see
+    /// `trace::WalkMark`).
+    walks: Mutex<(u64, step::WalkSizes)>,
     /// When the last `mark_step` returned (the start of the next step's tracing).
     last_step_end: Mutex<Instant>,
 }
@@ -193,7 +194,7 @@ impl LazyDevice {
                     t.name_track(DEVICE_TRACK, "device: execution");
                     t
                 }),
-                walks: Mutex::new(0),
+                walks: Mutex::new((0, step::WalkSizes::default())),
                 last_step_end: Mutex::new(Instant::now()),
                 config,
             }),
@@ -567,8 +568,10 @@ impl DeviceInner {
         }
         let mut traced = {
             let mut walks = lock(&self.walks);
-            *walks += 1;
-            step::trace(&roots, *walks)
+            walks.0 += 1;
+            let traced = step::trace(&roots, walks.0, walks.1);
+            walks.1 = traced.sizes();
+            traced
         };
         let aliases = traced.donations(&cells);
         let per_replica: Vec<bool> = roots.iter().map(|n| n.per_replica).collect();

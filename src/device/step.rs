@@ -20,9 +20,11 @@ enum Entry {
         ty_id: u32,
         index: usize,
     },
+    /// Its operands' entry positions are `identity[at..at + count]`.
     Op {
         op_id: u32,
-        operands: smallvec::SmallVec<[u32; 2]>,
+        at: u32,
+        count: u32,
     },
 }
 
@@ -38,23 +40,38 @@ pub(crate) struct Traced {
     /// Graph outputs as references: entry index.
     outputs: Vec<u32>,
     pub op_count: usize,
+    /// The deepest the walk's stack went.
+    depth: usize,
+}
+
+/// The lengths of a walk's lists, to allocate the next walk's at once.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct WalkSizes {
+    identity: usize,
+    entries: usize,
+    params: usize,
+    depth: usize,
 }
 
 /// Walks the DAG below `roots` (each must be an op node) in post-order. `walk` is this walk's
 /// number, distinct from every earlier walk's on this device, and no other walk may run until
 /// this one returns: nodes and device data are numbered by marking them (`WalkMark`), with no
 /// map from addresses to positions.
-pub(crate) fn trace(roots: &[Arc<Node>], walk: u64) -> Traced {
+///
+/// `sizes` are the last walk's (see [`Traced::sizes`]): a training loop cuts the same graph
+/// every step, so the walk's lists are allocated once at their final size.
+pub(crate) fn trace(roots: &[Arc<Node>], walk: u64, sizes: WalkSizes) -> Traced {
     let mut t = Traced {
-        identity: Vec::new(),
-        entries: Vec::new(),
-        params: Vec::new(),
-        data_refs: Vec::new(),
-        outputs: Vec::new(),
+        identity: Vec::with_capacity(sizes.identity),
+        entries: Vec::with_capacity(sizes.entries),
+        params: Vec::with_capacity(sizes.params),
+        data_refs: Vec::with_capacity(sizes.params),
+        outputs: Vec::with_capacity(roots.len()),
         op_count: 0,
+        depth: 0,
     };
     // The roots keep every node below them alive, so the walk borrows instead of counting.
-    let mut stack: Vec<(&Node, usize)> = Vec::new();
+    let mut stack: Vec<(&Node, usize)> = Vec::with_capacity(sizes.depth);
 
     for root in roots {
         if root.mark.get(walk).is_none() {
@@ -84,14 +101,16 @@ pub(crate) fn trace(roots: &[Arc<Node>], walk: u64) -> Traced {
                 }
                 continue;
             }
+            t.depth = t.depth.max(stack.len());
             stack.pop();
             if node.mark.get(walk).is_some() {
                 continue; // reached twice through a diamond before being finished
             }
-            let operands: smallvec::SmallVec<[u32; 2]> = node
-                .operands
-                .iter()
-                .map(|v| match v {
+            t.identity.push(node.op_id);
+            t.identity.push(node.operands.len() as u32);
+            let at = t.identity.len() as u32;
+            for v in &node.operands {
+                let pos = match v {
                     Value::Node(c) => c.mark.get(walk).expect("operands come first in post-order"),
                     Value::Data(d) => {
                         let pos = d.mark.get(walk).expect("data operands were registered");
@@ -100,15 +119,14 @@ pub(crate) fn trace(roots: &[Arc<Node>], walk: u64) -> Traced {
                         }
                         pos
                     }
-                })
-                .collect();
-            t.identity.push(node.op_id);
-            t.identity.push(operands.len() as u32);
-            t.identity.extend(&operands);
+                };
+                t.identity.push(pos);
+            }
             node.mark.set(walk, t.entries.len() as u32);
             t.entries.push(Entry::Op {
                 op_id: node.op_id,
-                operands,
+                at,
+                count: node.operands.len() as u32,
             });
             t.op_count += 1;
         }
@@ -123,6 +141,16 @@ pub(crate) fn trace(roots: &[Arc<Node>], walk: u64) -> Traced {
 }
 
 impl Traced {
+    /// This walk's list lengths (the identity with room for donation pairs).
+    pub fn sizes(&self) -> WalkSizes {
+        WalkSizes {
+            identity: self.identity.len() + 2 * self.params.len() + 1,
+            entries: self.entries.len(),
+            params: self.params.len(),
+            depth: self.depth,
+        }
+    }
+
     /// `(parameter, output)` pairs where output `j`'s tensor held parameter `i`'s data before an
     /// in-place update (same type): candidates for donation. Added to the identity, since they
     /// change the program.
@@ -172,8 +200,9 @@ impl Traced {
         for e in &self.entries {
             let id = match e {
                 Entry::Param { ty_id, .. } => g.parameter(interner.type_of(*ty_id).clone()),
-                Entry::Op { op_id, operands } => {
+                Entry::Op { op_id, at, count } => {
                     let (op, _) = interner.op_of(*op_id);
+                    let operands = &self.identity[*at as usize..(at + count) as usize];
                     let args: Vec<NodeId> = operands.iter().map(|&p| ids[p as usize]).collect();
                     g.push(op.clone(), &args)?
                 }
