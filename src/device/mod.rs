@@ -522,7 +522,12 @@ impl DeviceInner {
 
     /// Every live tensor with a pending value, in creation order; forgets dropped ones.
     fn take_pending(&self) -> Vec<Arc<Cell>> {
-        let weak = std::mem::take(&mut lock(&self.recorder).pending);
+        let weak = {
+            // the next step's list, allocated at this one's length
+            let mut rec = lock(&self.recorder);
+            let next = Vec::with_capacity(rec.pending.len());
+            std::mem::replace(&mut rec.pending, next)
+        };
         let mut cells: Vec<Arc<Cell>> = weak
             .iter()
             .filter_map(Weak::upgrade)
