@@ -10,6 +10,10 @@
 //! read back, so the caller can time the whole process, start to first step, as it does the
 //! peers'.
 //!
+//! `--host-only` prints the host's share instead: the median time to trace one step (forward,
+//! `grad`, the AdamW update) and of its `mark_step` call (step cut, in-memory lookup, launch),
+//! each step waited for outside the timed parts.
+//!
 //! `cargo run --release --example bench_llama [-- --steps 20 --first-step]`
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -50,6 +54,9 @@ struct Args {
     /// The persistent compile cache for `--first-step` (default `NEURON_COMPILE_CACHE_URL`).
     #[arg(long)]
     cache: Option<String>,
+    /// Time only the host's work: tracing a step and its `mark_step` call.
+    #[arg(long)]
+    host_only: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -92,12 +99,16 @@ fn main() -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<_>>()?;
     let lr = device.scalar(1e-3, DType::F32)?;
-    let step = |i: usize, opt: &mut AdamW| -> anyhow::Result<Tensor> {
+    let trace = |i: usize, opt: &mut AdamW| -> anyhow::Result<Tensor> {
         let ids = &batches[i % batches.len()];
         let loss = model.loss(ids, None, ids)?;
         let refs: Vec<&Tensor> = params.iter().collect();
         let grads = grad(&loss, &refs)?;
         opt.step(&params, &grads, &lr)?;
+        Ok(loss)
+    };
+    let step = |i: usize, opt: &mut AdamW| -> anyhow::Result<Tensor> {
+        let loss = trace(i, opt)?;
         device.mark_step()?;
         Ok(loss)
     };
@@ -110,6 +121,32 @@ fn main() -> anyhow::Result<()> {
     }
     step(0, &mut opt)?.item()?;
     let compile_ms = device.metrics().compile_ms;
+    if args.host_only {
+        let (mut traced, mut cut) = (Vec::new(), Vec::new());
+        for i in 0..args.warmup + args.steps {
+            device.synchronize()?;
+            let t = Instant::now();
+            let loss = trace(i, &mut opt)?;
+            let traced_ms = t.elapsed().as_secs_f64() * 1e3;
+            let t = Instant::now();
+            device.mark_step()?;
+            let cut_ms = t.elapsed().as_secs_f64() * 1e3;
+            drop(loss);
+            if i >= args.warmup {
+                traced.push(traced_ms);
+                cut.push(cut_ms);
+            }
+        }
+        device.synchronize()?;
+        anyhow::ensure!(device.metrics().compiles == 1, "one step graph");
+        println!(
+            "HOST neuron-pc trace_ms={:.3} mark_step_ms={:.3} (medians of {})",
+            median(traced),
+            median(cut),
+            args.steps
+        );
+        return Ok(());
+    }
     for i in 1..=args.warmup {
         step(i, &mut opt)?;
         device.synchronize()?;

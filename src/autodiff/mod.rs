@@ -93,8 +93,8 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
             continue;
         };
         let (op, ty) = {
-            let interner = lock(&dev.interner);
-            let (op, ty) = interner.op_of(node.op_id);
+            let rec = lock(&dev.recorder);
+            let (op, ty) = rec.interner.op_of(node.op_id);
             (op.clone(), ty.clone())
         };
         let y = Tensor {
@@ -134,7 +134,7 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
 
 fn value_type(dev: &DeviceInner, v: &Value) -> TensorType {
     match v {
-        Value::Node(n) => lock(&dev.interner).op_of(n.op_id).1.clone(),
+        Value::Node(n) => lock(&dev.recorder).interner.op_of(n.op_id).1.clone(),
         Value::Data(d) => d.ty(),
     }
 }

@@ -14,7 +14,6 @@ pub(crate) mod trace;
 
 use rustc_hash::FxHashMap as HashMap;
 use std::panic::Location;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
@@ -36,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::timeline::{Timeline, DEVICE_TRACK, HOST_TRACK};
 use executables::{How, StepExecutable};
 use inflight::{InFlight, StepRun};
-use trace::{Cell, DeviceData, Interner, Node, Value};
+use trace::{Cell, DeviceData, Node, Recorder, Value};
 
 /// A device that records tensor operations and runs them as compiled step graphs.
 ///
@@ -54,9 +53,9 @@ pub(crate) struct DeviceInner {
     /// `devices[r]`.
     pub devices: Vec<Device>,
     pub config: DeviceConfig,
-    pub interner: Mutex<Interner>,
-    /// Tensors that may hold pending values, pruned at every step.
-    pub pending: Mutex<Vec<Weak<Cell>>>,
+    /// The interner, the tensors that may hold pending values and the tensor ids: one lock
+    /// per recorded op.
+    pub recorder: Mutex<Recorder>,
     pub executables: Mutex<HashMap<Vec<u32>, Arc<StepExecutable>>>,
     pub metrics: Mutex<Metrics>,
     pub sites: Mutex<diagnose::Sites>,
@@ -70,9 +69,11 @@ pub(crate) struct DeviceInner {
     in_flight: InFlight,
     /// The phases of every step, when a timeline was asked for.
     pub timeline: Option<Timeline>,
+    /// How many step walks ran and the last one's sizes; held while one runs (see
+    /// `trace::WalkMark`).
+    walks: Mutex<(u64, step::WalkSizes)>,
     /// When the last `mark_step` returned (the start of the next step's tracing).
     last_step_end: Mutex<Instant>,
-    next_tensor_id: AtomicU64,
 }
 
 impl std::fmt::Debug for LazyDevice {
@@ -179,8 +180,7 @@ impl LazyDevice {
             inner: Arc::new(DeviceInner {
                 devices,
                 compiler,
-                interner: Mutex::new(Interner::default()),
-                pending: Mutex::new(Vec::new()),
+                recorder: Mutex::new(Recorder::default()),
                 executables: Mutex::new(HashMap::default()),
                 metrics: Mutex::new(metrics),
                 sites: Mutex::new(diagnose::Sites::default()),
@@ -194,8 +194,8 @@ impl LazyDevice {
                     t.name_track(DEVICE_TRACK, "device: execution");
                     t
                 }),
+                walks: Mutex::new((0, step::WalkSizes::default())),
                 last_step_end: Mutex::new(Instant::now()),
-                next_tensor_id: AtomicU64::new(0),
                 config,
             }),
         })
@@ -293,17 +293,28 @@ impl DeviceInner {
 
     /// A new cell holding `value`; a pending one joins the next step's outputs.
     pub(crate) fn new_cell(self: &Arc<Self>, ty: Arc<TensorType>, value: Value) -> Arc<Cell> {
+        self.new_cell_locked(&mut lock(&self.recorder), ty, value)
+    }
+
+    /// [`DeviceInner::new_cell`] with the recording lock held.
+    fn new_cell_locked(
+        self: &Arc<Self>,
+        rec: &mut Recorder,
+        ty: Arc<TensorType>,
+        value: Value,
+    ) -> Arc<Cell> {
         let pending = value.is_pending();
         let cell = Arc::new(Cell {
-            id: self.next_tensor_id.fetch_add(1, Ordering::Relaxed),
+            id: rec.next_id,
             ty,
             device: Arc::downgrade(self),
             value: Mutex::new(value),
             donor: Mutex::new(None),
             name: Mutex::new(None),
         });
+        rec.next_id += 1;
         if pending {
-            lock(&self.pending).push(Arc::downgrade(&cell));
+            rec.pending.push(Arc::downgrade(&cell));
         }
         cell
     }
@@ -329,24 +340,30 @@ impl DeviceInner {
         operands: trace::Operands,
     ) -> Arc<Cell> {
         let per_replica = self.result_per_replica(&op, &operands);
-        let (op_id, ty) = lock(&self.interner).op(op, ty);
-        self.record_interned(op_id, per_replica, ty, operands)
+        let mut rec = lock(&self.recorder);
+        let (op_id, ty) = rec.interner.op(op, ty);
+        self.record_interned(&mut rec, op_id, per_replica, ty, operands)
     }
 
-    /// Records op `op_id` (interned, of result type `ty`) over `operands`.
+    /// Records op `op_id` (interned, of result type `ty`) over `operands`, with the recording
+    /// lock held.
     pub(crate) fn record_interned(
         self: &Arc<Self>,
+        rec: &mut Recorder,
         op_id: u32,
         per_replica: bool,
         ty: Arc<TensorType>,
         operands: trace::Operands,
     ) -> Arc<Cell> {
-        let node = Arc::new(Node {
-            op_id,
-            per_replica,
-            operands,
-        });
-        self.new_cell(ty, Value::Node(node))
+        let node = Arc::new(Node::new(op_id, per_replica, operands));
+        self.new_cell_locked(rec, ty, Value::Node(node))
+    }
+
+    /// A splat constant of `value` over `ty` (an interned type) as an operand value: a node
+    /// with no tensor of its own.
+    pub(crate) fn splat(&self, ty: &Arc<TensorType>, value: f64) -> Value {
+        let op_id = lock(&self.recorder).interner.splat(ty, value);
+        Value::Node(Arc::new(Node::new(op_id, false, trace::Operands::new())))
     }
 
     /// Whether `op`'s result may differ between replicas: the replica index does; a
@@ -369,12 +386,12 @@ impl DeviceInner {
 
     /// The device's shared copy of `ty`.
     pub(crate) fn interned(&self, ty: TensorType) -> Arc<TensorType> {
-        lock(&self.interner).ty_arc(ty)
+        lock(&self.recorder).interner.ty_arc(ty)
     }
 
     /// Registers a tensor that became pending again (an in-place update).
     pub(crate) fn register_pending(&self, cell: &Arc<Cell>) {
-        lock(&self.pending).push(Arc::downgrade(cell));
+        lock(&self.recorder).pending.push(Arc::downgrade(cell));
     }
 
     /// Copies `host` to every replica's device (a replicated value).
@@ -415,7 +432,7 @@ impl DeviceInner {
     ) -> Arc<DeviceData> {
         let b = &buffers[0];
         let ty = TensorType::new(b.dtype(), b.dims().to_vec());
-        let ty_id = lock(&self.interner).ty(&ty);
+        let ty_id = lock(&self.recorder).interner.ty(&ty);
         Arc::new(DeviceData {
             buffers,
             per_replica,
@@ -423,6 +440,7 @@ impl DeviceInner {
             ty_id,
             producer,
             name: Mutex::new(None),
+            mark: trace::WalkMark::default(),
         })
     }
 
@@ -504,7 +522,12 @@ impl DeviceInner {
 
     /// Every live tensor with a pending value, in creation order; forgets dropped ones.
     fn take_pending(&self) -> Vec<Arc<Cell>> {
-        let weak = std::mem::take(&mut *lock(&self.pending));
+        let weak = {
+            // the next step's list, allocated at this one's length
+            let mut rec = lock(&self.recorder);
+            let next = Vec::with_capacity(rec.pending.len());
+            std::mem::replace(&mut rec.pending, next)
+        };
         let mut cells: Vec<Arc<Cell>> = weak
             .iter()
             .filter_map(Weak::upgrade)
@@ -548,7 +571,13 @@ impl DeviceInner {
             lock(&self.metrics).implicit_syncs += 1;
             debug::warn_implicit_sync(self, site);
         }
-        let mut traced = step::trace(&roots);
+        let mut traced = {
+            let mut walks = lock(&self.walks);
+            walks.0 += 1;
+            let traced = step::trace(&roots, walks.0, walks.1);
+            walks.1 = traced.sizes();
+            traced
+        };
         let aliases = traced.donations(&cells);
         let per_replica: Vec<bool> = roots.iter().map(|n| n.per_replica).collect();
         let known = lock(&self.executables).get(&traced.identity).cloned();
@@ -559,7 +588,7 @@ impl DeviceInner {
                 (exe, How::Memory)
             }
             None => {
-                let graph = traced.to_graph(&lock(&self.interner))?;
+                let graph = traced.to_graph(&lock(&self.recorder).interner)?;
                 let names = traced.param_names();
                 diagnose::check_new_graph(self, site, explicit, &graph, &names)?;
                 let (exe, how) = executables::obtain(self, &graph, &aliases, site, &names)?;

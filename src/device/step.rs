@@ -3,7 +3,6 @@
 //! writes the graph's exact identity as a list of integers. Equal lists mean equal graphs, so
 //! the executable found under that list in memory is the right one; no hashing is involved.
 
-use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use neuron_pc_compiler::ir::{Graph, NodeId};
@@ -21,9 +20,11 @@ enum Entry {
         ty_id: u32,
         index: usize,
     },
+    /// Its operands' entry positions are `identity[at..at + count]`.
     Op {
-        node: Arc<Node>,
-        operands: smallvec::SmallVec<[u32; 2]>,
+        op_id: u32,
+        at: u32,
+        count: u32,
     },
 }
 
@@ -39,92 +40,100 @@ pub(crate) struct Traced {
     /// Graph outputs as references: entry index.
     outputs: Vec<u32>,
     pub op_count: usize,
+    /// The deepest the walk's stack went.
+    depth: usize,
 }
 
-#[derive(Default)]
-struct PtrMap<T>(HashMap<usize, T>);
-
-impl<T: Copy> PtrMap<T> {
-    fn get<P>(&self, p: &Arc<P>) -> Option<T> {
-        self.0.get(&(Arc::as_ptr(p) as *const u8 as usize)).copied()
-    }
-    fn insert<P>(&mut self, p: &Arc<P>, v: T) {
-        self.0.insert(Arc::as_ptr(p) as *const u8 as usize, v);
-    }
+/// The lengths of a walk's lists, to allocate the next walk's at once.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct WalkSizes {
+    identity: usize,
+    entries: usize,
+    params: usize,
+    depth: usize,
 }
 
-/// Walks the DAG below `roots` (each must be an op node) in post-order.
-pub(crate) fn trace(roots: &[Arc<Node>]) -> Traced {
+/// Walks the DAG below `roots` (each must be an op node) in post-order. `walk` is this walk's
+/// number, distinct from every earlier walk's on this device, and no other walk may run until
+/// this one returns: nodes and device data are numbered by marking them (`WalkMark`), with no
+/// map from addresses to positions.
+///
+/// `sizes` are the last walk's (see [`Traced::sizes`]): a training loop cuts the same graph
+/// every step, so the walk's lists are allocated once at their final size.
+pub(crate) fn trace(roots: &[Arc<Node>], walk: u64, sizes: WalkSizes) -> Traced {
     let mut t = Traced {
-        identity: Vec::new(),
-        entries: Vec::new(),
-        params: Vec::new(),
-        data_refs: Vec::new(),
-        outputs: Vec::new(),
+        identity: Vec::with_capacity(sizes.identity),
+        entries: Vec::with_capacity(sizes.entries),
+        params: Vec::with_capacity(sizes.params),
+        data_refs: Vec::with_capacity(sizes.params),
+        outputs: Vec::with_capacity(roots.len()),
         op_count: 0,
+        depth: 0,
     };
-    let mut node_pos: PtrMap<u32> = PtrMap::default();
-    let mut data_pos: PtrMap<u32> = PtrMap::default();
-    let mut stack: Vec<(Arc<Node>, usize)> = Vec::new();
+    // The roots keep every node below them alive, so the walk borrows instead of counting.
+    let mut stack: Vec<(&Node, usize)> = Vec::with_capacity(sizes.depth);
 
     for root in roots {
-        if node_pos.get(root).is_none() {
-            stack.push((root.clone(), 0));
+        if root.mark.get(walk).is_none() {
+            stack.push((root, 0));
         }
-        while let Some((node, i)) = stack.last_mut() {
-            if *i < node.operands.len() {
-                let v = node.operands[*i].clone();
+        while let Some(&mut (node, ref mut i)) = stack.last_mut() {
+            if let Some(v) = node.operands.get(*i) {
                 *i += 1;
                 match v {
                     Value::Node(c) => {
-                        if node_pos.get(&c).is_none() {
+                        if c.mark.get(walk).is_none() {
                             stack.push((c, 0));
                         }
                     }
                     Value::Data(d) => {
-                        if data_pos.get(&d).is_none() {
-                            data_pos.insert(&d, t.entries.len() as u32);
+                        if d.mark.get(walk).is_none() {
+                            d.mark.set(walk, t.entries.len() as u32);
                             t.identity.extend([PARAM_MARK, d.ty_id]);
                             t.entries.push(Entry::Param {
                                 ty_id: d.ty_id,
                                 index: t.params.len(),
                             });
-                            t.params.push(d);
+                            t.params.push(d.clone());
                             t.data_refs.push(0);
                         }
                     }
                 }
                 continue;
             }
-            let (node, _) = stack.pop().expect("stack is not empty");
-            if node_pos.get(&node).is_some() {
+            t.depth = t.depth.max(stack.len());
+            stack.pop();
+            if node.mark.get(walk).is_some() {
                 continue; // reached twice through a diamond before being finished
             }
-            let operands: smallvec::SmallVec<[u32; 2]> = node
-                .operands
-                .iter()
-                .map(|v| match v {
-                    Value::Node(c) => node_pos.get(c).expect("operands come first in post-order"),
+            t.identity.push(node.op_id);
+            t.identity.push(node.operands.len() as u32);
+            let at = t.identity.len() as u32;
+            for v in &node.operands {
+                let pos = match v {
+                    Value::Node(c) => c.mark.get(walk).expect("operands come first in post-order"),
                     Value::Data(d) => {
-                        let pos = data_pos.get(d).expect("data operands were registered");
+                        let pos = d.mark.get(walk).expect("data operands were registered");
                         if let Entry::Param { index, .. } = &t.entries[pos as usize] {
                             t.data_refs[*index] += 1;
                         }
                         pos
                     }
-                })
-                .collect();
-            t.identity.push(node.op_id);
-            t.identity.push(operands.len() as u32);
-            t.identity.extend(&operands);
-            node_pos.insert(&node, t.entries.len() as u32);
-            t.entries.push(Entry::Op { node, operands });
+                };
+                t.identity.push(pos);
+            }
+            node.mark.set(walk, t.entries.len() as u32);
+            t.entries.push(Entry::Op {
+                op_id: node.op_id,
+                at,
+                count: node.operands.len() as u32,
+            });
             t.op_count += 1;
         }
     }
     t.identity.push(OUTPUTS_MARK);
     for root in roots {
-        let pos = node_pos.get(root).expect("every root was walked");
+        let pos = root.mark.get(walk).expect("every root was walked");
         t.outputs.push(pos);
         t.identity.push(pos);
     }
@@ -132,6 +141,16 @@ pub(crate) fn trace(roots: &[Arc<Node>]) -> Traced {
 }
 
 impl Traced {
+    /// This walk's list lengths (the identity with room for donation pairs).
+    pub fn sizes(&self) -> WalkSizes {
+        WalkSizes {
+            identity: self.identity.len() + 2 * self.params.len() + 1,
+            entries: self.entries.len(),
+            params: self.params.len(),
+            depth: self.depth,
+        }
+    }
+
     /// `(parameter, output)` pairs where output `j`'s tensor held parameter `i`'s data before an
     /// in-place update (same type): candidates for donation. Added to the identity, since they
     /// change the program.
@@ -181,8 +200,9 @@ impl Traced {
         for e in &self.entries {
             let id = match e {
                 Entry::Param { ty_id, .. } => g.parameter(interner.type_of(*ty_id).clone()),
-                Entry::Op { node, operands } => {
-                    let (op, _) = interner.op_of(node.op_id);
+                Entry::Op { op_id, at, count } => {
+                    let (op, _) = interner.op_of(*op_id);
+                    let operands = &self.identity[*at as usize..(at + count) as usize];
                     let args: Vec<NodeId> = operands.iter().map(|&p| ids[p as usize]).collect();
                     g.push(op.clone(), &args)?
                 }

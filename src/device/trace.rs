@@ -7,9 +7,10 @@
 
 use rustc_hash::FxHashMap as HashMap;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use neuron_pc_compiler::ir::{Op, TensorType};
+use neuron_pc_compiler::ir::{Literal, Op, TensorType};
 use neuron_pc_compiler::pjrt::Buffer;
 
 /// Device memory holding one tensor's value: one buffer per replica, on that replica's device.
@@ -26,6 +27,8 @@ pub(crate) struct DeviceData {
     pub producer: Option<Arc<super::inflight::StepRun>>,
     /// The name of the tensor holding this value, when it has one (see `Tensor::set_name`).
     pub name: Mutex<Option<Arc<str>>>,
+    /// Its parameter's position in the step walk that last reached it.
+    pub mark: WalkMark,
 }
 
 /// A value: recorded but not computed (a node), or on the device. It is both a node's operand
@@ -67,6 +70,16 @@ pub(crate) struct Cell {
     pub name: Mutex<Option<Arc<str>>>,
 }
 
+/// What recording an op touches, under the device's one recording lock: the interner, the
+/// tensors that may hold pending values, and the next tensor id.
+#[derive(Default)]
+pub(crate) struct Recorder {
+    pub interner: Interner,
+    /// Tensors that may hold pending values, pruned at every step.
+    pub pending: Vec<Weak<Cell>>,
+    pub next_id: u64,
+}
+
 /// One recorded op application.
 pub(crate) struct Node {
     /// Index into the device's [`Interner`].
@@ -74,6 +87,41 @@ pub(crate) struct Node {
     /// The result may differ between replicas (see [`DeviceData::per_replica`]).
     pub per_replica: bool,
     pub operands: Operands,
+    /// Its position in the step walk that last reached it.
+    pub mark: WalkMark,
+}
+
+impl Node {
+    pub fn new(op_id: u32, per_replica: bool, operands: Operands) -> Node {
+        Node {
+            op_id,
+            per_replica,
+            operands,
+            mark: WalkMark::default(),
+        }
+    }
+}
+
+/// Where a step walk put a node or device data: the walk's number and the entry's position.
+/// The walk numbers of a device's steps are distinct and walks run one at a time (under the
+/// device's walk lock), so a mark from an earlier walk is never taken for the current one and
+/// the walk needs no map from nodes to positions (see `step.rs`).
+#[derive(Default)]
+pub(crate) struct WalkMark {
+    walk: AtomicU64,
+    pos: AtomicU32,
+}
+
+impl WalkMark {
+    /// The position given in walk `walk`, if that walk reached this.
+    pub fn get(&self, walk: u64) -> Option<u32> {
+        (self.walk.load(Ordering::Relaxed) == walk).then(|| self.pos.load(Ordering::Relaxed))
+    }
+
+    pub fn set(&self, walk: u64, pos: u32) {
+        self.pos.store(pos, Ordering::Relaxed);
+        self.walk.store(walk, Ordering::Relaxed);
+    }
 }
 
 /// A node's operands, inline for up to two.
@@ -94,6 +142,35 @@ pub(crate) struct Interner {
     types: HashMap<Arc<TensorType>, u32>,
     type_list: Vec<Arc<TensorType>>,
     applied: HashMap<u64, Vec<(u32, TypeAddrs)>>,
+    /// Splat constants by the address of their interned type and the value's bits.
+    splats: HashMap<(usize, u64), u32>,
+    /// `applied` for the ops with a small key (see [`small_key`]): by the key, the operand
+    /// count and up to three operand type addresses, with no `Op` hashed or compared.
+    small: HashMap<(u32, [usize; 3]), (u32, Arc<TensorType>)>,
+}
+
+/// A key for the ops whose only attribute is a fieldless enum (elementwise ops, `select`,
+/// `convert`): the variant, the attribute and the operand count, when there are at most three.
+fn small_key(op: &Op, operands: usize) -> Option<u32> {
+    if operands > 3 {
+        return None;
+    }
+    let (kind, attr) = match op {
+        Op::Unary(u) => (1, *u as u32),
+        Op::Binary(b) => (2, *b as u32),
+        Op::Compare(c) => (3, *c as u32),
+        Op::Select => (4, 0),
+        Op::Convert(d) => (5, *d as u32),
+        _ => return None,
+    };
+    Some(kind << 24 | attr << 2 | operands as u32)
+}
+
+/// The first three of `addrs`, zero-padded.
+fn three(addrs: &[usize]) -> [usize; 3] {
+    let mut a = [0; 3];
+    a[..addrs.len()].copy_from_slice(addrs);
+    a
 }
 
 /// The addresses of interned operand types.
@@ -121,6 +198,10 @@ impl Interner {
     /// The op id of `op` applied to operands of the interned types at `addrs`, if that
     /// application was seen before, and its result type.
     pub fn applied(&self, op: &Op, addrs: &[usize]) -> Option<(u32, Arc<TensorType>)> {
+        if let Some(k) = small_key(op, addrs.len()) {
+            let (id, ty) = self.small.get(&(k, three(addrs)))?;
+            return Some((*id, ty.clone()));
+        }
         let hash = rustc_hash::FxBuildHasher.hash_one((op, addrs));
         let hits = self.applied.get(&hash)?;
         hits.iter().find_map(|(id, a)| {
@@ -131,8 +212,29 @@ impl Interner {
 
     /// Remembers that `op` on operands of the types at `addrs` is op `id`.
     pub fn remember(&mut self, op: &Op, addrs: TypeAddrs, id: u32) {
+        if let Some(k) = small_key(op, addrs.len()) {
+            let ty = self.op_list[id as usize].1.clone();
+            self.small.insert((k, three(&addrs)), (id, ty));
+            return;
+        }
         let hash = rustc_hash::FxBuildHasher.hash_one((op, &addrs[..]));
         self.applied.entry(hash).or_default().push((id, addrs));
+    }
+
+    /// The id of the constant `value` (converted to `ty`'s dtype) repeated over `ty`. When `ty`
+    /// is interned, a value seen before is found by its bits and the type's address alone.
+    pub fn splat(&mut self, ty: &Arc<TensorType>, value: f64) -> u32 {
+        let key = (Arc::as_ptr(ty) as usize, value.to_bits());
+        if let Some(&id) = self.splats.get(&key) {
+            return id;
+        }
+        let lit = Literal::splat(ty.dtype, value, &ty.dims);
+        let (id, shared) = self.op(Op::Constant(lit), (**ty).clone());
+        // Interned types live as long as the interner, so their addresses are never reused.
+        if Arc::ptr_eq(&shared, ty) {
+            self.splats.insert(key, id);
+        }
+        id
     }
 
     /// True when `ty` is this interner's shared copy of its type.
@@ -206,5 +308,15 @@ mod tests {
         // another operand type, another op: not a hit
         assert!(i.applied(&tanh, &at(&b)).is_none());
         assert!(i.applied(&Op::Unary(UnaryOp::Exp), &at(&a)).is_none());
+        assert!(i.applied(&tanh, &[at(&a)[0], at(&a)[0]]).is_none());
+        // an op with attributes beyond a fieldless enum: found by the op itself
+        let flat = Op::Reshape { dims: vec![6] };
+        let (fid, _) = i.op(flat.clone(), TensorType::new(DType::F32, vec![6]));
+        i.remember(&flat, at(&a), fid);
+        assert_eq!(i.applied(&flat, &at(&a)).map(|h| h.0), Some(fid));
+        assert!(i.applied(&flat, &at(&b)).is_none());
+        assert!(i
+            .applied(&Op::Reshape { dims: vec![3, 2] }, &at(&a))
+            .is_none());
     }
 }

@@ -23,7 +23,7 @@ use std::sync::{Arc, Weak};
 use neuron_pc_compiler::ir::{Op, TensorType};
 use neuron_pc_compiler::{DType, Element, HostTensor};
 
-use crate::device::trace::{Cell, Value};
+use crate::device::trace::{Cell, Operands, Value};
 use crate::device::{lock, DeviceInner, LazyDevice};
 use crate::error::{Error, Result};
 
@@ -132,37 +132,63 @@ impl Tensor {
                 op: op.name(),
             });
         }
-        let values: crate::device::trace::Operands = operands.iter().map(|t| t.value()).collect();
-        let per_replica = dev.result_per_replica(&op, &values);
-        // An application seen before (same op, operands of the same interned types): its id
-        // and type without inference.
-        let addrs: crate::device::trace::TypeAddrs = operands
-            .iter()
-            .map(|t| Arc::as_ptr(&t.cell.ty) as usize)
-            .collect();
-        let mut interner = lock(&dev.interner);
-        if let Some((op_id, ty)) = interner.applied(&op, &addrs) {
-            drop(interner);
-            return Ok(Tensor {
-                cell: dev.record_interned(op_id, per_replica, ty, values),
-            });
+        let mut values = Operands::new();
+        for t in operands {
+            values.push(t.value());
         }
-        // Operand types on the stack for the usual one to four operands.
-        let mut few: [&TensorType; 4] = [&first.cell.ty; 4];
-        let many: Vec<&TensorType>;
-        let types: &[&TensorType] = if operands.len() <= few.len() {
+        let mut few: [&Arc<TensorType>; 4] = [&first.cell.ty; 4];
+        let many: Vec<&Arc<TensorType>>;
+        let types: &[&Arc<TensorType>] = if operands.len() <= few.len() {
             for (slot, t) in few.iter_mut().zip(operands) {
                 *slot = &t.cell.ty;
             }
             &few[..operands.len()]
         } else {
-            many = operands.iter().map(|t| &*t.cell.ty).collect();
+            many = operands.iter().map(|t| &t.cell.ty).collect();
             &many
         };
-        let ty = neuron_pc_compiler::ir::infer(&op, types)
+        Tensor::apply_values(&dev, op, values, types, location)
+    }
+
+    /// Records `op` over operand values of the given types (each a cell's type, so interned by
+    /// `dev` when it comes from a recorded op or an upload) as a new tensor.
+    pub(crate) fn apply_values(
+        dev: &Arc<DeviceInner>,
+        op: Op,
+        values: Operands,
+        types: &[&Arc<TensorType>],
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
+        let per_replica = dev.result_per_replica(&op, &values);
+        // An application seen before (same op, operands of the same interned types): its id
+        // and type without inference.
+        let mut addrs = crate::device::trace::TypeAddrs::new();
+        for t in types {
+            addrs.push(Arc::as_ptr(t) as usize);
+        }
+        let mut rec = lock(&dev.recorder);
+        if let Some((op_id, ty)) = rec.interner.applied(&op, &addrs) {
+            return Ok(Tensor {
+                cell: dev.record_interned(&mut rec, op_id, per_replica, ty, values),
+            });
+        }
+        // Operand types on the stack for the usual one to four operands.
+        let mut few: [&TensorType; 4] = [&**types[0]; 4];
+        let many: Vec<&TensorType>;
+        let plain: &[&TensorType] = if types.len() <= few.len() {
+            for (slot, t) in few.iter_mut().zip(types) {
+                *slot = t;
+            }
+            &few[..types.len()]
+        } else {
+            many = types.iter().map(|t| &***t).collect();
+            &many
+        };
+        let ty = neuron_pc_compiler::ir::infer(&op, plain)
             .map_err(|source| Error::Op { location, source })?;
         // Only types interned by this device may be remembered by address.
-        let interned = operands.iter().all(|t| interner.is_interned(&t.cell.ty));
+        let interner = &mut rec.interner;
+        let interned = types.iter().all(|t| interner.is_interned(t));
         let (op_id, ty) = if interned {
             let key = op.clone();
             let (op_id, ty) = interner.op(op, ty);
@@ -171,9 +197,8 @@ impl Tensor {
         } else {
             interner.op(op, ty)
         };
-        drop(interner);
         Ok(Tensor {
-            cell: dev.record_interned(op_id, per_replica, ty, values),
+            cell: dev.record_interned(&mut rec, op_id, per_replica, ty, values),
         })
     }
 

@@ -8,6 +8,7 @@ use neuron_pc_compiler::DType;
 
 use super::shape::{broadcast_shape, dim_index, promote};
 use super::Tensor;
+use crate::device::trace::Operands;
 use crate::error::Result;
 
 macro_rules! unary_methods {
@@ -197,9 +198,12 @@ impl Tensor {
         location: &'static Location<'static>,
     ) -> Result<Tensor> {
         let dev = self.device_inner()?;
-        let splat = Literal::splat(self.dtype(), value, self.dims());
-        let c = Tensor::apply_nullary_at(&dev, Op::Constant(splat), location)?;
-        Tensor::apply_at(Op::Binary(op), &[self, &c], location)
+        // The constant is an operand only: no tensor of its own, and its op id is found by
+        // the value and this tensor's interned type, with no literal built after the first.
+        let ty = &self.cell.ty;
+        let c = dev.splat(ty, value);
+        let values = Operands::from_buf([self.value(), c]);
+        Tensor::apply_values(&dev, Op::Binary(op), values, &[ty, ty], location)
     }
 
     /// `cond ? on_true : on_false`, elementwise with broadcasting; `cond` is pred.
