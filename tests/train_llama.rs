@@ -223,8 +223,15 @@ fn starts_from_a_save_pretrained_directory_saves_one_and_resumes() {
     );
     for (name, t) in &written.tensors {
         let (a, b) = (t.to_f64_vec(), committed.tensors[name].to_f64_vec());
-        let d = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
-        assert!(d < 1e-4, "{name}: max |diff| {d:e} from the committed directory");
+        let d = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max);
+        assert!(
+            d < 1e-4,
+            "{name}: max |diff| {d:e} from the committed directory"
+        );
     }
     let before = LlamaForCausalLM::from_pretrained(&dev, &tiny).unwrap();
     let (p, q) = (&model.parameters()[1].1, &before.parameters()[1].1);

@@ -149,7 +149,8 @@ mod tests {
         let t = 1.0 / (1.0 + 0.327_591_1 * z);
         let poly = t
             * (0.254_829_592
-                + t * (-0.284_496_736 + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+                + t * (-0.284_496_736
+                    + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
         let erf = 1.0 - poly * (-z * z).exp();
         0.5 * (1.0 + x.signum() * erf)
     }
@@ -175,8 +176,15 @@ mod tests {
         // each side's tail beyond the ziggurat's base (R = 3.44): 2.88e-4 of the values
         let beyond = |t: f64| xs.iter().filter(|&&x| x > t).count() as f64 / n as f64;
         let below = xs.iter().filter(|&&x| x < -3.5).count() as f64 / n as f64;
-        for (got, want) in [(beyond(3.5), 2.33e-4), (below, 2.33e-4), (beyond(2.0), 0.02275)] {
-            assert!((got - want).abs() < 0.25 * want, "tail {got}, expected {want}");
+        for (got, want) in [
+            (beyond(3.5), 2.33e-4),
+            (below, 2.33e-4),
+            (beyond(2.0), 0.02275),
+        ] {
+            assert!(
+                (got - want).abs() < 0.25 * want,
+                "tail {got}, expected {want}"
+            );
         }
         // fourth moment 3 (a uniform or a clipped draw would be far off)
         let kurt = xs.iter().map(|x| x.powi(4)).sum::<f64>() / n as f64;
