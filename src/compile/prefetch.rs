@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use neuron_pc_cache::{Cache, CacheKey, Lookup};
@@ -35,6 +36,18 @@ pub(crate) struct Prefetch {
     keys: Vec<String>,
     rx: Receiver<(String, Loaded)>,
     arrived: HashMap<String, Loaded>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Prefetch {
+    /// Stops the thread (it stops at its next send once the receiver is gone) and waits for
+    /// it, so no load is inside the plugin when the client goes or the process exits.
+    fn drop(&mut self) {
+        drop(std::mem::replace(&mut self.rx, channel().1));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// The hint's state in one process: what it said, and the keys this run obtained first.
@@ -100,11 +113,12 @@ impl Hints {
                     }
                 }
             });
-        if spawned.is_ok() {
+        if let Ok(thread) = spawned {
             hints.prefetch = Some(Prefetch {
                 keys: hints.read.clone(),
                 rx,
                 arrived: HashMap::new(),
+                thread: Some(thread),
             });
         }
         hints
