@@ -234,6 +234,10 @@ fn a_planted_executable_consistent_with_its_record_is_recompiled() {
     let run = child(name, &[("NEURON_COMPILE_CACHE_URL", url_a)]);
     let (again, m) = run.ok();
     assert_eq!(m.compiles, 1, "the planted entry is a miss: {m:?}");
+    // the first run's hint named the key, so the planted executable was also loaded ahead:
+    // the same interface check kept it out
+    assert!(a.join("hints").is_dir());
+    assert_eq!(m.prefetched, 0, "{m:?}");
     assert_eq!(again, clean, "losses of a clean run");
     let err = run.stderr();
     assert_eq!(
@@ -243,6 +247,7 @@ fn a_planted_executable_consistent_with_its_record_is_recompiled() {
     );
     let (third, m) = child(name, &[("NEURON_COMPILE_CACHE_URL", url_a)]).ok();
     assert_eq!((m.compiles, m.disk_hits), (0, 1), "the entry was replaced");
+    assert_eq!(m.prefetched, 1, "the replaced entry is loaded ahead: {m:?}");
     assert_eq!(third, clean);
     let v = npc(&["cache", "verify", "--cache", url_a], &[]);
     assert_eq!(
@@ -261,6 +266,52 @@ fn a_planted_executable_consistent_with_its_record_is_recompiled() {
     for d in [a, b] {
         std::fs::remove_dir_all(d).unwrap();
     }
+}
+
+/// Issue 19: a run leaves a hint naming the keys its first graphs had; the next run loads
+/// those entries while it builds (counted as `prefetched`) and computes the same values. A
+/// garbled hint or one naming a missing entry is only a lost head start.
+#[test]
+fn the_next_run_loads_its_first_executables_ahead_and_a_bad_hint_costs_nothing() {
+    let name = "the_next_run_loads_its_first_executables_ahead_and_a_bad_hint_costs_nothing";
+    if std::env::var(CHILD).is_ok() {
+        return child_loop();
+    }
+    let dir = tmp("prefetch");
+    let url = dir.to_str().unwrap();
+    let env = [("NEURON_COMPILE_CACHE_URL", url)];
+    let (clean, m) = child(name, &env).ok();
+    assert_eq!((m.compiles, m.prefetched), (1, 0), "{m:?}");
+    let hints: Vec<PathBuf> = std::fs::read_dir(dir.join("hints"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(hints.len(), 1, "{hints:?}");
+    let key = only_key(&dir);
+    let said: Vec<String> = serde_json::from_slice(&std::fs::read(&hints[0]).unwrap()).unwrap();
+    assert_eq!(said, [key.as_str()]);
+
+    let (warm, m) = child(name, &env).ok();
+    assert_eq!((m.compiles, m.disk_hits, m.prefetched), (0, 1, 1), "{m:?}");
+    assert_eq!(
+        warm, clean,
+        "the prefetched executable computes the same values"
+    );
+
+    // a garbled hint: an ordinary disk hit, and the hint is written again
+    std::fs::write(&hints[0], b"{not json").unwrap();
+    let (again, m) = child(name, &env).ok();
+    assert_eq!((m.compiles, m.disk_hits, m.prefetched), (0, 1, 0), "{m:?}");
+    assert_eq!(again, clean);
+    let said: Vec<String> = serde_json::from_slice(&std::fs::read(&hints[0]).unwrap()).unwrap();
+    assert_eq!(said, [key.as_str()]);
+
+    // a hint naming an entry that is gone: compiled as a miss, same values
+    std::fs::remove_dir_all(dir.join("entries")).unwrap();
+    let (fresh, m) = child(name, &env).ok();
+    assert_eq!((m.compiles, m.prefetched), (1, 0), "{m:?}");
+    assert_eq!(fresh, clean);
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// Issue 23 item 4: an executable of this compiler that does not load (garbage consistent with

@@ -222,6 +222,11 @@ pub(crate) fn record_name(k: &CacheKey) -> String {
 pub(crate) fn failure_name(k: &CacheKey) -> String {
     format!("failures/{k}.json")
 }
+pub(crate) fn hint_name(id: &CacheKey) -> String {
+    format!("hints/{id}.json")
+}
+/// A hint is a short note (a list of keys), never an executable.
+const MAX_HINT_BYTES: u64 = 64 << 10;
 pub(crate) fn lock_name(k: &CacheKey) -> String {
     format!("locks/{k}.lock")
 }
@@ -506,6 +511,29 @@ impl Cache {
         }
         tracing::debug!("compile cache: miss on {key}");
         Lookup::Miss
+    }
+
+    /// The hint stored under `id` on the local tier: a small note a job leaves for its next
+    /// run (which entries its first steps loaded, so the next run can load them while it
+    /// initialises). A hint is only ever advice: it names entries, which are read and
+    /// verified as any other. Trouble reading it is a miss.
+    pub fn hint(&self, id: &CacheKey) -> Option<Vec<u8>> {
+        let tier = self.live_tiers().find(|t| t.store.tier() == Tier::Local)?;
+        tier.store
+            .get_max(&hint_name(id), MAX_HINT_BYTES)
+            .ok()
+            .flatten()
+    }
+
+    /// Stores a hint under `id` on the local tier (nothing in a read-only cache or one
+    /// without a local tier); failures are ignored.
+    pub fn put_hint(&self, id: &CacheKey, bytes: &[u8]) {
+        if self.opts.read_only || bytes.len() as u64 > MAX_HINT_BYTES {
+            return;
+        }
+        if let Some(tier) = self.live_tiers().find(|t| t.store.tier() == Tier::Local) {
+            let _ = tier.store.put(&hint_name(id), bytes, PutMode::Overwrite);
+        }
     }
 
     /// True when a verified entry for `key` exists.

@@ -360,7 +360,7 @@ impl Cache {
             let prefixes: &[&str] = if failed_only {
                 &["failures/"]
             } else {
-                &["entries/", "failures/", "locks/"]
+                &["entries/", "failures/", "locks/", "hints/"]
             };
             for p in prefixes {
                 for o in tier.store.list(p)? {

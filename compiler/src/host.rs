@@ -9,6 +9,13 @@ pub trait Element: Copy + Send + Sync + 'static + std::fmt::Debug {
     const DTYPE: DType;
     /// Appends the little-endian bytes of `self`.
     fn write_le(self, out: &mut Vec<u8>);
+    /// Writes the little-endian bytes of `self` into `out`, exactly `DTYPE.size_in_bytes()`
+    /// long (the default goes through [`Element::write_le`]).
+    fn write_le_into(self, out: &mut [u8]) {
+        let mut bytes = Vec::with_capacity(out.len());
+        self.write_le(&mut bytes);
+        out.copy_from_slice(&bytes);
+    }
     /// Reads one element from exactly `DTYPE.size_in_bytes()` little-endian bytes.
     fn read_le(bytes: &[u8]) -> Self;
     /// Lossy conversion used for comparisons and printing.
@@ -23,6 +30,9 @@ macro_rules! impl_element_num {
             const DTYPE: DType = $d;
             fn write_le(self, out: &mut Vec<u8>) {
                 out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn write_le_into(self, out: &mut [u8]) {
+                out.copy_from_slice(&self.to_le_bytes());
             }
             fn read_le(bytes: &[u8]) -> Self {
                 let mut a = [0u8; std::mem::size_of::<$t>()];
@@ -52,6 +62,9 @@ macro_rules! impl_element_half {
             fn write_le(self, out: &mut Vec<u8>) {
                 out.extend_from_slice(&self.to_le_bytes());
             }
+            fn write_le_into(self, out: &mut [u8]) {
+                out.copy_from_slice(&self.to_le_bytes());
+            }
             fn read_le(bytes: &[u8]) -> Self {
                 <$t>::from_le_bytes([bytes[0], bytes[1]])
             }
@@ -71,6 +84,9 @@ impl Element for bool {
     const DTYPE: DType = DType::Pred;
     fn write_le(self, out: &mut Vec<u8>) {
         out.push(self as u8);
+    }
+    fn write_le_into(self, out: &mut [u8]) {
+        out[0] = self as u8;
     }
     fn read_le(bytes: &[u8]) -> Self {
         bytes[0] != 0
@@ -95,9 +111,11 @@ impl HostTensor {
     /// Builds a tensor from typed values; `values.len()` must equal the product of `dims`.
     pub fn from_slice<T: Element>(values: &[T], dims: &[usize]) -> Result<HostTensor> {
         check_len(values.len(), dims)?;
-        let mut data = Vec::with_capacity(values.len() * T::DTYPE.size_in_bytes());
-        for &v in values {
-            v.write_le(&mut data);
+        let size = T::DTYPE.size_in_bytes();
+        let mut data = vec![0u8; values.len() * size];
+        // fixed-size chunks: the copy vectorizes (a push per element does not)
+        for (chunk, &v) in data.chunks_exact_mut(size.max(1)).zip(values) {
+            v.write_le_into(chunk);
         }
         Ok(HostTensor {
             dtype: T::DTYPE,

@@ -9,8 +9,10 @@
 
 mod cache_config;
 pub mod extract;
+mod prefetch;
 
 use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use neuron_pc_cache::{Cache, Obtained as CacheObtained, PutOutcome, Tier};
@@ -130,9 +132,12 @@ pub struct Compiler {
     flags: CompilerFlags,
     options: CompileOptions,
     identity: CompilerIdentity,
-    cache: Option<Cache>,
+    cache: Option<Arc<Cache>>,
     /// Why a job runs without its cache (or its shared tier), when it does.
     cache_unavailable: Option<String>,
+    /// The first-steps hint and the executables loaded ahead from it (`prefetch.rs`).
+    hints: Mutex<prefetch::Hints>,
+    prefetch_hits: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Compiler {
@@ -140,7 +145,7 @@ impl std::fmt::Debug for Compiler {
         f.debug_struct("Compiler")
             .field("compiler", &self.identity.version_string())
             .field("flags", &self.flags.to_string())
-            .field("cache", &self.cache.as_ref().map(Cache::describe))
+            .field("cache", &self.cache.as_deref().map(Cache::describe))
             .finish()
     }
 }
@@ -154,8 +159,10 @@ impl Compiler {
             client,
             flags,
             identity,
-            cache,
+            cache: cache.map(Arc::new),
             cache_unavailable: None,
+            hints: Mutex::default(),
+            prefetch_hits: Default::default(),
         })
     }
 
@@ -163,7 +170,8 @@ impl Compiler {
     /// [`CacheConfig::open_for_job`]).
     pub fn for_job(client: Client, flags: CompilerFlags, config: &CacheConfig) -> Result<Compiler> {
         let mut c = Compiler::new(client, flags, None)?;
-        (c.cache, c.cache_unavailable) = config.open_for_job(&c.identity)?;
+        let (cache, unavailable) = config.open_for_job(&c.identity)?;
+        (c.cache, c.cache_unavailable) = (cache.map(Arc::new), unavailable);
         Ok(c)
     }
 
@@ -177,7 +185,7 @@ impl Compiler {
         let cache = config
             .open(Some(&c.identity))
             .map_err(|e| Error::Config(format!("compile cache: {e}")))?;
-        c.cache = Some(cache);
+        c.cache = Some(Arc::new(cache));
         Ok(c)
     }
 
@@ -220,7 +228,57 @@ impl Compiler {
 
     /// The persistent cache, if any.
     pub fn cache(&self) -> Option<&Cache> {
-        self.cache.as_ref()
+        self.cache.as_deref()
+    }
+
+    /// Starts loading, on a thread, the cache entries the previous run of this program (same
+    /// executable, same compile options) obtained first, as its hint in the cache says; a
+    /// step whose key is among them then finds its executable loaded or loading. Call it
+    /// once, before building the model, in a process that runs its steps. See
+    /// `src/compile/prefetch.rs`.
+    pub fn start_prefetch(&self) {
+        let Some(cache) = &self.cache else {
+            return;
+        };
+        let options = format!(
+            "{}\n{}\n{}",
+            self.identity.version_string(),
+            self.flags,
+            hex::encode(self.options.to_proto())
+        );
+        let hints = prefetch::Hints::start(prefetch::hint_id(&options), cache, &self.client);
+        *self.hints.lock().unwrap_or_else(|e| e.into_inner()) = hints;
+    }
+
+    /// The prefetched executable of `program`, checked against its signature, if there is
+    /// one.
+    fn prefetched(&self, program: &Program) -> Option<Obtained> {
+        let (exe, load_ms) = self
+            .hints
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(&program.key)?;
+        let started = Instant::now();
+        let (exe, interface) = exe?;
+        let executable = match program.signature.clone() {
+            Some(sig) => match exe.checked_against(interface.as_ref(), sig) {
+                Ok(exe) => exe,
+                Err(e) => {
+                    // loaded again by the caller, whose failing check warns, recompiles and
+                    // replaces the entry
+                    tracing::debug!("prefetched cache entry {} is not usable: {e}", program.key);
+                    return None;
+                }
+            },
+            None => exe,
+        };
+        Some(Obtained {
+            executable,
+            source: Source::Disk,
+            stored: Stored::NotApplicable,
+            compile_ms: 0.0,
+            load_ms: load_ms + ms_since(started),
+        })
     }
 
     /// Why this job runs without its cache (or without its shared tier), if it does.
@@ -281,7 +339,7 @@ impl Compiler {
     /// compiled again and replaced. A failure recorded earlier is returned as
     /// [`CompileError::Recorded`] unless the flags ask to retry failed compilations.
     pub fn get_or_compile(&self, program: &Program) -> Result<Obtained, CompileError> {
-        let Some(cache) = &self.cache else {
+        let Some(cache) = self.cache.as_deref() else {
             let started = Instant::now();
             let executable = self.compile_here(program)?;
             return Ok(Obtained {
@@ -292,6 +350,32 @@ impl Compiler {
                 load_ms: 0.0,
             });
         };
+        let obtained = self.prefetched(program).map_or_else(
+            || self.get_or_compile_in(cache, program),
+            |o| {
+                self.prefetch_hits
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(o)
+            },
+        );
+        if obtained.is_ok() {
+            let mut hints = self.hints.lock().unwrap_or_else(|e| e.into_inner());
+            hints.obtained(&program.key, cache);
+        }
+        obtained
+    }
+
+    /// How many executables came from the prefetch ([`Compiler::start_prefetch`]).
+    pub fn prefetch_hits(&self) -> u64 {
+        self.prefetch_hits
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn get_or_compile_in(
+        &self,
+        cache: &Cache,
+        program: &Program,
+    ) -> Result<Obtained, CompileError> {
         // The compile closure keeps the loaded executable and the typed error; the cache sees
         // the serialized bytes and the message.
         let fresh: RefCell<Option<LoadedExecutable>> = RefCell::new(None);

@@ -16,6 +16,10 @@ pub struct Metrics {
     /// Executables loaded from the persistent cache, by tier.
     pub disk_hits: u64,
     pub remote_hits: u64,
+    /// Of the disk hits, executables loaded ahead on a thread while the job initialised,
+    /// named by the hint of the program's previous run (`src/compile/prefetch.rs`).
+    #[serde(default)]
+    pub prefetched: u64,
     /// Executables another process compiled while this one waited for its lock.
     pub waited_for_others: u64,
     /// Requests to the shared (S3) cache made while waiting on other processes' leases, and

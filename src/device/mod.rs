@@ -168,6 +168,10 @@ impl LazyDevice {
         };
         let compiler =
             Compiler::for_job(client, config.flags.clone(), &config.cache)?.with_replicas(&ids);
+        if !deferred {
+            // a job that runs its steps: load last run's first executables while it builds
+            compiler.start_prefetch();
+        }
         let metrics = Metrics {
             cache_unavailable: compiler.cache_unavailable().map(str::to_string),
             replicas: devices.len(),
@@ -253,6 +257,7 @@ impl LazyDevice {
         self.inner.account(&done);
         let mut m = lock(&self.inner.metrics).clone();
         m.optimizer_state_bytes = self.inner.optimizer_state_bytes();
+        m.prefetched = self.inner.compiler.prefetch_hits();
         if let Some(cache) = self.inner.compiler.cache() {
             let w = cache.wait_metrics();
             m.lease_wait_requests = w.requests;

@@ -79,7 +79,7 @@ impl HostRng {
         self.0.unit()
     }
 
-    /// Standard normal (Box-Muller).
+    /// Standard normal (the ziggurat method; see `SplitMix64::normal`).
     pub fn normal(&mut self) -> f64 {
         self.0.normal()
     }

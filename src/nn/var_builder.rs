@@ -42,7 +42,15 @@ impl Init {
         let v: Vec<f32> = match self {
             Init::Const(c) => vec![c as f32; n],
             Init::Uniform { bound } => rng.uniform_vec(n, bound),
-            Init::Normal { std } => (0..n).map(|_| (rng.normal() * std) as f32).collect(),
+            Init::Normal { std } => {
+                // straight into the tensor's bytes: a model's weights are millions of draws,
+                // and a second buffer of them costs a copy and its page faults
+                let mut bytes = Vec::with_capacity(n * 4);
+                for _ in 0..n {
+                    bytes.extend_from_slice(&((rng.normal() * std) as f32).to_le_bytes());
+                }
+                return Ok(HostTensor::from_bytes(DType::F32, dims, bytes)?);
+            }
         };
         Ok(HostTensor::from_slice(&v, dims)?)
     }

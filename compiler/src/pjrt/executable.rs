@@ -175,6 +175,12 @@ impl Client {
 }
 
 impl LoadedExecutable {
+    /// Sets the signature every launch checks its arguments against (after the caller has
+    /// checked the interface: `LoadedExecutable::checked_against`).
+    pub(crate) fn set_signature(&mut self, signature: Signature) {
+        self.signature = Some(signature);
+    }
+
     pub(super) fn executable(&self) -> Result<ExecutableRef<'_>> {
         let mut args = sys::PJRT_LoadedExecutable_GetExecutable_Args {
             loaded_executable: self.raw,

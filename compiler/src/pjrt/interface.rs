@@ -124,23 +124,66 @@ impl LoadedExecutable {
         proto::fields(shape, 1).map(proto::array_shape).collect()
     }
 
+    /// Gives an executable deserialized without a signature the signature of the program it
+    /// is meant to be, after checking that it takes and returns what the signature says (as
+    /// [`Client::deserialize`] does when given one). `interface` is this executable's
+    /// [`LoadedExecutable::interface`], asked ahead (`None`: asked here).
+    ///
+    /// [`Client::deserialize`]: super::Client::deserialize
+    pub fn checked_against(
+        mut self,
+        interface: Option<&Interface>,
+        signature: Signature,
+    ) -> Result<LoadedExecutable> {
+        match interface {
+            Some(i) => i.check(&signature)?,
+            None => self.check_interface(&signature)?,
+        }
+        self.set_signature(signature);
+        Ok(self)
+    }
+
+    /// What this executable says it takes and returns.
+    pub fn interface(&self) -> Result<Interface> {
+        Ok(Interface {
+            results: self.output_types()?,
+            params: self.parameter_types(),
+        })
+    }
+
     /// Checks that this executable takes and returns what `expected` (read from the program
     /// text it is meant to be) says: result count, dtypes and shapes, and parameter count,
     /// dtypes and shapes where the plugin exposes them.
     pub fn check_interface(&self, expected: &Signature) -> Result<()> {
-        let results = self.output_types()?;
-        if results != expected.results {
+        self.interface()?.check(expected)
+    }
+}
+
+/// The result types of an executable and, where the plugin exposes them, its parameter types
+/// (asking the plugin costs a serialization of the optimized program, so a caller that loads
+/// an executable before it knows the program can ask ahead and check later).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Interface {
+    pub results: Vec<ArgType>,
+    pub params: Option<Vec<ArgType>>,
+}
+
+impl Interface {
+    /// Checks this interface against the signature of the program the executable is meant to
+    /// be (see [`LoadedExecutable::check_interface`]).
+    pub fn check(&self, expected: &Signature) -> Result<()> {
+        if self.results != expected.results {
             return Err(mismatch(format!(
                 "the executable returns {} but the program returns {}",
-                list(&results),
+                list(&self.results),
                 list(&expected.results)
             )));
         }
-        if let Some(params) = self.parameter_types() {
-            if params != expected.params {
+        if let Some(params) = &self.params {
+            if *params != expected.params {
                 return Err(mismatch(format!(
                     "the executable takes {} but the program takes {}",
-                    list(&params),
+                    list(params),
                     list(&expected.params)
                 )));
             }

@@ -37,6 +37,7 @@ mod event;
 mod executable;
 pub mod integrity;
 mod interface;
+pub use interface::Interface;
 pub mod kv;
 mod logging;
 mod malloc;
