@@ -80,6 +80,9 @@ impl Spawner {
         let mut cmd = Command::new(&self.exe);
         cmd.arg(WORKER_SUBCOMMAND)
             .env("NEURON_CC_FLAGS", &self.flags_text)
+            // a worker only compiles: one malloc arena would slow XLA's compiler threads
+            // (`compiler/src/pjrt/malloc.rs`) and its buffer reuse would save nothing
+            .env(neuron_pc_compiler::pjrt::MALLOC_TUNING_VAR, "0")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr)?);
