@@ -83,6 +83,31 @@ fn the_same_step_twice_reuses_the_executable() {
 }
 
 #[test]
+fn a_buffer_read_by_one_step_is_donated_by_the_next() {
+    // Gradient accumulation's pattern: one step reads w without updating it, the next updates
+    // it in place, with no wait between them. The first step's trace still holds w's data
+    // after its launch; it must be freed before the second step decides what to donate.
+    let dev = device();
+    let w = t(&dev, &[1.0, 2.0, 3.0, 4.0], &[4]);
+    let mut reads = Vec::new();
+    for _ in 0..3 {
+        reads.push(w.mul_scalar(3.0).unwrap());
+        dev.mark_step().unwrap();
+        w.assign(&w.add_scalar(1.0).unwrap()).unwrap();
+        dev.mark_step().unwrap();
+    }
+    assert_eq!(dev.metrics().donated_buffers, 3, "{:?}", dev.metrics());
+    assert_eq!(w.to_vec::<f32>().unwrap(), vec![4.0, 5.0, 6.0, 7.0]);
+    for (k, r) in reads.iter().enumerate() {
+        let want: Vec<f32> = [1.0f32, 2.0, 3.0, 4.0]
+            .iter()
+            .map(|v| 3.0 * (v + k as f32))
+            .collect();
+        assert_eq!(r.to_vec::<f32>().unwrap(), want);
+    }
+}
+
+#[test]
 fn in_place_updates_donate_buffers_only_when_nothing_else_holds_them() {
     let dev = device();
     let w = t(&dev, &[1.0, 2.0, 3.0, 4.0], &[4]);

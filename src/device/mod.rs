@@ -74,6 +74,23 @@ pub(crate) struct DeviceInner {
     walks: Mutex<(u64, step::WalkSizes)>,
     /// When the last `mark_step` returned (the start of the next step's tracing).
     last_step_end: Mutex<Instant>,
+    /// What launched steps left to free (see [`Retired`]).
+    retired: Mutex<Retired>,
+}
+
+/// What launched steps leave behind: their walks, the recorded values their outputs replaced
+/// (each step's whole trace) and the pending list's dead entries. Freeing these allocation by
+/// allocation took over half of a memory-hit `mark_step` (the 600-op chain of
+/// `examples/trace_cost.rs`), so it waits for the next point where the host would wait for
+/// the device anyway (a read, a `synchronize`) and runs while the device computes. The next
+/// step cut frees it at the latest, before it decides what to donate, so a reference held here
+/// never changes that decision.
+#[derive(Default)]
+struct Retired {
+    walks: Vec<step::Traced>,
+    values: Vec<Value>,
+    cells: Vec<Arc<Cell>>,
+    dead: Vec<Weak<Cell>>,
 }
 
 impl std::fmt::Debug for LazyDevice {
@@ -200,6 +217,7 @@ impl LazyDevice {
                 }),
                 walks: Mutex::new((0, step::WalkSizes::default())),
                 last_step_end: Mutex::new(Instant::now()),
+                retired: Mutex::default(),
                 config,
             }),
         })
@@ -268,6 +286,7 @@ impl LazyDevice {
 
     /// Waits for every launched step; the first failure among them, naming its `mark_step`.
     pub fn synchronize(&self) -> Result<()> {
+        self.inner.free_retired();
         let (done, result) = self.inner.in_flight.drain();
         self.inner.account(&done);
         result?;
@@ -279,6 +298,8 @@ impl LazyDevice {
     pub fn mark_step(&self) -> Result<()> {
         let site = Location::caller();
         self.inner.poll_index_checks(false)?;
+        // before this step's pending list joins what is retired (see `Retired`)
+        self.inner.free_retired();
         let cells = self.inner.take_pending();
         lock(&self.inner.metrics).steps += 1;
         self.inner.sync(cells, site, true)
@@ -482,6 +503,7 @@ impl DeviceInner {
     /// Copies replica `replica`'s value to the host.
     pub(crate) fn download(&self, data: &DeviceData, replica: usize) -> Result<HostTensor> {
         if let Some(p) = &data.producer {
+            self.free_retired();
             let waited = Instant::now();
             p.wait()?;
             self.phase("wait", waited, Some(&p.graph));
@@ -540,6 +562,8 @@ impl DeviceInner {
             .collect();
         cells.sort_by_key(|c| c.id);
         cells.dedup_by_key(|c| c.id);
+        // the dropped tensors' cells are freed with the step's trace (see `Retired`)
+        lock(&self.retired).dead.extend(weak);
         cells
     }
 
@@ -552,6 +576,8 @@ impl DeviceInner {
     ) -> Result<()> {
         let started = Instant::now();
         if !explicit {
+            // (a `mark_step` freed them before taking its pending list)
+            self.free_retired();
             // A read computes the index checks recorded so far with its value, so the read
             // can report them (a mark_step's pending list holds them already).
             self.pending_check_cells(&mut cells);
@@ -604,12 +630,16 @@ impl DeviceInner {
         };
         drop(roots);
         let outputs = self.run(&exe, &mut traced, &aliases, &per_replica, site)?;
+        let mut replaced = Vec::with_capacity(cells.len());
         for (cell, data) in cells.iter().zip(outputs) {
             // A named tensor's new value keeps its name, so later graphs can name the input.
             if let Some(n) = lock(&cell.name).clone() {
                 *lock(&data.name) = Some(n);
             }
-            *lock(&cell.value) = Value::Data(data);
+            replaced.push(std::mem::replace(
+                &mut *lock(&cell.value),
+                Value::Data(data),
+            ));
             *lock(&cell.donor) = None;
         }
         diagnose::step_done(self, site);
@@ -624,10 +654,22 @@ impl DeviceInner {
                 elapsed: started.elapsed(),
             },
         );
+        {
+            let mut retired = lock(&self.retired);
+            retired.walks.push(traced);
+            retired.values.append(&mut replaced);
+            retired.cells.append(&mut cells);
+        }
         if explicit {
             *lock(&self.last_step_end) = Instant::now();
         }
         Ok(())
+    }
+
+    /// Frees what launched steps left behind (see [`Retired`]).
+    pub(crate) fn free_retired(&self) {
+        let retired = std::mem::take(&mut *lock(&self.retired));
+        drop(retired);
     }
 
     /// Executes (or, in extract mode, stands in zero-filled outputs for) one traced graph.
@@ -736,6 +778,7 @@ impl Drop for DeviceInner {
             tracing::error!("{e}");
         }
         self.account(&done);
+        self.free_retired();
         if let Some(t) = self
             .timeline
             .as_ref()
