@@ -5,8 +5,8 @@
 //! `--plugin LIB` (repeatable) runs every program through each plugin library named, all
 //! loaded in this one process (one client of one device each) and interleaved with the rest;
 //! without it, through the plugin neuron-pc finds (`NEURON_PC_CPU_PLUGIN`, else the
-//! environment's). `--compile-only`: only says whether each plugin compiles each file (the
-//! file need not be a valid program).
+//! environment's). `--compile-only`: only says whether each plugin compiles each file, and in
+//! how long (the file need not be a valid program).
 //!
 //! Run as a training loop runs a step: the parameters the program aliases to an output
 //! (`tf.aliasing_output`, as neuron-pc's lowering and JAX's donated arguments write it) are
@@ -100,8 +100,9 @@ fn compile_outcome(client: &Client, f: &str) -> String {
         Ok(t) => t,
         Err(e) => return format!("unreadable: {e}"),
     };
+    let t = Instant::now();
     match client.compile(&text, &CompileOptions::default()) {
-        Ok(_) => "compiled".into(),
+        Ok(_) => format!("compiled in {:.0} ms", t.elapsed().as_secs_f64() * 1e3),
         Err(e) => {
             let first = e.to_string();
             format!("error: {}", first.lines().next().unwrap_or_default())
