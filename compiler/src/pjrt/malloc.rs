@@ -26,7 +26,19 @@
 //! arena. The small Llama's step compiled in 1.34 s against 1.02-1.06 s (+30%; 45% more CPU
 //! time), while its step ran in 55 ms against 71-72 ms (-23%), on a quiet machine: one compile
 //! is paid back after about 20 steps, and a warm compile cache pays it never. The ahead-of-time
-//! workers (`neuron-pc compile`) only compile, so they run without the settings.
+//! workers (`neuron-pc compile`) only compile, so they run without the settings. A later
+//! measurement in one process, compiles alternating (`hlo_steptime --compile-only`): 1.94-1.96
+//! s with the settings against 1.07-1.12 s without, 41,130 context switches against 753 (the
+//! compiler threads wait on the one arena's lock); JAX's own program for the same step, through
+//! the same plugin, 2.06-2.14 s against 1.10-1.22 s, and 1.06 s in jaxlib. So the compile gap
+//! to JAX is this setting, not the program neuron-pc lowers.
+//!
+//! Why the two cannot be had together with glibc: the runtime threads that allocate the large
+//! buffers start with the client and take their arena at once, the compiler threads start at
+//! the first compile, and glibc fixes its arena limit the first time it needs it, so compiler
+//! threads cannot get arenas of their own once the runtime threads were made to share one.
+//! Raising the per-thread cache (`glibc.malloc.tcache_count`, settable only in the environment
+//! before the process starts) gave back part of it (1.36-1.50 s).
 //!
 //! The settings are process-wide, applied once when the first plugin loads, and only on glibc;
 //! `NEURON_PC_MALLOC_TUNING=0` leaves the allocator alone (for example when the process
