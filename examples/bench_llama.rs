@@ -138,7 +138,11 @@ fn main() -> anyhow::Result<()> {
             }
         }
         device.synchronize()?;
-        anyhow::ensure!(device.metrics().compiles == 1, "one step graph");
+        let graphs = device.metrics().graphs_seen;
+        anyhow::ensure!(
+            graphs == 1,
+            "expected the step to be one graph, saw {graphs}"
+        );
         println!(
             "HOST neuron-pc trace_ms={:.3} mark_step_ms={:.3} (medians of {})",
             median(traced),
@@ -170,7 +174,11 @@ fn main() -> anyhow::Result<()> {
     }
     let last = step(0, &mut opt)?.item()?;
     anyhow::ensure!(last.is_finite(), "the loss diverged: {last}");
-    anyhow::ensure!(device.metrics().compiles == 1, "one step graph");
+    let graphs = device.metrics().graphs_seen;
+    anyhow::ensure!(
+        graphs == 1,
+        "expected the step to be one graph, saw {graphs}"
+    );
     println!(
         "RESULT neuron-pc synced_ms={:.3} pipelined_ms={:.3} compile_ms={:.1} params={} \
          loss={last:.4}",
