@@ -16,11 +16,13 @@ mod reduce;
 mod shape;
 mod window;
 
-use std::collections::{HashMap, HashSet};
 use std::panic::Location;
 use std::sync::{Arc, Weak};
 
 use neuron_pc_compiler::ir::{Op, TensorType};
+// Keyed by node addresses and only looked up, never iterated: the fast hash cannot change a
+// graph, and SipHash with growth from empty was a tenth of tracing a Llama step (callgrind).
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::device::trace::Value;
 use crate::device::{lock, DeviceInner};
@@ -69,7 +71,8 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
 
     // Values that some `wrt` tensor flows into; only these need cotangents.
     let targets: HashSet<usize> = wrt.iter().map(|t| key(&t.value())).collect();
-    let mut needed: HashSet<usize> = HashSet::new();
+    let mut needed: HashSet<usize> =
+        HashSet::with_capacity_and_hasher(order.len(), Default::default());
     for v in &order {
         let operands: &[Value] = match v {
             Value::Node(n) => &n.operands,
@@ -82,7 +85,8 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
     }
 
     // Cotangents by value identity; values are kept alive by `order`.
-    let mut cot: HashMap<usize, Tensor> = HashMap::new();
+    let mut cot: HashMap<usize, Tensor> =
+        HashMap::with_capacity_and_hasher(order.len(), Default::default());
     cot.insert(key(&root), loss.constant_like(1.0)?.reshape(loss.dims())?);
     for v in order.iter().rev() {
         let Value::Node(node) = v else { continue };
@@ -142,7 +146,7 @@ fn value_type(dev: &DeviceInner, v: &Value) -> TensorType {
 /// Values below `root` in post-order (operands before users).
 fn topo_order(root: &Value) -> Vec<Value> {
     let mut order = Vec::new();
-    let mut seen: HashSet<usize> = HashSet::new();
+    let mut seen: HashSet<usize> = HashSet::default();
     seen.insert(key(root));
     // Iterative, so deep graphs (long training unrolls) cannot overflow the stack.
     let mut stack: Vec<(Value, usize)> = vec![(root.clone(), 0)];
