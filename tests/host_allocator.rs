@@ -1,10 +1,13 @@
-//! The host allocator settings (`compiler/src/pjrt/malloc.rs`): a step whose program needs a
-//! temporary buffer larger than glibc would ever keep in a thread's heap (here an 82 MB matmul
-//! result that is only summed) reuses that memory from one step to the next instead of mapping
-//! and zero-filling it anew. Measured as the process's minor page faults per step: with
-//! `NEURON_PC_MALLOC_TUNING=0` (glibc's defaults) about one per 4 KiB page of the buffer.
+//! The host allocator (`compiler/src/pjrt/malloc.rs`): a step whose program needs a temporary
+//! buffer larger than the allocator's defaults would keep (here an 82 MB matmul result that is
+//! only summed) reuses that memory from one step to the next instead of mapping and
+//! zero-filling it anew. Measured as the process's minor page faults per step, against the same
+//! step under the allocator's defaults (about one fault per 4 KiB page of the buffer): with
+//! jemalloc (the default build) `MALLOC_CONF` restores jemalloc's default decay; without it,
+//! `NEURON_PC_MALLOC_TUNING=0` leaves glibc's. The jemalloc check also shows that the plugin's
+//! allocations go through jemalloc: were they glibc's, neither run would keep the buffer.
 //!
-//! No test harness (`harness = false` in Cargo.toml): the settings decide which heap the
+//! No test harness (`harness = false` in Cargo.toml): glibc's settings decide which heap the
 //! runtime's threads use when they start, so they must be applied before other threads exist,
 //! as in a training binary that creates its device in `main`. The fault counter is per process.
 
@@ -53,12 +56,22 @@ fn main() {
         println!("{}", steady_faults_per_step());
         return;
     }
-    let run = |tuning: &str| -> i64 {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .env("HOST_ALLOCATOR_CHILD", "1")
-            .env("NEURON_PC_MALLOC_TUNING", tuning)
-            .output()
-            .unwrap();
+    // The allocator's own defaults: with jemalloc's default decay a freed extent that large is
+    // purged at once; glibc's defaults map it afresh.
+    let defaults = if neuron_pc_compiler::pjrt::JEMALLOC {
+        ("MALLOC_CONF", "dirty_decay_ms:10000")
+    } else {
+        ("NEURON_PC_MALLOC_TUNING", "0")
+    };
+    let run = |tuned: bool| -> i64 {
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.env("HOST_ALLOCATOR_CHILD", "1")
+            .env_remove("MALLOC_CONF")
+            .env_remove("NEURON_PC_MALLOC_TUNING");
+        if !tuned {
+            cmd.env(defaults.0, defaults.1);
+        }
+        let out = cmd.output().unwrap();
         assert!(
             out.status.success(),
             "{}",
@@ -66,9 +79,14 @@ fn main() {
         );
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     };
-    let (tuned, plain) = (run("1"), run("0"));
-    println!("page faults per step: {tuned} tuned, {plain} with glibc's defaults");
-    // glibc's defaults map the temporary afresh every step: a fault per page
+    let (tuned, plain) = (run(true), run(false));
+    let allocator = if neuron_pc_compiler::pjrt::JEMALLOC {
+        "jemalloc"
+    } else {
+        "glibc"
+    };
+    println!("page faults per step: {tuned} as configured, {plain} with {allocator}'s defaults");
+    // the allocator's defaults map or purge the temporary every step: a fault per page
     assert!(
         plain > TEMP_PAGES / 2,
         "{plain} faults: the check cannot tell"

@@ -1,55 +1,70 @@
-//! Allocator settings for executing XLA programs on the host.
+//! The host allocator for executing XLA programs.
 //!
-//! The CPU plugin allocates every output buffer afresh on each execution. With glibc's default
-//! settings, multi-MiB buffers (an embedding table, its gradient and its optimizer moments) are
-//! returned to the kernel when freed and come back as new zero-filled pages on the next step:
-//! measured on the example training step, about 770 page faults per step. Keeping freed memory
-//! in the heap cuts that to about 210 and the step's CPU time by about 10%
-//! (`perf stat -e page-faults` on `examples/hlo_steptime`).
+//! The CPU plugin allocates every output and temporary buffer afresh on each execution, from
+//! its C++ code through `malloc`. What the allocator does with a freed multi-MiB buffer decides
+//! whether the next step finds it in the heap or maps and zero-fills it anew. The step of
+//! `examples/bench_llama.rs` (a 4.2M-parameter Llama) takes an 81 MB temporary on every
+//! execution, allocated by a runtime worker thread; with glibc's defaults each step mapped,
+//! zero-filled and unmapped it again: about 20,000 page faults per step, 18% of the process's
+//! CPU samples (`perf record`). JAX's CPU runtime pays the same faults (the same XLA allocator
+//! over the same glibc).
 //!
-//! Larger programs need more: the step of `examples/bench_llama.rs` (a 4.2M-parameter Llama)
-//! takes an 81 MB temporary buffer on every execution, allocated by a runtime worker thread.
-//! glibc serves a request that large from a fresh mapping whatever the thresholds say (a thread
-//! arena's heap holds at most 64 MiB, and the mapping threshold stops at 32 MiB), so each step
-//! mapped, zero-filled and unmapped it again: about 20,000 page faults per step, 18% of the
-//! process's CPU samples (`perf record`). One arena and no mappings keep that buffer in the heap
-//! from one step to the next: page faults over the same run fell from 2.15 M to 0.12 M and CPU
-//! time by 27% (`perf stat -e page-faults,task-clock examples/bench_llama --steps 40`). JAX's
-//! CPU runtime pays the same faults (the same XLA allocator over the same glibc).
-//! The arena setting reaches the threads that start after it, which includes the runtime's own
-//! (the client creates them); where other threads already had heaps of their own when the first
-//! plugin loaded (a test harness, a data pipeline started first), runtime threads may be handed
-//! one of those and large buffers are mapped anew as before. `tests/host_allocator.rs` measures
-//! the faults per step with and without the settings.
+//! **jemalloc (the default, feature `jemalloc`, Linux).** The process's allocator is jemalloc
+//! (`tikv-jemallocator`), for Rust's allocations and the plugin's alike: its `malloc` family is
+//! linked into the binary and exported, so the plugin, loaded later, binds to it. With
+//! jemalloc's defaults a freed extent that large is purged at once (`madvise(MADV_DONTNEED)`
+//! from the free, seen with `strace -k`) unless dirty pages are never decayed, and each of its
+//! arenas (4 per core) keeps its own freed pages, so a step run on another worker thread than
+//! the last finds none. [`malloc_conf`] sets one arena and no decay, as the glibc settings
+//! below do, and jemalloc's per-thread caches keep the compiler threads off the arena's lock.
+//! `MALLOC_CONF` in the environment overrides these options (jemalloc reads both before
+//! `main`).
 //!
-//! The price is paid in compile time: XLA compiles on several threads, which now share one
-//! arena. The small Llama's step compiled in 1.34 s against 1.02-1.06 s (+30%; 45% more CPU
-//! time), while its step ran in 55 ms against 71-72 ms (-23%), on a quiet machine: one compile
-//! is paid back after about 20 steps, and a warm compile cache pays it never. The ahead-of-time
-//! workers (`neuron-pc compile`) only compile, so they run without the settings. A later
-//! measurement in one process, compiles alternating (`hlo_steptime --compile-only`): 1.94-1.96
-//! s with the settings against 1.07-1.12 s without, 41,130 context switches against 753 (the
-//! compiler threads wait on the one arena's lock); JAX's own program for the same step, through
-//! the same plugin, 2.06-2.14 s against 1.10-1.22 s, and 1.06 s in jaxlib. So the compile gap
-//! to JAX is this setting, not the program neuron-pc lowers.
+//! Measured on `bench_llama` (one process per configuration, interleaved, 2-3 rounds): step
+//! 53.7-54.5 ms and compile 1.10-1.12 s with these options; 57-59 ms and 1.41-1.60 s with the
+//! tuned glibc; 71-75 ms and 1.07-1.15 s with glibc's defaults. `tests/host_allocator.rs`
+//! measures the faults per step with these options and with jemalloc's default decay.
 //!
-//! Why the two cannot be had together with glibc: the runtime threads that allocate the large
-//! buffers start with the client and take their arena at once, the compiler threads start at
-//! the first compile, and glibc fixes its arena limit the first time it needs it, so compiler
-//! threads cannot get arenas of their own once the runtime threads were made to share one.
-//! Raising the per-thread cache (`glibc.malloc.tcache_count`, settable only in the environment
-//! before the process starts) gave back part of it (1.36-1.50 s).
-//!
-//! The settings are process-wide, applied once when the first plugin loads, and only on glibc;
-//! `NEURON_PC_MALLOC_TUNING=0` leaves the allocator alone (for example when the process
-//! links another allocator or is short of memory: freed memory stays with the process).
+//! **glibc, tuned (feature off).** Where the binary brings its own allocator, neuron-pc is
+//! built without the feature and tunes glibc when the first plugin loads: no mappings, trimming
+//! only past 1 GiB, and one arena for every thread (a thread arena holds at most 64 MiB and maps
+//! anything larger afresh whatever the thresholds say). Its price is compile time: XLA compiles
+//! on several threads, which then share the one arena's lock (41,130 context switches against
+//! 753 for one compile of the Llama step; 1.94-1.96 s against 1.07-1.12 s, alternating in one
+//! process). glibc cannot give the compiler threads arenas of their own once the runtime
+//! threads share one: it fixes its arena limit the first time it needs it, and hands existing
+//! arenas round-robin to threads that start later. The settings reach only the threads that
+//! start after them; `NEURON_PC_MALLOC_TUNING=0` leaves glibc alone. The ahead-of-time workers
+//! (`neuron-pc compile`) only compile, so they run without them.
 
 use std::sync::Once;
 
 /// Variable that turns the tuning off when set to `0`.
 pub const MALLOC_TUNING_VAR: &str = "NEURON_PC_MALLOC_TUNING";
 
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
+/// Whether this build's allocator is jemalloc (feature `jemalloc` on Linux).
+pub const JEMALLOC: bool = cfg!(all(feature = "jemalloc", target_os = "linux"));
+
+#[cfg(all(feature = "jemalloc", target_os = "linux"))]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// A C string jemalloc reads as its options.
+#[repr(transparent)]
+pub struct ConfString(*const std::ffi::c_char);
+
+// SAFETY: the pointer is to a string literal, immutable and alive for the whole process.
+unsafe impl Sync for ConfString {}
+
+/// jemalloc's options for this process, read once when it initializes (before `main`): one
+/// arena for every thread, and freed pages kept in the process (never decayed back to the
+/// kernel), so a step's large buffers are reused by the next. `MALLOC_CONF` overrides either.
+#[cfg(all(feature = "jemalloc", target_os = "linux"))]
+#[allow(non_upper_case_globals)]
+#[no_mangle]
+pub static malloc_conf: ConfString = ConfString(c"narenas:1,dirty_decay_ms:-1".as_ptr());
+
+#[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc")))]
 fn apply() {
     use std::ffi::c_int;
     // glibc's <malloc.h> parameter numbers.
@@ -82,14 +97,23 @@ fn apply() {
     }
 }
 
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+#[cfg(not(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc"))))]
 fn apply() {}
 
-/// Applies the allocator settings once per process unless turned off.
+/// Applies glibc's settings once per process unless turned off; with jemalloc there is
+/// nothing left to apply, and a request to turn the settings off is answered once.
 pub fn tune_allocator_once() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        if std::env::var(MALLOC_TUNING_VAR).as_deref() != Ok("0") {
+        let off = std::env::var(MALLOC_TUNING_VAR).as_deref() == Ok("0");
+        if JEMALLOC {
+            if off {
+                tracing::warn!(
+                    "{MALLOC_TUNING_VAR}=0 has no effect in a jemalloc build: set MALLOC_CONF \
+                     (for example dirty_decay_ms:10000) to change jemalloc's options"
+                );
+            }
+        } else if !off {
             apply();
         }
     });

@@ -80,12 +80,14 @@ impl Spawner {
         let mut cmd = Command::new(&self.exe);
         cmd.arg(WORKER_SUBCOMMAND)
             .env("NEURON_CC_FLAGS", &self.flags_text)
-            // a worker only compiles: one malloc arena would slow XLA's compiler threads
-            // (`compiler/src/pjrt/malloc.rs`) and its buffer reuse would save nothing
-            .env(neuron_pc_compiler::pjrt::MALLOC_TUNING_VAR, "0")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr)?);
+        if !neuron_pc_compiler::pjrt::JEMALLOC {
+            // a worker only compiles: glibc's one arena would slow XLA's compiler threads
+            // (`compiler/src/pjrt/malloc.rs`) and its buffer reuse would save nothing
+            cmd.env(neuron_pc_compiler::pjrt::MALLOC_TUNING_VAR, "0");
+        }
         if let Some(u) = &self.cache_url {
             cmd.arg("--cache").arg(u);
         }
