@@ -15,7 +15,7 @@
 //! jemalloc's defaults a freed extent that large is purged at once (`madvise(MADV_DONTNEED)`
 //! from the free, seen with `strace -k`) unless dirty pages are never decayed, and each of its
 //! arenas (4 per core) keeps its own freed pages, so a step run on another worker thread than
-//! the last finds none. [`malloc_conf`] sets one arena and no decay, as the glibc settings
+//! the last finds none. `malloc_conf` (below) sets one arena and no decay, as the glibc settings
 //! below do, and jemalloc's per-thread caches keep the compiler threads off the arena's lock.
 //! `MALLOC_CONF` in the environment overrides these options (jemalloc reads both before
 //! `main`).
@@ -50,10 +50,12 @@ pub const JEMALLOC: bool = cfg!(all(feature = "jemalloc", target_os = "linux"));
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// A C string jemalloc reads as its options.
+#[cfg(all(feature = "jemalloc", target_os = "linux"))]
 #[repr(transparent)]
 pub struct ConfString(*const std::ffi::c_char);
 
 // SAFETY: the pointer is to a string literal, immutable and alive for the whole process.
+#[cfg(all(feature = "jemalloc", target_os = "linux"))]
 unsafe impl Sync for ConfString {}
 
 /// jemalloc's options for this process, read once when it initializes (before `main`): one
