@@ -51,10 +51,64 @@ fn steady_faults_per_step() -> i64 {
     *faults[3..].iter().max().unwrap()
 }
 
+fn resident_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Memory the allocator keeps after a free goes back to the kernel when released, and every
+/// compile releases it (the compiler's working memory is free by then).
+fn release_after_compile() {
+    let dev = LazyDevice::new(DeviceConfig {
+        cache: CacheConfig::disabled(),
+        ..DeviceConfig::default()
+    })
+    .unwrap();
+    let released = neuron_pc_compiler::pjrt::freed_memory_releases();
+    let x = dev
+        .tensor(&neuron_pc::HostTensor::from_slice(&[0.5f32; 64 * 64], &[64, 64]).unwrap())
+        .unwrap();
+    // two different step graphs, two compiles
+    let first = x.exp().unwrap().sum_all().unwrap();
+    dev.mark_step().unwrap();
+    first.item().unwrap();
+    let second = x.matmul(&x).unwrap().sum_all().unwrap();
+    dev.mark_step().unwrap();
+    second.item().unwrap();
+    let compiles = dev.metrics().compiles;
+    assert_eq!(compiles, 2);
+    let after = neuron_pc_compiler::pjrt::freed_memory_releases();
+    assert_eq!(after - released, compiles, "one release per compile");
+
+    // 64 MiB touched then freed stays with the process (the buffers a step reuses)...
+    let block = vec![1u8; 64 << 20];
+    let held = std::hint::black_box(block)
+        .iter()
+        .map(|&x| x as u64)
+        .sum::<u64>();
+    assert_eq!(held, 64 << 20);
+    let kept = resident_kib();
+    assert!(neuron_pc_compiler::pjrt::release_freed_memory());
+    let released_kib = kept.saturating_sub(resident_kib());
+    // ...until it is released
+    assert!(
+        released_kib > 48 << 10,
+        "the release gave back {released_kib} KiB of a freed 64 MiB block"
+    );
+}
+
 fn main() {
-    if std::env::var_os("HOST_ALLOCATOR_CHILD").is_some() {
-        println!("{}", steady_faults_per_step());
-        return;
+    match std::env::var("HOST_ALLOCATOR_CHILD").as_deref() {
+        Ok("release") => {
+            release_after_compile();
+            return;
+        }
+        Ok(_) => {
+            println!("{}", steady_faults_per_step());
+            return;
+        }
+        Err(_) => {}
     }
     // The allocator's own defaults: with jemalloc's default decay a freed extent that large is
     // purged at once; glibc's defaults map it afresh.
@@ -96,4 +150,17 @@ fn main() {
         "{tuned} page faults per step (a temporary of {TEMP_PAGES} pages): mapped anew"
     );
     println!("test a_large_temporary_is_not_mapped_anew_on_every_step ... ok");
+
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .env("HOST_ALLOCATOR_CHILD", "release")
+        .env_remove("MALLOC_CONF")
+        .env_remove("NEURON_PC_MALLOC_TUNING")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("test freed_memory_goes_back_after_each_compile ... ok");
 }

@@ -55,7 +55,9 @@ pub use event::Event;
 pub use executable::{Launched, LaunchedReplicas, LoadedExecutable};
 pub use kv::{KeyValueStore, KvError};
 pub use logging::plugin_logs_enabled;
-pub use malloc::{tune_allocator_once, JEMALLOC, MALLOC_TUNING_VAR};
+pub use malloc::{
+    freed_memory_releases, release_freed_memory, tune_allocator_once, JEMALLOC, MALLOC_TUNING_VAR,
+};
 pub use options::{CompileOptions, OverrideValue};
 pub use signature::{ArgType, Signature};
 pub use target::Target;
