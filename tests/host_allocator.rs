@@ -80,6 +80,13 @@ fn release_after_compile() {
     assert_eq!(compiles, 2);
     let after = neuron_pc_compiler::pjrt::freed_memory_releases();
     assert_eq!(after - released, compiles, "one release per compile");
+    // a process that only compiles turns it off (the `neuron-pc compile` workers)
+    neuron_pc_compiler::pjrt::set_release_after_compile(false);
+    let third = x.tanh().unwrap().sum_all().unwrap();
+    dev.mark_step().unwrap();
+    third.item().unwrap();
+    assert_eq!(dev.metrics().compiles, 3);
+    assert_eq!(neuron_pc_compiler::pjrt::freed_memory_releases(), after);
 
     // 64 MiB touched then freed stays with the process (the buffers a step reuses)...
     let block = vec![1u8; 64 << 20];

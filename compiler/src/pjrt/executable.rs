@@ -123,7 +123,9 @@ impl Client {
         let compiled = pjrt_call!(self.plugin_ref(), PJRT_Client_Compile, &mut args);
         // The compiler's working memory is free now; without this the allocator would keep it
         // for the rest of the run (`malloc.rs`).
-        super::malloc::release_freed_memory();
+        if super::malloc::release_after_compile() {
+            super::malloc::release_freed_memory();
+        }
         compiled?;
         self.wrap_executable(args.executable, signature)
     }

@@ -43,7 +43,7 @@
 //! start after them; `NEURON_PC_MALLOC_TUNING=0` leaves glibc alone. The ahead-of-time workers
 //! (`neuron-pc compile`) only compile, so they run without them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Once;
 
 /// Variable that turns the tuning off when set to `0`.
@@ -129,6 +129,19 @@ pub fn tune_allocator_once() {
 }
 
 static RELEASES: AtomicU64 = AtomicU64::new(0);
+static RELEASE_AFTER_COMPILE: AtomicBool = AtomicBool::new(true);
+
+/// Whether each compile releases the freed memory when it returns (on by default). A process
+/// that only compiles and then exits (a `neuron-pc compile` worker) turns it off: it would add
+/// the purge (about 25 ms for the small Llama) to every compile and keep nothing for later.
+pub fn set_release_after_compile(on: bool) {
+    RELEASE_AFTER_COMPILE.store(on, Ordering::Relaxed);
+}
+
+/// See [`set_release_after_compile`].
+pub fn release_after_compile() -> bool {
+    RELEASE_AFTER_COMPILE.load(Ordering::Relaxed)
+}
 
 /// Gives the memory the allocator holds freed back to the kernel: jemalloc purges every arena,
 /// glibc trims its heaps. Called after each compile, whose working memory is free by then;

@@ -104,6 +104,8 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<i32> {
     // The parent sends only graphs it decided to compile, recorded failures included when the
     // user asked to retry them.
     flags.retry_failed = true;
+    // a worker exits when its graphs are compiled: freed memory need not go back after each
+    neuron_pc_compiler::pjrt::set_release_after_compile(false);
     let mut env = AotEnv::open(flags.clone(), args.cache.as_deref())?;
     let ready_ms = started.elapsed().as_secs_f64() * 1e3;
     let stdin = std::io::stdin();
