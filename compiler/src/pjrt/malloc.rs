@@ -52,62 +52,104 @@ pub const MALLOC_TUNING_VAR: &str = "NEURON_PC_MALLOC_TUNING";
 /// Whether this build's allocator is jemalloc (feature `jemalloc` on Linux).
 pub const JEMALLOC: bool = cfg!(all(feature = "jemalloc", target_os = "linux"));
 
+/// What this build's allocator needs: one module per allocator, the same two functions.
 #[cfg(all(feature = "jemalloc", target_os = "linux"))]
-#[global_allocator]
-static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+mod imp {
+    #[global_allocator]
+    static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// A C string jemalloc reads as its options.
-#[cfg(all(feature = "jemalloc", target_os = "linux"))]
-#[repr(transparent)]
-pub struct ConfString(*const std::ffi::c_char);
+    /// A C string jemalloc reads as its options.
+    #[repr(transparent)]
+    pub struct ConfString(*const std::ffi::c_char);
 
-// SAFETY: the pointer is to a string literal, immutable and alive for the whole process.
-#[cfg(all(feature = "jemalloc", target_os = "linux"))]
-unsafe impl Sync for ConfString {}
+    // SAFETY: the pointer is to a string literal, immutable and alive for the whole process.
+    unsafe impl Sync for ConfString {}
 
-/// jemalloc's options for this process, read once when it initializes (before `main`): one
-/// arena for every thread, and freed pages kept in the process (never decayed back to the
-/// kernel), so a step's large buffers are reused by the next. `MALLOC_CONF` overrides either.
-#[cfg(all(feature = "jemalloc", target_os = "linux"))]
-#[allow(non_upper_case_globals)]
-#[no_mangle]
-pub static malloc_conf: ConfString = ConfString(c"narenas:1,dirty_decay_ms:-1".as_ptr());
+    /// jemalloc's options for this process, read once when it initializes (before `main`): one
+    /// arena for every thread, and freed pages kept in the process (never decayed back to the
+    /// kernel), so a step's large buffers are reused by the next. `MALLOC_CONF` overrides
+    /// either.
+    #[allow(non_upper_case_globals)]
+    #[no_mangle]
+    pub static malloc_conf: ConfString = ConfString(c"narenas:1,dirty_decay_ms:-1".as_ptr());
 
-#[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc")))]
-fn apply() {
-    use std::ffi::c_int;
-    // glibc's <malloc.h> parameter numbers.
-    const M_TRIM_THRESHOLD: c_int = -1;
-    const M_TOP_PAD: c_int = -2;
-    const M_MMAP_THRESHOLD: c_int = -3;
-    const M_MMAP_MAX: c_int = -4;
-    const M_ARENA_MAX: c_int = -8;
-    extern "C" {
-        fn mallopt(param: c_int, value: c_int) -> c_int;
-    }
-    for (param, value) in [
-        // Serve allocations up to 32 MiB (glibc's maximum) from the heap, not fresh mappings.
-        (M_MMAP_THRESHOLD, 32 << 20),
-        // Give freed heap memory back to the kernel only beyond 1 GiB at the top...
-        (M_TRIM_THRESHOLD, 1 << 30),
-        // ...and grow the heap in 64 MiB steps.
-        (M_TOP_PAD, 64 << 20),
-        // Larger blocks from the heap too (no mappings at all), and one arena for every
-        // thread: a thread arena cannot grow past 64 MiB and maps anything larger afresh.
-        (M_MMAP_MAX, 0),
-        (M_ARENA_MAX, 1),
-    ] {
-        // SAFETY: mallopt only changes allocator parameters; it is thread-safe in glibc and
-        // takes plain integers. A rejected value returns 0 and changes nothing.
-        let ok = unsafe { mallopt(param, value) };
-        if ok == 0 {
-            tracing::debug!(param, value, "mallopt refused a setting");
-        }
+    /// Nothing to tune: the options above are compiled in.
+    pub fn apply() {}
+
+    pub fn purge() -> bool {
+        // `MALLCTL_ARENAS_ALL` in jemalloc.h: the command applies to every arena.
+        let name = c"arena.4096.purge";
+        // SAFETY: a NUL-terminated command name; the purge command reads and writes nothing,
+        // so the old/new value pointers are null with zero lengths.
+        let rc = unsafe {
+            tikv_jemalloc_sys::mallctl(
+                name.as_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        rc == 0
     }
 }
 
-#[cfg(not(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc"))))]
-fn apply() {}
+#[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc")))]
+mod imp {
+    pub fn apply() {
+        use std::ffi::c_int;
+        // glibc's <malloc.h> parameter numbers.
+        const M_TRIM_THRESHOLD: c_int = -1;
+        const M_TOP_PAD: c_int = -2;
+        const M_MMAP_THRESHOLD: c_int = -3;
+        const M_MMAP_MAX: c_int = -4;
+        const M_ARENA_MAX: c_int = -8;
+        extern "C" {
+            fn mallopt(param: c_int, value: c_int) -> c_int;
+        }
+        for (param, value) in [
+            // Serve allocations up to 32 MiB (glibc's maximum) from the heap, not fresh mappings.
+            (M_MMAP_THRESHOLD, 32 << 20),
+            // Give freed heap memory back to the kernel only beyond 1 GiB at the top...
+            (M_TRIM_THRESHOLD, 1 << 30),
+            // ...and grow the heap in 64 MiB steps.
+            (M_TOP_PAD, 64 << 20),
+            // Larger blocks from the heap too (no mappings at all), and one arena for every
+            // thread: a thread arena cannot grow past 64 MiB and maps anything larger afresh.
+            (M_MMAP_MAX, 0),
+            (M_ARENA_MAX, 1),
+        ] {
+            // SAFETY: mallopt only changes allocator parameters; it is thread-safe in glibc and
+            // takes plain integers. A rejected value returns 0 and changes nothing.
+            let ok = unsafe { mallopt(param, value) };
+            if ok == 0 {
+                tracing::debug!(param, value, "mallopt refused a setting");
+            }
+        }
+    }
+
+    pub fn purge() -> bool {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> std::ffi::c_int;
+        }
+        // SAFETY: malloc_trim takes a plain size and only changes the allocator's own state.
+        // It returns 0 when there was nothing to give back, which is still done.
+        unsafe { malloc_trim(0) };
+        true
+    }
+}
+
+#[cfg(not(any(
+    all(feature = "jemalloc", target_os = "linux"),
+    all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc"))
+)))]
+mod imp {
+    pub fn apply() {}
+
+    pub fn purge() -> bool {
+        false
+    }
+}
 
 /// Applies glibc's settings once per process unless turned off; with jemalloc there is
 /// nothing left to apply, and a request to turn the settings off is answered once.
@@ -123,7 +165,7 @@ pub fn tune_allocator_once() {
                 );
             }
         } else if !off {
-            apply();
+            imp::apply();
         }
     });
 }
@@ -147,7 +189,7 @@ pub fn release_after_compile() -> bool {
 /// glibc trims its heaps. Called after each compile, whose working memory is free by then;
 /// the next step maps its own buffers in again once. Returns whether the allocator did it.
 pub fn release_freed_memory() -> bool {
-    let done = purge();
+    let done = imp::purge();
     if done {
         RELEASES.fetch_add(1, Ordering::Relaxed);
     }
@@ -157,41 +199,4 @@ pub fn release_freed_memory() -> bool {
 /// How many times [`release_freed_memory`] has released memory in this process.
 pub fn freed_memory_releases() -> u64 {
     RELEASES.load(Ordering::Relaxed)
-}
-
-#[cfg(all(feature = "jemalloc", target_os = "linux"))]
-fn purge() -> bool {
-    // `MALLCTL_ARENAS_ALL` in jemalloc.h: the command applies to every arena.
-    let name = c"arena.4096.purge";
-    // SAFETY: a NUL-terminated command name; the purge command reads and writes nothing, so
-    // the old/new value pointers are null with zero lengths.
-    let rc = unsafe {
-        tikv_jemalloc_sys::mallctl(
-            name.as_ptr(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            0,
-        )
-    };
-    rc == 0
-}
-
-#[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc")))]
-fn purge() -> bool {
-    extern "C" {
-        fn malloc_trim(pad: usize) -> std::ffi::c_int;
-    }
-    // SAFETY: malloc_trim takes a plain size and only changes the allocator's own state. It
-    // returns 0 when there was nothing to give back, which is still done.
-    unsafe { malloc_trim(0) };
-    true
-}
-
-#[cfg(not(any(
-    all(feature = "jemalloc", target_os = "linux"),
-    all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc"))
-)))]
-fn purge() -> bool {
-    false
 }
