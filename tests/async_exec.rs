@@ -7,6 +7,7 @@ use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::Module;
 use neuron_pc::optim::AdamW;
 use neuron_pc::{grad, DType, DeviceConfig, Error, LazyDevice, Tensor};
+use neuron_pc_test_support::process::resident_kib;
 
 /// The tests of this file run one at a time: the memory test reads the process's RSS.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -136,16 +137,6 @@ fn a_step_that_fails_while_running_is_reported_at_the_next_wait_with_its_site() 
     assert_eq!(z.to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
 }
 
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap()
-}
-
 #[test]
 fn a_thousand_steps_in_flight_keep_memory_flat_and_drop_does_not_hang() {
     let _serial = serial();
@@ -166,11 +157,11 @@ fn a_thousand_steps_in_flight_keep_memory_flat_and_drop_does_not_hang() {
         dev.mark_step().unwrap();
         if step == 100 {
             dev.synchronize().unwrap();
-            after_warmup = rss_kib();
+            after_warmup = resident_kib();
         }
     }
     dev.synchronize().unwrap();
-    let grown = rss_kib().saturating_sub(after_warmup);
+    let grown = resident_kib().saturating_sub(after_warmup);
     // 900 more steps of a 256 KiB parameter: a leak of one buffer per step would be 225 MiB.
     assert!(grown < 32 * 1024, "RSS grew by {grown} KiB over 900 steps");
     // Dropping the device with steps in flight returns.

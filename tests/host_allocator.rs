@@ -13,6 +13,7 @@
 
 use neuron_pc::compile::CacheConfig;
 use neuron_pc::{DType, DeviceConfig, LazyDevice};
+use neuron_pc_test_support::process::resident_kib;
 
 /// Pages of the temporary: the `[4096, 5000]` f32 product.
 const TEMP_PAGES: i64 = 4096 * 5000 * 4 / 4096;
@@ -49,12 +50,6 @@ fn steady_faults_per_step() -> i64 {
         );
     }
     *faults[3..].iter().max().unwrap()
-}
-
-fn resident_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 /// Memory the allocator keeps after a free goes back to the kernel when released, and every
@@ -105,47 +100,49 @@ fn release_after_compile() {
     );
 }
 
+/// Runs this test binary again as a child in `mode`, with the allocator's variables cleared
+/// and `env` set; returns its standard output, failing on its failure.
+fn child(mode: &str, env: Option<(&str, &str)>) -> String {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.env("HOST_ALLOCATOR_CHILD", mode)
+        .env_remove("MALLOC_CONF")
+        .env_remove("NEURON_PC_MALLOC_TUNING");
+    if let Some((name, value)) = env {
+        cmd.env(name, value);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn main() {
     match std::env::var("HOST_ALLOCATOR_CHILD").as_deref() {
         Ok("release") => {
             release_after_compile();
             return;
         }
-        Ok(_) => {
+        Ok("faults") => {
             println!("{}", steady_faults_per_step());
             return;
         }
-        Err(_) => {}
+        _ => {}
     }
     // The allocator's own defaults: with jemalloc's default decay a freed extent that large is
     // purged at once; glibc's defaults map it afresh.
-    let defaults = if neuron_pc_compiler::pjrt::JEMALLOC {
-        ("MALLOC_CONF", "dirty_decay_ms:10000")
+    let (allocator, defaults) = if neuron_pc_compiler::pjrt::JEMALLOC {
+        ("jemalloc", ("MALLOC_CONF", "dirty_decay_ms:10000"))
     } else {
-        ("NEURON_PC_MALLOC_TUNING", "0")
+        ("glibc", ("NEURON_PC_MALLOC_TUNING", "0"))
     };
     let run = |tuned: bool| -> i64 {
-        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-        cmd.env("HOST_ALLOCATOR_CHILD", "1")
-            .env_remove("MALLOC_CONF")
-            .env_remove("NEURON_PC_MALLOC_TUNING");
-        if !tuned {
-            cmd.env(defaults.0, defaults.1);
-        }
-        let out = cmd.output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+        let env = if tuned { None } else { Some(defaults) };
+        child("faults", env).trim().parse().unwrap()
     };
     let (tuned, plain) = (run(true), run(false));
-    let allocator = if neuron_pc_compiler::pjrt::JEMALLOC {
-        "jemalloc"
-    } else {
-        "glibc"
-    };
     println!("page faults per step: {tuned} as configured, {plain} with {allocator}'s defaults");
     // the allocator's defaults map or purge the temporary every step: a fault per page
     assert!(
@@ -158,16 +155,6 @@ fn main() {
     );
     println!("test a_large_temporary_is_not_mapped_anew_on_every_step ... ok");
 
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .env("HOST_ALLOCATOR_CHILD", "release")
-        .env_remove("MALLOC_CONF")
-        .env_remove("NEURON_PC_MALLOC_TUNING")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    child("release", None);
     println!("test freed_memory_goes_back_after_each_compile ... ok");
 }

@@ -1,6 +1,7 @@
 //! The lazy device end to end on the cpu plugin.
 
 use neuron_pc::{DeviceConfig, Error, HostTensor, LazyDevice, Tensor};
+use neuron_pc_test_support::process::resident_kib;
 
 fn device() -> LazyDevice {
     LazyDevice::new(DeviceConfig {
@@ -220,11 +221,6 @@ fn bad_input_is_an_error_at_the_call_site() {
 
 #[test]
 fn memory_stays_flat_over_many_steps() {
-    fn rss_kib() -> u64 {
-        let s = std::fs::read_to_string("/proc/self/statm").unwrap();
-        let pages: u64 = s.split_whitespace().nth(1).unwrap().parse().unwrap();
-        pages * 4
-    }
     let dev = device();
     let w = t(&dev, &vec![0.5; 64 * 64], &[64, 64]);
     let x = t(&dev, &vec![0.01; 64 * 64], &[64, 64]);
@@ -237,11 +233,11 @@ fn memory_stays_flat_over_many_steps() {
             // Steps run asynchronously: measure with none in flight, after the allocator's
             // per-thread arenas (the plugin's completion callbacks run on its threads) warmed up.
             dev.synchronize().unwrap();
-            at_300 = rss_kib();
+            at_300 = resident_kib();
         }
     }
     dev.synchronize().unwrap();
-    let growth = rss_kib().saturating_sub(at_300);
+    let growth = resident_kib().saturating_sub(at_300);
     assert_eq!(dev.metrics().compiles, 1);
     // 700 steps each replacing a 16 KiB buffer: one kept per step would be 11 MiB.
     assert!(growth < 4 * 1024, "RSS grew by {growth} KiB over 700 steps");

@@ -1,6 +1,8 @@
 //! Helpers the tests of several workspace crates share, as a dev-dependency instead of files
 //! included with `#[path]` across crates: [`s3`], a real S3-compatible server on loopback, and
-//! [`paths`], scratch directories and the example binaries.
+//! [`paths`], scratch directories and the example binaries, and [`process`], the test
+//! process's resident memory.
 
 pub mod paths;
+pub mod process;
 pub mod s3;
