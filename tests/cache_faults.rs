@@ -288,8 +288,19 @@ fn the_next_run_loads_its_first_executables_ahead_and_a_bad_hint_costs_nothing()
         .collect();
     assert_eq!(hints.len(), 1, "{hints:?}");
     let key = only_key(&dir);
-    let said: Vec<String> = serde_json::from_slice(&std::fs::read(&hints[0]).unwrap()).unwrap();
-    assert_eq!(said, [key.as_str()]);
+    // the key, and the temporary bytes its execution allocates, as the plugin says
+    let said = |path: &PathBuf| -> Vec<(String, Option<u64>)> {
+        let v: Vec<serde_json::Value> =
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        v.iter()
+            .map(|n| (n["key"].as_str().unwrap().into(), n["temp_bytes"].as_u64()))
+            .collect()
+    };
+    let first = said(&hints[0]);
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first[0].0, key);
+    // the plugin reports the size (none for this small program: 0)
+    assert!(first[0].1.is_some(), "{first:?}");
 
     let (warm, m) = child(name, &env).ok();
     assert_eq!((m.compiles, m.disk_hits, m.prefetched), (0, 1, 1), "{m:?}");
@@ -297,14 +308,25 @@ fn the_next_run_loads_its_first_executables_ahead_and_a_bad_hint_costs_nothing()
         warm, clean,
         "the prefetched executable computes the same values"
     );
+    assert_eq!(
+        said(&hints[0]),
+        first,
+        "a hint that agrees is left as it is"
+    );
+
+    // a hint of the earlier form (bare keys) is still followed, and rewritten with the sizes
+    std::fs::write(&hints[0], serde_json::to_vec(&[&key]).unwrap()).unwrap();
+    let (again, m) = child(name, &env).ok();
+    assert_eq!((m.compiles, m.disk_hits, m.prefetched), (0, 1, 1), "{m:?}");
+    assert_eq!(again, clean);
+    assert_eq!(said(&hints[0]), first);
 
     // a garbled hint: an ordinary disk hit, and the hint is written again
     std::fs::write(&hints[0], b"{not json").unwrap();
     let (again, m) = child(name, &env).ok();
     assert_eq!((m.compiles, m.disk_hits, m.prefetched), (0, 1, 0), "{m:?}");
     assert_eq!(again, clean);
-    let said: Vec<String> = serde_json::from_slice(&std::fs::read(&hints[0]).unwrap()).unwrap();
-    assert_eq!(said, [key.as_str()]);
+    assert_eq!(said(&hints[0]), first);
 
     // a hint naming an entry that is gone: compiled as a miss, same values
     std::fs::remove_dir_all(dir.join("entries")).unwrap();

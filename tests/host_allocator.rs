@@ -100,6 +100,48 @@ fn release_after_compile() {
     );
 }
 
+/// A block mapped ahead and freed ([`prefault`], what a first step does while it waits for its
+/// executable) is reused by the next allocation of that size: writing every page of it then
+/// faults next to nothing. Where the allocator does not keep freed pages nothing is mapped.
+/// Prints whether freed pages are kept, the faults of the prefault and of the allocation.
+///
+/// [`prefault`]: neuron_pc_compiler::pjrt::prefault
+fn prefault_then_allocate() {
+    use neuron_pc_compiler::pjrt::{keeps_freed_pages, prefault, prefaulted_bytes};
+    // the first plugin load applies glibc's settings in a build without jemalloc
+    let _dev = LazyDevice::new(DeviceConfig {
+        cache: CacheConfig::disabled(),
+        ..DeviceConfig::default()
+    })
+    .unwrap();
+    let keeps = keeps_freed_pages();
+    let before = minor_faults();
+    let done = prefault(BLOCK);
+    let mapping = minor_faults() - before;
+    assert_eq!(
+        done, keeps,
+        "mapped ahead exactly where freed pages are kept"
+    );
+    assert_eq!(prefaulted_bytes(), if done { BLOCK as u64 } else { 0 });
+    let before = minor_faults();
+    let mut block = Vec::<u8>::with_capacity(BLOCK);
+    block.extend((0..BLOCK).map(|i| (i / 4096) as u8));
+    let sum: u64 = std::hint::black_box(&block)
+        .iter()
+        .step_by(4096)
+        .map(|&b| b as u64)
+        .sum();
+    let faults = minor_faults() - before;
+    assert_eq!(
+        sum,
+        (0..BLOCK / 4096).map(|p| (p % 256) as u64).sum::<u64>()
+    );
+    println!("{keeps} {mapping} {faults}");
+}
+
+/// The block [`prefault_then_allocate`] maps.
+const BLOCK: usize = 64 << 20;
+
 /// Runs this test binary again as a child in `mode`, with the allocator's variables cleared
 /// and `env` set; returns its standard output, failing on its failure.
 fn child(mode: &str, env: Option<(&str, &str)>) -> String {
@@ -123,6 +165,10 @@ fn main() {
     match std::env::var("HOST_ALLOCATOR_CHILD").as_deref() {
         Ok("release") => {
             release_after_compile();
+            return;
+        }
+        Ok("prefault") => {
+            prefault_then_allocate();
             return;
         }
         Ok("faults") => {
@@ -157,4 +203,26 @@ fn main() {
 
     child("release", None);
     println!("test freed_memory_goes_back_after_each_compile ... ok");
+
+    let pages = (BLOCK / 4096) as i64;
+    let parse = |out: String| -> (bool, i64, i64) {
+        let f: Vec<&str> = out.split_whitespace().collect();
+        (f[0] == "true", f[1].parse().unwrap(), f[2].parse().unwrap())
+    };
+    let (keeps, mapping, faults) = parse(child("prefault", None));
+    println!("prefault as configured: kept {keeps}, {mapping} faults mapping, {faults} after");
+    assert!(keeps, "{allocator} as configured keeps freed pages");
+    assert!(
+        mapping > pages / 2,
+        "the prefault mapped the block: {mapping} faults"
+    );
+    assert!(
+        faults < pages / 10,
+        "{faults} faults writing a {pages}-page block after it was mapped ahead"
+    );
+    let (keeps, _, faults) = parse(child("prefault", Some(defaults)));
+    println!("prefault with {allocator}'s defaults: kept {keeps}, {faults} faults after");
+    assert!(!keeps, "{allocator}'s defaults give freed pages back");
+    assert!(faults > pages / 2, "{faults} faults: the check cannot tell");
+    println!("test a_block_mapped_ahead_is_reused_where_freed_pages_are_kept ... ok");
 }

@@ -358,9 +358,9 @@ impl Compiler {
                 Ok(o)
             },
         );
-        if obtained.is_ok() {
+        if let Ok(o) = &obtained {
             let mut hints = self.hints.lock().unwrap_or_else(|e| e.into_inner());
-            hints.obtained(&program.key, cache);
+            hints.obtained(&program.key, cache, || o.executable.temp_bytes());
         }
         obtained
     }

@@ -7,10 +7,18 @@
 //! program starts loading those entries on a thread as soon as its compiler exists. A step
 //! whose key is among them takes the loaded executable; any other key ignores the prefetch.
 //!
+//! The hint also says how many bytes of temporary buffers each of those executables allocates
+//! when it runs. The first execution otherwise faults every page of them in while it runs
+//! (the small Llama's step: an 81 MB temporary, about 20 ms of its first execution); a step
+//! that has to wait for its executable spends the wait mapping that much memory and freeing it
+//! again, so the execution reuses pages already mapped (`neuron_pc_compiler::pjrt::prefault`,
+//! only where the allocator keeps freed pages).
+//!
 //! A hint is only advice: the entries it names are read and verified like any other (the
 //! cache checks the digest and the signature), and a prefetched executable is checked against
 //! the program's signature before it is used, as a loaded one is. A missing, stale or garbled
-//! hint costs at most a wasted background load.
+//! hint costs at most a wasted background load (and memory mapped ahead for nothing, until
+//! the next compile gives freed memory back).
 
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver};
@@ -20,6 +28,7 @@ use std::time::Instant;
 
 use neuron_pc_cache::{Cache, CacheKey, Lookup};
 use neuron_pc_compiler::pjrt::{Client, Interface, LoadedExecutable};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::{ms_since, Key};
@@ -50,12 +59,31 @@ impl Drop for Prefetch {
     }
 }
 
-/// The hint's state in one process: what it said, and the keys this run obtained first.
+/// One graph a hint names: the key of its cache entry, and the temporary bytes one execution
+/// of it allocates (none: the plugin does not say, or the hint predates the field).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Named {
+    pub(crate) key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) temp_bytes: Option<u64>,
+}
+
+/// A hint's element as written: a bare key (hints of earlier versions) or a [`Named`].
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Said {
+    Key(String),
+    Named(Named),
+}
+
+/// The hint's state in one process: what it said, and the graphs this run obtained first.
 #[derive(Default)]
 pub(crate) struct Hints {
     id: Option<CacheKey>,
-    read: Vec<String>,
-    obtained: Vec<String>,
+    read: Vec<Named>,
+    obtained: Vec<Named>,
+    /// Whether a step has already spent a wait mapping the temporaries in.
+    prefaulted: bool,
     pub(crate) prefetch: Option<Prefetch>,
 }
 
@@ -70,10 +98,17 @@ pub(crate) fn hint_id(options_key: &str) -> Option<CacheKey> {
     CacheKey::parse(&hex::encode(h.finalize())).ok()
 }
 
-fn parse(bytes: &[u8]) -> Vec<String> {
-    let keys: Vec<String> = serde_json::from_slice(bytes).unwrap_or_default();
-    keys.into_iter()
-        .filter(|k| CacheKey::parse(k).is_ok())
+fn parse(bytes: &[u8]) -> Vec<Named> {
+    let said: Vec<Said> = serde_json::from_slice(bytes).unwrap_or_default();
+    said.into_iter()
+        .map(|s| match s {
+            Said::Key(key) => Named {
+                key,
+                temp_bytes: None,
+            },
+            Said::Named(n) => n,
+        })
+        .filter(|n| CacheKey::parse(&n.key).is_ok())
         .take(HINT_GRAPHS)
         .collect()
 }
@@ -93,7 +128,8 @@ impl Hints {
             return hints;
         }
         let (tx, rx) = channel();
-        let (keys, cache, client) = (hints.read.clone(), cache.clone(), client.clone());
+        let keys: Vec<String> = hints.read.iter().map(|n| n.key.clone()).collect();
+        let (cache, client) = (cache.clone(), client.clone());
         let spawned = std::thread::Builder::new()
             .name("neuron-pc-prefetch".into())
             .spawn(move || {
@@ -115,7 +151,7 @@ impl Hints {
             });
         if let Ok(thread) = spawned {
             hints.prefetch = Some(Prefetch {
-                keys: hints.read.clone(),
+                keys: hints.read.iter().map(|n| n.key.clone()).collect(),
                 rx,
                 arrived: HashMap::new(),
                 thread: Some(thread),
@@ -132,6 +168,24 @@ impl Hints {
         if !p.keys.iter().any(|k| k == hex) {
             return None;
         }
+        while let Ok((k, loaded)) = p.rx.try_recv() {
+            p.arrived.insert(k, loaded);
+        }
+        if !p.arrived.contains_key(hex) && !self.prefaulted {
+            // about to wait: map the memory the execution will allocate in the meantime
+            self.prefaulted = true;
+            let bytes = self.read.iter().filter_map(|n| n.temp_bytes).max();
+            if let Some(bytes) = bytes.and_then(|b| usize::try_from(b).ok()) {
+                let started = Instant::now();
+                if neuron_pc_compiler::pjrt::prefault(bytes) {
+                    tracing::debug!(
+                        "mapped {bytes} bytes for the first execution while its executable \
+                         loads ({:.1} ms)",
+                        ms_since(started)
+                    );
+                }
+            }
+        }
         while !p.arrived.contains_key(hex) {
             let Ok((k, loaded)) = p.rx.recv() else {
                 break;
@@ -141,16 +195,29 @@ impl Hints {
         p.arrived.remove(hex)
     }
 
-    /// Notes that this run obtained `key`; the hint is rewritten when this run's first keys
-    /// are not the ones it said.
-    pub(crate) fn obtained(&mut self, key: &Key, cache: &Cache) {
-        let hex = key.hex().to_string();
-        if self.obtained.len() >= HINT_GRAPHS || self.obtained.contains(&hex) {
+    /// Notes that this run obtained `key`, whose execution allocates `temp_bytes()` of
+    /// temporaries (asked only when the hint does not already say); the hint is rewritten when
+    /// this run's first graphs are not the ones it said.
+    pub(crate) fn obtained(
+        &mut self,
+        key: &Key,
+        cache: &Cache,
+        temp_bytes: impl FnOnce() -> Option<u64>,
+    ) {
+        let hex = key.hex();
+        if self.obtained.len() >= HINT_GRAPHS || self.obtained.iter().any(|n| n.key == hex) {
             return;
         }
-        self.obtained.push(hex);
         let n = self.obtained.len();
-        let agrees = self.read.len() >= n && self.read[..n] == self.obtained[..];
+        let temp_bytes = match self.read.get(n) {
+            Some(said) if said.key == hex && said.temp_bytes.is_some() => said.temp_bytes,
+            _ => temp_bytes(),
+        };
+        self.obtained.push(Named {
+            key: hex.to_string(),
+            temp_bytes,
+        });
+        let agrees = self.read.len() > n && self.read[..=n] == self.obtained[..];
         if let (false, Some(id)) = (agrees, &self.id) {
             if let Ok(bytes) = serde_json::to_vec(&self.obtained) {
                 cache.put_hint(id, &bytes);

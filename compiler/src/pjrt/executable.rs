@@ -208,6 +208,24 @@ impl LoadedExecutable {
         self.num_outputs
     }
 
+    /// The bytes of temporary buffers one execution allocates (besides its arguments and
+    /// results), as the plugin's buffer assignment says; `None` when the plugin does not report
+    /// its memory use.
+    pub fn temp_bytes(&self) -> Option<u64> {
+        let view = self.executable().ok()?;
+        let mut args = sys::PJRT_Executable_GetCompiledMemoryStats_Args {
+            executable: view.raw,
+            ..Args::new()
+        };
+        pjrt_call!(
+            self.client.plugin_ref(),
+            PJRT_Executable_GetCompiledMemoryStats,
+            &mut args
+        )
+        .ok()?;
+        u64::try_from(args.temp_size_in_bytes).ok()
+    }
+
     /// Parameter and result types, when the program text could be read.
     pub fn signature(&self) -> Option<&Signature> {
         self.signature.as_ref()

@@ -92,6 +92,32 @@ mod imp {
         };
         rc == 0
     }
+
+    /// Reads one of jemalloc's options by name (`T`: its C type).
+    fn option<T: Copy + Default>(name: &std::ffi::CStr) -> Option<T> {
+        let mut value = T::default();
+        let mut len = std::mem::size_of::<T>();
+        // SAFETY: a NUL-terminated option name; `value` is writable for `len` bytes, the
+        // option's size, which jemalloc checks against `len` (an error, not a write, if they
+        // differ); nothing is written to jemalloc (null new value, zero length).
+        let rc = unsafe {
+            tikv_jemalloc_sys::mallctl(
+                name.as_ptr(),
+                (&mut value as *mut T).cast(),
+                &mut len,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        (rc == 0).then_some(value)
+    }
+
+    /// One arena and dirty pages never decayed (the options above, unless `MALLOC_CONF`
+    /// changed them): a freed block's pages stay mapped for the next allocation of any thread.
+    pub fn keeps_freed_pages() -> bool {
+        option::<std::ffi::c_uint>(c"opt.narenas") == Some(1)
+            && option::<isize>(c"opt.dirty_decay_ms") == Some(-1)
+    }
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu", not(feature = "jemalloc")))]
@@ -137,6 +163,12 @@ mod imp {
         unsafe { malloc_trim(0) };
         true
     }
+
+    /// The settings above, once applied, keep every freed block in the one heap (no mappings,
+    /// trimming only past 1 GiB).
+    pub fn keeps_freed_pages() -> bool {
+        super::TUNED.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 #[cfg(not(any(
@@ -147,6 +179,10 @@ mod imp {
     pub fn apply() {}
 
     pub fn purge() -> bool {
+        false
+    }
+
+    pub fn keeps_freed_pages() -> bool {
         false
     }
 }
@@ -166,11 +202,15 @@ pub fn tune_allocator_once() {
             }
         } else if !off {
             imp::apply();
+            TUNED.store(true, Ordering::Relaxed);
         }
     });
 }
 
+/// Whether glibc's settings were applied in this process.
+static TUNED: AtomicBool = AtomicBool::new(false);
 static RELEASES: AtomicU64 = AtomicU64::new(0);
+static PREFAULTED: AtomicU64 = AtomicU64::new(0);
 static RELEASE_AFTER_COMPILE: AtomicBool = AtomicBool::new(true);
 
 /// Whether each compile releases the freed memory when it returns (on by default). A process
@@ -199,4 +239,46 @@ pub fn release_freed_memory() -> bool {
 /// How many times [`release_freed_memory`] has released memory in this process.
 pub fn freed_memory_releases() -> u64 {
     RELEASES.load(Ordering::Relaxed)
+}
+
+/// Whether a block freed now stays mapped in the process for the next allocation of any
+/// thread (jemalloc with one arena and no decay, or glibc tuned as above).
+pub fn keeps_freed_pages() -> bool {
+    imp::keeps_freed_pages()
+}
+
+/// Maps `bytes` of memory into the process and frees them again, so that the allocations of
+/// an execution about to start (its temporary buffer) reuse pages already faulted in instead
+/// of faulting each in while the step runs. Worth it only while the caller would otherwise
+/// wait (the first step waiting for its executable to load: `src/compile/prefetch.rs`), and
+/// only where freed pages stay mapped ([`keeps_freed_pages`]); returns whether it was done.
+/// A later [`release_freed_memory`] gives the pages back like any other freed memory.
+pub fn prefault(bytes: usize) -> bool {
+    // Touching one byte per 4 KiB faults in every page (a larger page is touched repeatedly).
+    const PAGE: usize = 4096;
+    if bytes == 0 || !keeps_freed_pages() {
+        return false;
+    }
+    let Ok(layout) = std::alloc::Layout::from_size_align(bytes, PAGE) else {
+        return false;
+    };
+    // SAFETY: the layout has a non-zero size.
+    let block = unsafe { std::alloc::alloc(layout) };
+    if block.is_null() {
+        return false;
+    }
+    for offset in (0..bytes).step_by(PAGE) {
+        // SAFETY: `offset < bytes`, inside the block just allocated; a volatile write so the
+        // touch is not optimised away with the otherwise unread block.
+        unsafe { block.add(offset).write_volatile(0) };
+    }
+    // SAFETY: allocated above with this layout, not yet freed.
+    unsafe { std::alloc::dealloc(block, layout) };
+    PREFAULTED.fetch_add(bytes as u64, Ordering::Relaxed);
+    true
+}
+
+/// How many bytes [`prefault`] has mapped in this process.
+pub fn prefaulted_bytes() -> u64 {
+    PREFAULTED.load(Ordering::Relaxed)
 }

@@ -56,8 +56,9 @@ pub use executable::{Launched, LaunchedReplicas, LoadedExecutable};
 pub use kv::{KeyValueStore, KvError};
 pub use logging::plugin_logs_enabled;
 pub use malloc::{
-    freed_memory_releases, release_after_compile, release_freed_memory, set_release_after_compile,
-    tune_allocator_once, JEMALLOC, MALLOC_TUNING_VAR,
+    freed_memory_releases, keeps_freed_pages, prefault, prefaulted_bytes, release_after_compile,
+    release_freed_memory, set_release_after_compile, tune_allocator_once, JEMALLOC,
+    MALLOC_TUNING_VAR,
 };
 pub use options::{CompileOptions, OverrideValue};
 pub use signature::{ArgType, Signature};
