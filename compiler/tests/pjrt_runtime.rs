@@ -405,3 +405,76 @@ func.func @main(%a: tensor<4x3xf32>, %b: tensor<4x3xf32>) -> (tensor<4x3xi32>, t
         .unwrap_err();
     assert!(err.to_string().contains("returns 2 values"), "{err}");
 }
+
+/// `Client::zeros_buffer` (copied from zero pages, not a heap block) holds zeros of its dtype
+/// and shape on the device asked for, scalars and empty shapes included, and a program takes
+/// it as any other buffer.
+#[test]
+fn zero_buffers_hold_zeros_and_run_like_uploads() {
+    use neuron_pc_compiler::DType;
+    for (dtype, dims) in [
+        (DType::F32, vec![]),
+        (DType::F32, vec![0, 3]),
+        (DType::BF16, vec![7]),
+        (DType::I64, vec![2, 3]),
+        (DType::Pred, vec![5]),
+        (DType::U8, vec![3, 4099]),
+        // 4 MiB: many pages
+        (DType::F32, vec![1024, 1024]),
+    ] {
+        for device in [Device(0), Device(1)] {
+            let b = client().zeros_buffer(dtype, &dims, device).unwrap();
+            assert_eq!((b.dtype(), b.dims()), (dtype, dims.as_slice()));
+            let host = b.to_host().unwrap();
+            assert_eq!(host, HostTensor::zeros(dtype, &dims), "{dtype}{dims:?}");
+        }
+    }
+    let prog = "func.func @main(%a: tensor<3x4xf32>, %b: tensor<3x4xf32>) -> tensor<3x4xf32> \
+                {\n  %0 = stablehlo.add %a, %b : tensor<3x4xf32>\n  \
+                return %0 : tensor<3x4xf32>\n}";
+    let exe = client().compile(prog, &CompileOptions::default()).unwrap();
+    let zeros = client()
+        .zeros_buffer(DType::F32, &[3, 4], Device(0))
+        .unwrap();
+    let b = seq(12, 0.5, -2.0);
+    let x = client()
+        .buffer_from_host(&f32s(&b, &[3, 4]), Device(0))
+        .unwrap();
+    let out = exe.execute(&[&zeros, &x]).unwrap();
+    assert_eq!(out[0].to_host().unwrap().to_vec::<f32>().unwrap(), b);
+}
+
+/// `LoadedExecutable::temp_bytes`: a matmul whose product is only reduced (through a tanh, so
+/// that the sum of a product is not rewritten into a smaller one) needs the product as a
+/// temporary (at least its 1 MiB), an elementwise program next to nothing; a deserialized
+/// executable says the same as the compiled one.
+#[test]
+fn executables_report_their_temporary_bytes() {
+    let prog = r#"
+func.func @main(%a: tensor<64x16xf32>, %b: tensor<16x4096xf32>) -> tensor<f32> {
+  %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0]
+    : (tensor<64x16xf32>, tensor<16x4096xf32>) -> tensor<64x4096xf32>
+  %t = stablehlo.tanh %0 : tensor<64x4096xf32>
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %1 = stablehlo.reduce(%t init: %z) applies stablehlo.add across dimensions = [0, 1]
+    : (tensor<64x4096xf32>, tensor<f32>) -> tensor<f32>
+  return %1 : tensor<f32>
+}"#;
+    let exe = client().compile(prog, &CompileOptions::default()).unwrap();
+    let temp = exe
+        .temp_bytes()
+        .expect("the cpu plugin reports memory stats");
+    assert!(temp >= 64 * 4096 * 4, "{temp} bytes of temporaries");
+    let again = client()
+        .deserialize(&exe.serialize().unwrap(), None)
+        .unwrap();
+    assert_eq!(again.temp_bytes(), Some(temp));
+    let small = "func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  \
+                 %0 = stablehlo.abs %a : tensor<4xf32>\n  return %0 : tensor<4xf32>\n}";
+    let exe = client().compile(small, &CompileOptions::default()).unwrap();
+    let temp = exe.temp_bytes().unwrap();
+    assert!(
+        temp < 1024,
+        "{temp} bytes of temporaries for an elementwise program"
+    );
+}

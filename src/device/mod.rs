@@ -21,7 +21,7 @@ use neuron_pc_compiler::ir::{Op, TensorType};
 use neuron_pc_compiler::pjrt::{
     find_plugin, Buffer, Client, ClientOptions, Device, Plugin, Target,
 };
-use neuron_pc_compiler::HostTensor;
+use neuron_pc_compiler::{DType, HostTensor};
 
 pub use config::{
     DeviceConfig, CHECK_INDICES_ENV, CPU_NUM_DEVICES_ENV, DEBUG_STEPS_ENV, DEVICES_ENV,
@@ -449,6 +449,30 @@ impl DeviceInner {
         Ok(self.wrap_buffers(buffers, per_replica, zero_filled, None))
     }
 
+    /// Zeros on every replica's device, copied from zero pages rather than a heap block
+    /// (`Client::zeros_buffer`): optimizer state and other buffers that start at zero.
+    /// `per_replica`: each replica's own value (its copy may diverge), else replicated.
+    pub(crate) fn upload_zeros(
+        &self,
+        dtype: DType,
+        dims: &[usize],
+        per_replica: bool,
+        zero_filled: bool,
+    ) -> Result<Arc<DeviceData>> {
+        let started = Instant::now();
+        let buffers = (self.devices.iter())
+            .map(|&d| self.client().zeros_buffer(dtype, dims, d))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        self.phase("transfer to device", started, None);
+        {
+            let bytes = dims.iter().product::<usize>() * dtype.size_in_bytes();
+            let mut m = lock(&self.metrics);
+            m.transfers_to_device += buffers.len() as u64;
+            m.bytes_to_device += (bytes * buffers.len()) as u64;
+        }
+        Ok(self.wrap_buffers(buffers, per_replica, zero_filled, None))
+    }
+
     pub(crate) fn wrap_buffers(
         &self,
         buffers: Vec<Buffer>,
@@ -686,10 +710,7 @@ impl DeviceInner {
                 .output_types
                 .iter()
                 .zip(per_replica)
-                .map(|(ty, &p)| {
-                    let zeros = HostTensor::zeros(ty.dtype, &ty.dims);
-                    self.upload_replicas(&vec![&zeros; self.devices.len()], p, true)
-                })
+                .map(|(ty, &p)| self.upload_zeros(ty.dtype, &ty.dims, p, true))
                 .collect();
         };
         // A parameter may be donated when the graph's own operands are its only holders

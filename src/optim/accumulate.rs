@@ -1,7 +1,5 @@
 //! Gradient accumulation over micro-batches.
 
-use neuron_pc_compiler::HostTensor;
-
 use crate::device::LazyDevice;
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -38,10 +36,7 @@ impl GradAccumulator {
         }
         let sums = params
             .iter()
-            .map(|p| {
-                let zeros = HostTensor::zeros(p.dtype(), p.dims());
-                device.from_replicas(&vec![zeros; device.replicas()])
-            })
+            .map(|p| device.zeros_data(p.dims(), p.dtype(), true))
             .collect::<Result<_>>()?;
         Ok(GradAccumulator {
             sums,

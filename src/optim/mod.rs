@@ -4,7 +4,7 @@
 
 use std::panic::Location;
 
-use neuron_pc_compiler::{DType, HostTensor};
+use neuron_pc_compiler::DType;
 
 use crate::device::LazyDevice;
 use crate::error::Result;
@@ -231,7 +231,7 @@ impl AdamW {
         let named = |i: usize, p: &Tensor, what: &str| -> Result<Tensor> {
             let t = match zero1 {
                 Some(z) => z.zeros(i, p.dtype())?,
-                None => device.tensor(&HostTensor::zeros(p.dtype(), p.dims()))?,
+                None => device.zeros_data(p.dims(), p.dtype(), false)?,
             };
             if let Some(n) = p.name() {
                 t.set_name(&format!("optimizer.{n}.{what}"));
@@ -381,7 +381,7 @@ impl Sgd {
         let momentum_buffer: Vec<Tensor> = (params.iter().enumerate())
             .map(|(i, p)| match &zero1 {
                 Some(z) => z.zeros(i, p.dtype()),
-                None => device.tensor(&HostTensor::zeros(p.dtype(), p.dims())),
+                None => device.zeros_data(p.dims(), p.dtype(), false),
             })
             .collect::<Result<_>>()?;
         register_state(device, &momentum_buffer);

@@ -12,7 +12,7 @@
 //! Checkpoints hold the whole state under PyTorch's names ([`Zero1::gather`]), so a file saved
 //! with ZeRO-1 at N replicas loads at any other N, with or without ZeRO-1.
 
-use neuron_pc_compiler::{DType, HostTensor};
+use neuron_pc_compiler::DType;
 
 use crate::device::LazyDevice;
 use crate::error::Result;
@@ -60,9 +60,8 @@ impl Zero1 {
 
     /// Zeros of parameter `i`'s block, each replica's own.
     pub(crate) fn zeros(&self, i: usize, dtype: DType) -> Result<Tensor> {
-        let zeros = HostTensor::zeros(dtype, &[self.layouts[i].block]);
         self.device
-            .from_replicas(&vec![zeros; self.device.replicas()])
+            .zeros_data(&[self.layouts[i].block], dtype, true)
     }
 
     /// `t` (shaped like parameter `i`) flattened and padded with zeros to N blocks: `[N, block]`.

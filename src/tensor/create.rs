@@ -35,6 +35,20 @@ impl LazyDevice {
         Ok(self.holding(data))
     }
 
+    /// Zeros held as device data, not a graph constant: the starting value of state a step
+    /// updates (optimizer moments, accumulated gradients). `per_replica`: each replica's own
+    /// copy, free to diverge (ZeRO-1 blocks, local gradient sums); else replicated. Copied
+    /// from the kernel's zero pages, not a heap block (`Client::zeros_buffer`).
+    pub(crate) fn zeros_data(
+        &self,
+        dims: &[usize],
+        dtype: DType,
+        per_replica: bool,
+    ) -> Result<Tensor> {
+        let data = self.inner.upload_zeros(dtype, dims, per_replica, false)?;
+        Ok(self.holding(data))
+    }
+
     /// Splits `host` along its first dimension into one equal block per replica, replica `r`
     /// getting block `r` (a per-replica value: each replica's shard of a global batch). On
     /// one device the tensor is `host` whole. In a multi-process run `host` is the global
