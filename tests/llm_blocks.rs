@@ -2,8 +2,7 @@
 //! grouped-query heads, RMSNorm / LayerNorm with an explicit eps): values on the cpu plugin
 //! against plain Rust loops written from the definitions (sharing no code with the library),
 //! gradients against central finite differences in f64 (`grad_check/`), shape errors, and the
-//! StableHLO of grouped-query attention (no kv head copied out to the query heads) and of a
-//! linear layer's backward pass (its weight gradient needs no transpose).
+//! StableHLO of grouped-query attention (no kv head copied out to the query heads).
 //!
 //! Tolerances: f64 ops `1e-12 (1 + |want|)`; anything through the rotary tables, which are
 //! float32 as in Hugging Face, `1e-5 (1 + |want|)` (an angle of position 12 carries ~1e-6 of
@@ -448,14 +447,9 @@ fn llm_block_gradients() {
     c.finish();
 }
 
-/// The StableHLO of the step that `record` traces (in extract mode: nothing runs). `record`
-/// gets the device and a maker of uploaded zeros (uploads, not constants, which the lowering
-/// would fold away) and returns the values the step must compute.
-fn step_text(
-    name: &str,
-    record: impl FnOnce(&LazyDevice, &dyn Fn(&[usize]) -> Tensor) -> Vec<Tensor>,
-) -> String {
-    let dir = std::env::temp_dir().join(format!("npc-{name}-{}", std::process::id()));
+#[test]
+fn grouped_query_attention_never_repeats_the_kv_heads() {
+    let dir = std::env::temp_dir().join(format!("npc-gqa-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let dev = LazyDevice::new(neuron_pc::DeviceConfig {
         cache: neuron_pc::compile::CacheConfig::disabled(),
@@ -463,11 +457,21 @@ fn step_text(
         ..neuron_pc::DeviceConfig::default()
     })
     .unwrap();
+    // uploads, not constants (which the lowering would fold away)
     let z = |d: &[usize]| {
         dev.tensor(&neuron_pc::HostTensor::zeros(DType::F32, d))
             .unwrap()
     };
-    let _pending = record(&dev, &z);
+    // 8 query heads over 2 kv heads, 3 queries, 5 keys, head dim 4
+    let y = sdpa(
+        &z(&[1, 8, 3, 4]),
+        &z(&[1, 2, 5, 4]),
+        &z(&[1, 2, 5, 4]),
+        None,
+        true,
+        None,
+    );
+    let _pending = y.unwrap();
     dev.mark_step().unwrap();
     let mlir: String = std::fs::read_dir(&dir)
         .unwrap()
@@ -476,23 +480,6 @@ fn step_text(
         .map(|p| std::fs::read_to_string(p).unwrap())
         .collect();
     std::fs::remove_dir_all(&dir).unwrap();
-    mlir
-}
-
-#[test]
-fn grouped_query_attention_never_repeats_the_kv_heads() {
-    // 8 query heads over 2 kv heads, 3 queries, 5 keys, head dim 4
-    let mlir = step_text("gqa", |_, z| {
-        vec![sdpa(
-            &z(&[1, 8, 3, 4]),
-            &z(&[1, 2, 5, 4]),
-            &z(&[1, 2, 5, 4]),
-            None,
-            true,
-            None,
-        )
-        .unwrap()]
-    });
     // both products batch over the 2 kv heads, with the 4 query heads of a group stacked
     assert_eq!(mlir.matches("stablehlo.dot_general").count(), 2, "{mlir}");
     assert!(
@@ -508,23 +495,3 @@ fn grouped_query_attention_never_repeats_the_kv_heads() {
         assert!(!mlir.contains(repeated), "{repeated} in\n{mlir}");
     }
 }
-
-/// A linear layer's weight gradient (`w` stored `[out, in]`, as PyTorch does) is one dot that
-/// comes out `[out, in]`: `g^T . x`, not `(x^T . g)^T`, whose transpose makes XLA's CPU backend
-/// run the dot outside its YNNPACK fusions. The input gradient needs no transpose either.
-#[test]
-fn a_linear_layers_gradients_need_no_transpose() {
-    let mlir = step_text("linear-grad", |_, z| {
-        let (x, w) = (z(&[4, 3, 5]), z(&[6, 5]));
-        let y = x.linear(&w, None).unwrap();
-        let loss = y.mul(&z(&[4, 3, 6])).unwrap().sum_all().unwrap();
-        neuron_pc::grad(&loss, &[&x, &w]).unwrap()
-    });
-    assert!(!mlir.contains("stablehlo.transpose"), "{mlir}");
-    // the weight gradient: g [4, 3, 6] . x [4, 3, 5] over the rows
-    assert!(
-        mlir.contains("(tensor<4x3x6xf32>, tensor<4x3x5xf32>) -> tensor<6x5xf32>"),
-        "{mlir}"
-    );
-}
-
