@@ -2,7 +2,8 @@
 //! grouped-query heads, RMSNorm / LayerNorm with an explicit eps): values on the cpu plugin
 //! against plain Rust loops written from the definitions (sharing no code with the library),
 //! gradients against central finite differences in f64 (`grad_check/`), shape errors, and the
-//! StableHLO of grouped-query attention (no kv head copied out to the query heads).
+//! StableHLO of grouped-query attention (no kv head copied out to the query heads) and of the
+//! softmax's backward pass (not through its maximum).
 //!
 //! Tolerances: f64 ops `1e-12 (1 + |want|)`; anything through the rotary tables, which are
 //! float32 as in Hugging Face, `1e-5 (1 + |want|)` (an angle of position 12 carries ~1e-6 of
@@ -447,9 +448,14 @@ fn llm_block_gradients() {
     c.finish();
 }
 
-#[test]
-fn grouped_query_attention_never_repeats_the_kv_heads() {
-    let dir = std::env::temp_dir().join(format!("npc-gqa-{}", std::process::id()));
+/// The StableHLO of the step that `record` traces (in extract mode: nothing runs). `record`
+/// gets a maker of uploaded zeros (uploads, not constants, which the lowering would fold
+/// away) and returns the values the step must compute.
+fn step_text(
+    name: &str,
+    record: impl FnOnce(&dyn Fn(&[usize]) -> Tensor) -> Vec<Tensor>,
+) -> String {
+    let dir = std::env::temp_dir().join(format!("npc-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let dev = LazyDevice::new(neuron_pc::DeviceConfig {
         cache: neuron_pc::compile::CacheConfig::disabled(),
@@ -457,21 +463,11 @@ fn grouped_query_attention_never_repeats_the_kv_heads() {
         ..neuron_pc::DeviceConfig::default()
     })
     .unwrap();
-    // uploads, not constants (which the lowering would fold away)
     let z = |d: &[usize]| {
         dev.tensor(&neuron_pc::HostTensor::zeros(DType::F32, d))
             .unwrap()
     };
-    // 8 query heads over 2 kv heads, 3 queries, 5 keys, head dim 4
-    let y = sdpa(
-        &z(&[1, 8, 3, 4]),
-        &z(&[1, 2, 5, 4]),
-        &z(&[1, 2, 5, 4]),
-        None,
-        true,
-        None,
-    );
-    let _pending = y.unwrap();
+    let _pending = record(&z);
     dev.mark_step().unwrap();
     let mlir: String = std::fs::read_dir(&dir)
         .unwrap()
@@ -480,6 +476,23 @@ fn grouped_query_attention_never_repeats_the_kv_heads() {
         .map(|p| std::fs::read_to_string(p).unwrap())
         .collect();
     std::fs::remove_dir_all(&dir).unwrap();
+    mlir
+}
+
+#[test]
+fn grouped_query_attention_never_repeats_the_kv_heads() {
+    // 8 query heads over 2 kv heads, 3 queries, 5 keys, head dim 4
+    let mlir = step_text("gqa", |z| {
+        vec![sdpa(
+            &z(&[1, 8, 3, 4]),
+            &z(&[1, 2, 5, 4]),
+            &z(&[1, 2, 5, 4]),
+            None,
+            true,
+            None,
+        )
+        .unwrap()]
+    });
     // both products batch over the 2 kv heads, with the 4 query heads of a group stacked
     assert_eq!(mlir.matches("stablehlo.dot_general").count(), 2, "{mlir}");
     assert!(
@@ -493,5 +506,28 @@ fn grouped_query_attention_never_repeats_the_kv_heads() {
     // k or v copied out to the 8 query heads would have one of these types
     for repeated in ["tensor<1x8x5x4xf32>", "tensor<1x2x4x5x4xf32>"] {
         assert!(!mlir.contains(repeated), "{repeated} in\n{mlir}");
+    }
+}
+
+/// The softmax's backward pass does not go through the maximum it subtracts (the softmax does
+/// not depend on it): no equality comparison with the maximum to route a gradient to it. Its
+/// values are checked against finite differences in `llm_block_gradients` and the losses.
+#[test]
+fn the_softmax_gradient_skips_the_shift() {
+    let grad_of = |f: fn(&Tensor, isize) -> neuron_pc::Result<Tensor>| {
+        step_text("softmax-grad", |z| {
+            let x = z(&[3, 7]);
+            let y = f(&x, -1).unwrap();
+            let loss = y.mul(&z(&[3, 7])).unwrap().sum_all().unwrap();
+            neuron_pc::grad(&loss, &[&x]).unwrap()
+        })
+    };
+    for (name, mlir) in [
+        ("softmax", grad_of(nn::softmax)),
+        ("log_softmax", grad_of(nn::log_softmax)),
+    ] {
+        // the maximum's own reduction compares with NE (NaN); the gradient through it with EQ
+        assert!(mlir.contains("stablehlo.reduce"), "{name}:\n{mlir}");
+        assert!(!mlir.contains("stablehlo.compare EQ"), "{name}:\n{mlir}");
     }
 }
