@@ -138,7 +138,7 @@ impl Hints {
                     let exe = match CacheKey::parse(&hex).map(|k| cache.get(&k)) {
                         Ok(Lookup::Hit(hit)) => {
                             client.deserialize(&hit.executable, None).ok().map(|exe| {
-                                let interface = exe.interface().ok();
+                                let interface = exe.interface_from(&hit.executable).ok();
                                 (exe, interface)
                             })
                         }

@@ -152,7 +152,7 @@ impl Client {
         )?;
         let exe = self.wrap_executable(args.loaded_executable, signature)?;
         if let Some(sig) = exe.signature() {
-            exe.check_interface(sig)?;
+            exe.check_asked(&exe.interface_from(bytes)?, sig)?;
         }
         Ok(exe)
     }

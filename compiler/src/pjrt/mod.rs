@@ -37,7 +37,7 @@ mod event;
 mod executable;
 pub mod integrity;
 mod interface;
-pub use interface::Interface;
+pub use interface::{parameter_types_in, Interface};
 pub mod kv;
 mod logging;
 mod malloc;
