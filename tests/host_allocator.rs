@@ -115,6 +115,14 @@ fn prefault_then_allocate() {
     })
     .unwrap();
     let keeps = keeps_freed_pages();
+    // a size no hint should name (all the physical memory there is) is refused at once
+    let everything = usize::try_from(
+        // SAFETY: sysconf only reads system values.
+        unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) * libc::sysconf(libc::_SC_PAGESIZE) },
+    )
+    .unwrap();
+    assert!(!prefault(everything));
+    assert_eq!(prefaulted_bytes(), 0);
     let before = minor_faults();
     let done = prefault(BLOCK);
     let mapping = minor_faults() - before;

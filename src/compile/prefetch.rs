@@ -17,8 +17,8 @@
 //! A hint is only advice: the entries it names are read and verified like any other (the
 //! cache checks the digest and the signature), and a prefetched executable is checked against
 //! the program's signature before it is used, as a loaded one is. A missing, stale or garbled
-//! hint costs at most a wasted background load (and memory mapped ahead for nothing, until
-//! the next compile gives freed memory back).
+//! hint costs at most a wasted background load (and memory mapped ahead for nothing, never more
+//! than half the free physical memory, until the next compile gives freed memory back).
 
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver};

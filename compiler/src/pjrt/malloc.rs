@@ -252,11 +252,13 @@ pub fn keeps_freed_pages() -> bool {
 /// of faulting each in while the step runs. Worth it only while the caller would otherwise
 /// wait (the first step waiting for its executable to load: `src/compile/prefetch.rs`), and
 /// only where freed pages stay mapped ([`keeps_freed_pages`]); returns whether it was done.
-/// A later [`release_freed_memory`] gives the pages back like any other freed memory.
+/// A later [`release_freed_memory`] gives the pages back like any other freed memory. A size
+/// over half the physical memory free right now is refused: the size comes from a hint on
+/// disk, and a stale or garbled one must not push the job out of memory.
 pub fn prefault(bytes: usize) -> bool {
     // Touching one byte per 4 KiB faults in every page (a larger page is touched repeatedly).
     const PAGE: usize = 4096;
-    if bytes == 0 || !keeps_freed_pages() {
+    if bytes == 0 || !keeps_freed_pages() || free_physical_bytes().is_none_or(|f| bytes > f / 2) {
         return false;
     }
     let Ok(layout) = std::alloc::Layout::from_size_align(bytes, PAGE) else {
@@ -276,6 +278,25 @@ pub fn prefault(bytes: usize) -> bool {
     unsafe { std::alloc::dealloc(block, layout) };
     PREFAULTED.fetch_add(bytes as u64, Ordering::Relaxed);
     true
+}
+
+/// The physical memory free right now (not counting the page cache), where the platform says.
+fn free_physical_bytes() -> Option<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: sysconf only reads system values.
+        let (pages, size) = unsafe {
+            (
+                libc::sysconf(libc::_SC_AVPHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        usize::try_from(pages)
+            .ok()?
+            .checked_mul(usize::try_from(size).ok()?)
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
 }
 
 /// How many bytes [`prefault`] has mapped in this process.
