@@ -27,13 +27,18 @@ fn minor_faults() -> i64 {
     usage.ru_minflt
 }
 
-/// The most page faults of one step once the heap has grown (steps 3 to 5 of 6).
-fn steady_faults_per_step() -> i64 {
-    let dev = LazyDevice::new(DeviceConfig {
+/// A device with no compile cache (each test compiles what it measures).
+fn device() -> LazyDevice {
+    LazyDevice::new(DeviceConfig {
         cache: CacheConfig::disabled(),
         ..DeviceConfig::default()
     })
-    .unwrap();
+    .unwrap()
+}
+
+/// The most page faults of one step once the heap has grown (steps 3 to 5 of 6).
+fn steady_faults_per_step() -> i64 {
+    let dev = device();
     let a = dev.full(0.5, &[4096, 16], DType::F32).unwrap();
     let b = dev.full(0.25, &[16, 5000], DType::F32).unwrap();
     let mut faults = Vec::new();
@@ -55,11 +60,7 @@ fn steady_faults_per_step() -> i64 {
 /// Memory the allocator keeps after a free goes back to the kernel when released, and every
 /// compile releases it (the compiler's working memory is free by then).
 fn release_after_compile() {
-    let dev = LazyDevice::new(DeviceConfig {
-        cache: CacheConfig::disabled(),
-        ..DeviceConfig::default()
-    })
-    .unwrap();
+    let dev = device();
     let released = neuron_pc_compiler::pjrt::freed_memory_releases();
     let x = dev
         .tensor(&neuron_pc::HostTensor::from_slice(&[0.5f32; 64 * 64], &[64, 64]).unwrap())
@@ -109,11 +110,7 @@ fn release_after_compile() {
 fn prefault_then_allocate() {
     use neuron_pc_compiler::pjrt::{keeps_freed_pages, prefault, prefaulted_bytes};
     // the first plugin load applies glibc's settings in a build without jemalloc
-    let _dev = LazyDevice::new(DeviceConfig {
-        cache: CacheConfig::disabled(),
-        ..DeviceConfig::default()
-    })
-    .unwrap();
+    let _dev = device();
     let keeps = keeps_freed_pages();
     // a size no hint should name (all the physical memory there is) is refused at once
     let everything = usize::try_from(

@@ -129,11 +129,11 @@ impl Hints {
         }
         let (tx, rx) = channel();
         let keys: Vec<String> = hints.read.iter().map(|n| n.key.clone()).collect();
-        let (cache, client) = (cache.clone(), client.clone());
+        let (thread_keys, cache, client) = (keys.clone(), cache.clone(), client.clone());
         let spawned = std::thread::Builder::new()
             .name("neuron-pc-prefetch".into())
             .spawn(move || {
-                for hex in keys {
+                for hex in thread_keys {
                     let started = Instant::now();
                     let exe = match CacheKey::parse(&hex).map(|k| cache.get(&k)) {
                         Ok(Lookup::Hit(hit)) => {
@@ -151,7 +151,7 @@ impl Hints {
             });
         if let Ok(thread) = spawned {
             hints.prefetch = Some(Prefetch {
-                keys: hints.read.iter().map(|n| n.key.clone()).collect(),
+                keys,
                 rx,
                 arrived: HashMap::new(),
                 thread: Some(thread),

@@ -440,13 +440,7 @@ impl DeviceInner {
             .zip(&self.devices)
             .map(|(h, &d)| self.client().buffer_from_host(h, d))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        self.phase("transfer to device", started, None);
-        {
-            let mut m = lock(&self.metrics);
-            m.transfers_to_device += hosts.len() as u64;
-            m.bytes_to_device += hosts.iter().map(|h| h.bytes().len() as u64).sum::<u64>();
-        }
-        Ok(self.wrap_buffers(buffers, per_replica, zero_filled, None))
+        Ok(self.transferred(started, buffers, per_replica, zero_filled))
     }
 
     /// Zeros on every replica's device, copied from zero pages rather than a heap block
@@ -463,14 +457,26 @@ impl DeviceInner {
         let buffers = (self.devices.iter())
             .map(|&d| self.client().zeros_buffer(dtype, dims, d))
             .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(self.transferred(started, buffers, per_replica, zero_filled))
+    }
+
+    /// Records the transfer of `buffers` (begun at `started`) in the timeline and the metrics,
+    /// and wraps them as one value.
+    fn transferred(
+        &self,
+        started: Instant,
+        buffers: Vec<Buffer>,
+        per_replica: bool,
+        zero_filled: bool,
+    ) -> Arc<DeviceData> {
         self.phase("transfer to device", started, None);
         {
-            let bytes = dims.iter().product::<usize>() * dtype.size_in_bytes();
+            let bytes = |b: &Buffer| b.dims().iter().product::<usize>() * b.dtype().size_in_bytes();
             let mut m = lock(&self.metrics);
             m.transfers_to_device += buffers.len() as u64;
-            m.bytes_to_device += (bytes * buffers.len()) as u64;
+            m.bytes_to_device += buffers.iter().map(|b| bytes(b) as u64).sum::<u64>();
         }
-        Ok(self.wrap_buffers(buffers, per_replica, zero_filled, None))
+        self.wrap_buffers(buffers, per_replica, zero_filled, None)
     }
 
     pub(crate) fn wrap_buffers(

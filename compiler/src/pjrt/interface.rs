@@ -151,7 +151,6 @@ impl LoadedExecutable {
         Ok(Interface {
             results: self.output_types()?,
             params: self.parameter_types(),
-            params_from_bytes: false,
         })
     }
 
@@ -160,30 +159,20 @@ impl LoadedExecutable {
     /// ([`parameter_types_in`]), which spares asking the plugin to serialize its optimized
     /// program again (12 ms of the small Llama's first step, on its critical path).
     pub fn interface_from(&self, serialized: &[u8]) -> Result<Interface> {
-        let results = self.output_types()?;
-        Ok(match parameter_types_in(serialized) {
-            Some(params) => Interface {
-                results,
-                params: Some(params),
-                params_from_bytes: true,
-            },
-            None => Interface {
-                results,
-                params: self.parameter_types(),
-                params_from_bytes: false,
-            },
+        Ok(Interface {
+            results: self.output_types()?,
+            params: parameter_types_in(serialized).or_else(|| self.parameter_types()),
         })
     }
 
-    /// Checks `interface` (this executable's, asked ahead) against `expected`. Parameter types
-    /// read from the serialized bytes that do not match are asked of the plugin before the
-    /// executable is rejected: the bytes' layout is the plugin's own business, and a misread
-    /// must cost a slower check, never a good executable.
+    /// Checks `interface` (this executable's, asked ahead) against `expected`; on a mismatch
+    /// the plugin is asked again before the executable is refused. Parameter types read from
+    /// the serialized bytes rest on a layout that is the plugin's own business: a misread must
+    /// cost a slower check, never a good executable.
     pub fn check_asked(&self, interface: &Interface, expected: &Signature) -> Result<()> {
-        match interface.check(expected) {
-            Err(_) if interface.params_from_bytes => self.check_interface(expected),
-            checked => checked,
-        }
+        interface
+            .check(expected)
+            .or_else(|_| self.check_interface(expected))
     }
 
     /// Checks that this executable takes and returns what `expected` (read from the program
@@ -213,9 +202,6 @@ pub fn parameter_types_in(serialized: &[u8]) -> Option<Vec<ArgType>> {
 pub struct Interface {
     pub results: Vec<ArgType>,
     pub params: Option<Vec<ArgType>>,
-    /// Whether `params` were read from the serialized bytes rather than asked of the plugin
-    /// ([`LoadedExecutable::interface_from`]).
-    pub params_from_bytes: bool,
 }
 
 impl Interface {
