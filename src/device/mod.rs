@@ -340,7 +340,7 @@ impl DeviceInner {
         });
         rec.next_id += 1;
         if pending {
-            rec.pending.push(Arc::downgrade(&cell));
+            rec.track(Arc::downgrade(&cell));
         }
         cell
     }
@@ -385,13 +385,6 @@ impl DeviceInner {
         self.new_cell_locked(rec, ty, Value::Node(node))
     }
 
-    /// A splat constant of `value` over `ty` (an interned type) as an operand value: a node
-    /// with no tensor of its own.
-    pub(crate) fn splat(&self, ty: &Arc<TensorType>, value: f64) -> Value {
-        let op_id = lock(&self.recorder).interner.splat(ty, value);
-        Value::Node(Arc::new(Node::new(op_id, false, trace::Operands::new())))
-    }
-
     /// Whether `op`'s result may differ between replicas: the replica index does; a
     /// collective over one group of every replica gives all the same value; any other op
     /// differs where an operand does.
@@ -417,7 +410,7 @@ impl DeviceInner {
 
     /// Registers a tensor that became pending again (an in-place update).
     pub(crate) fn register_pending(&self, cell: &Arc<Cell>) {
-        lock(&self.recorder).pending.push(Arc::downgrade(cell));
+        lock(&self.recorder).track(Arc::downgrade(cell));
     }
 
     /// Copies `host` to every replica's device (a replicated value).
@@ -583,6 +576,7 @@ impl DeviceInner {
             // the next step's list, allocated at this one's length
             let mut rec = lock(&self.recorder);
             let next = Vec::with_capacity(rec.pending.len());
+            rec.prune_at = 2 * rec.pending.len();
             std::mem::replace(&mut rec.pending, next)
         };
         let mut cells: Vec<Arc<Cell>> = weak

@@ -77,7 +77,31 @@ pub(crate) struct Recorder {
     pub interner: Interner,
     /// Tensors that may hold pending values, pruned at every step.
     pub pending: Vec<Weak<Cell>>,
+    /// The length at which [`Recorder::track`] drops the dead entries of `pending`.
+    pub prune_at: usize,
     pub next_id: u64,
+}
+
+impl Recorder {
+    /// The least `prune_at`: a step of up to this many ops is never pruned while recorded.
+    pub const PRUNE_FLOOR: usize = 1 << 12;
+
+    /// Adds `cell` to the tensors that may be pending.
+    ///
+    /// An entry keeps its cell's allocation alive after the tensor is dropped, until the step
+    /// cut takes the list. A trace that runs far past the last step's length without a cut (a
+    /// loop that never calls `mark_step`) would then hold every temporary it ever made, and
+    /// each new tensor would land on fresh pages; so the list drops its dead entries once it
+    /// is twice as long as the last step's (at least [`Recorder::PRUNE_FLOOR`]), and sets the
+    /// next limit at twice what is left. A trace of the last step's length never prunes, so
+    /// the step's dead entries are still freed off the critical path (see `Retired`).
+    pub fn track(&mut self, cell: Weak<Cell>) {
+        if self.pending.len() >= self.prune_at.max(Self::PRUNE_FLOOR) {
+            self.pending.retain(|c| c.strong_count() > 0);
+            self.prune_at = 2 * self.pending.len();
+        }
+        self.pending.push(cell);
+    }
 }
 
 /// One recorded op application.
@@ -142,8 +166,10 @@ pub(crate) struct Interner {
     types: HashMap<Arc<TensorType>, u32>,
     type_list: Vec<Arc<TensorType>>,
     applied: HashMap<u64, Vec<(u32, TypeAddrs)>>,
-    /// Splat constants by the address of their interned type and the value's bits.
-    splats: HashMap<(usize, u64), u32>,
+    /// Splat constants by the address of their interned type and the value's bits: the one
+    /// node every use shares (it has no operands and never changes, so a step graph that uses
+    /// the constant twice holds it once, and no use allocates).
+    splats: HashMap<(usize, u64), Arc<Node>>,
     /// `applied` for the ops with a small key (see [`small_key`]): by the key, the operand
     /// count and up to three operand type addresses, with no `Op` hashed or compared.
     small: HashMap<(u32, [usize; 3]), (u32, Arc<TensorType>)>,
@@ -221,20 +247,22 @@ impl Interner {
         self.applied.entry(hash).or_default().push((id, addrs));
     }
 
-    /// The id of the constant `value` (converted to `ty`'s dtype) repeated over `ty`. When `ty`
-    /// is interned, a value seen before is found by its bits and the type's address alone.
-    pub fn splat(&mut self, ty: &Arc<TensorType>, value: f64) -> u32 {
+    /// The node of the constant `value` (converted to `ty`'s dtype) repeated over `ty`. When
+    /// `ty` is interned, a value seen before is found by its bits and the type's address alone,
+    /// and its node is shared.
+    pub fn splat(&mut self, ty: &Arc<TensorType>, value: f64) -> Arc<Node> {
         let key = (Arc::as_ptr(ty) as usize, value.to_bits());
-        if let Some(&id) = self.splats.get(&key) {
-            return id;
+        if let Some(node) = self.splats.get(&key) {
+            return node.clone();
         }
         let lit = Literal::splat(ty.dtype, value, &ty.dims);
         let (id, shared) = self.op(Op::Constant(lit), (**ty).clone());
+        let node = Arc::new(Node::new(id, false, Operands::new()));
         // Interned types live as long as the interner, so their addresses are never reused.
         if Arc::ptr_eq(&shared, ty) {
-            self.splats.insert(key, id);
+            self.splats.insert(key, node.clone());
         }
-        id
+        node
     }
 
     /// True when `ty` is this interner's shared copy of its type.
@@ -318,5 +346,58 @@ mod tests {
         assert!(i
             .applied(&Op::Reshape { dims: vec![3, 2] }, &at(&a))
             .is_none());
+    }
+
+    /// A pending cell of no device.
+    fn pending_cell(id: u64, node: &Arc<Node>) -> Arc<Cell> {
+        Arc::new(Cell {
+            id,
+            ty: Arc::new(TensorType::new(DType::F32, vec![1])),
+            device: Weak::new(),
+            value: Mutex::new(Value::Node(node.clone())),
+            donor: Mutex::new(None),
+            name: Mutex::new(None),
+        })
+    }
+
+    #[test]
+    fn the_pending_list_drops_dead_entries_only_past_the_last_step() {
+        let node = Arc::new(Node::new(0, false, Operands::new()));
+        let mut rec = Recorder::default();
+        // a long trace of temporaries and no cut: bounded, not one entry per tensor ever made
+        let mut longest = 0;
+        for id in 0..20_000 {
+            rec.track(Arc::downgrade(&pending_cell(id, &node)));
+            longest = longest.max(rec.pending.len());
+        }
+        assert_eq!(longest, Recorder::PRUNE_FLOOR);
+        // live tensors are never dropped from it, and keep their order
+        let mut rec = Recorder::default();
+        let mut live = Vec::new();
+        for id in 0..20_000 {
+            let c = pending_cell(id, &node);
+            rec.track(Arc::downgrade(&c));
+            if id % 3 == 0 {
+                live.push(c);
+            }
+        }
+        let kept: Vec<u64> = rec
+            .pending
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(kept, live.iter().map(|c| c.id).collect::<Vec<_>>());
+        assert!(rec.pending.len() < 20_000);
+        // after a step of 10,000 entries (the cut sets the limit), a trace of that length is
+        // not pruned while recorded
+        let mut rec = Recorder {
+            prune_at: 2 * 10_000,
+            ..Recorder::default()
+        };
+        for id in 0..19_999 {
+            rec.track(Arc::downgrade(&pending_cell(id, &node)));
+        }
+        assert_eq!(rec.pending.len(), 19_999);
     }
 }

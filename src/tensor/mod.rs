@@ -159,6 +159,18 @@ impl Tensor {
         types: &[&Arc<TensorType>],
         location: &'static Location<'static>,
     ) -> Result<Tensor> {
+        Tensor::apply_values_locked(dev, lock(&dev.recorder), op, values, types, location)
+    }
+
+    /// [`Tensor::apply_values`] with the device's recorder already locked.
+    pub(crate) fn apply_values_locked(
+        dev: &Arc<DeviceInner>,
+        mut rec: std::sync::MutexGuard<'_, crate::device::trace::Recorder>,
+        op: Op,
+        values: Operands,
+        types: &[&Arc<TensorType>],
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
         let per_replica = dev.result_per_replica(&op, &values);
         // An application seen before (same op, operands of the same interned types): its id
         // and type without inference.
@@ -166,7 +178,6 @@ impl Tensor {
         for t in types {
             addrs.push(Arc::as_ptr(t) as usize);
         }
-        let mut rec = lock(&dev.recorder);
         if let Some((op_id, ty)) = rec.interner.applied(&op, &addrs) {
             return Ok(Tensor {
                 cell: dev.record_interned(&mut rec, op_id, per_replica, ty, values),

@@ -8,6 +8,7 @@ use neuron_pc_compiler::DType;
 
 use super::shape::{broadcast_shape, dim_index, promote};
 use super::Tensor;
+use super::{lock, Value};
 use crate::device::trace::Operands;
 use crate::error::Result;
 
@@ -201,9 +202,12 @@ impl Tensor {
         // The constant is an operand only: no tensor of its own, and its op id is found by
         // the value and this tensor's interned type, with no literal built after the first.
         let ty = &self.cell.ty;
-        let c = dev.splat(ty, value);
-        let values = Operands::from_buf([self.value(), c]);
-        Tensor::apply_values(&dev, Op::Binary(op), values, &[ty, ty], location)
+        let x = self.value();
+        // one lock for the constant and the op
+        let mut rec = lock(&dev.recorder);
+        let c = Value::Node(rec.interner.splat(ty, value));
+        let values = Operands::from_buf([x, c]);
+        Tensor::apply_values_locked(&dev, rec, Op::Binary(op), values, &[ty, ty], location)
     }
 
     /// `cond ? on_true : on_false`, elementwise with broadcasting; `cond` is pred.
