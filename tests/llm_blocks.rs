@@ -197,6 +197,44 @@ fn silu_and_norms_follow_their_definitions() {
 }
 
 #[test]
+fn the_rotary_tables_are_the_plain_cosine_and_sine_bit_for_bit() {
+    // `cos_sin` multiplies each table by the identity (so that XLA computes it once); the
+    // product must leave every bit of the table, in both position-id forms, at a length
+    // where any rounding in the product would show
+    let dev = device();
+    let d = 64;
+    let rope = RotaryEmbedding::new(&dev, d, 10_000.0).unwrap();
+    let inv: Vec<f32> = (0..d / 2)
+        .map(|i| 1.0 / 10_000f32.powf((2 * i) as f32 / d as f32))
+        .collect();
+    let inv = dev.from_slice(&inv, &[d / 2]).unwrap();
+    let ids: Vec<i32> = (0..600).map(|i| i * 7 + 3).collect();
+    for dims in [vec![600], vec![3, 200]] {
+        let ids = dev.from_slice(&ids, &dims).unwrap();
+        let (cos, sin) = rope.cos_sin(&ids).unwrap();
+        let f = ids
+            .to_dtype(DType::F32)
+            .unwrap()
+            .unsqueeze(-1)
+            .unwrap()
+            .mul(&inv)
+            .unwrap();
+        let emb = Tensor::cat(&[&f, &f], -1).unwrap();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.to_host()
+                .unwrap()
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
+        };
+        assert_eq!(bits(&cos), bits(&emb.cos().unwrap()), "cos, ids {dims:?}");
+        assert_eq!(bits(&sin), bits(&emb.sin().unwrap()), "sin, ids {dims:?}");
+    }
+}
+
+#[test]
 fn rotary_embedding_follows_hugging_face() {
     let dev = device();
     let mut rng = HostRng::new(6);

@@ -66,7 +66,18 @@ impl RotaryEmbedding {
             .unsqueeze(-1)?
             .mul(&self.inv_freq)?;
         let emb = Tensor::cat(&[&freqs, &freqs], -1)?;
-        Ok((emb.cos()?, emb.sin()?))
+        // Each table times the identity, which leaves it bit for bit as it is (one product
+        // of 1, the others of 0) but makes XLA compute it once: sine and cosine are cheap
+        // for XLA's fusion, which otherwise recomputes the table inside every fusion that
+        // reads it, per element of the broadcast q or k (the small Llama: 16 sine and 16
+        // cosine evaluations per element of [4, 8, 128, 32], 3% of the step).
+        let d = position_ids.device()?;
+        let eye = d
+            .arange(self.head_dim, DType::I32)?
+            .unsqueeze(-1)?
+            .eq(&d.arange(self.head_dim, DType::I32)?)?
+            .to_dtype(DType::F32)?;
+        Ok((emb.cos()?.matmul(&eye)?, emb.sin()?.matmul(&eye)?))
     }
 
     /// Rotates `q [b, heads, s, head_dim]` and `k [b, kv_heads, s, head_dim]` for
