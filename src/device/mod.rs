@@ -464,10 +464,12 @@ impl DeviceInner {
     ) -> Arc<DeviceData> {
         self.phase("transfer to device", started, None);
         {
-            let bytes = |b: &Buffer| b.dims().iter().product::<usize>() * b.dtype().size_in_bytes();
             let mut m = lock(&self.metrics);
             m.transfers_to_device += buffers.len() as u64;
-            m.bytes_to_device += buffers.iter().map(|b| bytes(b) as u64).sum::<u64>();
+            m.bytes_to_device += buffers
+                .iter()
+                .map(|b| b.size_in_bytes() as u64)
+                .sum::<u64>();
         }
         self.wrap_buffers(buffers, per_replica, zero_filled, None)
     }

@@ -70,7 +70,7 @@ impl RotaryEmbedding {
         // of 1, the others of 0) but makes XLA compute it once: sine and cosine are cheap
         // for XLA's fusion, which otherwise recomputes the table inside every fusion that
         // reads it, per element of the broadcast q or k (the small Llama: 16 sine and 16
-        // cosine evaluations per element of [4, 8, 128, 32], 3% of the step).
+        // cosine ops, each evaluated over a [4, 8 or 4, 128, 32] fusion, 3% of the step).
         let d = position_ids.device()?;
         let eye = d
             .arange(self.head_dim, DType::I32)?

@@ -199,8 +199,8 @@ impl Tensor {
         location: &'static Location<'static>,
     ) -> Result<Tensor> {
         let dev = self.device_inner()?;
-        // The constant is an operand only: no tensor of its own, and its op id is found by
-        // the value and this tensor's interned type, with no literal built after the first.
+        // The constant is an operand only: no tensor of its own, and its node is found by the
+        // value and this tensor's interned type and shared by every use (`Interner::splat`).
         let ty = &self.cell.ty;
         let x = self.value();
         // one lock for the constant and the op
