@@ -471,21 +471,22 @@ fn zero_buffers_hold_zeros_and_run_like_uploads() {
     assert_eq!(out[0].to_host().unwrap().to_vec::<f32>().unwrap(), b);
 }
 
-/// `LoadedExecutable::temp_bytes`: a matmul whose product is only reduced (through a tanh, so
-/// that the sum of a product is not rewritten into a smaller one) needs the product as a
-/// temporary (at least its 1 MiB), an elementwise program next to nothing; a deserialized
-/// executable says the same as the compiled one.
+/// `LoadedExecutable::temp_bytes`: a matmul whose product is only reduced (converted to i32
+/// first, so that the sum of a product is neither rewritten into a smaller one nor fused into
+/// the matmul's YNNPACK fusion, which takes f32 elementwise ops such as tanh but not i32 ones)
+/// needs the product as a temporary (at least its 1 MiB), an elementwise program next to
+/// nothing; a deserialized executable says the same as the compiled one.
 #[test]
 fn executables_report_their_temporary_bytes() {
     let prog = r#"
-func.func @main(%a: tensor<64x16xf32>, %b: tensor<16x4096xf32>) -> tensor<f32> {
+func.func @main(%a: tensor<64x16xf32>, %b: tensor<16x4096xf32>) -> tensor<i32> {
   %0 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0]
     : (tensor<64x16xf32>, tensor<16x4096xf32>) -> tensor<64x4096xf32>
-  %t = stablehlo.tanh %0 : tensor<64x4096xf32>
-  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %t = stablehlo.convert %0 : (tensor<64x4096xf32>) -> tensor<64x4096xi32>
+  %z = stablehlo.constant dense<0> : tensor<i32>
   %1 = stablehlo.reduce(%t init: %z) applies stablehlo.add across dimensions = [0, 1]
-    : (tensor<64x4096xf32>, tensor<f32>) -> tensor<f32>
-  return %1 : tensor<f32>
+    : (tensor<64x4096xi32>, tensor<i32>) -> tensor<i32>
+  return %1 : tensor<i32>
 }"#;
     let exe = client().compile(prog, &CompileOptions::default()).unwrap();
     let temp = exe
