@@ -13,6 +13,12 @@
 //!   math also changes results, which no level may do silently. So O2 and O3 use XLA's defaults
 //!   and differ in graph passes only, and the graph passes change XLA's times little (XLA runs
 //!   its own CSE, DCE and simplifier): their value is smaller programs and stable keys.
+//! - Re-measured on the small Llama's step (`bench_llama`, `XLA_FLAGS` A/B in alternating
+//!   processes, 2026-11-25, `lammps-jax-pjrt-cpu`): `xla_cpu_prefer_vector_width=512` stepped
+//!   1-1.5% faster by the medians of 4 rounds (one round the other way), too little to justify
+//!   changing every kernel's vectorization. Adding YNNPACK fusion types changed nothing
+//!   measurable (`dot` with that plugin; `eltwise` and `reduce` with `fastatomstruct-xla-cpu`),
+//!   and with `fastatomstruct-xla-cpu` the oneDNN options left the optimized program as it was.
 //! - The plugin refuses option names it does not know (`xla_cpu_use_thunk_runtime`,
 //!   `xla_cpu_disable_loop_unrolling`, `xla_cpu_optimize_for_size`, ...), so the table holds
 //!   only names this plugin accepted; `tests/passes_optlevel_backend.rs` checks each level
