@@ -71,12 +71,8 @@ impl RotaryEmbedding {
         // for XLA's fusion, which otherwise recomputes the table inside every fusion that
         // reads it, per element of the broadcast q or k (the small Llama: 16 sine and 16
         // cosine ops, each evaluated over a [4, 8 or 4, 128, 32] fusion, 3% of the step).
-        let d = position_ids.device()?;
-        let eye = d
-            .arange(self.head_dim, DType::I32)?
-            .unsqueeze(-1)?
-            .eq(&d.arange(self.head_dim, DType::I32)?)?
-            .to_dtype(DType::F32)?;
+        let idx = position_ids.device()?.arange(self.head_dim, DType::I32)?;
+        let eye = idx.unsqueeze(-1)?.eq(&idx)?.to_dtype(DType::F32)?;
         Ok((emb.cos()?.matmul(&eye)?, emb.sin()?.matmul(&eye)?))
     }
 
