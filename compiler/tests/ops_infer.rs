@@ -157,6 +157,12 @@ fn result_types() {
         ),
         (Op::Gather, vec![t(F32, &[100]), t(U32, &[])], t(F32, &[])),
         (Op::StopGradient, vec![t(BF16, &[3, 2])], t(BF16, &[3, 2])),
+        (Op::After, vec![t(BF16, &[3, 2])], t(BF16, &[3, 2])),
+        (
+            Op::After,
+            vec![t(I32, &[4]), t(F32, &[3, 2]), t(Pred, &[])],
+            t(I32, &[4]),
+        ),
         (
             Op::ScatterAdd,
             vec![t(F32, &[100, 16]), t(I64, &[8]), t(F32, &[8, 16])],

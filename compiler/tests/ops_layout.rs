@@ -106,6 +106,27 @@ fn stop_gradient_passes_the_value() {
 }
 
 #[test]
+fn after_passes_its_first_operand() {
+    for d in DType::ALL {
+        // the other operands, of any types, only order it
+        let others = [ty(d, &[4]), ty(DType::F32, &[2, 2]), ty(d, &[2, 3])];
+        check_op(
+            Op::After,
+            &[ty(d, &[2, 3]), others[0].clone()],
+            &[ALL_RANGE],
+            5,
+        );
+        check_op(
+            Op::After,
+            &[[ty(d, &[2, 3])].as_slice(), &others].concat(),
+            &[ALL_RANGE],
+            6,
+        );
+        check_op(Op::After, &[ty(d, &[])], &[ALL_RANGE], 7);
+    }
+}
+
+#[test]
 fn static_slices() {
     for d in DType::ALL {
         let op = Op::Slice {

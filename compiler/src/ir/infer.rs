@@ -345,6 +345,7 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             Ok(TensorType::new(l.dtype, dims))
         }
         Op::StopGradient => Ok(unary(op, operands)?.clone()),
+        Op::After => Ok(first(op, operands)?.clone()),
         Op::ReduceWindow {
             window,
             stride,

@@ -131,6 +131,13 @@ pub enum Op {
     /// The operand's value unchanged; differentiation treats it as a constant (PyTorch's
     /// `detach`, JAX's `stop_gradient`). Lowers to no StableHLO op.
     StopGradient,
+    /// Operand 0's value, computed no earlier than every other operand: an ordering edge and
+    /// nothing else (StableHLO's `optimization_barrier` over all operands, of which the first
+    /// is used). An optimizer reads a parameter through it, after every gradient, so that XLA
+    /// updates the donated buffer in place instead of first copying the parameter: a backward
+    /// product that reads a weight (`dx = dy . w`) is no ancestor of that weight's update, so
+    /// nothing else orders the two. Differentiation passes through operand 0 only.
+    After,
     /// Reduces the operand across the replicas of each group (result has its type).
     AllReduce {
         op: ReduceOp,
@@ -181,6 +188,7 @@ impl Op {
             | Op::Gather
             | Op::ScatterAdd
             | Op::StopGradient
+            | Op::After
             | Op::Convolution { .. }
             | Op::ReduceWindow { .. }
             | Op::RandomBits { .. } => true,
@@ -216,6 +224,7 @@ impl Op {
             Op::ScatterAdd => "scatter_add",
             Op::RandomBits { .. } => "random_bits",
             Op::StopGradient => "stop_gradient",
+            Op::After => "after",
             Op::AllReduce { .. } => "all_reduce",
             Op::AllGather { .. } => "all_gather",
             Op::ReduceScatter { .. } => "reduce_scatter",
@@ -236,6 +245,7 @@ impl fmt::Display for Op {
             | Op::Gather
             | Op::ScatterAdd
             | Op::StopGradient
+            | Op::After
             | Op::ReplicaId => f.write_str(n),
             Op::Convert(d) => write!(f, "{n}{{{d}}}"),
             Op::Iota { dims, dim, dtype } => {

@@ -238,6 +238,16 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
         Op::RandomBits { dims } => return Ok(random::emit(e, &v, &args[0], dims)),
         // only differentiation sees it: the value is the operand's
         Op::StopGradient => return Ok(args[0].clone()),
+        // alone it orders nothing: the value is the operand's
+        Op::After if args.len() == 1 => return Ok(args[0].clone()),
+        Op::After => {
+            let tys = format!("({})", arg_tys.join(", "));
+            e.line(&format!(
+                "{v}:{} = \"stablehlo.optimization_barrier\"({arg_list}) : {tys} -> {tys}",
+                args.len()
+            ));
+            return Ok(format!("{v}#0"));
+        }
         Op::AllReduce {
             op,
             replica_groups: g,

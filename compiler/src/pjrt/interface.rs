@@ -89,6 +89,31 @@ impl LoadedExecutable {
     /// The parameter types, read from the optimized program; `None` when the plugin does not
     /// provide it in a form this crate reads.
     pub fn parameter_types(&self) -> Option<Vec<ArgType>> {
+        let code = self.optimized_module()?;
+        let module = module_of(&code)?;
+        // HloModuleProto.host_program_shape = 4; ProgramShapeProto.parameters = 1.
+        let shape = proto::field(module, 4)?;
+        proto::fields(shape, 1).map(proto::array_shape).collect()
+    }
+
+    /// The opcodes of the optimized program's entry computation, in its order (`fusion`, `dot`,
+    /// `copy`, ...; the instructions inside fusions are not listed): what XLA made of the
+    /// program, as in its `cpu_after_optimizations` dump. `None` when the plugin does not
+    /// provide the program in a form this crate reads.
+    pub fn optimized_entry_opcodes(&self) -> Option<Vec<String>> {
+        let code = self.optimized_module()?;
+        let module = module_of(&code)?;
+        // HloModuleProto: entry_computation_name = 2, computations = 3;
+        // HloComputationProto: name = 1, instructions = 2; HloInstructionProto: opcode = 2.
+        let entry = proto::field(module, 2)?;
+        let computation = proto::fields(module, 3).find(|c| proto::field(c, 1) == Some(entry))?;
+        proto::fields(computation, 2)
+            .map(|i| Some(String::from_utf8_lossy(proto::field(i, 2)?).into_owned()))
+            .collect()
+    }
+
+    /// The bytes of `PJRT_Executable_OptimizedProgram` and their format.
+    fn optimized_module(&self) -> Option<(Vec<u8>, String)> {
         let view = self.executable().ok()?;
         let plugin = self.client().plugin_ref();
         let mut program = sys::PJRT_Program { ..Args::new() };
@@ -116,15 +141,7 @@ impl LoadedExecutable {
             .into_owned()
         };
         code.truncate(program.code_size);
-        let module = match format.as_str() {
-            "hlo" => &code[..],
-            // HloModuleProtoWithConfig { hlo_module = 1, config = 2 }
-            "hlo_with_config" => proto::field(&code, 1)?,
-            _ => return None,
-        };
-        // HloModuleProto.host_program_shape = 4; ProgramShapeProto.parameters = 1.
-        let shape = proto::field(module, 4)?;
-        proto::fields(shape, 1).map(proto::array_shape).collect()
+        Some((code, format))
     }
 
     /// Gives an executable deserialized without a signature the signature of the program it
@@ -235,6 +252,16 @@ fn mismatch(message: String) -> Error {
 fn list(types: &[ArgType]) -> String {
     let items: Vec<String> = types.iter().map(ToString::to_string).collect();
     format!("{} values ({})", types.len(), items.join(", "))
+}
+
+/// The `HloModuleProto` in the bytes of an optimized program of `format`.
+fn module_of((code, format): &(Vec<u8>, String)) -> Option<&[u8]> {
+    match format.as_str() {
+        "hlo" => Some(&code[..]),
+        // HloModuleProtoWithConfig { hlo_module = 1, config = 2 }
+        "hlo_with_config" => proto::field(code, 1),
+        _ => None,
+    }
 }
 
 /// Just enough protobuf wire format to walk to a few nested fields.
