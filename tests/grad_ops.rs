@@ -28,6 +28,12 @@ fn unary_ops() {
         x[0].floor()?.add(&x[0].mul(&x[0])?)
     });
     c.op("ceil", &[off_integers()], |x| x[0].ceil()?.mul(&x[0]));
+    // only the first operand gets a gradient: the second reaches the loss through the product
+    c.op(
+        "after",
+        &[c.rand(&s, -1.0, 1.0), c.rand(&s, -1.0, 1.0)],
+        |x| x[0].after(&x[1..])?.mul(&x[1]),
+    );
     c.op("relu", &[c.away(&s, 0.1, 1.0)], |x| x[0].relu());
     c.finish();
 }

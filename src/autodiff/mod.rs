@@ -239,6 +239,11 @@ fn vjp(
         Op::ArgMax { .. } | Op::ArgMin { .. } => Ok(vec![None]),
         // d/dx stop_gradient(x) = 0 by definition (detach): nothing flows back
         Op::StopGradient => Ok(vec![None]),
+        // d/dx after(x, deps) = g: the deps only order the computation
+        Op::After => Ok(std::iter::once(Some(g.clone()))
+            .chain(std::iter::repeat(None))
+            .take(x.len())
+            .collect()),
         // d(l . r) = g . r over r's free dims (for l), l . g over l's free dims (for r)
         Op::DotGeneral {
             lhs_batch,

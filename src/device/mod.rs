@@ -395,6 +395,7 @@ impl DeviceInner {
         let trivial = |groups: &[Vec<usize>]| groups.iter().all(|g| g.len() == 1);
         match op {
             Op::ReplicaId => true,
+            Op::After => operands[0].is_per_replica(),
             Op::AllReduce { replica_groups, .. } | Op::AllGather { replica_groups, .. } => {
                 !everyone(replica_groups) && (!trivial(replica_groups) || any())
             }

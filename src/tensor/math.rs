@@ -106,6 +106,20 @@ impl Tensor {
         Tensor::apply(Op::StopGradient, &[self])
     }
 
+    /// The same value, computed only once every tensor of `deps` is (their values are unused):
+    /// an ordering hint to XLA's scheduler, as JAX's `lax.optimization_barrier` and
+    /// PyTorch/XLA's `xm.optimization_barrier_`. Gradients flow to `self` only. The optimizers
+    /// read each parameter this way, after all the gradients, so that its donated buffer is
+    /// updated in place rather than copied first.
+    #[track_caller]
+    pub fn after(&self, deps: &[Tensor]) -> Result<Tensor> {
+        if deps.is_empty() {
+            return Ok(self.clone());
+        }
+        let operands: Vec<&Tensor> = std::iter::once(self).chain(deps).collect();
+        Tensor::apply(Op::After, &operands)
+    }
+
     /// `torch.gather(self, dim, index)`: `out[.., j, ..] = self[.., index[.., j, ..], ..]` with the
     /// index replacing position `dim`. `index` is an integer tensor of this tensor's rank whose
     /// other dimensions are at most this tensor's. Out-of-range indices select nothing (the
