@@ -40,7 +40,8 @@ fn device() -> LazyDevice {
 ///
 /// The median, not the most: now and then a step starts while the last one's temporary is still
 /// held (execution is asynchronous; the read waits for the output, not for the free), and the
-/// heap grows by one more temporary: about 40,000 faults in that one step, and none after it.
+/// heap grows again: about 40,000 faults in that one step (as in each of the first two steps),
+/// and none after it.
 /// At a0e2a41 the most of steps 3 to 5 was about 40,000 in 3 of 12 runs (and in one CI run);
 /// of 12 more runs printing every step, 2 had one such step and none had two. With the
 /// allocator's defaults every step maps the temporary anew.
