@@ -144,14 +144,26 @@ pub trait OptimizerState {
     }
 }
 
-/// `p` as an update reads it: once every gradient is computed (see [`Tensor::after`]). The
-/// product that carries a gradient back through a weight (`dx = dy . w`) reads the weight but
-/// is no ancestor of the weight's update, so without this nothing orders the two, and XLA
-/// copies every donated parameter before the step to update it in place: on the small Llama of
-/// `examples/bench_llama.rs`, 4.2M floats copied per step (0.5 ms of 47, about 1%).
+/// One value that exists once every gradient of `grads` does (the first gradient, ordered
+/// after the rest): what [`read_for_update`] waits for. One node for the step, so each
+/// parameter's read has two operands, not one per gradient.
 #[track_caller]
-fn read_for_update(p: &Tensor, grads: &[Tensor]) -> Result<Tensor> {
-    p.after(grads)
+fn gradients_done(grads: &[Tensor]) -> Result<Vec<Tensor>> {
+    match grads.split_first() {
+        Some((first, rest)) => Ok(vec![first.after(rest)?]),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// `p` as an update reads it: once every gradient is computed (`done`, from
+/// [`gradients_done`]; see [`Tensor::after`]). The product that carries a gradient back
+/// through a weight (`dx = dy . w`) reads the weight but is no ancestor of the weight's
+/// update, so without this nothing orders the two, and XLA copies every donated parameter
+/// before the step to update it in place: on the small Llama of `examples/bench_llama.rs`,
+/// 4.2M floats copied per step (0.5 ms of 47, about 1%).
+#[track_caller]
+fn read_for_update(p: &Tensor, done: &[Tensor]) -> Result<Tensor> {
+    p.after(done)
 }
 
 /// Counts `tensors` as optimizer state in the device's metrics (`optimizer_state_bytes`).
@@ -285,8 +297,9 @@ impl AdamW {
         let step_size = lr.div(&bc1)?;
         let bc2_sqrt = bc2.sqrt()?;
         let decay = lr.mul_scalar(-self.weight_decay)?.add_scalar(1.0)?;
+        let done = gradients_done(grads)?;
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
-            let w = read_for_update(p, grads)?;
+            let w = read_for_update(p, &done)?;
             // with ZeRO-1, this replica's block of the averaged gradient and of the parameter
             let (g, w) = match &self.zero1 {
                 Some(z) => (z.grad_block(i, g)?, z.local_block(i, &w)?),
@@ -407,8 +420,9 @@ impl Sgd {
     /// Records one update with learning rate `lr` (a device scalar).
     #[track_caller]
     pub fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: &Tensor) -> Result<()> {
+        let done = gradients_done(grads)?;
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
-            let w = read_for_update(p, grads)?;
+            let w = read_for_update(p, &done)?;
             let (g, w) = match &self.zero1 {
                 Some(z) => (z.grad_block(i, g)?, z.local_block(i, &w)?),
                 None => (g.clone(), w),
