@@ -125,6 +125,42 @@ fn main() -> anyhow::Result<()> {
         pipelined.push(t.elapsed().as_secs_f64() * 1e3 / 100.0);
     }
     let pipelined = median(pipelined);
+
+    // The same step through a step function: traced on its first calls, then replayed (no
+    // tracing, no step cut); the learning rate is an argument, as replaying needs.
+    let lr = device.scalar(1e-3, DType::F32)?;
+    let mut step_fn = device.step_fn(|a: &[Tensor]| {
+        let loss = model.loss(&a[0], &a[1], &a[2])?;
+        let refs: Vec<&Tensor> = params.iter().collect();
+        let grads = grad(&loss, &refs)?;
+        opt.step(&params, &grads, &a[3])?;
+        Ok(vec![loss])
+    });
+    let args = |b: &[Tensor]| vec![b[0].clone(), b[1].clone(), b[2].clone(), lr.clone()];
+    let mut replayed = Vec::new();
+    for i in 0..80 {
+        let a = args(&batches[i % batches.len()]);
+        let t = Instant::now();
+        step_fn.call(&a)?;
+        device.synchronize()?;
+        if i >= 10 {
+            replayed.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let mut replayed_pipelined = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        for i in 0..100 {
+            step_fn.call(&args(&batches[i % batches.len()]))?;
+        }
+        device.synchronize()?;
+        replayed_pipelined.push(t.elapsed().as_secs_f64() * 1e3 / 100.0);
+    }
+    anyhow::ensure!(
+        step_fn.is_replaying(),
+        "the step function did not replay: {}",
+        step_fn.why_traced().unwrap_or("no reason given")
+    );
     let hwm = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -160,6 +196,14 @@ fn main() -> anyhow::Result<()> {
     println!(
         "| example step, pipelined (100 steps, one sync at the end) | {:.2} ms |",
         pipelined
+    );
+    println!(
+        "| example step, replayed (StepFn), synced every step | {:.2} ms |",
+        median(replayed)
+    );
+    println!(
+        "| example step, replayed, pipelined | {:.2} ms |",
+        median(replayed_pipelined)
     );
     println!(
         "| of which tracing forward+backward+AdamW | {:.3} ms |",

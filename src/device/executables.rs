@@ -26,6 +26,8 @@ pub(crate) struct StepExecutable {
 pub(crate) enum How {
     /// This process had it already.
     Memory,
+    /// A step function replayed it (no trace, no step cut).
+    Replayed,
     /// Extract mode: written out for `neuron-pc compile`, not compiled.
     Extracted,
     /// From the compiler: a cache tier, a compilation, or another process's compilation.
@@ -36,6 +38,7 @@ impl std::fmt::Display for How {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             How::Memory => "memory hit",
+            How::Replayed => "replayed",
             How::Extracted => "extracted",
             How::Obtained(Source::Disk) => "disk hit",
             How::Obtained(Source::Remote) => "remote hit",

@@ -7,6 +7,9 @@ pub struct Metrics {
     /// `mark_step` calls, and syncs caused by reading a pending value (`to_vec`, `item`).
     pub steps: u64,
     pub implicit_syncs: u64,
+    /// Of the steps, those a [`crate::device::StepFn`] replayed without tracing.
+    #[serde(default)]
+    pub replayed_steps: u64,
     /// Executions that found nothing to run.
     pub empty_steps: u64,
     /// Distinct graphs seen in this process.
@@ -95,6 +98,9 @@ impl Metrics {
                 self.steps, self.implicit_syncs, self.empty_steps
             ),
         );
+        if self.replayed_steps > 0 {
+            line("replayed steps", self.replayed_steps.to_string());
+        }
         line("graphs seen", self.graphs_seen.to_string());
         if self.optimizer_state_bytes > 0 {
             line(

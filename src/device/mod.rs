@@ -9,6 +9,7 @@ mod executables;
 mod inflight;
 mod metrics;
 pub mod rank_check;
+mod replay;
 mod step;
 pub(crate) mod trace;
 
@@ -29,6 +30,7 @@ pub use config::{
 };
 pub use debug::TARGET as DEBUG_STEPS_LOG_TARGET;
 pub use metrics::Metrics;
+pub use replay::StepFn;
 
 use crate::compile::Compiler;
 use crate::error::{Error, Result};
@@ -76,6 +78,10 @@ pub(crate) struct DeviceInner {
     last_step_end: Mutex<Instant>,
     /// What launched steps left to free (see [`Retired`]).
     retired: Mutex<Retired>,
+    /// Bumped by every change of a tensor's value that is not a step computing a pending one
+    /// (`Tensor::assign`, a replayed step's writes): a [`StepFn`] replays only while its last
+    /// call's bump is the latest.
+    writes: std::sync::atomic::AtomicU64,
 }
 
 /// What launched steps leave behind: their walks, the recorded values their outputs replaced
@@ -218,6 +224,7 @@ impl LazyDevice {
                 walks: Mutex::new((0, step::WalkSizes::default())),
                 last_step_end: Mutex::new(Instant::now()),
                 retired: Mutex::default(),
+                writes: Default::default(),
                 config,
             }),
         })
@@ -597,9 +604,21 @@ impl DeviceInner {
     /// Computes the pending values of `cells` as one graph and stores the results in them.
     pub(crate) fn sync(
         self: &Arc<Self>,
+        cells: Vec<Arc<Cell>>,
+        site: &'static Location<'static>,
+        explicit: bool,
+    ) -> Result<()> {
+        self.sync_captured(cells, site, explicit, None)
+    }
+
+    /// [`DeviceInner::sync`], describing the step in `capture` when it ran one (for
+    /// [`StepFn`]).
+    fn sync_captured(
+        self: &Arc<Self>,
         mut cells: Vec<Arc<Cell>>,
         site: &'static Location<'static>,
         explicit: bool,
+        capture: Option<&mut Option<replay::Captured>>,
     ) -> Result<()> {
         let started = Instant::now();
         if !explicit {
@@ -657,6 +676,17 @@ impl DeviceInner {
         };
         drop(roots);
         let outputs = self.run(&exe, &mut traced, &aliases, &per_replica, site)?;
+        if let Some(capture) = capture {
+            *capture = Some(replay::Captured {
+                identity: traced.identity.clone(),
+                exe: exe.clone(),
+                params: traced.params.clone(),
+                outputs: cells.clone(),
+                out_data: outputs.iter().map(Arc::downgrade).collect(),
+                aliases: aliases.clone(),
+                per_replica: per_replica.clone(),
+            });
+        }
         let mut replaced = Vec::with_capacity(cells.len());
         for (cell, data) in cells.iter().zip(outputs) {
             // A named tensor's new value keeps its name, so later graphs can name the input.
@@ -708,7 +738,7 @@ impl DeviceInner {
         per_replica: &[bool],
         site: &'static Location<'static>,
     ) -> Result<Vec<Arc<DeviceData>>> {
-        let Some(loaded) = &exe.loaded else {
+        if exe.loaded.is_none() {
             return exe
                 .output_types
                 .iter()
@@ -725,9 +755,30 @@ impl DeviceInner {
                     || Arc::strong_count(&traced.params[i]) != 1 + traced.data_refs[i]
             })
             .collect();
+        self.launch(exe, &traced.params, &keep, per_replica, site)
+    }
+
+    /// Launches `exe` over `params` (one value per parameter), donating every parameter the
+    /// program aliases except those in `keep`; one value per output.
+    fn launch(
+        &self,
+        exe: &StepExecutable,
+        params: &[Arc<DeviceData>],
+        keep: &[usize],
+        per_replica: &[bool],
+        site: &'static Location<'static>,
+    ) -> Result<Vec<Arc<DeviceData>>> {
+        let step = lock(&self.metrics).steps;
+        let Some(loaded) = &exe.loaded else {
+            return Err(Error::StepFailed {
+                site,
+                step,
+                message: "extract mode: there is no executable to launch".into(),
+            });
+        };
         // A value whose step failed fails every step that uses it; a buffer about to be
         // donated must be computed before it is reused in place.
-        for (i, d) in traced.params.iter().enumerate() {
+        for (i, d) in params.iter().enumerate() {
             if let Some(p) = &d.producer {
                 if p.is_finished() || !keep.contains(&i) {
                     p.wait()?;
@@ -735,12 +786,11 @@ impl DeviceInner {
             }
         }
         let args: Vec<Vec<&Buffer>> = (0..self.devices.len())
-            .map(|r| traced.params.iter().map(|d| &d.buffers[r]).collect())
+            .map(|r| params.iter().map(|d| &d.buffers[r]).collect())
             .collect();
-        let step = lock(&self.metrics).steps;
         let launch_started = Instant::now();
         let launched = loaded
-            .launch_replicated(&args, &keep)
+            .launch_replicated(&args, keep)
             .map_err(|e| Error::StepFailed {
                 site,
                 step,
@@ -749,7 +799,7 @@ impl DeviceInner {
         let graph = exe.key.short().to_string();
         self.phase("launch", launch_started, Some(&graph));
         let run = Arc::new(StepRun::new(launched.done, site, step, graph));
-        let zero_filled = traced.params.iter().any(|d| d.zero_filled);
+        let zero_filled = params.iter().any(|d| d.zero_filled);
         if launched
             .outputs
             .iter()
@@ -777,7 +827,7 @@ impl DeviceInner {
             .collect();
         {
             let mut m = lock(&self.metrics);
-            m.donated_buffers += (traced.params.len() - keep.len()) as u64;
+            m.donated_buffers += (params.len() - keep.len()) as u64;
             m.last_step_outputs = result.len() as u64;
             m.executions += 1;
         }

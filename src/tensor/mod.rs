@@ -358,6 +358,7 @@ impl Tensor {
             lock(&d.name).get_or_insert(name);
         }
         let pending = new_value.is_pending();
+        dev.note_write();
         let old = std::mem::replace(&mut *lock(&self.cell.value), new_value);
         if let (true, Value::Data(d)) = (pending, &old) {
             *lock(&self.cell.donor) = Some(Arc::downgrade(d));
