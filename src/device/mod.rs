@@ -755,11 +755,12 @@ impl DeviceInner {
                     || Arc::strong_count(&traced.params[i]) != 1 + traced.data_refs[i]
             })
             .collect();
-        self.launch(exe, &traced.params, &keep, per_replica, site)
+        self.launch(exe, &traced.params, &keep, per_replica, site, true)
     }
 
     /// Launches `exe` over `params` (one value per parameter), donating every parameter the
-    /// program aliases except those in `keep`; one value per output.
+    /// program aliases except those in `keep`; one value per output. `wait_donated`: wait on
+    /// the host for a donated buffer's step, rather than leave the order to the runtime.
     fn launch(
         &self,
         exe: &StepExecutable,
@@ -767,6 +768,7 @@ impl DeviceInner {
         keep: &[usize],
         per_replica: &[bool],
         site: &'static Location<'static>,
+        wait_donated: bool,
     ) -> Result<Vec<Arc<DeviceData>>> {
         let step = lock(&self.metrics).steps;
         let Some(loaded) = &exe.loaded else {
@@ -780,7 +782,7 @@ impl DeviceInner {
         // donated must be computed before it is reused in place.
         for (i, d) in params.iter().enumerate() {
             if let Some(p) = &d.producer {
-                if p.is_finished() || !keep.contains(&i) {
+                if p.is_finished() || (wait_donated && !keep.contains(&i)) {
                     p.wait()?;
                 }
             }

@@ -282,7 +282,9 @@ where
             .filter(|&i| !plan.donatable[i] || Arc::strong_count(&params[i]) != 2)
             .collect();
         lock(&dev.metrics).steps += 1;
-        let outputs = dev.launch(&plan.exe, &params, &keep, &plan.per_replica, site)?;
+        // A donated input's step may still run: the runtime orders the two (as a launch after
+        // a launch of `jax.jit` does), so the host does not wait.
+        let outputs = dev.launch(&plan.exe, &params, &keep, &plan.per_replica, site, false)?;
         drop(params);
         let mut returned = Vec::with_capacity(outputs.len());
         let mut replaced = Vec::with_capacity(outputs.len());
