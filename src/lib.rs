@@ -39,5 +39,5 @@ pub use autodiff::grad;
 pub use device::{DeviceConfig, LazyDevice, Metrics};
 pub use error::{Error, Result};
 pub use neuron_pc_compiler::{DType, HostTensor};
-pub use tensor::Tensor;
+pub use tensor::{StepFn, Tensor};
 pub use topology::Topology;

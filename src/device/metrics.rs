@@ -7,7 +7,7 @@ pub struct Metrics {
     /// `mark_step` calls, and syncs caused by reading a pending value (`to_vec`, `item`).
     pub steps: u64,
     pub implicit_syncs: u64,
-    /// Of the steps, those a [`crate::device::StepFn`] replayed without tracing.
+    /// Of the steps, those a step function (`LazyDevice::step_fn`) replayed without tracing.
     #[serde(default)]
     pub replayed_steps: u64,
     /// Executions that found nothing to run.

@@ -9,7 +9,7 @@ mod executables;
 mod inflight;
 mod metrics;
 pub mod rank_check;
-mod replay;
+pub(crate) mod replay;
 mod step;
 pub(crate) mod trace;
 
@@ -30,7 +30,6 @@ pub use config::{
 };
 pub use debug::TARGET as DEBUG_STEPS_LOG_TARGET;
 pub use metrics::Metrics;
-pub use replay::StepFn;
 
 use crate::compile::Compiler;
 use crate::error::{Error, Result};
@@ -79,8 +78,8 @@ pub(crate) struct DeviceInner {
     /// What launched steps left to free (see [`Retired`]).
     retired: Mutex<Retired>,
     /// Bumped by every change of a tensor's value that is not a step computing a pending one
-    /// (`Tensor::assign`, a replayed step's writes): a [`StepFn`] replays only while its last
-    /// call's bump is the latest.
+    /// (`Tensor::assign`, a replayed step's writes): a step function replays only while its
+    /// last call's bump is the latest.
     writes: std::sync::atomic::AtomicU64,
 }
 
@@ -611,8 +610,8 @@ impl DeviceInner {
         self.sync_captured(cells, site, explicit, None)
     }
 
-    /// [`DeviceInner::sync`], describing the step in `capture` when it ran one (for
-    /// [`StepFn`]).
+    /// [`DeviceInner::sync`], describing the step in `capture` when it ran one (for step
+    /// functions, `replay.rs`).
     fn sync_captured(
         self: &Arc<Self>,
         mut cells: Vec<Arc<Cell>>,

@@ -1,5 +1,6 @@
-//! Replayed steps ([`StepFn`]): a training step traced on its first calls and then run again
-//! without tracing, the way `jax.jit` runs a traced function again without Python.
+//! Replayed steps (step functions, made by `LazyDevice::step_fn`): a training step
+//! traced on its first calls and then run again without tracing, the way `jax.jit` runs a
+//! traced function again without Python.
 //!
 //! A call that traces runs the step's closure and cuts its graph as `mark_step` does, and
 //! notes where each input of the graph came from. Two traced calls in a row that cut the same
@@ -26,11 +27,10 @@ use std::time::Instant;
 
 use super::executables::{How, StepExecutable};
 use super::trace::{Cell, DeviceData, Value};
-use super::{debug, diagnose, lock, DeviceInner, LazyDevice};
+use super::{debug, diagnose, lock, DeviceInner};
 use crate::error::Result;
-use crate::tensor::Tensor;
 
-/// What one step cut ran, as [`StepFn`] needs it.
+/// What one step cut ran, as a step function needs it.
 pub(crate) struct Captured {
     pub identity: Vec<u32>,
     pub exe: Arc<StepExecutable>,
@@ -89,83 +89,20 @@ struct Plan {
     writes: u64,
 }
 
-/// A training step (a closure over the model and optimizer, taking the batch's tensors and
-/// returning, say, the loss) that runs without tracing once its graph is known.
-///
-/// The first two calls trace it (run the closure and cut the graph as [`LazyDevice::mark_step`]
-/// does); when both cut the same graph and every input of it is an argument, a value the step
-/// updates, or the same value both times, later calls launch the executable directly: no
-/// closure, no recording, no step cut. The closure must not call `mark_step` itself.
-///
-/// As with `jax.jit`, what the closure does on the host is done when it traces only: a host
-/// number baked into the graph stays as traced. A value made on the device inside the closure
-/// on every call (a learning rate from `LazyDevice::scalar` in the closure) is caught: the step
-/// then traces on every call and says why once. Pass such values as arguments. A write to a
-/// tensor that the step did not make ([`Tensor::assign`], a checkpoint load) makes the next
-/// two calls trace again.
-///
-/// ```no_run
-/// # use neuron_pc::{grad, DType, LazyDevice, Tensor, optim::AdamW};
-/// # fn f(device: &LazyDevice, w: Tensor, batches: Vec<[Tensor; 2]>) -> neuron_pc::Result<()> {
-/// let mut opt = AdamW::new(device, &[w.clone()], 0.0)?;
-/// let lr = device.scalar(1e-3, DType::F32)?;
-/// let mut step = device.step_fn(|args: &[Tensor]| {
-///     let d = args[0].matmul(&w)?.sub(&args[1])?;
-///     let loss = d.mul(&d)?.mean_all()?;
-///     let g = grad(&loss, &[&w])?;
-///     opt.step(&[w.clone()], &g, &args[2])?;
-///     Ok(vec![loss])
-/// });
-/// for [x, y] in batches {
-///     let loss = step.call(&[x, y, lr.clone()])?.remove(0);
-/// }
-/// # Ok(()) }
-/// ```
-pub struct StepFn<F> {
-    device: LazyDevice,
-    f: F,
+/// The replay state of one step function (the public `StepFn` wraps it):
+/// the last traced call, the plan once two traced calls agree, and why there is none.
+#[derive(Default)]
+pub(crate) struct Replayer {
     previous: Option<Previous>,
     plan: Option<Plan>,
     /// Why the step is not replayed, once a traced pair could not make a plan.
     refused: Option<String>,
 }
 
-impl LazyDevice {
-    /// A step function over `f` (see [`StepFn`]).
-    pub fn step_fn<F>(&self, f: F) -> StepFn<F>
-    where
-        F: FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
-    {
-        StepFn {
-            device: self.clone(),
-            f,
-            previous: None,
-            plan: None,
-            refused: None,
-        }
-    }
-}
-
-impl<F> StepFn<F>
-where
-    F: FnMut(&[Tensor]) -> Result<Vec<Tensor>>,
-{
-    /// Runs one step over `args`, replayed when the plan allows (see [`StepFn`]), else traced;
-    /// returns the closure's results. Like `mark_step`, it returns once the step is launched.
-    #[track_caller]
-    pub fn call(&mut self, args: &[Tensor]) -> Result<Vec<Tensor>> {
-        let site = Location::caller();
-        if let Some(results) = self.replay(args, site)? {
-            return Ok(results);
-        }
-        self.trace(args, site)
-    }
-
+impl Replayer {
     /// True when the next call with arguments like the last ones will be replayed.
-    pub fn is_replaying(&self) -> bool {
-        self.plan
-            .as_ref()
-            .is_some_and(|p| p.writes == self.device.inner.writes())
+    pub fn is_replaying(&self, dev: &DeviceInner) -> bool {
+        self.plan.as_ref().is_some_and(|p| p.writes == dev.writes())
     }
 
     /// Why the step traces on every call, when two traced calls could not make a plan.
@@ -173,20 +110,26 @@ where
         self.refused.as_deref()
     }
 
-    /// A traced call: the closure, then the step cut, noting where the graph's inputs came from.
-    fn trace(&mut self, args: &[Tensor], site: &'static Location<'static>) -> Result<Vec<Tensor>> {
-        let dev = self.device.inner.clone();
+    /// A traced call: `f` (the closure, which records the step and returns its results), then
+    /// the step cut, noting where the graph's inputs came from.
+    pub fn trace(
+        &mut self,
+        dev: &Arc<DeviceInner>,
+        args: &[Arc<Cell>],
+        site: &'static Location<'static>,
+        f: impl FnOnce() -> Result<Vec<Arc<Cell>>>,
+    ) -> Result<Vec<Arc<Cell>>> {
         self.plan = None;
         // The arguments' values before the closure (it may update them in place).
         let arg_data: Vec<Option<Weak<DeviceData>>> = args
             .iter()
-            .map(|a| match &*lock(&a.cell.value) {
+            .map(|a| match &*lock(&a.value) {
                 Value::Data(d) => Some(Arc::downgrade(d)),
                 Value::Node(_) => None,
             })
             .collect();
         let steps_before = lock(&dev.metrics).steps;
-        let results = (self.f)(args)?;
+        let results = f()?;
         let cut_inside = lock(&dev.metrics).steps != steps_before;
         dev.poll_index_checks(false)?;
         dev.free_retired();
@@ -234,13 +177,14 @@ where
         Ok(results)
     }
 
-    /// A replayed call, or `None` where the plan does not apply (the call then traces).
-    fn replay(
+    /// A replayed call over `args`, returning the closure's results as new tensors' cells, or
+    /// `None` where the plan does not apply (the call then traces).
+    pub fn replay(
         &mut self,
-        args: &[Tensor],
+        dev: &Arc<DeviceInner>,
+        args: &[Arc<Cell>],
         site: &'static Location<'static>,
-    ) -> Result<Option<Vec<Tensor>>> {
-        let dev = self.device.inner.clone();
+    ) -> Result<Option<Vec<Arc<Cell>>>> {
         let Some(plan) = &mut self.plan else {
             return Ok(None);
         };
@@ -261,14 +205,14 @@ where
                     Some(cell) => Some(cell),
                     None => return Ok(None),
                 },
-                Dest::Arg(k) => Some(args[*k].cell.clone()),
+                Dest::Arg(k) => Some(args[*k].clone()),
                 Dest::Returned => None,
             });
         }
         let mut params = Vec::with_capacity(plan.sources.len());
         for (source, &(ty_id, per_replica)) in plan.sources.iter().zip(&plan.inputs) {
             let d = match source {
-                Source::Arg(k) => data_of(&args[*k].cell),
+                Source::Arg(k) => data_of(&args[*k]),
                 Source::Output(j) => kept[*j].as_deref().and_then(data_of),
                 Source::Const(d) => Some(d.clone()),
             };
@@ -300,9 +244,7 @@ where
                     ));
                     returned.push(None);
                 }
-                None => returned.push(Some(Tensor {
-                    cell: dev.new_cell(ty.clone(), Value::Data(data)),
-                })),
+                None => returned.push(Some(dev.new_cell(ty.clone(), Value::Data(data)))),
             }
         }
         let results = plan
@@ -317,9 +259,9 @@ where
             m.memory_hits += 1;
             m.replayed_steps += 1;
         }
-        diagnose::step_done(&dev, site);
+        diagnose::step_done(dev, site);
         debug::log_step(
-            &dev,
+            dev,
             &debug::StepCut {
                 site,
                 explicit: true,
@@ -343,9 +285,9 @@ where
 fn plan(
     prev: &Previous,
     now: &Captured,
-    args: &[Tensor],
+    args: &[Arc<Cell>],
     arg_data: &[Option<Weak<DeviceData>>],
-    results: &[Tensor],
+    results: &[Arc<Cell>],
 ) -> std::result::Result<Plan, String> {
     if let Some(k) = arg_data.iter().position(Option::is_none) {
         return Err(format!(
@@ -355,9 +297,9 @@ fn plan(
     }
     let mut dests = Vec::with_capacity(now.outputs.len());
     for cell in &now.outputs {
-        dests.push(if results.iter().any(|r| Arc::ptr_eq(&r.cell, cell)) {
+        dests.push(if results.iter().any(|r| Arc::ptr_eq(r, cell)) {
             Dest::Returned
-        } else if let Some(k) = args.iter().position(|a| Arc::ptr_eq(&a.cell, cell)) {
+        } else if let Some(k) = args.iter().position(|a| Arc::ptr_eq(a, cell)) {
             Dest::Arg(k)
         } else {
             Dest::Kept(Arc::downgrade(cell))
@@ -365,18 +307,15 @@ fn plan(
     }
     let mut result_outputs = Vec::with_capacity(results.len());
     for (r, t) in results.iter().enumerate() {
-        let Some(j) = now.outputs.iter().position(|c| Arc::ptr_eq(c, &t.cell)) else {
+        let Some(j) = now.outputs.iter().position(|c| Arc::ptr_eq(c, t)) else {
             return Err(format!(
                 "result {r} is not computed by the step (an argument or a value made before \
                  it)"
             ));
         };
         // Its holders: the results, the captured outputs and the step's retired outputs.
-        let copies = results
-            .iter()
-            .filter(|u| Arc::ptr_eq(&u.cell, &t.cell))
-            .count();
-        if Arc::strong_count(&t.cell) > copies + 2 {
+        let copies = results.iter().filter(|u| Arc::ptr_eq(u, t)).count();
+        if Arc::strong_count(t) > copies + 2 {
             return Err(format!(
                 "result {r} is also kept by the closure's state, which a replay (returning a \
                  new tensor) would leave behind"

@@ -13,9 +13,11 @@ mod primitives;
 mod random;
 mod shape;
 mod shape_ops;
+mod step_fn;
 
 pub use collective::Reduction;
 pub(crate) use shape::shape_error;
+pub use step_fn::StepFn;
 
 use std::panic::Location;
 use std::sync::{Arc, Weak};
