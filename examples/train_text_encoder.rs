@@ -11,6 +11,7 @@
 //! (training and validation), once. With `--devices N` (or `NEURON_PC_DEVICES=N`) every step
 //! runs on N replicas, each on its shard of the global batch.
 
+use std::cell::RefCell;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -112,7 +113,7 @@ fn main() -> anyhow::Result<()> {
     let model = TextEncoder::new(&device, config.clone(), args.seed)?;
     let named = model.parameters();
     let params: Vec<Tensor> = named.iter().map(|(_, t)| t.clone()).collect();
-    let mut opt = if args.zero1 {
+    let opt = if args.zero1 {
         AdamW::zero1(&device, &params, args.weight_decay)?
     } else {
         AdamW::new(&device, &params, args.weight_decay)?
@@ -142,31 +143,38 @@ fn main() -> anyhow::Result<()> {
     let mut first_step_at = None;
     let mut last_val = None;
 
+    // The training step as a step function: traced on its first two calls, then replayed
+    // without tracing (see `LazyDevice::step_fn`). What changes between steps is an argument:
+    // the batch and the learning rate. `opt` is shared with the checkpoint code below.
+    let opt = RefCell::new(opt);
+    let mut train_step = device.step_fn(|a: &[Tensor]| {
+        // each replica's mean loss over its shard; its gradients averaged over the replicas
+        // are the gradients of the global batch's mean loss
+        let loss = model.loss(&a[0], &a[1], &a[2])?;
+        let param_refs: Vec<&Tensor> = params.iter().collect();
+        let grads = grad(&loss, &param_refs)?;
+        // ZeRO-1 reduce-scatters each replica's own gradients inside its step
+        let grads = if args.zero1 {
+            grads
+        } else {
+            average_gradients(&grads)?
+        };
+        opt.borrow_mut().step(&params, &grads, &a[3])?;
+        Ok(vec![loss.all_reduce(Reduction::Mean)?])
+    });
+
     for (step, batch) in (start_step..args.steps).zip(loader) {
         let batch = batch?;
         let [ids, mask, labels] = &batch.tensors[..] else {
             anyhow::bail!("a batch has three tensors")
         };
-        let loss = {
-            let lr = device.scalar(schedule.lr(step), DType::F32)?;
-            // each replica's mean loss over its shard; its gradients averaged over the replicas
-            // are the gradients of the global batch's mean loss
-            let loss = model.loss(ids, mask, labels)?;
-            let param_refs: Vec<&Tensor> = params.iter().collect();
-            let grads = grad(&loss, &param_refs)?;
-            // ZeRO-1 reduce-scatters each replica's own gradients inside its step
-            let grads = if args.zero1 {
-                grads
-            } else {
-                average_gradients(&grads)?
-            };
-            opt.step(&params, &grads, &lr)?;
-            loss.all_reduce(Reduction::Mean)?
-        };
-        // mark_step launches the step and returns; reading the loss waits for it. Read it only
-        // when it is printed, as PyTorch/XLA jobs do, so tracing the next step overlaps this
-        // step's execution.
-        device.mark_step()?;
+        let lr = device.scalar(schedule.lr(step), DType::F32)?;
+        // Like mark_step, the call launches the step and returns; reading the loss waits for
+        // it. Read it only when it is printed, as PyTorch/XLA jobs do, so the next step's
+        // launch overlaps this step's execution.
+        let loss = train_step
+            .call(&[ids.clone(), mask.clone(), labels.clone(), lr])?
+            .remove(0);
         let log_due = (step + 1) % args.log_every == 0 || step + 1 == args.steps;
         let loss_value = if args.loss_log || log_due || first_step_at.is_none() {
             loss.item()?
@@ -207,7 +215,7 @@ fn main() -> anyhow::Result<()> {
         }
         let ckpt_due = args.ckpt_every > 0 && (step + 1) % args.ckpt_every == 0;
         if let (true, Some(path)) = (ckpt_due || step + 1 == args.steps, &ckpt_path) {
-            save_checkpoint(path, step + 1, &model, &opt)?;
+            save_checkpoint(path, step + 1, &model, &opt.borrow())?;
         }
     }
 
