@@ -140,6 +140,20 @@ fn sq_loss(x: &Tensor, w: &Tensor, y: &Tensor) -> neuron_pc::Result<Tensor> {
     d.mul(&d)?.mean_all()
 }
 
+/// One SGD step of the linear model on `(x, y)` at rate `lr`; returns the loss.
+fn sgd_step(
+    opt: &mut Sgd,
+    w: &Tensor,
+    x: &Tensor,
+    y: &Tensor,
+    lr: &Tensor,
+) -> neuron_pc::Result<Tensor> {
+    let loss = sq_loss(x, w, y)?;
+    let g = grad(&loss, &[w])?;
+    opt.step(std::slice::from_ref(w), &g, lr)?;
+    Ok(loss)
+}
+
 #[test]
 fn a_value_made_inside_the_closure_on_every_call_keeps_the_step_traced() {
     let dev = device(1);
@@ -150,10 +164,7 @@ fn a_value_made_inside_the_closure_on_every_call_keeps_the_step_traced() {
     let mut step = dev.step_fn(|a: &[Tensor]| {
         *calls.borrow_mut() += 1;
         let lr = dev.scalar(0.1 / *calls.borrow() as f64, DType::F32)?;
-        let loss = sq_loss(&a[0], &w, &a[1])?;
-        let g = grad(&loss, &[&w])?;
-        opt.step(std::slice::from_ref(&w), &g, &lr)?;
-        Ok(vec![loss])
+        Ok(vec![sgd_step(&mut opt, &w, &a[0], &a[1], &lr)?])
     });
     for _ in 0..5 {
         step.call(&[x.clone(), y.clone()]).unwrap();
@@ -196,10 +207,13 @@ fn a_write_between_calls_makes_the_next_calls_trace_and_use_it() {
         let lr = dev.scalar(0.05, DType::F32).unwrap();
         let mut opt = Sgd::new(&dev, std::slice::from_ref(&w), 0.0, 0.0).unwrap();
         let mut body = |a: &[Tensor]| {
-            let loss = sq_loss(&a[0].mul(&scale)?, &w, &a[1])?;
-            let g = grad(&loss, &[&w])?;
-            opt.step(std::slice::from_ref(&w), &g, &lr)?;
-            Ok(vec![loss])
+            Ok(vec![sgd_step(
+                &mut opt,
+                &w,
+                &a[0].mul(&scale)?,
+                &a[1],
+                &lr,
+            )?])
         };
         let mut call: Box<Step<'_>> = if replay {
             let mut step = dev.step_fn(body);
@@ -305,10 +319,7 @@ fn a_trial_run_traces_every_call_and_extracts_the_step() {
     let calls = RefCell::new(0);
     let mut step = dev.step_fn(|a: &[Tensor]| {
         *calls.borrow_mut() += 1;
-        let loss = sq_loss(&a[0], &w, &a[1])?;
-        let g = grad(&loss, &[&w])?;
-        opt.step(std::slice::from_ref(&w), &g, &lr)?;
-        Ok(vec![loss])
+        Ok(vec![sgd_step(&mut opt, &w, &a[0], &a[1], &lr)?])
     });
     for _ in 0..5 {
         step.call(&[x.clone(), y.clone()]).unwrap();

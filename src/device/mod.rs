@@ -302,13 +302,7 @@ impl LazyDevice {
     /// Runs everything pending: one graph over every live tensor with a pending value.
     #[track_caller]
     pub fn mark_step(&self) -> Result<()> {
-        let site = Location::caller();
-        self.inner.poll_index_checks(false)?;
-        // before this step's pending list joins what is retired (see `Retired`)
-        self.inner.free_retired();
-        let cells = self.inner.take_pending();
-        lock(&self.inner.metrics).steps += 1;
-        self.inner.sync(cells, site, true)
+        self.inner.cut_step(Location::caller(), None)
     }
 }
 
@@ -600,6 +594,32 @@ impl DeviceInner {
         cells
     }
 
+    /// An explicit step cut (`mark_step`, a traced step function call): every live pending
+    /// tensor computed as one graph, described in `capture` when given and a step ran.
+    fn cut_step(
+        self: &Arc<Self>,
+        site: &'static Location<'static>,
+        capture: Option<&mut Option<replay::Captured>>,
+    ) -> Result<()> {
+        self.poll_index_checks(false)?;
+        // before this step's pending list joins what is retired (see `Retired`)
+        self.free_retired();
+        let cells = self.take_pending();
+        lock(&self.metrics).steps += 1;
+        self.sync_captured(cells, site, true, capture)
+    }
+
+    /// Makes `data` the value of `cell` (a step's output), passing on the tensor's name so
+    /// later graphs can name the input; returns the value it replaced.
+    fn store_output(cell: &Cell, data: Arc<DeviceData>) -> Value {
+        if let Some(n) = lock(&cell.name).clone() {
+            *lock(&data.name) = Some(n);
+        }
+        let old = std::mem::replace(&mut *lock(&cell.value), Value::Data(data));
+        *lock(&cell.donor) = None;
+        old
+    }
+
     /// Computes the pending values of `cells` as one graph and stores the results in them.
     pub(crate) fn sync(
         self: &Arc<Self>,
@@ -688,15 +708,7 @@ impl DeviceInner {
         }
         let mut replaced = Vec::with_capacity(cells.len());
         for (cell, data) in cells.iter().zip(outputs) {
-            // A named tensor's new value keeps its name, so later graphs can name the input.
-            if let Some(n) = lock(&cell.name).clone() {
-                *lock(&data.name) = Some(n);
-            }
-            replaced.push(std::mem::replace(
-                &mut *lock(&cell.value),
-                Value::Data(data),
-            ));
-            *lock(&cell.donor) = None;
+            replaced.push(Self::store_output(cell, data));
         }
         diagnose::step_done(self, site);
         debug::log_step(

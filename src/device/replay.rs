@@ -131,12 +131,8 @@ impl Replayer {
         let steps_before = lock(&dev.metrics).steps;
         let results = f()?;
         let cut_inside = lock(&dev.metrics).steps != steps_before;
-        dev.poll_index_checks(false)?;
-        dev.free_retired();
-        let cells = dev.take_pending();
-        lock(&dev.metrics).steps += 1;
         let mut captured = None;
-        dev.sync_captured(cells, site, true, Some(&mut captured))?;
+        dev.cut_step(site, Some(&mut captured))?;
         let refusal = if cut_inside {
             Some("the closure called mark_step (a step function cuts its own step)".to_string())
         } else if dev.config.check_indices {
@@ -235,13 +231,7 @@ impl Replayer {
         for ((data, cell), ty) in outputs.into_iter().zip(&kept).zip(&plan.out_types) {
             match cell {
                 Some(cell) => {
-                    if let Some(n) = lock(&cell.name).clone() {
-                        *lock(&data.name) = Some(n);
-                    }
-                    replaced.push(std::mem::replace(
-                        &mut *lock(&cell.value),
-                        Value::Data(data),
-                    ));
+                    replaced.push(DeviceInner::store_output(cell, data));
                     returned.push(None);
                 }
                 None => returned.push(Some(dev.new_cell(ty.clone(), Value::Data(data)))),
