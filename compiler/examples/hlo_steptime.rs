@@ -22,32 +22,13 @@ use std::time::Instant;
 
 use neuron_pc_compiler::pjrt::pins::pin_for_library;
 use neuron_pc_compiler::pjrt::{
-    find_plugin, Buffer, Client, ClientOptions, CompileOptions, LoadedExecutable, OverrideValue,
-    Plugin, Signature, Target,
+    find_plugin, Client, ClientOptions, CompileOptions, OverrideValue, Plugin, StepLoop, Target,
 };
-use neuron_pc_compiler::HostTensor;
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// Executions per pipelined round.
 const ROUND: usize = 10;
-
-/// Per parameter of `@main`, the output it is aliased to (`tf.aliasing_output = K`), if any;
-/// `None` when the parameter list cannot be read.
-fn aliases(mlir: &str, params: usize) -> Option<Vec<Option<usize>>> {
-    let start = mlir.find("@main(")? + "@main(".len();
-    let end = start + mlir[start..].find("->")?;
-    let found: Vec<Option<usize>> = mlir[start..end]
-        .split("%arg")
-        .skip(1)
-        .map(|p| {
-            let at = p.find("tf.aliasing_output = ")? + "tf.aliasing_output = ".len();
-            let digits: String = p[at..].chars().take_while(char::is_ascii_digit).collect();
-            digits.parse().ok()
-        })
-        .collect();
-    (found.len() == params).then_some(found)
-}
 
 /// How a plugin library is named in the table: its pinned package, else its file name.
 fn plugin_label(path: &std::path::Path) -> String {
@@ -61,35 +42,13 @@ fn plugin_label(path: &std::path::Path) -> String {
     }
 }
 
-/// A program, its inputs (replaced by the aliased outputs after each execution) and timings.
+/// A program through one plugin, and its timings.
 struct Prog {
     name: String,
     plugin: String,
-    exe: LoadedExecutable,
-    inputs: Vec<Buffer>,
-    /// Per input, the output that replaces it (donated inputs only).
-    aliased: Vec<Option<usize>>,
-    /// Indices of the inputs that are not donated.
-    keep: Vec<usize>,
+    run: StepLoop,
     synced: Vec<f64>,
     pipelined: Vec<f64>,
-}
-
-impl Prog {
-    /// Launches one execution and feeds the aliased outputs back; returns the outputs left.
-    fn launch(
-        &mut self,
-    ) -> AnyResult<(Vec<Option<Buffer>>, Option<neuron_pc_compiler::pjrt::Event>)> {
-        let refs: Vec<&Buffer> = self.inputs.iter().collect();
-        let launched = self.exe.launch(&refs, &self.keep)?;
-        let mut outputs: Vec<Option<Buffer>> = launched.outputs.into_iter().map(Some).collect();
-        for (i, a) in self.aliased.iter().enumerate() {
-            if let Some(o) = a.and_then(|k| outputs.get_mut(k)).and_then(Option::take) {
-                self.inputs[i] = o;
-            }
-        }
-        Ok((outputs, launched.done))
-    }
 }
 
 /// `--compile-only`: whether the plugin compiles the file, or the first line of its error.
@@ -110,7 +69,7 @@ fn compile_outcome(client: &Client, f: &str) -> String {
     }
 }
 
-/// Compiles `f` on `client` and makes its zero inputs on the client's first device.
+/// Compiles `f` on `client`, with zero inputs on the client's first device.
 fn prepare(
     client: &Client,
     f: &str,
@@ -119,37 +78,13 @@ fn prepare(
     donate: bool,
     plugin: &str,
 ) -> AnyResult<Prog> {
-    let device = client.devices()[0];
     let text = std::fs::read_to_string(f)?;
-    let sig = Signature::parse(&text).ok_or(format!("{f}: no readable @main signature"))?;
-    let exe = client.compile(&text, opts)?;
-    let inputs: Vec<Buffer> = sig
-        .params
-        .iter()
-        .map(|p| client.buffer_from_host(&HostTensor::zeros(p.dtype, &p.dims), device))
-        .collect::<Result<_, _>>()?;
-    let aliased = match (donate, aliases(&text, sig.params.len())) {
-        (true, Some(a)) => a,
-        (true, None) => {
-            eprintln!("{f}: cannot read the parameters' aliasing; nothing donated");
-            vec![None; sig.params.len()]
-        }
-        (false, _) => vec![None; sig.params.len()],
-    };
-    let keep = (0..inputs.len())
-        .filter(|&i| aliased[i].is_none())
-        .collect();
-    let donated = aliased.iter().flatten().count();
+    let run = StepLoop::new(client, &text, opts, donate).map_err(|e| format!("{f}: {e}"))?;
+    let (donated, inputs) = run.donated();
     Ok(Prog {
-        name: format!(
-            "{f} ({label}, {donated} of {} inputs donated)",
-            inputs.len()
-        ),
+        name: format!("{f} ({label}, {donated} of {inputs} inputs donated)"),
         plugin: plugin.to_string(),
-        exe,
-        inputs,
-        aliased,
-        keep,
+        run,
         synced: Vec::new(),
         pipelined: Vec::new(),
     })
@@ -219,15 +154,7 @@ fn main() -> AnyResult<()> {
     for rep in 0..reps + 10 {
         for p in progs.iter_mut() {
             let t = Instant::now();
-            let (outputs, done) = p.launch()?;
-            if let Some(done) = done {
-                done.wait()?;
-            }
-            // Reading the smallest output left (a loss) is what a synced step waits for;
-            // the updated parameters stay on the device.
-            if let Some(b) = outputs.iter().flatten().min_by_key(|b| b.size_in_bytes()) {
-                b.to_host()?;
-            }
+            p.run.synced()?;
             if rep >= 10 {
                 p.synced.push(t.elapsed().as_secs_f64() * 1e3);
             }
@@ -236,13 +163,7 @@ fn main() -> AnyResult<()> {
     for _ in 0..(reps / ROUND).max(3) {
         for p in progs.iter_mut() {
             let t = Instant::now();
-            let mut last = None;
-            for _ in 0..ROUND {
-                last = p.launch()?.1;
-            }
-            if let Some(done) = last {
-                done.wait()?;
-            }
+            p.run.pipelined(ROUND)?;
             p.pipelined
                 .push(t.elapsed().as_secs_f64() * 1e3 / ROUND as f64);
         }

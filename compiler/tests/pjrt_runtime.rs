@@ -605,3 +605,47 @@ fn an_update_read_after_every_gradient_is_made_in_place_not_on_a_copy() {
         assert!(copies[0] >= copies[1], "{why}");
     }
 }
+
+#[test]
+fn step_loop_feeds_aliased_outputs_back() {
+    use neuron_pc_compiler::pjrt::StepLoop;
+    let program = r#"
+func.func public @main(%arg0: tensor<2xf32> {tf.aliasing_output = 0 : i32}, %arg1: tensor<f32>)
+    -> (tensor<2xf32>, tensor<f32>) {
+  %one = stablehlo.constant dense<1.0> : tensor<2xf32>
+  %0 = stablehlo.add %arg0, %one : tensor<2xf32>
+  %1 = stablehlo.multiply %arg1, %arg1 : tensor<f32>
+  return %0, %1 : tensor<2xf32>, tensor<f32>
+}
+"#;
+    let options = CompileOptions::default();
+    let mut run = StepLoop::new(client(), program, &options, true).unwrap();
+    assert_eq!(run.donated(), (1, 2));
+    run.set_input(0, &f32s(&[1.0, 2.0], &[2])).unwrap();
+    run.set_input(1, &f32s(&[3.0], &[])).unwrap();
+    // a value of another type is refused and changes nothing
+    assert!(run.set_input(0, &f32s(&[1.0], &[1])).is_err());
+    run.synced().unwrap();
+    run.synced().unwrap();
+    run.pipelined(3).unwrap();
+    // five steps, each reading the previous one's output
+    let state = run.inputs()[0].to_host().unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(state, vec![6.0, 7.0]);
+    // the input that is not aliased stays as it was
+    let kept = run.inputs()[1].to_host().unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(kept, vec![3.0]);
+
+    // Without donation every launch reads the same inputs.
+    let mut copied = StepLoop::new(client(), program, &options, false).unwrap();
+    assert_eq!(copied.donated(), (0, 2));
+    copied.pipelined(3).unwrap();
+    let state = copied.inputs()[0]
+        .to_host()
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert_eq!(state, vec![0.0, 0.0]);
+
+    // A text without a readable @main is one error, not a panic.
+    assert!(StepLoop::new(client(), "module {}", &options, true).is_err());
+}

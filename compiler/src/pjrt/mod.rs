@@ -44,6 +44,7 @@ mod malloc;
 mod options;
 pub mod pins;
 mod signature;
+pub mod step_loop;
 pub mod sys;
 mod target;
 
@@ -62,4 +63,5 @@ pub use malloc::{
 };
 pub use options::{CompileOptions, OverrideValue};
 pub use signature::{ArgType, Signature};
+pub use step_loop::StepLoop;
 pub use target::Target;
