@@ -2,7 +2,12 @@
 //! tracing cost per op, host overhead of a mark_step that hits the in-memory executable cache
 //! for a 600-node graph (everything but execution), and the example model's step time.
 //!
-//! `cargo run --release --example bench_device` (run by `scripts/bench`).
+//! `cargo run --release --example bench_device [-- --floor STEP.mlir]` (run by `scripts/bench`).
+//!
+//! `--floor STEP.mlir`: the example step's own program (written by extract mode) is also run
+//! alone through a client of the same plugin in this process (the runtime's floor, as
+//! `hlo_steptime` runs it), alternating round by round with the replayed step, and a second
+//! table compares the two; pairing the rounds keeps the machine's load out of the ratio.
 
 use std::time::Instant;
 
@@ -10,6 +15,8 @@ use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::Module;
 use neuron_pc::optim::AdamW;
 use neuron_pc::{grad, DType, DeviceConfig, LazyDevice, Tensor};
+use neuron_pc_compiler::pjrt::{find_plugin, Client, ClientOptions, Plugin, StepLoop, Target};
+use neuron_pc_compiler::HostTensor;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -25,7 +32,18 @@ fn chain(x: &Tensor) -> neuron_pc::Result<Tensor> {
     Ok(y)
 }
 
+/// Steps per pipelined round, the same for the lazy step and its floor.
+const ROUND: usize = 10;
+
 fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let floor_file = match args.iter().position(|a| a == "--floor") {
+        Some(i) => Some(
+            args.get(i + 1)
+                .ok_or_else(|| anyhow::anyhow!("--floor takes a file"))?,
+        ),
+        None => None,
+    };
     // The first device in a process loads the plugin and creates its client: the floor of any
     // process's time to first step.
     let t = Instant::now();
@@ -126,9 +144,46 @@ fn main() -> anyhow::Result<()> {
     }
     let pipelined = median(pipelined);
 
+    let lr = device.scalar(1e-3, DType::F32)?;
+    // The floor runs on the job's values (a batch, the learning rate, the parameters and
+    // optimizer state after the steps above), not on zeros: an all-zero batch reads and
+    // updates one embedding row and averages over an empty mask, a cheaper step than training.
+    let mut floor = match floor_file {
+        Some(f) => {
+            let names: Vec<String> = (0..params.len()).map(|i| i.to_string()).collect();
+            let mut values = task.batch(0, 0, 64).to_vec();
+            values.push(lr.to_host()?);
+            // parameters first: inputs of one type are matched in order, and the program
+            // takes a parameter before its moments
+            for t in &params {
+                values.push(t.to_host()?);
+            }
+            for (_, t) in opt.named_state(&names)? {
+                values.push(t.to_host()?);
+            }
+            Some(floor_loop(f, &values)?)
+        }
+        None => None,
+    };
+    let paired_traced = match &mut floor {
+        Some(floor) => {
+            let mut call = |i: usize| {
+                let b = &batches[i % batches.len()];
+                let lr = device.scalar(1e-3, DType::F32)?;
+                let loss = model.loss(&b[0], &b[1], &b[2])?;
+                let refs: Vec<&Tensor> = params.iter().collect();
+                let grads = grad(&loss, &refs)?;
+                opt.step(&params, &grads, &lr)?;
+                device.mark_step()?;
+                Ok(vec![loss])
+            };
+            Some(paired_with_floor(&device, &mut call, floor)?)
+        }
+        None => None,
+    };
+
     // The same step through a step function: traced on its first calls, then replayed (no
     // tracing, no step cut); the learning rate is an argument, as replaying needs.
-    let lr = device.scalar(1e-3, DType::F32)?;
     let mut step_fn = device.step_fn(|a: &[Tensor]| {
         let loss = model.loss(&a[0], &a[1], &a[2])?;
         let refs: Vec<&Tensor> = params.iter().collect();
@@ -164,6 +219,13 @@ fn main() -> anyhow::Result<()> {
         "the step function did not replay: {}",
         step_fn.why_traced().unwrap_or("no reason given")
     );
+    let paired_replayed = match &mut floor {
+        Some(floor) => {
+            let mut call = |i: usize| step_fn.call(&args(&batches[i % batches.len()]));
+            Some(paired_with_floor(&device, &mut call, floor)?)
+        }
+        None => None,
+    };
     let hwm = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -221,5 +283,135 @@ fn main() -> anyhow::Result<()> {
         100.0 * ovh / step
     );
     println!("| peak RSS of this process | {:.0} MiB |", hwm / 1024.0);
+    if let (Some(traced), Some(replayed)) = (paired_traced, paired_replayed) {
+        println!();
+        println!(
+            "The example step against its floor, alternating round by round in this process \
+             ({PAIRED_ROUNDS} rounds of {ROUND} steps each; ratio: the median of the rounds' \
+             ratios):"
+        );
+        println!("| step | mode | lazy ms | floor ms | ratio |");
+        println!("| --- | --- | --- | --- | --- |");
+        for (step, p) in [("traced", traced), ("replayed (StepFn)", replayed)] {
+            for (mode, (lazy, floor, ratio)) in [
+                ("synced (loss read every step), median per step", p.synced),
+                ("pipelined, median per step of the rounds", p.pipelined),
+            ] {
+                println!("| {step} | {mode} | {lazy:.2} | {floor:.2} | {ratio:.3}x |");
+            }
+        }
+    }
     Ok(())
+}
+
+/// Rounds of the paired comparison.
+const PAIRED_ROUNDS: usize = 30;
+
+/// Medians of the replayed step and the floor, and the median of the per-round ratios.
+struct Paired {
+    synced: (f64, f64, f64),
+    pipelined: (f64, f64, f64),
+}
+
+/// The step program alone, on a client of the plugin the device uses (one device), each input
+/// set to the first of `values` of its type not taken by an earlier input.
+fn floor_loop(file: &str, values: &[HostTensor]) -> anyhow::Result<StepLoop> {
+    let text = std::fs::read_to_string(file)?;
+    let plugin = Plugin::load(&find_plugin(Target::Cpu)?)?;
+    let client = Client::new(
+        &plugin,
+        &ClientOptions {
+            cpu_device_count: Some(1),
+            ..Default::default()
+        },
+    )?;
+    let mut floor = StepLoop::new(&client, &text, &Default::default(), true)?;
+    anyhow::ensure!(
+        floor.donated().0 > 0,
+        "{file} donates nothing: not a training step's program"
+    );
+    let mut taken = vec![false; values.len()];
+    for (i, (dtype, dims)) in floor.input_types().into_iter().enumerate() {
+        let found = (0..values.len())
+            .find(|&k| !taken[k] && values[k].dtype() == dtype && values[k].dims() == dims);
+        let k = found.ok_or_else(|| {
+            anyhow::anyhow!("{file}: input {i} ({dtype}{dims:?}) is none of the job's values")
+        })?;
+        taken[k] = true;
+        floor.set_input(i, &values[k])?;
+    }
+    // A value matched to the wrong input (a parameter taken as a second moment) shows within
+    // two steps as a NaN in what the step returns.
+    for _ in 0..2 {
+        let (outputs, done) = floor.launch()?;
+        if let Some(done) = done {
+            done.wait()?;
+        }
+        for b in outputs.iter().flatten() {
+            let host = b.to_host()?;
+            anyhow::ensure!(
+                host.to_f64_vec().iter().all(|v| v.is_finite()),
+                "{file}: the floor's step computes non-finite values from the job's values"
+            );
+        }
+    }
+    Ok(floor)
+}
+
+/// Alternates rounds of `call` (one replayed step) and of the floor, which goes first swapping
+/// every round: synced steps (each result read back), then pipelined rounds.
+fn paired_with_floor(
+    device: &LazyDevice,
+    call: &mut dyn FnMut(usize) -> neuron_pc::Result<Vec<Tensor>>,
+    floor: &mut StepLoop,
+) -> anyhow::Result<Paired> {
+    let mut i = 0;
+    let mut synced = (Vec::new(), Vec::new(), Vec::new());
+    let mut pipelined = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        floor.synced()?;
+    }
+    for round in 0..PAIRED_ROUNDS {
+        let (mut lazy_s, mut floor_s) = (Vec::new(), Vec::new());
+        let (mut lazy_p, mut floor_p) = (0.0, 0.0);
+        for turn in 0..2 {
+            if (round + turn) % 2 == 0 {
+                for _ in 0..ROUND {
+                    let t = Instant::now();
+                    let loss = call(i)?.remove(0);
+                    loss.item()?;
+                    lazy_s.push(t.elapsed().as_secs_f64() * 1e3);
+                    i += 1;
+                }
+                let t = Instant::now();
+                for _ in 0..ROUND {
+                    call(i)?;
+                    i += 1;
+                }
+                device.synchronize()?;
+                lazy_p = t.elapsed().as_secs_f64() * 1e3 / ROUND as f64;
+            } else {
+                for _ in 0..ROUND {
+                    let t = Instant::now();
+                    floor.synced()?;
+                    floor_s.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+                let t = Instant::now();
+                floor.pipelined(ROUND)?;
+                floor_p = t.elapsed().as_secs_f64() * 1e3 / ROUND as f64;
+            }
+        }
+        let (ls, fs) = (median(lazy_s), median(floor_s));
+        synced.0.push(ls);
+        synced.1.push(fs);
+        synced.2.push(ls / fs);
+        pipelined.0.push(lazy_p);
+        pipelined.1.push(floor_p);
+        pipelined.2.push(lazy_p / floor_p);
+    }
+    let m = |v: (Vec<f64>, Vec<f64>, Vec<f64>)| (median(v.0), median(v.1), median(v.2));
+    Ok(Paired {
+        synced: m(synced),
+        pipelined: m(pipelined),
+    })
 }
