@@ -11,9 +11,11 @@
 
 use std::time::Instant;
 
+use neuron_pc::compile::extract::GraphRecord;
 use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::Module;
 use neuron_pc::optim::AdamW;
+use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, DType, DeviceConfig, LazyDevice, Tensor};
 use neuron_pc_compiler::pjrt::{find_plugin, Client, ClientOptions, Plugin, StepLoop, Target};
 use neuron_pc_compiler::HostTensor;
@@ -30,6 +32,22 @@ fn chain(x: &Tensor) -> neuron_pc::Result<Tensor> {
         y = y.mul_scalar(1.0 + i as f64 * 1e-6)?.tanh()?;
     }
     Ok(y)
+}
+
+/// The example job's training step (`examples/train_text_encoder.rs`): the loss of one batch,
+/// its gradients, an AdamW update; returns the loss averaged over the replicas (one here).
+fn example_step(
+    model: &TextEncoder,
+    params: &[Tensor],
+    opt: &mut AdamW,
+    batch: &[Tensor],
+    lr: &Tensor,
+) -> neuron_pc::Result<Tensor> {
+    let loss = model.loss(&batch[0], &batch[1], &batch[2])?;
+    let refs: Vec<&Tensor> = params.iter().collect();
+    let grads = grad(&loss, &refs)?;
+    opt.step(params, &grads, lr)?;
+    loss.all_reduce(Reduction::Mean)
 }
 
 /// Steps per pipelined round, the same for the lazy step and its floor.
@@ -102,10 +120,7 @@ fn main() -> anyhow::Result<()> {
         let t = Instant::now();
         {
             let lr = device.scalar(1e-3, DType::F32)?;
-            let loss = model.loss(&b[0], &b[1], &b[2])?;
-            let refs: Vec<&Tensor> = params.iter().collect();
-            let grads = grad(&loss, &refs)?;
-            opt.step(&params, &grads, &lr)?;
+            example_step(&model, &params, &mut opt, &b, &lr)?;
         }
         let traced = t.elapsed().as_secs_f64() * 1e3;
         device.mark_step()?;
@@ -131,12 +146,8 @@ fn main() -> anyhow::Result<()> {
     for _ in 0..5 {
         let t = Instant::now();
         for i in 0..100 {
-            let b = &batches[i % batches.len()];
             let lr = device.scalar(1e-3, DType::F32)?;
-            let loss = model.loss(&b[0], &b[1], &b[2])?;
-            let refs: Vec<&Tensor> = params.iter().collect();
-            let grads = grad(&loss, &refs)?;
-            opt.step(&params, &grads, &lr)?;
+            example_step(&model, &params, &mut opt, &batches[i % batches.len()], &lr)?;
             device.mark_step()?;
         }
         device.synchronize()?;
@@ -145,35 +156,49 @@ fn main() -> anyhow::Result<()> {
     let pipelined = median(pipelined);
 
     let lr = device.scalar(1e-3, DType::F32)?;
-    // The floor runs on the job's values (a batch, the learning rate, the parameters and
-    // optimizer state after the steps above), not on zeros: an all-zero batch reads and
-    // updates one embedding row and averages over an empty mask, a cheaper step than training.
+    // The floor runs on the job's values, not on zeros: an all-zero batch reads and updates one
+    // embedding row and averages over an empty mask, a cheaper step than training's. Named
+    // inputs (parameters, optimizer state) are matched by the names extract mode recorded, the
+    // unnamed ones (the batch, the learning rate, the step count) by type.
     let mut floor = match floor_file {
         Some(f) => {
-            let names: Vec<String> = (0..params.len()).map(|i| i.to_string()).collect();
-            let mut values = task.batch(0, 0, 64).to_vec();
-            values.push(lr.to_host()?);
-            // parameters first: inputs of one type are matched in order, and the program
-            // takes a parameter before its moments
-            for t in &params {
-                values.push(t.to_host()?);
+            let mut named: Vec<(String, HostTensor)> = Vec::new();
+            let names: Vec<String> = model.parameters().into_iter().map(|(n, _)| n).collect();
+            for (name, t) in model.parameters() {
+                named.push((name, t.to_host()?));
             }
-            for (_, t) in opt.named_state(&names)? {
-                values.push(t.to_host()?);
+            let mut step_count = None;
+            for (name, t) in opt.named_state(&names)? {
+                match name.as_str() {
+                    "step" => step_count = Some(t.to_host()?),
+                    _ => named.push((format!("optimizer.{name}"), t.to_host()?)),
+                }
             }
-            Some(floor_loop(f, &values)?)
+            // the two unnamed scalars in the order the step first uses them
+            let batch = task.batch(0, 0, 64);
+            let mut unnamed = batch.to_vec();
+            unnamed.push(lr.to_host()?);
+            unnamed.extend(step_count);
+            // the job's loss for that batch from these values, and after one step on it: the
+            // floor's first two steps must return the same
+            let b: Vec<Tensor> = batch
+                .iter()
+                .map(|h| device.tensor(h))
+                .collect::<Result<_, _>>()?;
+            let first = model.loss(&b[0], &b[1], &b[2])?.item()?;
+            example_step(&model, &params, &mut opt, &b, &lr)?;
+            device.mark_step()?;
+            let second = model.loss(&b[0], &b[1], &b[2])?.item()?;
+            Some(floor_loop(f, &named, &unnamed, [first, second])?)
         }
         None => None,
     };
     let paired_traced = match &mut floor {
         Some(floor) => {
             let mut call = |i: usize| {
-                let b = &batches[i % batches.len()];
                 let lr = device.scalar(1e-3, DType::F32)?;
-                let loss = model.loss(&b[0], &b[1], &b[2])?;
-                let refs: Vec<&Tensor> = params.iter().collect();
-                let grads = grad(&loss, &refs)?;
-                opt.step(&params, &grads, &lr)?;
+                let b = &batches[i % batches.len()];
+                let loss = example_step(&model, &params, &mut opt, b, &lr)?;
                 device.mark_step()?;
                 Ok(vec![loss])
             };
@@ -185,11 +210,13 @@ fn main() -> anyhow::Result<()> {
     // The same step through a step function: traced on its first calls, then replayed (no
     // tracing, no step cut); the learning rate is an argument, as replaying needs.
     let mut step_fn = device.step_fn(|a: &[Tensor]| {
-        let loss = model.loss(&a[0], &a[1], &a[2])?;
-        let refs: Vec<&Tensor> = params.iter().collect();
-        let grads = grad(&loss, &refs)?;
-        opt.step(&params, &grads, &a[3])?;
-        Ok(vec![loss])
+        Ok(vec![example_step(
+            &model,
+            &params,
+            &mut opt,
+            &a[..3],
+            &a[3],
+        )?])
     });
     let args = |b: &[Tensor]| vec![b[0].clone(), b[1].clone(), b[2].clone(), lr.clone()];
     let mut replayed = Vec::new();
@@ -313,10 +340,18 @@ struct Paired {
     pipelined: (f64, f64, f64),
 }
 
-/// The step program alone, on a client of the plugin the device uses (one device), each input
-/// set to the first of `values` of its type not taken by an earlier input.
-fn floor_loop(file: &str, values: &[HostTensor]) -> anyhow::Result<StepLoop> {
+/// The step program alone, on a client of the plugin the device uses (one device). Each input
+/// is set from `named` by the name in the extract record next to `file` (`<key>.json`), or
+/// else to the first of `unnamed` of its type not taken by an earlier input.
+fn floor_loop(
+    file: &str,
+    named: &[(String, HostTensor)],
+    unnamed: &[HostTensor],
+    losses: [f64; 2],
+) -> anyhow::Result<StepLoop> {
     let text = std::fs::read_to_string(file)?;
+    let record = GraphRecord::read(&std::path::Path::new(file).with_extension("json"))
+        .map_err(|e| anyhow::anyhow!("{file}: its extract record: {e}"))?;
     let plugin = Plugin::load(&find_plugin(Target::Cpu)?)?;
     let client = Client::new(
         &plugin,
@@ -330,30 +365,51 @@ fn floor_loop(file: &str, values: &[HostTensor]) -> anyhow::Result<StepLoop> {
         floor.donated().0 > 0,
         "{file} donates nothing: not a training step's program"
     );
-    let mut taken = vec![false; values.len()];
-    for (i, (dtype, dims)) in floor.input_types().into_iter().enumerate() {
-        let found = (0..values.len())
-            .find(|&k| !taken[k] && values[k].dtype() == dtype && values[k].dims() == dims);
-        let k = found.ok_or_else(|| {
-            anyhow::anyhow!("{file}: input {i} ({dtype}{dims:?}) is none of the job's values")
-        })?;
-        taken[k] = true;
-        floor.set_input(i, &values[k])?;
+    let types = floor.input_types();
+    anyhow::ensure!(
+        record.param_names.len() == types.len(),
+        "{file}: the record names {} inputs, the program has {}",
+        record.param_names.len(),
+        types.len()
+    );
+    let mut taken = vec![false; unnamed.len()];
+    for (i, ((dtype, dims), name)) in types.into_iter().zip(&record.param_names).enumerate() {
+        let value = if name.is_empty() {
+            let k = (0..unnamed.len())
+                .find(|&k| !taken[k] && unnamed[k].dtype() == dtype && unnamed[k].dims() == dims)
+                .ok_or_else(|| {
+                    anyhow::anyhow!("{file}: no value for input {i} ({dtype}{dims:?})")
+                })?;
+            taken[k] = true;
+            &unnamed[k]
+        } else {
+            named
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v)
+                .ok_or_else(|| anyhow::anyhow!("{file}: input {i} is {name}, not in this job"))?
+        };
+        floor.set_input(i, value)?;
     }
-    // A value matched to the wrong input (a parameter taken as a second moment) shows within
-    // two steps as a NaN in what the step returns.
-    for _ in 0..2 {
+    // The first two steps' losses are the job's for the same batch and values: every input got
+    // its value (a learning rate taken as the step count would change the second).
+    for (step, loss) in losses.into_iter().enumerate() {
         let (outputs, done) = floor.launch()?;
         if let Some(done) = done {
             done.wait()?;
         }
-        for b in outputs.iter().flatten() {
-            let host = b.to_host()?;
-            anyhow::ensure!(
-                host.to_f64_vec().iter().all(|v| v.is_finite()),
-                "{file}: the floor's step computes non-finite values from the job's values"
-            );
-        }
+        let returned: Vec<f64> = outputs
+            .iter()
+            .flatten()
+            .map(|b| b.to_host().map(|h| h.to_f64_vec()))
+            .collect::<Result<Vec<_>, _>>()?
+            .concat();
+        anyhow::ensure!(
+            returned
+                .iter()
+                .any(|v| (v - loss).abs() <= 1e-4 * loss.abs()),
+            "{file}: the floor's step {step} returns none of the job's loss {loss} ({returned:?})"
+        );
     }
     Ok(floor)
 }
