@@ -23,6 +23,7 @@ fn unary_ops() {
     c.op("sin", &[c.rand(&s, -3.0, 3.0)], |x| x[0].sin());
     c.op("cos", &[c.rand(&s, -3.0, 3.0)], |x| x[0].cos());
     c.op("erf", &[c.rand(&s, -1.5, 1.5)], |x| x[0].erf());
+    c.op("erfc", &[c.rand(&s, -1.5, 1.5)], |x| x[0].erfc());
     let off_integers = || vals(&[-2.3, -0.6, 0.4, 1.7, 2.5, 3.2], &s);
     c.op("floor", &[off_integers()], |x| {
         x[0].floor()?.add(&x[0].mul(&x[0])?)

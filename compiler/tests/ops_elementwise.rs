@@ -13,6 +13,7 @@ fn unary_domain(u: UnaryOp) -> Domain {
         UnaryOp::Log1p => Domain::Range(-0.9, 3.0),
         UnaryOp::Exp => Domain::Range(-4.0, 4.0),
         UnaryOp::Not => Domain::Range(-50.0, 250.0),
+        UnaryOp::Erfc => Domain::Range(-3.0, 4.5),
         UnaryOp::Neg
         | UnaryOp::Abs
         | UnaryOp::Sign

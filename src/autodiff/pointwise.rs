@@ -49,6 +49,13 @@ pub(super) fn unary(
                 .exp()?
                 .mul_scalar(std::f64::consts::FRAC_2_SQRT_PI)?,
         )?,
+        // d/dx erfc x = -2/sqrt(pi) e^(-x^2)
+        UnaryOp::Erfc => g.mul(
+            &a.mul(a)?
+                .neg()?
+                .exp()?
+                .mul_scalar(-std::f64::consts::FRAC_2_SQRT_PI)?,
+        )?,
         // logical/bitwise: no derivative
         UnaryOp::Not => return Err(non_diff(op, location)),
     })

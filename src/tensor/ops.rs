@@ -48,6 +48,9 @@ unary_methods! {
     cos => Cos,
     /// The error function.
     erf => Erf,
+    /// The complementary error function, `1 - erf(x)` (`torch.special.erfc`), accurate where
+    /// erf is close to 1.
+    erfc => Erfc,
     floor => Floor,
     ceil => Ceil,
     /// Logical (pred) or bitwise (integer) not.

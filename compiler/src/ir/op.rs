@@ -411,6 +411,8 @@ pub enum UnaryOp {
     Sin,
     Cos,
     Erf,
+    /// `1 - erf(x)`, without the cancellation for large x.
+    Erfc,
     Floor,
     Ceil,
     /// Logical not on pred, bitwise not on integers.
@@ -435,6 +437,7 @@ impl UnaryOp {
             UnaryOp::Sin => "sin",
             UnaryOp::Cos => "cos",
             UnaryOp::Erf => "erf",
+            UnaryOp::Erfc => "erfc",
             UnaryOp::Floor => "floor",
             UnaryOp::Ceil => "ceil",
             UnaryOp::Not => "not",
@@ -457,6 +460,7 @@ impl UnaryOp {
             UnaryOp::Sin => "stablehlo.sine",
             UnaryOp::Cos => "stablehlo.cosine",
             UnaryOp::Erf => "chlo.erf",
+            UnaryOp::Erfc => "chlo.erfc",
             UnaryOp::Floor => "stablehlo.floor",
             UnaryOp::Ceil => "stablehlo.ceil",
             UnaryOp::Not => "stablehlo.not",
@@ -476,7 +480,8 @@ impl UnaryOp {
             | UnaryOp::Logistic
             | UnaryOp::Sin
             | UnaryOp::Cos
-            | UnaryOp::Erf => true,
+            | UnaryOp::Erf
+            | UnaryOp::Erfc => true,
             UnaryOp::Exp
             | UnaryOp::Log
             | UnaryOp::Log1p
@@ -500,6 +505,7 @@ impl UnaryOp {
             | UnaryOp::Sin
             | UnaryOp::Cos
             | UnaryOp::Erf
+            | UnaryOp::Erfc
             | UnaryOp::Floor
             | UnaryOp::Ceil => DTypeClass::Float,
             UnaryOp::Not => DTypeClass::Bits,
