@@ -344,12 +344,12 @@ mod tests {
     fn erfc_matches_known_values_into_the_tail() {
         // Values from A&S table 7.1 (as 1 - erf) and, past it, from the asymptotic series.
         for (x, want) in [
-            (-1.0, 1.8427007929497149),
+            (-1.0, 1.842700792949715),
             (0.0, 1.0),
             (1.0, 0.15729920705028513),
             (2.0, 4.677734981047266e-3),
             (3.0, 2.209049699858544e-5),
-            (5.0, 1.5374597944280349e-12),
+            (5.0, 1.537459794428035e-12),
             (10.0, 2.088487583762545e-45),
         ] {
             let got = erfc(x);
