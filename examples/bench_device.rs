@@ -353,13 +353,7 @@ fn floor_loop(
     let record = GraphRecord::read(&std::path::Path::new(file).with_extension("json"))
         .map_err(|e| anyhow::anyhow!("{file}: its extract record: {e}"))?;
     let plugin = Plugin::load(&find_plugin(Target::Cpu)?)?;
-    let client = Client::new(
-        &plugin,
-        &ClientOptions {
-            cpu_device_count: Some(1),
-            ..Default::default()
-        },
-    )?;
+    let client = Client::new(&plugin, &ClientOptions::cpu_devices(1))?;
     let mut floor = StepLoop::new(&client, &text, &Default::default(), true)?;
     anyhow::ensure!(
         floor.donated().0 > 0,

@@ -128,13 +128,7 @@ fn main() -> AnyResult<()> {
     let mut progs = Vec::new();
     for library in &libraries {
         let plugin = Plugin::load(library)?;
-        let client = Client::new(
-            &plugin,
-            &ClientOptions {
-                cpu_device_count: Some(1),
-                ..Default::default()
-            },
-        )?;
+        let client = Client::new(&plugin, &ClientOptions::cpu_devices(1))?;
         let label = plugin_label(library);
         if compile_only {
             for f in &files {

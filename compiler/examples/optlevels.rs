@@ -141,13 +141,7 @@ fn main() -> AnyResult<()> {
     let graph = build_step(cfg)?;
     let inputs = passes_util::step_inputs(cfg, 1, &graph);
     let plugin = Plugin::load(&find_plugin(Target::Cpu)?)?;
-    let client = Client::new(
-        &plugin,
-        &ClientOptions {
-            cpu_device_count: Some(1),
-            ..Default::default()
-        },
-    )?;
+    let client = Client::new(&plugin, &ClientOptions::cpu_devices(1))?;
     let device = client.devices()[0];
     let buffers: Vec<Buffer> = inputs
         .iter()

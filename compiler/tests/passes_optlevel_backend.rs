@@ -20,14 +20,7 @@ func.func @main(%a: tensor<4x8xf32>, %b: tensor<8x3xf32>) -> tensor<4x3xf32> {
 fn every_level_compiles_and_computes_the_same_values() {
     let plugin =
         Plugin::load(&find_plugin(Target::Cpu).expect("cpu plugin: run scripts/setup")).unwrap();
-    let client = Client::new(
-        &plugin,
-        &ClientOptions {
-            cpu_device_count: Some(1),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let client = Client::new(&plugin, &ClientOptions::cpu_devices(1)).unwrap();
     let a: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) * 0.05).collect();
     let b: Vec<f32> = (0..24).map(|i| (i as f32 * 0.37).sin()).collect();
     let inputs = [

@@ -15,14 +15,7 @@ fn client() -> &'static Client {
         let plugin =
             Plugin::load(&find_plugin(Target::Cpu).expect("cpu plugin: run scripts/setup"))
                 .unwrap();
-        Client::new(
-            &plugin,
-            &ClientOptions {
-                cpu_device_count: Some(2),
-                ..Default::default()
-            },
-        )
-        .unwrap()
+        Client::new(&plugin, &ClientOptions::cpu_devices(2)).unwrap()
     })
 }
 

@@ -22,6 +22,16 @@ pub struct ClientOptions {
     pub kv_store: Option<Arc<dyn KeyValueStore>>,
 }
 
+impl ClientOptions {
+    /// A client of `n` CPU devices and nothing else set (ignored by other plugins).
+    pub fn cpu_devices(n: i64) -> ClientOptions {
+        ClientOptions {
+            cpu_device_count: Some(n),
+            ..ClientOptions::default()
+        }
+    }
+}
+
 impl std::fmt::Debug for ClientOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClientOptions")
