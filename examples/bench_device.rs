@@ -4,10 +4,11 @@
 //!
 //! `cargo run --release --example bench_device [-- --floor STEP.mlir]` (run by `scripts/bench`).
 //!
-//! `--floor STEP.mlir`: the example step's own program (written by extract mode) is also run
-//! alone through a client of the same plugin in this process (the runtime's floor, as
-//! `hlo_steptime` runs it), alternating round by round with the replayed step, and a second
-//! table compares the two; pairing the rounds keeps the machine's load out of the ratio.
+//! `--floor STEP.mlir`: the example step's own program (written by extract mode, its `.json`
+//! record beside it) is also run alone through a client of the same plugin in this process, on
+//! the job's values (the runtime's floor, `StepLoop` as `hlo_steptime` runs it), alternating
+//! round by round with the traced and then the replayed step; a second table compares them, and
+//! pairing the rounds keeps the machine's load out of the ratios.
 
 use std::time::Instant;
 
@@ -62,6 +63,10 @@ fn main() -> anyhow::Result<()> {
         ),
         None => None,
     };
+    if let Some(f) = floor_file {
+        // a wrong path fails now, not after the first minute of measuring
+        std::fs::metadata(f).map_err(|e| anyhow::anyhow!("{f}: {e}"))?;
+    }
     // The first device in a process loads the plugin and creates its client: the floor of any
     // process's time to first step.
     let t = Instant::now();
@@ -163,10 +168,10 @@ fn main() -> anyhow::Result<()> {
     let mut floor = match floor_file {
         Some(f) => {
             let mut named: Vec<(String, HostTensor)> = Vec::new();
-            let names: Vec<String> = model.parameters().into_iter().map(|(n, _)| n).collect();
             for (name, t) in model.parameters() {
                 named.push((name, t.to_host()?));
             }
+            let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
             let mut step_count = None;
             for (name, t) in opt.named_state(&names)? {
                 match name.as_str() {
@@ -334,7 +339,7 @@ fn main() -> anyhow::Result<()> {
 /// Rounds of the paired comparison.
 const PAIRED_ROUNDS: usize = 30;
 
-/// Medians of the replayed step and the floor, and the median of the per-round ratios.
+/// Medians of the lazy step and the floor, and the median of the per-round ratios.
 struct Paired {
     synced: (f64, f64, f64),
     pipelined: (f64, f64, f64),
@@ -349,7 +354,7 @@ fn floor_loop(
     unnamed: &[HostTensor],
     losses: [f64; 2],
 ) -> anyhow::Result<StepLoop> {
-    let text = std::fs::read_to_string(file)?;
+    let text = std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("{file}: {e}"))?;
     let record = GraphRecord::read(&std::path::Path::new(file).with_extension("json"))
         .map_err(|e| anyhow::anyhow!("{file}: its extract record: {e}"))?;
     let plugin = Plugin::load(&find_plugin(Target::Cpu)?)?;
@@ -359,7 +364,7 @@ fn floor_loop(
         floor.donated().0 > 0,
         "{file} donates nothing: not a training step's program"
     );
-    let types = floor.input_types();
+    let types = floor.input_types().to_vec();
     anyhow::ensure!(
         record.param_names.len() == types.len(),
         "{file}: the record names {} inputs, the program has {}",
@@ -367,13 +372,13 @@ fn floor_loop(
         types.len()
     );
     let mut taken = vec![false; unnamed.len()];
-    for (i, ((dtype, dims), name)) in types.into_iter().zip(&record.param_names).enumerate() {
+    for (i, (ty, name)) in types.iter().zip(&record.param_names).enumerate() {
         let value = if name.is_empty() {
             let k = (0..unnamed.len())
-                .find(|&k| !taken[k] && unnamed[k].dtype() == dtype && unnamed[k].dims() == dims)
-                .ok_or_else(|| {
-                    anyhow::anyhow!("{file}: no value for input {i} ({dtype}{dims:?})")
-                })?;
+                .find(|&k| {
+                    !taken[k] && unnamed[k].dtype() == ty.dtype && unnamed[k].dims() == ty.dims
+                })
+                .ok_or_else(|| anyhow::anyhow!("{file}: no value for input {i} ({ty})"))?;
             taken[k] = true;
             &unnamed[k]
         } else {
@@ -408,8 +413,9 @@ fn floor_loop(
     Ok(floor)
 }
 
-/// Alternates rounds of `call` (one replayed step) and of the floor, which goes first swapping
-/// every round: synced steps (each result read back), then pipelined rounds.
+/// Alternates rounds of `call` (one lazy step, returning its loss first) and of the floor,
+/// which goes first swapping every round: synced steps (each loss read back), then pipelined
+/// rounds.
 fn paired_with_floor(
     device: &LazyDevice,
     call: &mut dyn FnMut(usize) -> neuron_pc::Result<Vec<Tensor>>,

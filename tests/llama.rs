@@ -104,7 +104,8 @@ fn logits_loss_gradients_and_one_adamw_step_match_transformers() {
     let refs: Vec<&Tensor> = params.iter().collect();
     let grads = grad(&loss, &refs).unwrap();
     let mut opt = adamw(&fx.dev, &params);
-    opt.step(&params, &grads, &fx.dev.scalar(1e-2, DType::F32).unwrap())
+    let lr = 1e-2;
+    opt.step(&params, &grads, &fx.dev.scalar(lr, DType::F32).unwrap())
         .unwrap();
     fx.dev.mark_step().unwrap();
 
@@ -138,7 +139,8 @@ fn logits_loss_gradients_and_one_adamw_step_match_transformers() {
         // difference accepted above carries into such a weight, and its tolerance adds that.
         let want = fx.host(&format!("adamw.{name}")).to_f64_vec();
         let got = values(p);
-        let (lr, eps) = (1e-2, opt.eps);
+        assert_eq!(got.len(), want.len(), "adamw.{name}: length");
+        let eps = opt.eps;
         for (k, (p, w)) in got.iter().zip(&want).enumerate() {
             let (g, dg) = (want_grad[k].abs(), (got_grad[k] - want_grad[k]).abs());
             let carried = lr * eps * dg / ((g + eps) * (g + eps));

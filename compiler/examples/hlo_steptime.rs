@@ -21,8 +21,10 @@
 use std::time::Instant;
 
 use neuron_pc_compiler::pjrt::pins::pin_for_library;
+use neuron_pc_compiler::pjrt::step_loop::aliased_outputs;
 use neuron_pc_compiler::pjrt::{
-    find_plugin, Client, ClientOptions, CompileOptions, OverrideValue, Plugin, StepLoop, Target,
+    find_plugin, Client, ClientOptions, CompileOptions, OverrideValue, Plugin, Signature, StepLoop,
+    Target,
 };
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -78,7 +80,15 @@ fn prepare(
     donate: bool,
     plugin: &str,
 ) -> AnyResult<Prog> {
-    let text = std::fs::read_to_string(f)?;
+    let text = std::fs::read_to_string(f).map_err(|e| format!("{f}: {e}"))?;
+    let params = Signature::parse(&text).map_or(0, |s| s.params.len());
+    let donate = donate && {
+        let readable = aliased_outputs(&text, params).is_some();
+        if !readable {
+            eprintln!("{f}: cannot read the parameters' aliasing; nothing donated");
+        }
+        readable
+    };
     let run = StepLoop::new(client, &text, opts, donate).map_err(|e| format!("{f}: {e}"))?;
     let (donated, inputs) = run.donated();
     Ok(Prog {

@@ -7,7 +7,7 @@
 //! are updated in place, as in training. `examples/hlo_steptime.rs` and `examples/bench_device.rs`
 //! measure with it.
 
-use super::{Buffer, Client, CompileOptions, Event, LoadedExecutable, Signature};
+use super::{ArgType, Buffer, Client, CompileOptions, Device, Event, LoadedExecutable, Signature};
 use crate::error::{Error, Result};
 use crate::host::HostTensor;
 
@@ -32,6 +32,10 @@ pub fn aliased_outputs(mlir: &str, params: usize) -> Option<Vec<Option<usize>>> 
 /// A compiled step program, its current inputs and which outputs replace which inputs.
 pub struct StepLoop {
     exe: LoadedExecutable,
+    /// The client's first device, where the inputs live.
+    device: Device,
+    /// `@main`'s parameter types.
+    params: Vec<ArgType>,
     inputs: Vec<Buffer>,
     /// Per input, the output that replaces it (donated inputs only).
     aliased: Vec<Option<usize>>,
@@ -72,6 +76,8 @@ impl StepLoop {
             .collect();
         Ok(StepLoop {
             exe,
+            device,
+            params: sig.params,
             inputs,
             aliased,
             keep,
@@ -89,31 +95,23 @@ impl StepLoop {
     }
 
     /// The type of each input, in `@main`'s order.
-    pub fn input_types(&self) -> Vec<(crate::DType, Vec<usize>)> {
-        self.inputs
-            .iter()
-            .map(|b| (b.dtype(), b.dims().to_vec()))
-            .collect()
+    pub fn input_types(&self) -> &[ArgType] {
+        &self.params
     }
 
     /// Replaces input `i` (zeros at first) by `value`, of the same type.
     pub fn set_input(&mut self, i: usize, value: &HostTensor) -> Result<()> {
-        let old = self.inputs.get(i).ok_or_else(|| Error::Argument {
-            message: format!("input {i} of {}", self.inputs.len()),
+        let ty = self.params.get(i).ok_or_else(|| Error::Argument {
+            message: format!("input {i} of {}", self.params.len()),
         })?;
-        if (old.dtype(), old.dims()) != (value.dtype(), value.dims()) {
+        if (ty.dtype, &ty.dims[..]) != (value.dtype(), value.dims()) {
             return Err(Error::Argument {
-                message: format!(
-                    "input {i} is {}{:?}, not {}{:?}",
-                    old.dtype(),
-                    old.dims(),
-                    value.dtype(),
-                    value.dims()
-                ),
+                message: format!("input {i} is {ty}, not {}{:?}", value.dtype(), value.dims()),
             });
         }
-        let device = *self.inputs[i].client().devices().first().expect("a device");
-        self.inputs[i] = self.inputs[i].client().buffer_from_host(value, device)?;
+        self.inputs[i] = self.inputs[i]
+            .client()
+            .buffer_from_host(value, self.device)?;
         Ok(())
     }
 
