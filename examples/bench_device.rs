@@ -70,9 +70,10 @@ fn main() -> anyhow::Result<()> {
     // The first device in a process loads the plugin and creates its client: the floor of any
     // process's time to first step.
     let t = Instant::now();
+    // The environment's settings (the bound on steps in flight among them), without a cache.
     let device = LazyDevice::new(DeviceConfig {
         cache: neuron_pc::compile::CacheConfig::disabled(),
-        ..DeviceConfig::default()
+        ..DeviceConfig::from_env()?
     })?;
     let device_ms = t.elapsed().as_secs_f64() * 1e3;
     let x = device.from_slice(&[0.5f32; 4], &[4])?;

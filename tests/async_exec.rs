@@ -17,9 +17,14 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn device(in_flight: usize) -> LazyDevice {
+    bounded(in_flight, DeviceConfig::default().max_bytes_in_flight)
+}
+
+fn bounded(steps: usize, bytes: u64) -> LazyDevice {
     LazyDevice::new(DeviceConfig {
         cache: CacheConfig::disabled(),
-        max_steps_in_flight: in_flight,
+        max_steps_in_flight: steps,
+        max_bytes_in_flight: bytes,
         ..DeviceConfig::default()
     })
     .expect("cpu device: run scripts/setup")
@@ -71,7 +76,7 @@ fn train(in_flight: usize, steps: u64) -> (Vec<u32>, Vec<u32>) {
 fn results_are_bit_identical_whatever_the_steps_in_flight() {
     let _serial = serial();
     let (sync_losses, sync_params) = train(1, 200);
-    for in_flight in [2, 4] {
+    for in_flight in [2, 4, DeviceConfig::default().max_steps_in_flight] {
         let (l, p) = train(in_flight, 200);
         assert_eq!(l, sync_losses, "losses with {in_flight} steps in flight");
         assert_eq!(
@@ -83,6 +88,99 @@ fn results_are_bit_identical_whatever_the_steps_in_flight() {
     let first = f32::from_bits(sync_losses[0]);
     let last = f32::from_bits(*sync_losses.last().unwrap());
     assert!(last < first * 0.8, "loss {first} -> {last}");
+}
+
+/// Launches `steps` steps that each compute a new 1 MiB value from a 1024x1024 matmul (a few
+/// ms of device time against microseconds of host time, so launches run ahead), reading
+/// nothing until the end; returns the device's metrics and every value.
+fn new_outputs(dev: &LazyDevice, steps: usize) -> (neuron_pc::Metrics, Vec<Vec<f32>>) {
+    let x = dev
+        .from_slice(&vec![0.001f32; 256 * 1024], &[256, 1024])
+        .unwrap();
+    let w = dev
+        .from_slice(&vec![0.002f32; 1024 * 1024], &[1024, 1024])
+        .unwrap();
+    let mut ys = Vec::new();
+    for step in 0..steps {
+        let shift = dev.scalar(step as f64, DType::F32).unwrap();
+        ys.push(x.add(&shift).unwrap().matmul(&w).unwrap());
+        dev.mark_step().unwrap();
+    }
+    let values = ys.iter().map(|y| y.to_vec::<f32>().unwrap()).collect();
+    (dev.metrics(), values)
+}
+
+#[test]
+fn the_bytes_in_flight_bound_holds_back_steps_whose_outputs_are_new() {
+    let _serial = serial();
+    const MIB: u64 = 1 << 20;
+    // A budget of 2.5 MiB: two 1 MiB outputs fit, a third waits for the oldest.
+    let (tight, tight_values) = new_outputs(&bounded(64, 5 * MIB / 2), 12);
+    assert!(
+        tight.peak_steps_in_flight <= 2 && tight.peak_bytes_in_flight <= 5 * MIB / 2,
+        "{} steps, {} bytes in flight",
+        tight.peak_steps_in_flight,
+        tight.peak_bytes_in_flight
+    );
+    // The default budget (1 GiB) lets them run ahead, up to the step bound.
+    let (free, free_values) = new_outputs(
+        &bounded(64, DeviceConfig::default().max_bytes_in_flight),
+        12,
+    );
+    assert!(
+        free.peak_steps_in_flight >= 6,
+        "{} steps in flight",
+        free.peak_steps_in_flight
+    );
+    assert_eq!(free.peak_bytes_in_flight, free.peak_steps_in_flight * MIB);
+    // A step's output counts its bytes however many steps wait.
+    assert_eq!(tight.peak_bytes_in_flight % MIB, 0);
+    assert!(tight.peak_bytes_in_flight >= MIB);
+    assert_eq!(tight_values, free_values);
+    let expected = 1024.0 * 0.002 * 0.001;
+    assert!(
+        (tight_values[0][0] - expected).abs() < 1e-6,
+        "{}",
+        tight_values[0][0]
+    );
+    let eleventh = 1024.0 * 0.002 * (11.0 + 0.001);
+    assert!(
+        (tight_values[11][0] - eleventh).abs() < 1e-3,
+        "{}",
+        tight_values[11][0]
+    );
+}
+
+#[test]
+fn steps_that_update_in_place_are_held_back_by_the_step_bound_alone() {
+    let _serial = serial();
+    // The budget is smaller than the updated value: outputs that reuse a donated input
+    // allocate nothing, so only the bound of 4 steps holds launches back.
+    let dev = bounded(4, 1024);
+    let x = dev
+        .from_slice(&vec![0.001f32; 256 * 1024], &[256, 1024])
+        .unwrap();
+    let w = dev
+        .from_slice(&vec![0.002f32; 1024 * 1024], &[1024, 1024])
+        .unwrap();
+    let mut step = dev.step_fn(|a: &[Tensor]| {
+        let (x, w) = (&a[0], &a[1]);
+        let g = x.transpose(0, 1)?.matmul(&x.matmul(w)?)?;
+        w.assign(&w.sub(&g.mul_scalar(1e-3)?)?)?;
+        Ok(vec![])
+    });
+    for _ in 0..12 {
+        step.call(&[x.clone(), w.clone()]).unwrap();
+    }
+    let m = dev.metrics();
+    assert!(m.replayed_steps >= 9, "{m:?}");
+    assert_eq!(m.peak_steps_in_flight, 4, "{m:?}");
+    assert_eq!(m.peak_bytes_in_flight, 0, "{m:?}");
+    // w - 1e-3 x^T x w, twelve times: every column sum of x^T x is 256 * 1024 * 1e-6.
+    let shrink: f64 = 1.0 - 1e-3 * 256.0 * 1024.0 * 1e-6;
+    let expected = 0.002 * shrink.powi(12);
+    let got = w.to_vec::<f32>().unwrap()[0] as f64;
+    assert!((got - expected).abs() < 1e-7, "{got} vs {expected}");
 }
 
 #[test]

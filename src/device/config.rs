@@ -19,6 +19,13 @@ pub const NO_NEW_GRAPHS_ENV: &str = "NEURON_PC_NO_COMPILE_AFTER_WARMUP";
 pub const DEBUG_STEPS_ENV: &str = "NEURON_PC_DEBUG_STEPS";
 /// How many launched steps may run at once before `mark_step` waits for the oldest.
 pub const MAX_IN_FLIGHT_ENV: &str = "NEURON_PC_MAX_STEPS_IN_FLIGHT";
+/// Bytes per device that the outputs of steps in flight may hold (`512M`, `2G`).
+pub const MAX_BYTES_IN_FLIGHT_ENV: &str = "NEURON_PC_MAX_BYTES_IN_FLIGHT";
+/// Steps a device may have in flight unless `NEURON_PC_MAX_STEPS_IN_FLIGHT` says otherwise.
+pub const DEFAULT_MAX_STEPS_IN_FLIGHT: usize = 32;
+/// Bytes per device the outputs of steps in flight may hold unless
+/// `NEURON_PC_MAX_BYTES_IN_FLIGHT` says otherwise: 1 GiB.
+pub const DEFAULT_MAX_BYTES_IN_FLIGHT: u64 = 1 << 30;
 /// A file to append one JSON line per new graph to (read by `neuron-pc analyze`).
 pub const GRAPH_LOG_ENV: &str = "NEURON_PC_GRAPH_LOG";
 /// How many devices (replicas) a data-parallel job runs on in this process.
@@ -55,9 +62,14 @@ pub struct DeviceConfig {
     /// Append one JSON line per new graph here.
     pub graph_log: Option<PathBuf>,
     /// Steps that may be running at once: `mark_step` launches a step and returns, and waits
-    /// for the oldest only past this bound (1: every step is waited for before `mark_step`
-    /// returns). Bounds the memory of outputs not yet computed.
+    /// for the oldest only past this bound or `max_bytes_in_flight` (1: every step is waited
+    /// for before `mark_step` returns).
     pub max_steps_in_flight: usize,
+    /// Bytes per device that the outputs of steps in flight may hold; past it, `mark_step`
+    /// waits for the oldest step (never for the one it launched). Outputs that reuse a donated
+    /// input count nothing, so a training step whose parameters and optimizer state are
+    /// updated in place is held back by the step count alone.
+    pub max_bytes_in_flight: u64,
     /// Write a Chrome trace-event timeline of the device's phases here when it is dropped
     /// (`NEURON_PC_TRACE`; see [`crate::timeline`]).
     pub trace: Option<PathBuf>,
@@ -84,7 +96,8 @@ impl Default for DeviceConfig {
             fail_on_new_graph_after_warmup: false,
             debug_steps: false,
             graph_log: None,
-            max_steps_in_flight: 2,
+            max_steps_in_flight: DEFAULT_MAX_STEPS_IN_FLIGHT,
+            max_bytes_in_flight: DEFAULT_MAX_BYTES_IN_FLIGHT,
             trace: None,
             topology: Topology::single(),
             check_indices: false,
@@ -115,6 +128,12 @@ fn count_env(name: &str, v: &str) -> Result<usize> {
         })
 }
 
+/// A size in bytes (`123`, `512M`, `2G`) from the variable `name`.
+fn size_env(name: &str, v: &str) -> Result<u64> {
+    neuron_pc_cache::parse_size(v)
+        .ok_or_else(|| Error::Config(format!("{name}={v:?}: expected a size like 512M or 2G")))
+}
+
 impl DeviceConfig {
     /// Reads `NEURON_CC_FLAGS`, the cache's variables (see [`CacheConfig::resolve`]) and the
     /// `NEURON_PC_*` switches.
@@ -143,7 +162,11 @@ impl DeviceConfig {
             trace: path_env(crate::timeline::TRACE_ENV),
             max_steps_in_flight: match std::env::var(MAX_IN_FLIGHT_ENV) {
                 Ok(v) if !v.is_empty() => count_env(MAX_IN_FLIGHT_ENV, &v)?,
-                _ => 2,
+                _ => DEFAULT_MAX_STEPS_IN_FLIGHT,
+            },
+            max_bytes_in_flight: match std::env::var(MAX_BYTES_IN_FLIGHT_ENV) {
+                Ok(v) if !v.is_empty() => size_env(MAX_BYTES_IN_FLIGHT_ENV, &v)?,
+                _ => DEFAULT_MAX_BYTES_IN_FLIGHT,
             },
             ..DeviceConfig::default()
         })
@@ -152,5 +175,31 @@ impl DeviceConfig {
     /// The target the flags select.
     pub fn target(&self) -> Target {
         self.flags.target
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_counts_from_variables() {
+        let gib = size_env(MAX_BYTES_IN_FLIGHT_ENV, "2G").unwrap();
+        assert_eq!(gib, 2 << 30);
+        assert_eq!(
+            size_env(MAX_BYTES_IN_FLIGHT_ENV, "512M").unwrap(),
+            512 << 20
+        );
+        assert_eq!(size_env(MAX_BYTES_IN_FLIGHT_ENV, "4096").unwrap(), 4096);
+        let e = size_env(MAX_BYTES_IN_FLIGHT_ENV, "lots")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("NEURON_PC_MAX_BYTES_IN_FLIGHT=\"lots\": expected a size like 512M"),
+            "{e}"
+        );
+        assert_eq!(count_env(MAX_IN_FLIGHT_ENV, "8").unwrap(), 8);
+        let e = count_env(MAX_IN_FLIGHT_ENV, "0").unwrap_err().to_string();
+        assert!(e.contains("expected a whole number of at least 1"), "{e}");
     }
 }

@@ -120,23 +120,64 @@ impl StepRun {
     }
 }
 
-/// The steps of one device that may still be running, oldest first.
+/// How much a device may have in flight before `mark_step` waits for the oldest step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Bound {
+    /// Steps launched and not known to be complete (1: execution is synchronous).
+    pub steps: usize,
+    /// Bytes per device of the outputs those steps allocated (outputs that reuse a donated
+    /// input allocate nothing). The newest step is never held back by it.
+    pub bytes: u64,
+}
+
+/// The steps of one device that may still be running, oldest first, each with the bytes its
+/// launch allocated per device.
 #[derive(Default)]
 pub(crate) struct InFlight {
-    runs: Mutex<VecDeque<Arc<StepRun>>>,
+    runs: Mutex<Queue>,
+}
+
+#[derive(Default)]
+struct Queue {
+    runs: VecDeque<(Arc<StepRun>, u64)>,
+    bytes: u64,
+}
+
+impl Queue {
+    fn pop(&mut self) -> Option<Arc<StepRun>> {
+        let (run, bytes) = self.runs.pop_front()?;
+        self.bytes -= bytes;
+        Some(run)
+    }
+
+    fn front_finished(&self) -> bool {
+        self.runs.front().is_some_and(|(r, _)| r.is_finished())
+    }
+}
+
+/// What a push found: the steps that left the queue (for their execution time), what stays in
+/// flight, and the first failure waited for.
+pub(crate) struct Pushed {
+    pub retired: Vec<Arc<StepRun>>,
+    pub steps: usize,
+    pub bytes: u64,
+    pub result: Result<()>,
 }
 
 impl InFlight {
-    /// Adds a launched step; when more than `bound` are in flight, waits for the oldest ones
-    /// (a bound of 1 makes execution synchronous). Returns the steps that left the queue, for
-    /// their execution time.
-    pub fn push(&self, run: Arc<StepRun>, bound: usize) -> (Vec<Arc<StepRun>>, Result<()>) {
-        let mut runs = lock(&self.runs);
-        runs.push_back(run);
+    /// Adds a launched step that allocated `bytes` per device; while more than `bound` is in
+    /// flight, waits for the oldest steps.
+    pub fn push(&self, run: Arc<StepRun>, bytes: u64, bound: Bound) -> Pushed {
+        let mut q = lock(&self.runs);
+        q.runs.push_back((run, bytes));
+        q.bytes += bytes;
         let mut retired = Vec::new();
         let mut result = Ok(());
-        while runs.len() > bound.max(1) || runs.front().is_some_and(|r| r.is_finished()) {
-            let Some(oldest) = runs.pop_front() else {
+        while q.runs.len() > bound.steps.max(1)
+            || (q.runs.len() > 1 && q.bytes > bound.bytes)
+            || q.front_finished()
+        {
+            let Some(oldest) = q.pop() else {
                 break;
             };
             let r = oldest.wait();
@@ -145,12 +186,21 @@ impl InFlight {
             }
             retired.push(oldest);
         }
-        (retired, result)
+        Pushed {
+            retired,
+            steps: q.runs.len(),
+            bytes: q.bytes,
+            result,
+        }
     }
 
     /// Waits for every step in flight (the device's drop, `synchronize`).
     pub fn drain(&self) -> (Vec<Arc<StepRun>>, Result<()>) {
-        let runs: Vec<Arc<StepRun>> = lock(&self.runs).drain(..).collect();
+        let runs: Vec<Arc<StepRun>> = {
+            let mut q = lock(&self.runs);
+            q.bytes = 0;
+            q.runs.drain(..).map(|(r, _)| r).collect()
+        };
         let mut result = Ok(());
         for r in &runs {
             let w = r.wait();
@@ -163,10 +213,10 @@ impl InFlight {
 
     /// Steps that completed, removed from the queue (without blocking).
     pub fn retire_finished(&self) -> Vec<Arc<StepRun>> {
-        let mut runs = lock(&self.runs);
+        let mut q = lock(&self.runs);
         let mut out = Vec::new();
-        while runs.front().is_some_and(|r| r.is_finished()) {
-            if let Some(r) = runs.pop_front() {
+        while q.front_finished() {
+            if let Some(r) = q.pop() {
                 let _ = r.wait();
                 out.push(r);
             }

@@ -46,6 +46,12 @@ pub struct Metrics {
     /// Executions and their total wall time (launch to results ready).
     pub executions: u64,
     pub execute_ms: f64,
+    /// The most steps a device left in flight when `mark_step` returned, and the most bytes per
+    /// device their outputs held (see `DeviceConfig::max_bytes_in_flight`).
+    #[serde(default)]
+    pub peak_steps_in_flight: u64,
+    #[serde(default)]
+    pub peak_bytes_in_flight: u64,
     /// Host-to-device and device-to-host transfers.
     pub transfers_to_device: u64,
     pub bytes_to_device: u64,
@@ -128,6 +134,16 @@ impl Metrics {
             "executions",
             format!("{} in {:.1} ms", self.executions, self.execute_ms),
         );
+        if self.peak_steps_in_flight > 0 {
+            line(
+                "in flight (peak)",
+                format!(
+                    "{} steps, {:.2} MiB of outputs",
+                    self.peak_steps_in_flight,
+                    self.peak_bytes_in_flight as f64 / (1 << 20) as f64
+                ),
+            );
+        }
         line(
             "to device",
             format!(

@@ -26,7 +26,7 @@ use neuron_pc_compiler::{DType, HostTensor};
 
 pub use config::{
     DeviceConfig, CHECK_INDICES_ENV, CPU_NUM_DEVICES_ENV, DEBUG_STEPS_ENV, DEVICES_ENV,
-    EXTRACT_DIR_ENV, GRAPH_LOG_ENV, MAX_IN_FLIGHT_ENV, NO_NEW_GRAPHS_ENV,
+    EXTRACT_DIR_ENV, GRAPH_LOG_ENV, MAX_BYTES_IN_FLIGHT_ENV, MAX_IN_FLIGHT_ENV, NO_NEW_GRAPHS_ENV,
 };
 pub use debug::TARGET as DEBUG_STEPS_LOG_TARGET;
 pub use metrics::Metrics;
@@ -35,7 +35,7 @@ use crate::compile::Compiler;
 use crate::error::{Error, Result};
 use crate::timeline::{Timeline, DEVICE_TRACK, HOST_TRACK};
 use executables::{How, StepExecutable};
-use inflight::{InFlight, StepRun};
+use inflight::{Bound, InFlight, StepRun};
 use trace::{Cell, DeviceData, Node, Recorder, Value};
 
 /// A device that records tensor operations and runs them as compiled step graphs.
@@ -811,6 +811,19 @@ impl DeviceInner {
             })?;
         let graph = exe.key.short().to_string();
         self.phase("launch", launch_started, Some(&graph));
+        // What this step allocated on each device: its outputs, less the donated inputs they
+        // reuse (every input not kept is aliased to one output of its size).
+        let allocated =
+            |outputs: &[Buffer]| outputs.iter().map(Buffer::size_in_bytes).sum::<usize>();
+        let donated: usize = (0..params.len())
+            .filter(|i| keep.binary_search(i).is_err())
+            .filter_map(|i| params[i].buffers.first())
+            .map(Buffer::size_in_bytes)
+            .sum();
+        let new_bytes = launched
+            .outputs
+            .first()
+            .map_or(0, |o| allocated(o).saturating_sub(donated)) as u64;
         let run = Arc::new(StepRun::new(launched.done, site, step, graph));
         let zero_filled = params.iter().any(|d| d.zero_filled);
         if launched
@@ -845,12 +858,21 @@ impl DeviceInner {
             m.executions += 1;
         }
         let bound_started = Instant::now();
-        let (done, waited) = self.in_flight.push(run, self.config.max_steps_in_flight);
-        if done.len() > 1 || bound_started.elapsed().as_micros() > 50 {
+        let bound = Bound {
+            steps: self.config.max_steps_in_flight,
+            bytes: self.config.max_bytes_in_flight,
+        };
+        let pushed = self.in_flight.push(run, new_bytes, bound);
+        if pushed.retired.len() > 1 || bound_started.elapsed().as_micros() > 50 {
             self.phase("wait (steps in flight)", bound_started, None);
         }
-        self.account(&done);
-        waited?;
+        {
+            let mut m = lock(&self.metrics);
+            m.peak_steps_in_flight = m.peak_steps_in_flight.max(pushed.steps as u64);
+            m.peak_bytes_in_flight = m.peak_bytes_in_flight.max(pushed.bytes);
+        }
+        self.account(&pushed.retired);
+        pushed.result?;
         Ok(result)
     }
 }
