@@ -90,16 +90,22 @@ fn results_are_bit_identical_whatever_the_steps_in_flight() {
     assert!(last < first * 0.8, "loss {first} -> {last}");
 }
 
-/// Launches `steps` steps that each compute a new 1 MiB value from a 1024x1024 matmul (a few
-/// ms of device time against microseconds of host time, so launches run ahead), reading
-/// nothing until the end; returns the device's metrics and every value.
-fn new_outputs(dev: &LazyDevice, steps: usize) -> (neuron_pc::Metrics, Vec<Vec<f32>>) {
+/// `x`, 256x1024 of 0.001, and `w`, 1024x1024 of 0.002.
+fn matmul_inputs(dev: &LazyDevice) -> (Tensor, Tensor) {
     let x = dev
         .from_slice(&vec![0.001f32; 256 * 1024], &[256, 1024])
         .unwrap();
     let w = dev
         .from_slice(&vec![0.002f32; 1024 * 1024], &[1024, 1024])
         .unwrap();
+    (x, w)
+}
+
+/// Launches `steps` steps that each compute a new 1 MiB value from a 1024x1024 matmul (a few
+/// ms of device time against microseconds of host time, so launches run ahead), reading
+/// nothing until the end; returns the device's metrics and every value.
+fn new_outputs(dev: &LazyDevice, steps: usize) -> (neuron_pc::Metrics, Vec<Vec<f32>>) {
+    let (x, w) = matmul_inputs(dev);
     let mut ys = Vec::new();
     for step in 0..steps {
         let shift = dev.scalar(step as f64, DType::F32).unwrap();
@@ -157,12 +163,7 @@ fn steps_that_update_in_place_are_held_back_by_the_step_bound_alone() {
     // The budget is smaller than the updated value: outputs that reuse a donated input
     // allocate nothing, so only the bound of 4 steps holds launches back.
     let dev = bounded(4, 1024);
-    let x = dev
-        .from_slice(&vec![0.001f32; 256 * 1024], &[256, 1024])
-        .unwrap();
-    let w = dev
-        .from_slice(&vec![0.002f32; 1024 * 1024], &[1024, 1024])
-        .unwrap();
+    let (x, w) = matmul_inputs(&dev);
     let mut step = dev.step_fn(|a: &[Tensor]| {
         let (x, w) = (&a[0], &a[1]);
         let g = x.transpose(0, 1)?.matmul(&x.matmul(w)?)?;
