@@ -295,7 +295,10 @@ impl AdamW {
             .neg()?
             .add_scalar(1.0)?;
         let step_size = lr.div(&bc1)?;
-        let bc2_sqrt = bc2.sqrt()?;
+        // sqrt(v) / sqrt(bc2) as PyTorch writes it, computed as sqrt(v) * rsqrt(bc2): one
+        // divide per element fewer (XLA makes the same rewrite of JAX's AdamW, not of a sqrt
+        // that several parameters share); the two differ by at most an ulp.
+        let bc2_rsqrt = bc2.rsqrt()?;
         let decay = lr.mul_scalar(-self.weight_decay)?.add_scalar(1.0)?;
         let done = gradients_done(grads)?;
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
@@ -311,7 +314,7 @@ impl AdamW {
             let v = self.exp_avg_sq[i]
                 .mul_scalar(self.beta2)?
                 .add(&g.mul(&g)?.mul_scalar(1.0 - self.beta2)?)?;
-            let denom = v.sqrt()?.div(&bc2_sqrt)?.add_scalar(self.eps)?;
+            let denom = v.sqrt()?.mul(&bc2_rsqrt)?.add_scalar(self.eps)?;
             let updated = w.mul(&decay)?.sub(&m.div(&denom)?.mul(&step_size)?)?;
             match &self.zero1 {
                 Some(z) => p.assign(&z.gather(i, &updated)?)?,
