@@ -121,7 +121,7 @@ impl StepRun {
 }
 
 /// How much a device may have in flight before `mark_step` waits for the oldest step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Bound {
     /// Steps launched and not known to be complete (1: execution is synchronous).
     pub steps: usize,

@@ -813,17 +813,17 @@ impl DeviceInner {
         self.phase("launch", launch_started, Some(&graph));
         // What this step allocated on each device: its outputs, less the donated inputs they
         // reuse (every input not kept is aliased to one output of its size).
-        let allocated =
-            |outputs: &[Buffer]| outputs.iter().map(Buffer::size_in_bytes).sum::<usize>();
+        // `keep` is in ascending order, as both callers build it.
         let donated: usize = (0..params.len())
             .filter(|i| keep.binary_search(i).is_err())
             .filter_map(|i| params[i].buffers.first())
             .map(Buffer::size_in_bytes)
             .sum();
-        let new_bytes = launched
+        let outputs: usize = launched
             .outputs
             .first()
-            .map_or(0, |o| allocated(o).saturating_sub(donated)) as u64;
+            .map_or(0, |o| o.iter().map(Buffer::size_in_bytes).sum());
+        let new_bytes = outputs.saturating_sub(donated) as u64;
         let run = Arc::new(StepRun::new(launched.done, site, step, graph));
         let zero_filled = params.iter().any(|d| d.zero_filled);
         if launched
@@ -851,12 +851,6 @@ impl DeviceInner {
                 self.wrap_buffers(buffers, p, zero_filled, Some(run.clone()))
             })
             .collect();
-        {
-            let mut m = lock(&self.metrics);
-            m.donated_buffers += (params.len() - keep.len()) as u64;
-            m.last_step_outputs = result.len() as u64;
-            m.executions += 1;
-        }
         let bound_started = Instant::now();
         let bound = Bound {
             steps: self.config.max_steps_in_flight,
@@ -868,6 +862,9 @@ impl DeviceInner {
         }
         {
             let mut m = lock(&self.metrics);
+            m.donated_buffers += (params.len() - keep.len()) as u64;
+            m.last_step_outputs = result.len() as u64;
+            m.executions += 1;
             m.peak_steps_in_flight = m.peak_steps_in_flight.max(pushed.steps as u64);
             m.peak_bytes_in_flight = m.peak_bytes_in_flight.max(pushed.bytes);
         }
