@@ -66,6 +66,72 @@ pub fn mock_nccl(
     options
 }
 
+/// JAX's allocator variables, which the cuda plugin's client takes as options of its own:
+/// `XLA_PYTHON_CLIENT_PREALLOCATE` (`preallocate`), `XLA_PYTHON_CLIENT_MEM_FRACTION`
+/// (`memory_fraction`) and `XLA_PYTHON_CLIENT_ALLOCATOR` (`allocator`).
+pub const CUDA_ALLOCATOR_ENV: [(&str, &str); 3] = [
+    ("XLA_PYTHON_CLIENT_PREALLOCATE", "preallocate"),
+    ("XLA_PYTHON_CLIENT_MEM_FRACTION", "memory_fraction"),
+    ("XLA_PYTHON_CLIENT_ALLOCATOR", "allocator"),
+];
+
+/// The cuda client's allocator options from JAX's variables (read through `var`), as JAX reads
+/// them. The plugin's own default is to take 75% of the GPU's memory at start; a process that
+/// shares its GPU with others of the same run (`shared`: the compile command and its workers
+/// beside the trial run, ranks under mocked NCCL) takes memory as it needs it instead, unless
+/// the user said otherwise, so that the second process on the GPU is not refused its memory.
+pub fn cuda_allocator_options(
+    shared: bool,
+    var: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<(String, OptionValue)>> {
+    let mut options = Vec::new();
+    let [(pre_env, pre), (frac_env, frac), (alloc_env, alloc)] = CUDA_ALLOCATOR_ENV;
+    match var(pre_env).as_deref().map(str::trim) {
+        None if shared => options.push((pre.to_string(), OptionValue::Bool(false))),
+        None => {}
+        Some(v) => {
+            let b = match v.to_ascii_lowercase().as_str() {
+                "1" | "true" => true,
+                "0" | "false" => false,
+                _ => {
+                    return Err(Error::Config(format!(
+                        "{pre_env}={v:?}: expected true or false"
+                    )))
+                }
+            };
+            options.push((pre.to_string(), OptionValue::Bool(b)));
+        }
+    }
+    if let Some(v) = var(frac_env) {
+        match v.trim().parse::<f32>() {
+            Ok(x) if x > 0.0 && x <= 1.0 => options.push((frac.to_string(), OptionValue::Float(x))),
+            _ => {
+                return Err(Error::Config(format!(
+                    "{frac_env}={v:?}: expected a fraction of the GPU's memory in (0, 1], e.g. .5"
+                )))
+            }
+        }
+    }
+    if let Some(v) = var(alloc_env) {
+        let v = v.trim().to_ascii_lowercase();
+        if !["default", "platform", "bfc", "cuda_async"].contains(&v.as_str()) {
+            return Err(Error::Config(format!(
+                "{alloc_env}={v:?}: expected default, platform, bfc or cuda_async"
+            )));
+        }
+        options.push((alloc.to_string(), OptionValue::String(v)));
+    }
+    Ok(options)
+}
+
+/// [`cuda_allocator_options`] from the process's environment; none for other targets.
+pub fn allocator_options(target: Target, shared: bool) -> Result<Vec<(String, OptionValue)>> {
+    match target {
+        Target::Cuda => cuda_allocator_options(shared, |k| std::env::var(k).ok()),
+        _ => Ok(Vec::new()),
+    }
+}
+
 /// The Neuron runtime's variables for `cores` NeuronCores per process, rank 0's collectives
 /// bootstrap listening on `root_port` of the launcher's master address.
 pub fn neuron_runtime_env(
@@ -258,6 +324,58 @@ mod tests {
             o[2],
             ("visible_devices".into(), OptionValue::Int64List(vec![4, 5]))
         );
+    }
+
+    #[test]
+    fn allocator_options_follow_jax_variables_and_shared_gpus_take_memory_as_needed() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert!(cuda_allocator_options(false, env(&[])).unwrap().is_empty());
+        assert_eq!(
+            cuda_allocator_options(true, env(&[])).unwrap(),
+            vec![("preallocate".to_string(), OptionValue::Bool(false))]
+        );
+        let all = env(&[
+            ("XLA_PYTHON_CLIENT_PREALLOCATE", "true"),
+            ("XLA_PYTHON_CLIENT_MEM_FRACTION", ".25"),
+            ("XLA_PYTHON_CLIENT_ALLOCATOR", "Platform"),
+        ]);
+        // the user's word wins over the shared default
+        assert_eq!(
+            cuda_allocator_options(true, all).unwrap(),
+            vec![
+                ("preallocate".to_string(), OptionValue::Bool(true)),
+                ("memory_fraction".to_string(), OptionValue::Float(0.25)),
+                (
+                    "allocator".to_string(),
+                    OptionValue::String("platform".into())
+                ),
+            ]
+        );
+        for (bad, names) in [
+            (
+                env(&[("XLA_PYTHON_CLIENT_PREALLOCATE", "yes")]),
+                "PREALLOCATE",
+            ),
+            (
+                env(&[("XLA_PYTHON_CLIENT_MEM_FRACTION", "1.5")]),
+                "MEM_FRACTION",
+            ),
+            (
+                env(&[("XLA_PYTHON_CLIENT_MEM_FRACTION", "half")]),
+                "MEM_FRACTION",
+            ),
+            (env(&[("XLA_PYTHON_CLIENT_ALLOCATOR", "slab")]), "ALLOCATOR"),
+        ] {
+            let e = cuda_allocator_options(false, bad).unwrap_err().to_string();
+            assert!(e.contains(names) && !e.contains('\n'), "{e}");
+        }
     }
 
     #[test]

@@ -19,7 +19,12 @@ fn client() -> Option<&'static (Client, CompilerIdentity)> {
             let load = || -> anyhow::Result<(Client, CompilerIdentity)> {
                 let flags = CompilerFlags::from_env()?;
                 let plugin = Plugin::load(&find_plugin(flags.target)?)?;
-                let client = Client::new(&plugin, &ClientOptions::default())?;
+                // it only loads executables, maybe beside a running job: memory as needed
+                let options = ClientOptions {
+                    named: neuron_pc::distributed::allocator_options(flags.target, true)?,
+                    ..ClientOptions::default()
+                };
+                let client = Client::new(&plugin, &options)?;
                 let identity = CompilerIdentity::of(&client)?;
                 Ok((client, identity))
             };

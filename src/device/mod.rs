@@ -158,9 +158,16 @@ impl LazyDevice {
             cpu_device_count,
             ..ClientOptions::default()
         };
-        if config.topology.is_multi_process() && !extracting {
+        let multi_process = config.topology.is_multi_process() && !extracting;
+        if multi_process {
             crate::distributed::prepare(&config.topology, target, config.replicas, &mut options)?;
         }
+        // ranks under mocked NCCL share one GPU
+        let shared = multi_process
+            && std::env::var(crate::distributed::CUDA_MOCK_NCCL_ENV).is_ok_and(|v| v == "1");
+        options
+            .named
+            .extend(crate::distributed::allocator_options(target, shared)?);
         let plugin = Plugin::load(&find_plugin(target)?)?;
         let client = Client::new(&plugin, &options)?;
         if last > client.device_count() {

@@ -49,6 +49,7 @@ pub enum OptionValue {
     Int64List(Vec<i64>),
     Bool(bool),
     String(String),
+    Float(f32),
 }
 
 pub(crate) struct ClientInner {
@@ -143,6 +144,11 @@ impl Client {
                     OptionValue::Bool(b) => {
                         v.type_ = sys::PJRT_NamedValue_kBool;
                         v.__bindgen_anon_1.bool_value = *b;
+                        v.value_size = 1;
+                    }
+                    OptionValue::Float(x) => {
+                        v.type_ = sys::PJRT_NamedValue_kFloat;
+                        v.__bindgen_anon_1.float_value = *x;
                         v.value_size = 1;
                     }
                     OptionValue::String(t) => {

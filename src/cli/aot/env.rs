@@ -33,8 +33,10 @@ impl AotEnv {
             Plugin::load(&find_plugin(flags.target)?).context("loading the PJRT plugin")?;
         // One device unless a replicated program needs more (the plugin's default is 4, and
         // its thread pools grow with the device count).
+        // It compiles beside the trial run and its workers, on the same GPU: memory as needed.
         let options = ClientOptions {
             cpu_device_count: (flags.target == Target::Cpu).then_some(devices.max(1) as i64),
+            named: neuron_pc::distributed::allocator_options(flags.target, true)?,
             ..Default::default()
         };
         let client = Client::new(&plugin, &options)?;
