@@ -117,12 +117,25 @@ pub const fn plan(level: OptLevel) -> LevelPlan {
 
 /// The XLA backend option overrides for `flags`, by `DebugOptions` field name. Empty on Neuron
 /// targets, whose compiler is not XLA's backend and takes `--optlevel` instead.
+///
+/// On cuda, XLA's sharded autotuning is off: with it, the processes of a multi-process run
+/// must compile each program together (each autotunes a share of the fusions and waits for
+/// the others' through the key-value store), while here one rank compiles under the cache's
+/// lease and the others load its executable, so rank 0 waited forever (seen on an H200 with
+/// two ranks under mocked NCCL). A rank that hits the cache while another misses would hang
+/// the same way.
 pub fn backend_options(flags: &CompilerFlags) -> Vec<(String, OverrideValue)> {
+    let level = plan(flags.opt_level)
+        .xla
+        .iter()
+        .map(|&(name, value)| (name.to_string(), value.into()));
     match flags.target {
-        Target::Cpu | Target::Cuda => plan(flags.opt_level)
-            .xla
-            .iter()
-            .map(|&(name, value)| (name.to_string(), value.into()))
+        Target::Cpu => level.collect(),
+        Target::Cuda => level
+            .chain([(
+                "xla_gpu_shard_autotuning".to_string(),
+                OverrideValue::Bool(false),
+            )])
             .collect(),
         Target::Trn1 | Target::Trn2 => Vec::new(),
     }
@@ -163,6 +176,14 @@ mod tests {
         assert!(backend_options(&CompilerFlags::default()).is_empty());
         let o1_trn = CompilerFlags::parse("--optlevel 1 --target trn1").unwrap();
         assert!(backend_options(&o1_trn).is_empty());
+        let cuda = CompilerFlags::parse("--target cuda").unwrap();
+        assert_eq!(
+            backend_options(&cuda),
+            [(
+                "xla_gpu_shard_autotuning".to_string(),
+                OverrideValue::Bool(false)
+            )]
+        );
         let opts = compile_options(&o1_cpu, CompileOptions::default());
         assert_eq!(
             opts.xla_overrides.get("xla_backend_optimization_level"),
