@@ -3,7 +3,8 @@
 //! The key is SHA-256 over every input that can change the executable, each as a named,
 //! length-prefixed component in a fixed order: the format version, the program text, the
 //! serialized compile options, the target, the flags that change code generation, and the
-//! compiler's identity (platform name and version, PJRT API version, plugin library fingerprint).
+//! compiler's identity (platform name and version, PJRT API version, plugin library fingerprint,
+//! and the `XLA_FLAGS` the plugin read at start).
 //! A wrong key silently hands users someone else's executable, so each component has a test
 //! showing that changing it changes the key, and the components are kept (hex digests) so
 //! `neuron-pc cache show` can explain why two graphs got different keys.
@@ -20,7 +21,7 @@ use crate::pjrt::{Client, CompileOptions};
 
 /// Change this when any key input changes (what enters the key, or how it is encoded), so that
 /// entries written under the old rules are never served.
-pub const CACHE_FORMAT_VERSION: u32 = 1;
+pub const CACHE_FORMAT_VERSION: u32 = 2;
 
 /// Bytes read from each end of the plugin library for its fingerprint.
 const FINGERPRINT_SAMPLE: u64 = 1 << 20;
@@ -34,6 +35,11 @@ pub struct CompilerIdentity {
     pub api_version: String,
     /// See [`plugin_fingerprint`].
     pub plugin_fingerprint: String,
+    /// `XLA_FLAGS` as the plugin read it when the process started (XLA parses it once, into
+    /// the defaults of every compilation): `--xla_gpu_deterministic_ops=true` and the like
+    /// change the executable. Empty when unset; absent from records written before it.
+    #[serde(default)]
+    pub xla_flags: String,
 }
 
 impl CompilerIdentity {
@@ -45,6 +51,10 @@ impl CompilerIdentity {
             platform_version: client.platform_version().to_string(),
             api_version: format!("{major}.{minor}"),
             plugin_fingerprint: plugin_fingerprint(client.plugin().path())?,
+            xla_flags: std::env::var("XLA_FLAGS")
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
         })
     }
 
@@ -137,6 +147,7 @@ pub fn cache_key(
             "compiler.plugin_fingerprint".into(),
             compiler.plugin_fingerprint.clone(),
         ),
+        ("compiler.xla_flags".into(), compiler.xla_flags.clone()),
     ]);
     let mut h = Sha256::new();
     for (name, value) in &parts {
@@ -167,6 +178,7 @@ mod tests {
             platform_version: "cpu".into(),
             api_version: "0.81".into(),
             plugin_fingerprint: "ab".repeat(32),
+            xla_flags: String::new(),
         }
     }
 
@@ -230,12 +242,13 @@ mod tests {
             let fl = CompilerFlags::parse(flag).unwrap();
             variants.push((flag, cache_key(&p, &o, &fl, &c).hex));
         }
-        for field in 0..4 {
+        for field in 0..5 {
             let mut c2 = compiler();
             match field {
                 0 => c2.platform_name = "cuda".into(),
                 1 => c2.platform_version = "cpu 2".into(),
                 2 => c2.api_version = "0.82".into(),
+                3 => c2.xla_flags = "--xla_gpu_deterministic_ops=true".into(),
                 _ => c2.plugin_fingerprint = "cd".repeat(32),
             }
             variants.push(("compiler", cache_key(&p, &o, &f, &c2).hex));
