@@ -6,9 +6,12 @@ The same Llama, batches, init statistics and AdamW as scripts/reference/llama_to
 examples/bench_llama.rs (see there). Grouped-query attention through
 `jax.nn.dot_product_attention` (kv heads not repeated in the program).
 
-Prints `RESULT jax synced_ms=.. pipelined_ms=.. compile_ms=..`: the median step waited for
-(`block_until_ready`), the median per step of rounds with one wait at the end, and the step's
-`lower(...).compile()` time (tracing and lowering not included; the persistent cache off).
+Prints `RESULT jax synced_ms=.. pipelined_ms=.. compile_ms=.. params=.. loss=.. tokens_per_s=..`:
+the median step waited for (`block_until_ready`), the median per step of rounds with one wait at
+the end, the step's `lower(...).compile()` time (tracing and lowering not included; the
+persistent cache off), and the pipelined tokens per second. The size flags (`--hidden`,
+`--layers`, ..., `--seq-len`, `--batch-size`) default to scripts/bench's small Llama; the GPU kit
+(scripts/gpu-check) runs it at train_llama's size.
 `--first-step` runs one step with JAX's persistent compilation cache in `--cache DIR` and prints
 `FIRST_STEP_EPOCH <unix seconds>` once its loss is read, for the caller to time the process.
 
@@ -24,6 +27,15 @@ ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--warmup", type=int, default=3)
 ap.add_argument("--first-step", action="store_true")
 ap.add_argument("--cache", help="JAX persistent compilation cache directory")
+# The model's size; the defaults are scripts/bench's small Llama (examples/bench_llama.rs).
+ap.add_argument("--hidden", type=int, default=256)
+ap.add_argument("--layers", type=int, default=4)
+ap.add_argument("--heads", type=int, default=8)
+ap.add_argument("--kv-heads", type=int, default=4)
+ap.add_argument("--intermediate", type=int, default=768)
+ap.add_argument("--vocab", type=int, default=2048)
+ap.add_argument("--seq-len", type=int, default=128)
+ap.add_argument("--batch-size", type=int, default=4)
 args = ap.parse_args()
 
 import jax  # noqa: E402
@@ -35,8 +47,9 @@ if args.first_step and args.cache:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
-VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, INTER = 2048, 256, 4, 8, 4, 768
-SEQ, BATCH, EPS, THETA, STD = 128, 4, 1e-5, 10000.0, 0.02
+VOCAB, HIDDEN, LAYERS = args.vocab, args.hidden, args.layers
+HEADS, KV_HEADS, INTER = args.heads, args.kv_heads, args.intermediate
+SEQ, BATCH, EPS, THETA, STD = args.seq_len, args.batch_size, 1e-5, 10000.0, 0.02
 HEAD_DIM = HIDDEN // HEADS
 
 
@@ -147,7 +160,8 @@ def main():
     n = sum(x.size for x in jax.tree.leaves(state[0]))
     print(f"RESULT jax synced_ms={statistics.median(synced):.3f} "
           f"pipelined_ms={statistics.median(pipelined):.3f} compile_ms={compile_ms:.1f} "
-          f"params={n} loss={loss:.4f}", flush=True)
+          f"params={n} loss={loss:.4f} "
+          f"tokens_per_s={BATCH * SEQ * 1e3 / statistics.median(pipelined):.0f}", flush=True)
 
 
 if __name__ == "__main__":
