@@ -438,26 +438,36 @@ fn main() -> anyhow::Result<()> {
             Some(sum) => sum.add(&loss)?,
             None => loss,
         };
+        // A tensor still held at `mark_step` is one of the step's outputs: each set of
+        // gradients is dropped once used, or every step would write it out (a second copy of
+        // the parameters' size, which also counts against the in-flight byte budget).
         let grads = match &mut accumulator {
-            Some(acc) => match acc.accumulate(&grads)? {
-                Some(mean) => mean,
-                None => {
-                    // a micro-batch: its gradients are summed on the device
-                    loss_sum = Some(loss);
-                    device.mark_step()?;
-                    continue;
+            Some(acc) => {
+                let summed = acc.accumulate(&grads)?;
+                drop(grads);
+                match summed {
+                    Some(mean) => mean,
+                    None => {
+                        // a micro-batch: its gradients are summed on the device
+                        loss_sum = Some(loss);
+                        device.mark_step()?;
+                        continue;
+                    }
                 }
-            },
+            }
             None => grads,
         };
         // ZeRO-1 reduce-scatters each replica's own gradients inside its step
         let grads = if args.zero1 {
             grads
         } else {
-            average_gradients(&grads)?
+            let averaged = average_gradients(&grads)?;
+            drop(grads);
+            averaged
         };
         let lr = device.scalar(schedule.lr(step), DType::F32)?;
         opt.step(&params, &grads, &lr)?;
+        drop(grads);
         let loss = if k > 1 {
             loss.mul_scalar(1.0 / k as f64)?
         } else {

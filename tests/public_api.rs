@@ -60,6 +60,7 @@ fn train(
         let loss = model.loss(ids, mask, labels)?;
         let grads = grad(&loss, &params.iter().collect::<Vec<_>>())?;
         opt.step(params, &grads, &lr)?;
+        drop(grads);
         device.mark_step()?;
         losses.push(loss.item()?);
     }
