@@ -58,6 +58,10 @@ pub enum Error {
     /// from another program).
     #[error("executable does not match its program: {message}")]
     Interface { message: String },
+    /// A device mesh or a tensor's partition spec that cannot work (an unknown axis, a size the
+    /// axis does not divide, a mesh larger than the devices).
+    #[error("sharding: {message}")]
+    Sharding { message: String },
     /// The reference evaluator cannot evaluate an op in this setting.
     #[error("reference evaluator, {op}: {message}")]
     Evaluate { op: &'static str, message: String },

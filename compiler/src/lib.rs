@@ -14,6 +14,7 @@ pub mod passes;
 pub mod pjrt;
 pub mod reference;
 pub mod rng;
+pub mod sharding;
 
 pub use dtype::DType;
 pub use error::{Error, PjrtErrorCode, Result};

@@ -38,7 +38,53 @@ pub fn to_stablehlo(graph: &Graph) -> Result<String> {
 /// (an optimizer step then holds one copy of the parameters, not two). Each parameter and each
 /// output appears at most once, and the two must have the same type.
 pub fn to_stablehlo_with_aliases(graph: &Graph, aliases: &[(usize, usize)]) -> Result<String> {
+    lower(graph, aliases, None)
+}
+
+/// How a program is partitioned by XLA's SPMD partitioner: the partition count and the
+/// `mhlo.sharding` of each parameter and output (`crate::sharding::Sharding::hlo`; `None`
+/// leaves one to the partitioner's propagation).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Partitioning {
+    pub num_partitions: usize,
+    pub params: Vec<Option<String>>,
+    pub outputs: Vec<Option<String>>,
+}
+
+/// Like [`to_stablehlo_with_aliases`], for a program partitioned as `partitioning` says: the
+/// module carries `mhlo.num_partitions`, its arguments and results their `mhlo.sharding`.
+pub fn to_stablehlo_partitioned(
+    graph: &Graph,
+    aliases: &[(usize, usize)],
+    partitioning: &Partitioning,
+) -> Result<String> {
+    lower(graph, aliases, Some(partitioning))
+}
+
+fn lower(
+    graph: &Graph,
+    aliases: &[(usize, usize)],
+    partitioning: Option<&Partitioning>,
+) -> Result<String> {
     graph.validate()?;
+    if let Some(p) = partitioning {
+        let (np, no) = (graph.parameters().len(), graph.outputs().len());
+        if p.params.len() != np || p.outputs.len() != no || p.num_partitions == 0 {
+            return Err(crate::error::Error::InvalidGraph {
+                message: format!(
+                    "a partitioning of {} partitions with {} parameter and {} output shardings \
+                     for a graph of {np} parameters and {no} outputs",
+                    p.num_partitions,
+                    p.params.len(),
+                    p.outputs.len()
+                ),
+            });
+        }
+    }
+    let sharding_of = |list: Option<&Vec<Option<String>>>, i: usize| -> Option<String> {
+        let s = list?.get(i)?.as_ref()?;
+        Some(format!("mhlo.sharding = \"{s}\""))
+    };
     let param_types = graph.parameter_types();
     let output_types = graph.output_types();
     for (k, &(p, o)) in aliases.iter().enumerate() {
@@ -61,19 +107,44 @@ pub fn to_stablehlo_with_aliases(graph: &Graph, aliases: &[(usize, usize)]) -> R
     };
     let params = graph.parameter_types();
     let outputs = graph.output_types();
-    e.out.push_str("module @main {\n  func.func public @main(");
+    match partitioning {
+        None => e.out.push_str("module @main {\n"),
+        Some(p) => {
+            let _ = writeln!(
+                e.out,
+                "module @main attributes {{mhlo.num_partitions = {} : i32, mhlo.num_replicas = 1 \
+                 : i32}} {{",
+                p.num_partitions
+            );
+        }
+    }
+    e.out.push_str("  func.func public @main(");
     for (i, ty) in params.iter().enumerate() {
         if i > 0 {
             e.out.push_str(", ");
         }
         let _ = write!(e.out, "%arg{i}: {}", text::tensor(ty));
+        let mut attrs = Vec::new();
         if let Some(&(_, o)) = aliases.iter().find(|&&(p, _)| p == i) {
-            let _ = write!(e.out, " {{tf.aliasing_output = {o} : i32}}");
+            attrs.push(format!("tf.aliasing_output = {o} : i32"));
+        }
+        attrs.extend(sharding_of(partitioning.map(|p| &p.params), i));
+        if !attrs.is_empty() {
+            let _ = write!(e.out, " {{{}}}", attrs.join(", "));
         }
     }
     e.out.push(')');
     if !outputs.is_empty() {
-        let tys: Vec<String> = outputs.iter().map(text::tensor).collect();
+        let tys: Vec<String> = outputs
+            .iter()
+            .enumerate()
+            .map(
+                |(i, ty)| match sharding_of(partitioning.map(|p| &p.outputs), i) {
+                    Some(attr) => format!("{} {{{attr}}}", text::tensor(ty)),
+                    None => text::tensor(ty),
+                },
+            )
+            .collect();
         let _ = write!(e.out, " -> ({})", tys.join(", "));
     }
     e.out.push_str(" {\n");

@@ -23,8 +23,12 @@ pub struct CompileOptions {
     pub num_replicas: usize,
     /// Partitions per replica.
     pub num_partitions: usize,
-    /// The device id each replica runs on (`DeviceAssignmentProto`, one computation); empty:
-    /// the plugin's default (replica `i` on device `i`).
+    /// Partition the program with XLA's SPMD partitioner (by the `mhlo.sharding` of its
+    /// arguments, results and constraints) rather than run one copy per partition.
+    pub use_spmd_partitioning: bool,
+    /// The device id of each (replica, partition), replica-major: replica `r`'s partition `p`
+    /// runs on `device_assignment[r * num_partitions + p]` (`DeviceAssignmentProto`); empty: the
+    /// plugin's default.
     pub device_assignment: Vec<usize>,
     /// `DebugOptions` fields to override by name, e.g. `xla_backend_optimization_level`.
     pub xla_overrides: BTreeMap<String, OverrideValue>,
@@ -35,6 +39,7 @@ impl Default for CompileOptions {
         CompileOptions {
             num_replicas: 1,
             num_partitions: 1,
+            use_spmd_partitioning: false,
             device_assignment: Vec::new(),
             xla_overrides: BTreeMap::new(),
         }
@@ -45,6 +50,16 @@ impl CompileOptions {
     /// Options for an SPMD program replicated over `devices` (replica `i` on `devices[i]`).
     pub fn replicated(mut self, devices: &[usize]) -> Self {
         self.num_replicas = devices.len().max(1);
+        self.device_assignment = devices.to_vec();
+        self
+    }
+
+    /// Options for a program partitioned by XLA's SPMD partitioner over `devices` (partition
+    /// `p`, mesh position `p`, on `devices[p]`), one replica.
+    pub fn partitioned(mut self, devices: &[usize]) -> Self {
+        self.num_replicas = 1;
+        self.num_partitions = devices.len().max(1);
+        self.use_spmd_partitioning = true;
         self.device_assignment = devices.to_vec();
         self
     }
@@ -62,15 +77,28 @@ impl CompileOptions {
         put_varint_field(&mut build, 1, -1i64 as u64); // device_ordinal: not fixed
         put_varint_field(&mut build, 4, self.num_replicas as u64);
         put_varint_field(&mut build, 5, self.num_partitions as u64);
+        if self.use_spmd_partitioning {
+            put_varint_field(&mut build, 6, 1);
+        }
         if !self.device_assignment.is_empty() {
-            let mut ids = Vec::new();
-            for &d in &self.device_assignment {
-                put_varint_field(&mut ids, 1, d as u64);
-            }
+            // replica_count = 1, computation_count = 2, then one ComputationDevice (3) per
+            // partition listing its device for each replica (replica_device_ids = 1)
+            let partitions = self.num_partitions.max(1);
+            let replicas = self.device_assignment.len() / partitions;
             let mut assignment = Vec::new();
-            put_varint_field(&mut assignment, 1, self.device_assignment.len() as u64);
-            put_varint_field(&mut assignment, 2, 1);
-            put_bytes_field(&mut assignment, 3, &ids);
+            put_varint_field(&mut assignment, 1, replicas as u64);
+            put_varint_field(&mut assignment, 2, partitions as u64);
+            for p in 0..partitions {
+                let mut ids = Vec::new();
+                for r in 0..replicas {
+                    put_varint_field(
+                        &mut ids,
+                        1,
+                        self.device_assignment[r * partitions + p] as u64,
+                    );
+                }
+                put_bytes_field(&mut assignment, 3, &ids);
+            }
             put_bytes_field(&mut build, 9, &assignment);
         }
 
@@ -142,6 +170,25 @@ mod tests {
         assert_eq!(p[0], 0x1a);
         assert_eq!(p[1] as usize, p.len() - 2);
         assert_eq!(&p[p.len() - 4..], &[0x20, 0x01, 0x28, 0x01]);
+    }
+
+    #[test]
+    fn partitioned_options_set_spmd_and_one_computation_per_partition() {
+        let replicated = CompileOptions::default().replicated(&[0, 1]).to_proto();
+        let partitioned = CompileOptions::default().partitioned(&[0, 1]).to_proto();
+        assert_ne!(replicated, partitioned);
+        // num_replicas 1, num_partitions 2, use_spmd_partitioning
+        assert!(partitioned
+            .windows(6)
+            .any(|w| w == [0x20, 0x01, 0x28, 0x02, 0x30, 0x01]));
+        // the assignment: replica_count 1, computation_count 2, devices [0] and [1]
+        let assignment = [
+            0x08, 0x01, 0x10, 0x02, 0x1a, 0x02, 0x08, 0x00, 0x1a, 0x02, 0x08, 0x01,
+        ];
+        assert!(partitioned.windows(12).any(|w| w == assignment));
+        // replicas: one computation listing both devices, as before
+        let assignment = [0x08, 0x02, 0x10, 0x01, 0x1a, 0x04, 0x08, 0x00, 0x08, 0x01];
+        assert!(replicated.windows(10).any(|w| w == assignment));
     }
 
     #[test]
