@@ -8,7 +8,7 @@ use std::panic::Location;
 use std::sync::Arc;
 
 use neuron_pc_compiler::ir::{Graph, TensorType};
-use neuron_pc_compiler::pjrt::LoadedExecutable;
+use neuron_pc_compiler::pjrt::{LoadedExecutable, MemoryStats};
 
 use super::{lock, DeviceInner};
 use crate::compile::{extract, Key, Source};
@@ -19,6 +19,8 @@ pub(crate) struct StepExecutable {
     pub loaded: Option<LoadedExecutable>,
     pub key: Key,
     pub output_types: Vec<TensorType>,
+    /// What one execution needs on each device, when the plugin says.
+    pub memory: Option<MemoryStats>,
 }
 
 /// Where a step's executable came from.
@@ -81,6 +83,7 @@ pub(crate) fn obtain(
             loaded: None,
             key: program.key,
             output_types,
+            memory: None,
         };
         return Ok((Arc::new(exe), How::Extracted));
     }
@@ -130,6 +133,7 @@ pub(crate) fn obtain(
         extract::append_graph_log(log, &program.key, graph, site, step, names);
     }
     let exe = StepExecutable {
+        memory: obtained.executable.memory_stats(),
         loaded: Some(obtained.executable),
         key: program.key,
         output_types,

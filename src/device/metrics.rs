@@ -80,6 +80,19 @@ pub struct Metrics {
     /// from the device buffers: 1/N of the whole with ZeRO-1 over N replicas.
     #[serde(default)]
     pub optimizer_state_bytes: u64,
+    /// Bytes of the parameters (the tensors optimizers update) one device holds, measured from
+    /// the device buffers.
+    #[serde(default)]
+    pub parameter_bytes: u64,
+    /// The largest temporary buffers of a step run here, per device: the activations kept for
+    /// the backward pass, the gradients used within the step (a gradient still held at
+    /// `mark_step` is an output instead), workspaces; from the compiler's buffer assignment.
+    #[serde(default)]
+    pub step_temp_bytes: u64,
+    /// The most one step needed at once on a device: its arguments, its outputs not written over
+    /// a donated argument, its temporaries and code (the compiled memory statistics).
+    #[serde(default)]
+    pub step_peak_bytes: u64,
 }
 
 impl Metrics {
@@ -108,12 +121,26 @@ impl Metrics {
             line("replayed steps", self.replayed_steps.to_string());
         }
         line("graphs seen", self.graphs_seen.to_string());
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        if self.parameter_bytes > 0 {
+            line(
+                "parameters",
+                format!("{:.2} MiB per device", mib(self.parameter_bytes)),
+            );
+        }
         if self.optimizer_state_bytes > 0 {
             line(
                 "optimizer state",
+                format!("{:.2} MiB per replica", mib(self.optimizer_state_bytes)),
+            );
+        }
+        if self.step_peak_bytes > 0 {
+            line(
+                "step memory (largest)",
                 format!(
-                    "{:.2} MiB per replica",
-                    self.optimizer_state_bytes as f64 / (1 << 20) as f64
+                    "{:.2} MiB per device, {:.2} MiB of it temporaries",
+                    mib(self.step_peak_bytes),
+                    mib(self.step_temp_bytes)
                 ),
             );
         }

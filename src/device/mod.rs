@@ -62,6 +62,8 @@ pub(crate) struct DeviceInner {
     pub sites: Mutex<diagnose::Sites>,
     /// Optimizer state tensors, for the per-replica bytes in the metrics.
     pub optimizer_state: Mutex<Vec<Weak<Cell>>>,
+    /// The tensors optimizers update, for the per-device parameter bytes in the metrics.
+    pub parameters: Mutex<Vec<Weak<Cell>>>,
     /// Index checks whose results are not read yet (see `checks.rs`).
     pub index_checks: Mutex<Vec<checks::IndexCheck>>,
     /// The rank-agreement check of a multi-process run with a store.
@@ -218,6 +220,7 @@ impl LazyDevice {
                 metrics: Mutex::new(metrics),
                 sites: Mutex::new(diagnose::Sites::default()),
                 optimizer_state: Mutex::new(Vec::new()),
+                parameters: Mutex::new(Vec::new()),
                 index_checks: Mutex::new(Vec::new()),
                 rank_check,
                 in_flight: InFlight::default(),
@@ -287,7 +290,8 @@ impl LazyDevice {
         let done = self.inner.in_flight.retire_finished();
         self.inner.account(&done);
         let mut m = lock(&self.inner.metrics).clone();
-        m.optimizer_state_bytes = self.inner.optimizer_state_bytes();
+        m.optimizer_state_bytes = registered_bytes(&self.inner.optimizer_state);
+        m.parameter_bytes = registered_bytes(&self.inner.parameters);
         m.prefetched = self.inner.compiler.prefetch_hits();
         if let Some(cache) = self.inner.compiler.cache() {
             let w = cache.wait_metrics();
@@ -556,19 +560,6 @@ impl DeviceInner {
             }
         }
         Ok(host)
-    }
-
-    /// Bytes one replica holds of the registered optimizer state: the first replica's device
-    /// buffer of each live state tensor whose value is computed (pending ones count by type).
-    fn optimizer_state_bytes(&self) -> u64 {
-        lock(&self.optimizer_state)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .map(|c| match &*lock(&c.value) {
-                Value::Data(d) => d.buffers[0].size_in_bytes() as u64,
-                Value::Node(_) => c.ty.size_in_bytes() as u64,
-            })
-            .sum()
     }
 
     /// Copies replica `replica`'s value to the host once its step is done, outside the
@@ -874,11 +865,28 @@ impl DeviceInner {
             m.executions += 1;
             m.peak_steps_in_flight = m.peak_steps_in_flight.max(pushed.steps as u64);
             m.peak_bytes_in_flight = m.peak_bytes_in_flight.max(pushed.bytes);
+            if let Some(mem) = &exe.memory {
+                m.step_temp_bytes = m.step_temp_bytes.max(mem.temp);
+                m.step_peak_bytes = m.step_peak_bytes.max(mem.total());
+            }
         }
         self.account(&pushed.retired);
         pushed.result?;
         Ok(result)
     }
+}
+
+/// Bytes one device holds of the registered tensors (optimizer state, parameters): the first
+/// device's buffer of each live tensor whose value is computed (pending ones count by type).
+fn registered_bytes(list: &Mutex<Vec<Weak<Cell>>>) -> u64 {
+    lock(list)
+        .iter()
+        .filter_map(Weak::upgrade)
+        .map(|c| match &*lock(&c.value) {
+            Value::Data(d) => d.buffers[0].size_in_bytes() as u64,
+            Value::Node(_) => c.ty.size_in_bytes() as u64,
+        })
+        .sum()
 }
 
 impl Drop for DeviceInner {

@@ -168,13 +168,30 @@ fn read_for_update(p: &Tensor, done: &[Tensor]) -> Result<Tensor> {
 
 /// Counts `tensors` as optimizer state in the device's metrics (`optimizer_state_bytes`).
 fn register_state<'a>(device: &LazyDevice, tensors: impl IntoIterator<Item = &'a Tensor>) {
-    let mut state = crate::device::lock(&device.inner.optimizer_state);
-    state.retain(|w| w.strong_count() > 0);
-    state.extend(
-        tensors
-            .into_iter()
-            .map(|t| std::sync::Arc::downgrade(&t.cell)),
-    );
+    register(&device.inner.optimizer_state, tensors);
+}
+
+/// Counts the tensors an optimizer updates as parameters in the device's metrics
+/// (`parameter_bytes`).
+fn register_parameters(device: &LazyDevice, params: &[Tensor]) {
+    register(&device.inner.parameters, params);
+}
+
+fn register<'a>(
+    list: &std::sync::Mutex<Vec<std::sync::Weak<crate::device::trace::Cell>>>,
+    tensors: impl IntoIterator<Item = &'a Tensor>,
+) {
+    let mut list = crate::device::lock(list);
+    list.retain(|w| w.strong_count() > 0);
+    for t in tensors {
+        // a parameter given to two optimizers counts once
+        if !list
+            .iter()
+            .any(|w| std::ptr::eq(w.as_ptr(), std::sync::Arc::as_ptr(&t.cell)))
+        {
+            list.push(std::sync::Arc::downgrade(&t.cell));
+        }
+    }
 }
 
 /// State values to restore, by name.
@@ -267,6 +284,7 @@ impl AdamW {
             .map(|(i, p)| named(i, p, "exp_avg_sq"))
             .collect::<Result<_>>()?;
         register_state(device, exp_avg.iter().chain(&exp_avg_sq));
+        register_parameters(device, params);
         Ok(AdamW {
             beta1: 0.9,
             beta2: 0.999,
@@ -412,6 +430,7 @@ impl Sgd {
             })
             .collect::<Result<_>>()?;
         register_state(device, &momentum_buffer);
+        register_parameters(device, params);
         Ok(Sgd {
             momentum,
             weight_decay,

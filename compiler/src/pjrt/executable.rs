@@ -180,6 +180,28 @@ impl Client {
     }
 }
 
+/// One device's memory for one execution of a program, in bytes (`xla::CompiledMemoryStats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    pub arguments: u64,
+    pub outputs: u64,
+    /// Of the outputs, the bytes written over donated arguments.
+    pub aliased: u64,
+    /// Temporary buffers (activations kept for the backward pass, gradients used within the
+    /// step, workspaces).
+    pub temp: u64,
+    /// The program's generated code.
+    pub code: u64,
+}
+
+impl MemoryStats {
+    /// Everything an execution holds at once: arguments, outputs that are not written over an
+    /// argument, temporaries and code.
+    pub fn total(&self) -> u64 {
+        self.arguments + self.outputs.saturating_sub(self.aliased) + self.temp + self.code
+    }
+}
+
 impl LoadedExecutable {
     /// Sets the signature every launch checks its arguments against (after the caller has
     /// checked the interface: `LoadedExecutable::checked_against`).
@@ -212,6 +234,12 @@ impl LoadedExecutable {
     /// results), as the plugin's buffer assignment says; `None` when the plugin does not report
     /// its memory use.
     pub fn temp_bytes(&self) -> Option<u64> {
+        self.memory_stats().map(|m| m.temp)
+    }
+
+    /// What one execution needs on each device, as the compiler's buffer assignment says
+    /// (`PJRT_Executable_GetCompiledMemoryStats`); `None` when the plugin does not report it.
+    pub fn memory_stats(&self) -> Option<MemoryStats> {
         let view = self.executable().ok()?;
         let mut args = sys::PJRT_Executable_GetCompiledMemoryStats_Args {
             executable: view.raw,
@@ -223,7 +251,14 @@ impl LoadedExecutable {
             &mut args
         )
         .ok()?;
-        u64::try_from(args.temp_size_in_bytes).ok()
+        let bytes = |v: i64| u64::try_from(v).ok();
+        Some(MemoryStats {
+            arguments: bytes(args.argument_size_in_bytes)?,
+            outputs: bytes(args.output_size_in_bytes)?,
+            aliased: bytes(args.alias_size_in_bytes)?,
+            temp: bytes(args.temp_size_in_bytes)?,
+            code: bytes(args.generated_code_size_in_bytes)?,
+        })
     }
 
     /// Parameter and result types, when the program text could be read.

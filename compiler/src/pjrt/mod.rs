@@ -53,7 +53,7 @@ pub use buffer::Buffer;
 pub use client::{Client, ClientOptions, Device, OptionValue};
 pub use discover::{find_plugin, TargetStatus};
 pub use event::Event;
-pub use executable::{Launched, LaunchedReplicas, LoadedExecutable};
+pub use executable::{Launched, LaunchedReplicas, LoadedExecutable, MemoryStats};
 pub use kv::{KeyValueStore, KvError};
 pub use logging::plugin_logs_enabled;
 pub use malloc::{
