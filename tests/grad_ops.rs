@@ -5,6 +5,7 @@ mod grad_check;
 
 use grad_check::{device, vals, Check};
 use neuron_pc::{grad, DType, Tensor};
+use neuron_pc_compiler::sharding::{Mesh, PartitionSpec, Sharding};
 
 #[test]
 fn unary_ops() {
@@ -36,6 +37,11 @@ fn unary_ops() {
         |x| x[0].after(&x[1..])?.mul(&x[1]),
     );
     c.op("relu", &[c.away(&s, 0.1, 1.0)], |x| x[0].relu());
+    let mesh = Mesh::new(&[("model", 1)], &[0]).unwrap();
+    let split = Sharding::new(&mesh, &PartitionSpec::new(&[&[], &["model"]]), &s).unwrap();
+    c.op("sharding_constraint", &[c.rand(&s, -1.0, 1.0)], |x| {
+        x[0].with_sharding_constraint(&split)?.tanh()
+    });
     c.finish();
 }
 

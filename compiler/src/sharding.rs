@@ -183,6 +183,11 @@ impl Sharding {
         &self.mesh
     }
 
+    /// The whole tensor's shape.
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
     /// How many tiles each dimension is cut into.
     pub fn tiles(&self) -> Vec<usize> {
         (0..self.dims.len())

@@ -195,3 +195,115 @@ fn a_partitioning_that_does_not_fit_the_graph_is_refused() {
         "{e}"
     );
 }
+
+/// `tanh(x . w)` with `w` and the result split by columns over 4 devices; `constrain` lays
+/// `x . w` out whole inside the program. Device 0's result block, and what it should be.
+fn constrained(constrain: bool) -> (Vec<String>, Vec<f32>, Vec<f32>) {
+    let (m, k, n) = (4, 8, 16);
+    let mesh = Mesh::new(&[("model", 4)], &[0, 1, 2, 3]).unwrap();
+    let ws = Sharding::new(&mesh, &PartitionSpec::new(&[&[], &["model"]]), &[k, n]).unwrap();
+    let whole = Sharding::new(&mesh, &PartitionSpec::replicated(), &[m, n]).unwrap();
+    let ys = Sharding::new(&mesh, &PartitionSpec::new(&[&[], &["model"]]), &[m, n]).unwrap();
+    let xs = Sharding::new(&mesh, &PartitionSpec::replicated(), &[m, k]).unwrap();
+    let xt = TensorType::new(DType::F32, vec![m, k]);
+    let wt = TensorType::new(DType::F32, vec![k, n]);
+    let mut g = Graph::new();
+    let x = g.parameter(xt.clone());
+    let w = g.parameter(wt.clone());
+    let dot = Op::DotGeneral {
+        lhs_batch: vec![],
+        rhs_batch: vec![],
+        lhs_contract: vec![1],
+        rhs_contract: vec![0],
+    };
+    let mut y = g.push(dot, &[x, w]).unwrap();
+    if constrain {
+        let c = Op::ShardingConstraint {
+            sharding: whole.hlo(),
+        };
+        y = g.push(c, &[y]).unwrap();
+    }
+    let y = g
+        .push(Op::Unary(neuron_pc_compiler::ir::UnaryOp::Tanh), &[y])
+        .unwrap();
+    g.set_outputs(&[y]).unwrap();
+    let partitioning = Partitioning {
+        num_partitions: 4,
+        params: vec![Some(xs.hlo()), Some(ws.hlo())],
+        outputs: vec![Some(ys.hlo())],
+    };
+    let program = to_stablehlo_partitioned(&g, &[], &partitioning).unwrap();
+    let exe = client()
+        .compile_with_signature(
+            &program,
+            &CompileOptions::default().partitioned(mesh.devices()),
+            None,
+        )
+        .unwrap();
+    let xv = values(m, k, 0.9);
+    let wv = values(k, n, 2.3);
+    let uploads: Vec<Vec<_>> = (0..4)
+        .map(|p| {
+            let d = Device(p);
+            vec![
+                client()
+                    .buffer_from_host(&block(&xv, k, &xs, p), d)
+                    .unwrap(),
+                client()
+                    .buffer_from_host(&block(&wv, n, &ws, p), d)
+                    .unwrap(),
+            ]
+        })
+        .collect();
+    let args: Vec<Vec<_>> = uploads.iter().map(|a| a.iter().collect()).collect();
+    let out = exe.execute_replicated(&args).unwrap();
+    let first = out[0][0].to_host().unwrap().to_vec::<f32>().unwrap();
+    // device 0 holds columns 0 .. n / 4
+    let want: Vec<f32> = (0..m * n / 4)
+        .map(|i| {
+            let (r, c) = (i / (n / 4), i % (n / 4));
+            (0..k)
+                .map(|t| xv[r * k + t] * wv[t * n + c])
+                .sum::<f32>()
+                .tanh()
+        })
+        .collect();
+    (exe.optimized_entry_opcodes().unwrap(), first, want)
+}
+
+#[test]
+fn a_sharding_constraint_lays_an_intermediate_out_as_asked() {
+    let close = |got: &[f32], want: &[f32]| {
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() < 1e-5, "y[{i}]: {g} vs {w}");
+        }
+    };
+    // free, the product stays split like w and its result: nothing moves between devices
+    let (free, got, want) = constrained(false);
+    assert!(!free.iter().any(|o| o.starts_with("all-")), "{free:?}");
+    close(&got, &want);
+    // constrained whole, it is gathered on every device inside the program
+    let (gathered, got, want) = constrained(true);
+    assert!(gathered.iter().any(|o| o == "all-gather"), "{gathered:?}");
+    close(&got, &want);
+}
+
+#[test]
+fn a_sharding_constraint_in_a_program_of_one_device_is_its_operand() {
+    let mut g = Graph::new();
+    let x = g.parameter(TensorType::new(DType::F32, vec![4]));
+    let c = Op::ShardingConstraint {
+        sharding: "{replicated}".into(),
+    };
+    let y = g.push(c, &[x]).unwrap();
+    g.set_outputs(&[y]).unwrap();
+    let program = neuron_pc_compiler::lower::to_stablehlo(&g).unwrap();
+    assert!(program.contains("@Sharding"), "{program}");
+    let exe = client()
+        .compile(&program, &CompileOptions::default())
+        .unwrap();
+    let input = HostTensor::from_slice(&[1f32, -2.0, 3.5, 0.25], &[4]).unwrap();
+    let out = exe.execute_host(std::slice::from_ref(&input)).unwrap();
+    assert_eq!(out[0].to_vec::<f32>().unwrap(), [1.0, -2.0, 3.5, 0.25]);
+}

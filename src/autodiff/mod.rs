@@ -239,6 +239,9 @@ fn vjp(
         Op::ArgMax { .. } | Op::ArgMin { .. } => Ok(vec![None]),
         // d/dx stop_gradient(x) = 0 by definition (detach): nothing flows back
         Op::StopGradient => Ok(vec![None]),
+        // d/dx constrain(x) = g, laid out as x was asked to be (JAX transposes
+        // with_sharding_constraint into the same constraint on the cotangent)
+        Op::ShardingConstraint { .. } => Ok(vec![Some(Tensor::apply(op.clone(), &[g])?)]),
         // d/dx after(x, deps) = g: the deps only order the computation
         Op::After => Ok(std::iter::once(Some(g.clone()))
             .chain(std::iter::repeat(None))

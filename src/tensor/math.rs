@@ -120,6 +120,29 @@ impl Tensor {
         Tensor::apply(Op::After, &operands)
     }
 
+    /// The same value, laid out over the devices as `sharding` says inside a partitioned step:
+    /// JAX's `with_sharding_constraint`, for an activation the partitioner would otherwise lay
+    /// out its own way. Its gradient is constrained the same way. In a step of one device it is
+    /// the value itself. `sharding` is for this tensor's shape.
+    #[track_caller]
+    pub fn with_sharding_constraint(
+        &self,
+        sharding: &neuron_pc_compiler::sharding::Sharding,
+    ) -> Result<Tensor> {
+        if sharding.dims() != self.dims() {
+            return Err(super::shape::shape_error(
+                "sharding_constraint",
+                format!("{:?}", self.dims()),
+                format!("the sharding is for shape {:?}", sharding.dims()),
+                std::panic::Location::caller(),
+            ));
+        }
+        let op = Op::ShardingConstraint {
+            sharding: sharding.hlo(),
+        };
+        Tensor::apply(op, &[self])
+    }
+
     /// `torch.gather(self, dim, index)`: `out[.., j, ..] = self[.., index[.., j, ..], ..]` with the
     /// index replacing position `dim`. `index` is an integer tensor of this tensor's rank whose
     /// other dimensions are at most this tensor's. Out-of-range indices select nothing (the

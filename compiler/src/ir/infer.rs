@@ -346,6 +346,7 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
         }
         Op::StopGradient => Ok(unary(op, operands)?.clone()),
         Op::After => Ok(first(op, operands)?.clone()),
+        Op::ShardingConstraint { .. } => Ok(unary(op, operands)?.clone()),
         Op::ReduceWindow {
             window,
             stride,

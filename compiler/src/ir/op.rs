@@ -138,6 +138,12 @@ pub enum Op {
     /// product that reads a weight (`dx = dy . w`) is no ancestor of that weight's update, so
     /// nothing else orders the two. Differentiation passes through operand 0 only.
     After,
+    /// The operand's value, laid out over the devices as `sharding` says (an `mhlo.sharding`
+    /// text, `crate::sharding::Sharding::hlo`) in a partitioned program: JAX's
+    /// `with_sharding_constraint`, PyTorch/XLA's `mark_sharding` on an activation. Lowers to
+    /// the `@Sharding` custom call XLA's partitioner reads; differentiation constrains the
+    /// cotangent the same way.
+    ShardingConstraint { sharding: String },
     /// Reduces the operand across the replicas of each group (result has its type).
     AllReduce {
         op: ReduceOp,
@@ -168,6 +174,8 @@ impl Op {
             Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => false,
             Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => false,
             Op::ReplicaId => false,
+            // a layout the user asked for, kept where it was put
+            Op::ShardingConstraint { .. } => false,
             Op::Unary(_)
             | Op::Binary(_)
             | Op::Compare(_)
@@ -225,6 +233,7 @@ impl Op {
             Op::RandomBits { .. } => "random_bits",
             Op::StopGradient => "stop_gradient",
             Op::After => "after",
+            Op::ShardingConstraint { .. } => "sharding_constraint",
             Op::AllReduce { .. } => "all_reduce",
             Op::AllGather { .. } => "all_gather",
             Op::ReduceScatter { .. } => "reduce_scatter",
@@ -248,6 +257,7 @@ impl fmt::Display for Op {
             | Op::After
             | Op::ReplicaId => f.write_str(n),
             Op::Convert(d) => write!(f, "{n}{{{d}}}"),
+            Op::ShardingConstraint { sharding } => write!(f, "{n}{{{sharding}}}"),
             Op::Iota { dims, dim, dtype } => {
                 write!(f, "{n}{{dims={dims:?}, dim={dim}, dtype={dtype}}}")
             }

@@ -240,6 +240,15 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
         Op::StopGradient => return Ok(args[0].clone()),
         // alone it orders nothing: the value is the operand's
         Op::After if args.len() == 1 => return Ok(args[0].clone()),
+        Op::ShardingConstraint { sharding } => {
+            let t = &arg_tys[0];
+            e.line(&format!(
+                "{v} = stablehlo.custom_call @Sharding({}) {{mhlo.sharding = \"{sharding}\"}} \
+                 : ({t}) -> {t}",
+                args[0]
+            ));
+            return Ok(v);
+        }
         Op::After => {
             let tys = format!("({})", arg_tys.join(", "));
             e.line(&format!(

@@ -151,7 +151,9 @@ fn eval_node(node: &Node, a: &[&Value]) -> Result<Data> {
             broadcast_dimensions,
             ..
         } => structural::broadcast_in_dim(a[0], out, broadcast_dimensions),
-        Op::Reshape { .. } | Op::StopGradient | Op::After => a[0].data.clone(),
+        Op::Reshape { .. } | Op::StopGradient | Op::After | Op::ShardingConstraint { .. } => {
+            a[0].data.clone()
+        }
         Op::Transpose { perm } => structural::transpose(a[0], out, perm),
         Op::Slice { start, stride, .. } => structural::slice(a[0], out, start, stride),
         Op::DynamicSlice { .. } => structural::dynamic_slice(a[0], out, &starts(&a[1..])),
