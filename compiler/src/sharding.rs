@@ -14,6 +14,7 @@
 //! (`last_tile_dim_replicate`), whose devices hold the same tile.
 
 use crate::error::{Error, Result};
+use crate::host::HostTensor;
 use crate::ir::TensorType;
 
 /// Devices laid out as an array with named axes. Position `p` of the mesh (row-major over the
@@ -162,7 +163,7 @@ impl Sharding {
                 used.push(a);
                 tiles *= size;
             }
-            if dims[d] % tiles != 0 {
+            if !dims[d].is_multiple_of(tiles) {
                 return bad(format!(
                     "dimension {d} of shape {dims:?} has size {}, which {} ({tiles} devices) \
                      does not divide",
@@ -223,6 +224,110 @@ impl Sharding {
                     .fold(0, |idx, k| idx * self.mesh.axes[k].1 + c[k])
             })
             .collect()
+    }
+
+    /// Mesh position `p`'s block of `whole`, a tensor of this sharding's shape: what is
+    /// uploaded to `p`'s device.
+    pub fn block(&self, whole: &HostTensor, p: usize) -> Result<HostTensor> {
+        self.check_whole(whole)?;
+        let shard = self.shard_dims();
+        let mut out =
+            Vec::with_capacity(shard.iter().product::<usize>() * whole.dtype().size_in_bytes());
+        self.for_each_run(p, whole.dtype().size_in_bytes(), |at, len| {
+            out.extend_from_slice(&whole.bytes()[at..at + len])
+        });
+        HostTensor::from_bytes(whole.dtype(), &shard, out)
+    }
+
+    /// The whole tensor from one block per mesh position (in position order): what a read of a
+    /// sharded value gathers. Of the positions that hold the same block, the first is read.
+    pub fn assemble(&self, blocks: &[HostTensor]) -> Result<HostTensor> {
+        let bad = |message: String| Err(Error::Sharding { message });
+        if blocks.len() != self.mesh.size() {
+            return bad(format!(
+                "{} blocks for a mesh of {} devices",
+                blocks.len(),
+                self.mesh.size()
+            ));
+        }
+        let dtype = blocks[0].dtype();
+        let shard = self.shard_dims();
+        if let Some((p, b)) = blocks
+            .iter()
+            .enumerate()
+            .find(|(_, b)| b.dtype() != dtype || b.dims() != shard.as_slice())
+        {
+            return bad(format!(
+                "block {p} is {}{:?}, the sharding's blocks are {dtype}{shard:?}",
+                b.dtype(),
+                b.dims()
+            ));
+        }
+        let size = dtype.size_in_bytes();
+        let mut whole = vec![0u8; self.dims.iter().product::<usize>() * size];
+        let mut seen = std::collections::HashSet::new();
+        for (p, b) in blocks.iter().enumerate() {
+            if !seen.insert(self.block_of(p)) {
+                continue;
+            }
+            let mut from = 0;
+            self.for_each_run(p, size, |at, len| {
+                whole[at..at + len].copy_from_slice(&b.bytes()[from..from + len]);
+                from += len;
+            });
+        }
+        HostTensor::from_bytes(dtype, &self.dims, whole)
+    }
+
+    fn check_whole(&self, whole: &HostTensor) -> Result<()> {
+        if whole.dims() != self.dims.as_slice() {
+            return Err(Error::Sharding {
+                message: format!(
+                    "a tensor of shape {:?} split by a sharding of shape {:?}",
+                    whole.dims(),
+                    self.dims
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Calls `f(byte offset in the whole, byte length)` for each contiguous run of position
+    /// `p`'s block (one per index of its outer dimensions), in the block's row-major order.
+    fn for_each_run(&self, p: usize, elem: usize, mut f: impl FnMut(usize, usize)) {
+        let shard = self.shard_dims();
+        let rank = self.dims.len();
+        if rank == 0 {
+            f(0, elem);
+            return;
+        }
+        let start: Vec<usize> = self
+            .block_of(p)
+            .iter()
+            .zip(&shard)
+            .map(|(b, s)| b * s)
+            .collect();
+        // row-major strides of the whole, in elements
+        let mut stride = vec![1; rank];
+        for d in (0..rank - 1).rev() {
+            stride[d] = stride[d + 1] * self.dims[d + 1];
+        }
+        let run = shard[rank - 1] * elem;
+        let outer: usize = shard[..rank - 1].iter().product();
+        let mut idx = vec![0; rank - 1];
+        for _ in 0..outer {
+            let at: usize = (0..rank)
+                .map(|d| (start[d] + if d < rank - 1 { idx[d] } else { 0 }) * stride[d])
+                .sum();
+            f(at * elem, run);
+            for d in (0..rank - 1).rev() {
+                idx[d] += 1;
+                if idx[d] < shard[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
     }
 
     /// The `mhlo.sharding` attribute's value (XLA's `HloSharding` text).
@@ -359,6 +464,46 @@ mod tests {
             (0..4).map(|p| s.block_of(p)[0]).collect::<Vec<_>>(),
             [0, 1, 2, 3]
         );
+    }
+
+    #[test]
+    fn blocks_split_and_assemble_any_rank() {
+        let m = Mesh::new(&[("data", 2), ("model", 2)], &[0, 1, 2, 3]).unwrap();
+        let whole: Vec<f32> = (0..2 * 4 * 6).map(|i| i as f32).collect();
+        let t = HostTensor::from_slice(&whole, &[2, 4, 6]).unwrap();
+        for spec in [
+            PartitionSpec::replicated(),
+            PartitionSpec::new(&[&[], &["data"], &["model"]]),
+            PartitionSpec::new(&[&["model"], &[], &["data"]]),
+            PartitionSpec::new(&[&[], &["model", "data"]]),
+            PartitionSpec::new(&[&["data"]]),
+        ] {
+            let s = Sharding::new(&m, &spec, &[2, 4, 6]).unwrap();
+            let blocks: Vec<HostTensor> = (0..4).map(|p| s.block(&t, p).unwrap()).collect();
+            for (p, b) in blocks.iter().enumerate() {
+                assert_eq!(b.dims(), s.shard_dims().as_slice(), "{spec:?}");
+                // the block's first element is the whole's at the block's corner
+                let corner: usize = s
+                    .block_of(p)
+                    .iter()
+                    .zip(s.shard_dims())
+                    .zip([24, 6, 1])
+                    .map(|((b, n), stride)| b * n * stride)
+                    .sum();
+                assert_eq!(b.to_vec::<f32>().unwrap()[0], corner as f32, "{spec:?} {p}");
+            }
+            assert_eq!(s.assemble(&blocks).unwrap().bytes(), t.bytes(), "{spec:?}");
+        }
+        // a scalar, and blocks that do not fit
+        let s = Sharding::new(&m, &PartitionSpec::replicated(), &[]).unwrap();
+        let one = HostTensor::from_slice(&[2.5f32], &[]).unwrap();
+        assert_eq!(s.block(&one, 3).unwrap().bytes(), one.bytes());
+        let s = Sharding::new(&m, &PartitionSpec::new(&[&["data"]]), &[2, 4, 6]).unwrap();
+        let e = s
+            .assemble(&[t.clone(), t.clone(), t.clone(), t.clone()])
+            .unwrap_err();
+        assert!(e.to_string().contains("block 0 is f32[2, 4, 6]"), "{e}");
+        assert!(s.block(&one, 0).is_err());
     }
 
     #[test]

@@ -31,18 +31,10 @@ fn values(rows: usize, cols: usize, salt: f32) -> Vec<f32> {
         .collect()
 }
 
-/// The block of a `[rows, cols]` tensor that mesh position `p` holds under `s`.
-fn block(v: &[f32], cols: usize, s: &Sharding, p: usize) -> HostTensor {
-    let [br, bc] = s.shard_dims()[..] else {
-        panic!("2-D")
-    };
-    let at = s.block_of(p);
-    let mut out = Vec::with_capacity(br * bc);
-    for r in 0..br {
-        let row = (at[0] * br + r) * cols;
-        out.extend_from_slice(&v[row + at[1] * bc..row + (at[1] + 1) * bc]);
-    }
-    HostTensor::from_slice(&out, &[br, bc]).unwrap()
+/// Mesh position `p`'s block of `v`, a tensor of `s`'s shape.
+fn block(v: &[f32], s: &Sharding, p: usize) -> HostTensor {
+    s.block(&HostTensor::from_slice(v, s.dims()).unwrap(), p)
+        .unwrap()
 }
 
 fn arg(ty: &TensorType) -> ArgType {
@@ -115,12 +107,8 @@ fn a_tensor_parallel_matmul_runs_partitioned_and_gives_the_whole_result() {
         .map(|p| {
             let d = Device(mesh.devices()[p]);
             vec![
-                client()
-                    .buffer_from_host(&block(&xv, k, &xs, p), d)
-                    .unwrap(),
-                client()
-                    .buffer_from_host(&block(&wv, n, &ws, p), d)
-                    .unwrap(),
+                client().buffer_from_host(&block(&xv, &xs, p), d).unwrap(),
+                client().buffer_from_host(&block(&wv, &ws, p), d).unwrap(),
             ]
         })
         .collect();
@@ -136,21 +124,18 @@ fn a_tensor_parallel_matmul_runs_partitioned_and_gives_the_whole_result() {
                 .sum();
         }
     }
-    let mut got = vec![f64::NAN; m * n];
-    let [br, bc] = ys.shard_dims()[..] else {
-        panic!()
-    };
-    for (p, outs) in out.iter().enumerate() {
-        let shard = outs[0].to_host().unwrap();
-        assert_eq!(shard.dims(), [br, bc], "device {p}'s block");
-        let v = shard.to_vec::<f32>().unwrap();
-        let at = ys.block_of(p);
-        for r in 0..br {
-            for c in 0..bc {
-                got[(at[0] * br + r) * n + at[1] * bc + c] = f64::from(v[r * bc + c]);
-            }
-        }
+    let shards: Vec<HostTensor> = out.iter().map(|o| o[0].to_host().unwrap()).collect();
+    for (p, shard) in shards.iter().enumerate() {
+        assert_eq!(shard.dims(), [m / 2, n / 2], "device {p}'s block");
     }
+    let got: Vec<f64> = ys
+        .assemble(&shards)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f64::from)
+        .collect();
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!(
             (g - w).abs() <= 1e-4 * w.abs().max(1.0),
@@ -246,12 +231,8 @@ fn constrained(constrain: bool) -> (Vec<String>, Vec<f32>, Vec<f32>) {
         .map(|p| {
             let d = Device(p);
             vec![
-                client()
-                    .buffer_from_host(&block(&xv, k, &xs, p), d)
-                    .unwrap(),
-                client()
-                    .buffer_from_host(&block(&wv, n, &ws, p), d)
-                    .unwrap(),
+                client().buffer_from_host(&block(&xv, &xs, p), d).unwrap(),
+                client().buffer_from_host(&block(&wv, &ws, p), d).unwrap(),
             ]
         })
         .collect();
