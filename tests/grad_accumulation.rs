@@ -104,11 +104,17 @@ fn accumulated(k: usize, replicas: usize) -> (Vec<Vec<f32>>, u64) {
     (snapshot(&p), dev.metrics().compiles)
 }
 
+/// Each AdamW update moves an element by up to about the learning rate (0.05) whatever its
+/// size, so an element that passes near zero carries the rounding of updates of that size: the
+/// difference is taken relative to the element or to one update, whichever is larger. (With a
+/// floor of 1e-3 instead, an element at 0.0205 was 1.02e-5 apart on 2 replicas on an Intel
+/// Xeon, 2.2e-7 absolute, where the AMD EPYC machines had stayed under 1e-5.) A lost or doubled
+/// micro-batch is off by orders of magnitude more.
 fn assert_close(got: &[Vec<f32>], want: &[Vec<f32>], what: &str) {
     let mut worst = 0f32;
     for (g, w) in got.iter().zip(want) {
         for (a, b) in g.iter().zip(w) {
-            worst = worst.max((a - b).abs() / (1e-3 + b.abs()));
+            worst = worst.max((a - b).abs() / (0.05 + b.abs()));
         }
     }
     assert!(worst < 1e-5, "{what}: worst relative difference {worst}");
