@@ -9,7 +9,8 @@ use std::sync::OnceLock;
 use neuron_pc_compiler::ir::{Graph, Op, ReduceOp, TensorType};
 use neuron_pc_compiler::lower::{to_stablehlo_partitioned, Partitioning};
 use neuron_pc_compiler::pjrt::{
-    find_plugin, ArgType, Client, ClientOptions, CompileOptions, Device, Plugin, Signature, Target,
+    find_plugin, ArgType, Buffer, Client, ClientOptions, CompileOptions, Device, LoadedExecutable,
+    Plugin, Signature, Target,
 };
 use neuron_pc_compiler::sharding::{Mesh, PartitionSpec, Sharding};
 use neuron_pc_compiler::{DType, HostTensor};
@@ -35,6 +36,23 @@ fn values(rows: usize, cols: usize, salt: f32) -> Vec<f32> {
 fn block(v: &[f32], s: &Sharding, p: usize) -> HostTensor {
     s.block(&HostTensor::from_slice(v, s.dims()).unwrap(), p)
         .unwrap()
+}
+
+/// Runs `exe` over the mesh of the inputs' shardings, each device fed its block of each input
+/// (whole values of the shardings' shapes); each device's outputs.
+fn run_blocks(exe: &LoadedExecutable, inputs: &[(&[f32], &Sharding)]) -> Vec<Vec<Buffer>> {
+    let mesh = inputs[0].1.mesh();
+    let uploads: Vec<Vec<Buffer>> = (0..mesh.size())
+        .map(|p| {
+            let d = Device(mesh.devices()[p]);
+            inputs
+                .iter()
+                .map(|(v, s)| client().buffer_from_host(&block(v, s, p), d).unwrap())
+                .collect()
+        })
+        .collect();
+    let args: Vec<Vec<&Buffer>> = uploads.iter().map(|a| a.iter().collect()).collect();
+    exe.execute_replicated(&args).unwrap()
 }
 
 fn arg(ty: &TensorType) -> ArgType {
@@ -103,17 +121,7 @@ fn a_tensor_parallel_matmul_runs_partitioned_and_gives_the_whole_result() {
 
     let xv = values(m, k, 0.3);
     let wv = values(k, n, 1.7);
-    let uploads: Vec<Vec<_>> = (0..4)
-        .map(|p| {
-            let d = Device(mesh.devices()[p]);
-            vec![
-                client().buffer_from_host(&block(&xv, &xs, p), d).unwrap(),
-                client().buffer_from_host(&block(&wv, &ws, p), d).unwrap(),
-            ]
-        })
-        .collect();
-    let args: Vec<Vec<_>> = uploads.iter().map(|a| a.iter().collect()).collect();
-    let out = exe.execute_replicated(&args).unwrap();
+    let out = run_blocks(&exe, &[(&xv, &xs), (&wv, &ws)]);
 
     // the whole product, in f64, and the blocks put together
     let mut want = vec![0f64; m * n];
@@ -227,17 +235,7 @@ fn constrained(constrain: bool) -> (Vec<String>, Vec<f32>, Vec<f32>) {
         .unwrap();
     let xv = values(m, k, 0.9);
     let wv = values(k, n, 2.3);
-    let uploads: Vec<Vec<_>> = (0..4)
-        .map(|p| {
-            let d = Device(p);
-            vec![
-                client().buffer_from_host(&block(&xv, &xs, p), d).unwrap(),
-                client().buffer_from_host(&block(&wv, &ws, p), d).unwrap(),
-            ]
-        })
-        .collect();
-    let args: Vec<Vec<_>> = uploads.iter().map(|a| a.iter().collect()).collect();
-    let out = exe.execute_replicated(&args).unwrap();
+    let out = run_blocks(&exe, &[(&xv, &xs), (&wv, &ws)]);
     let first = out[0][0].to_host().unwrap().to_vec::<f32>().unwrap();
     // device 0 holds columns 0 .. n / 4
     let want: Vec<f32> = (0..m * n / 4)
