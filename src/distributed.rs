@@ -53,6 +53,11 @@ pub fn cuda_client_options(t: &Topology, replicas: usize) -> Vec<(String, Option
 /// multi-process plumbing (`scripts/gpu-check`) on a machine with one GPU.
 pub const CUDA_MOCK_NCCL_ENV: &str = "NEURON_PC_CUDA_MOCK_NCCL";
 
+/// Whether [`CUDA_MOCK_NCCL_ENV`] is `1`.
+pub fn mock_nccl_requested() -> bool {
+    std::env::var(CUDA_MOCK_NCCL_ENV).is_ok_and(|v| v == "1")
+}
+
 /// `options` with the plugin's `enable_mock_nccl` when `mock`: every process then drives the
 /// machine's first GPU, so `visible_devices` is left out.
 pub fn mock_nccl(
@@ -217,7 +222,7 @@ pub fn prepare(
             let Some(store) = crate::store::from_env()? else {
                 return crate::topology::check_launch_with(t, target, false, false);
             };
-            let mock = std::env::var(CUDA_MOCK_NCCL_ENV).is_ok_and(|v| v == "1");
+            let mock = mock_nccl_requested();
             options
                 .named
                 .extend(mock_nccl(cuda_client_options(t, replicas), mock));

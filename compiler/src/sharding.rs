@@ -332,10 +332,10 @@ impl Sharding {
 
     /// The `mhlo.sharding` attribute's value (XLA's `HloSharding` text).
     pub fn hlo(&self) -> String {
-        let tiles = self.tiles();
-        if tiles.iter().all(|&t| t == 1) {
+        if self.is_replicated() {
             return "{replicated}".into();
         }
+        let tiles = self.tiles();
         let unused: Vec<usize> = (0..self.mesh.axes.len())
             .filter(|k| {
                 !self

@@ -1,5 +1,10 @@
 //! Counters of what a device did, in the spirit of PyTorch/XLA's metrics report.
 
+use std::sync::{Mutex, Weak};
+
+use super::lock;
+use super::trace::{Cell, Value};
+
 /// A snapshot of a device's counters (see [`crate::LazyDevice::metrics`]).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
@@ -93,6 +98,19 @@ pub struct Metrics {
     /// a donated argument, its temporaries and code (the compiled memory statistics).
     #[serde(default)]
     pub step_peak_bytes: u64,
+}
+
+/// Bytes one device holds of the registered tensors (optimizer state, parameters): the first
+/// device's buffer of each live tensor whose value is computed (pending ones count by type).
+pub(super) fn registered_bytes(list: &Mutex<Vec<Weak<Cell>>>) -> u64 {
+    lock(list)
+        .iter()
+        .filter_map(Weak::upgrade)
+        .map(|c| match &*lock(&c.value) {
+            Value::Data(d) => d.buffers[0].size_in_bytes() as u64,
+            Value::Node(_) => c.ty.size_in_bytes() as u64,
+        })
+        .sum()
 }
 
 impl Metrics {

@@ -165,8 +165,7 @@ impl LazyDevice {
             crate::distributed::prepare(&config.topology, target, config.replicas, &mut options)?;
         }
         // ranks under mocked NCCL share one GPU
-        let shared = multi_process
-            && std::env::var(crate::distributed::CUDA_MOCK_NCCL_ENV).is_ok_and(|v| v == "1");
+        let shared = multi_process && crate::distributed::mock_nccl_requested();
         options
             .named
             .extend(crate::distributed::allocator_options(target, shared)?);
@@ -290,8 +289,8 @@ impl LazyDevice {
         let done = self.inner.in_flight.retire_finished();
         self.inner.account(&done);
         let mut m = lock(&self.inner.metrics).clone();
-        m.optimizer_state_bytes = registered_bytes(&self.inner.optimizer_state);
-        m.parameter_bytes = registered_bytes(&self.inner.parameters);
+        m.optimizer_state_bytes = metrics::registered_bytes(&self.inner.optimizer_state);
+        m.parameter_bytes = metrics::registered_bytes(&self.inner.parameters);
         m.prefetched = self.inner.compiler.prefetch_hits();
         if let Some(cache) = self.inner.compiler.cache() {
             let w = cache.wait_metrics();
@@ -874,19 +873,6 @@ impl DeviceInner {
         pushed.result?;
         Ok(result)
     }
-}
-
-/// Bytes one device holds of the registered tensors (optimizer state, parameters): the first
-/// device's buffer of each live tensor whose value is computed (pending ones count by type).
-fn registered_bytes(list: &Mutex<Vec<Weak<Cell>>>) -> u64 {
-    lock(list)
-        .iter()
-        .filter_map(Weak::upgrade)
-        .map(|c| match &*lock(&c.value) {
-            Value::Data(d) => d.buffers[0].size_in_bytes() as u64,
-            Value::Node(_) => c.ty.size_in_bytes() as u64,
-        })
-        .sum()
 }
 
 impl Drop for DeviceInner {

@@ -81,8 +81,9 @@ impl CompileOptions {
             put_varint_field(&mut build, 6, 1);
         }
         if !self.device_assignment.is_empty() {
-            // replica_count = 1, computation_count = 2, then one ComputationDevice (3) per
-            // partition listing its device for each replica (replica_device_ids = 1)
+            // DeviceAssignmentProto: replica_count (field 1), computation_count (2), then one
+            // ComputationDevice (3) per partition listing its device for each replica
+            // (replica_device_ids, 1)
             let partitions = self.num_partitions.max(1);
             let replicas = self.device_assignment.len() / partitions;
             let mut assignment = Vec::new();
