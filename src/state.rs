@@ -222,7 +222,12 @@ fn stage<'a>(
             }
             .into());
         };
-        staged.push((target, target.device()?.tensor(host)?));
+        // into the target's layout: a sharded parameter's blocks, never the whole on each device
+        let value = match target.sharding() {
+            Some(s) => target.device()?.tensor_sharded(host, s.spec())?,
+            None => target.device()?.tensor(host)?,
+        };
+        staged.push((target, value));
     }
     Ok(staged)
 }

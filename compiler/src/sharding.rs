@@ -129,6 +129,24 @@ impl PartitionSpec {
     }
 }
 
+/// JAX's notation: `P('data', None)`, `P(('data', 'model'),)`.
+impl std::fmt::Display for PartitionSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dims: Vec<String> = (self.0.iter())
+            .map(|axes| match axes.len() {
+                0 => "None".to_string(),
+                1 => format!("'{}'", axes[0]),
+                _ => {
+                    let quoted: Vec<String> = axes.iter().map(|a| format!("'{a}'")).collect();
+                    format!("({})", quoted.join(", "))
+                }
+            })
+            .collect();
+        let trailing = if dims.len() == 1 { "," } else { "" };
+        write!(f, "P({}{trailing})", dims.join(", "))
+    }
+}
+
 /// A partition spec checked against a tensor's shape on a mesh.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Sharding {
@@ -177,6 +195,11 @@ impl Sharding {
             spec: spec.clone(),
             dims: dims.to_vec(),
         })
+    }
+
+    /// The partition spec.
+    pub fn spec(&self) -> &PartitionSpec {
+        &self.spec
     }
 
     /// The mesh.

@@ -15,6 +15,25 @@ persistent cache off), and the pipelined tokens per second. The size flags (`--h
 `--first-step` runs one step with JAX's persistent compilation cache in `--cache DIR` and prints
 `FIRST_STEP_EPOCH <unix seconds>` once its loss is read, for the caller to time the process.
 
+Sharded layouts, for comparing with neuron-pc's sharded Llama: `--fsdp F --tp T` (both 1 by
+default) runs the same step over F*T of JAX's cpu devices (made to exist with
+`jax_num_cpu_devices`), arranged as a mesh of shape (F, T) with axes ("data", "model"). The batch
+is split by rows over "data". The weights take the Megatron tensor-parallel layout over "model":
+q, k, v, gate and up split by output feature (dim 0 of the [out, in] weight), o and down by input
+feature (dim 1), embedding and lm_head by vocabulary row (dim 0); on top of that FSDP splits each
+weight's other dimension over "data", and the 1-D norm weights over "data" when F > 1 and it
+divides the hidden size (otherwise the norms are replicated). The AdamW moments carry their
+parameter's sharding, and the jitted step pins its input and output shardings so the state keeps
+its layout step after step. Every dimension split must divide evenly; the script stops if not.
+With F*T == 1 the run is the single-device one above, unchanged.
+
+After the fields above, the RESULT line also carries `first_loss` (the first step's loss, to more
+digits, for checking that layouts agree), `layout=fsdp{F}_tp{T}`, `device_bytes` (the bytes of
+parameters and optimizer state held by one device: the sum over the state's arrays of the shard
+on the first device, measured after the timed steps) and `temp_bytes` (XLA's scratch memory for
+the compiled step, `memory_analysis().temp_size_in_bytes`; per device when sharded; -1 when the
+backend does not report it).
+
 Needs jax and numpy (not installed by scripts/setup): `scripts/bench` runs this when
 NEURON_PC_BENCH_JAX names a Python that has them.
 """
@@ -36,11 +55,22 @@ ap.add_argument("--intermediate", type=int, default=768)
 ap.add_argument("--vocab", type=int, default=2048)
 ap.add_argument("--seq-len", type=int, default=128)
 ap.add_argument("--batch-size", type=int, default=4)
+# Sharded layouts over cpu devices: a (fsdp, tp) mesh with axes ("data", "model").
+ap.add_argument("--fsdp", type=int, default=1, help="devices along the mesh's 'data' axis")
+ap.add_argument("--tp", type=int, default=1, help="devices along the mesh's 'model' axis")
 args = ap.parse_args()
+if args.fsdp < 1 or args.tp < 1:
+    ap.error("--fsdp and --tp must be at least 1")
+N_DEVICES = args.fsdp * args.tp
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+if N_DEVICES > 1:
+    # before any backend is initialised
+    jax.config.update("jax_num_cpu_devices", N_DEVICES)
 
 if args.first_step and args.cache:
     jax.config.update("jax_compilation_cache_dir", args.cache)
@@ -100,6 +130,37 @@ def loss_fn(p, ids):
     return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], -1))
 
 
+def make_mesh():
+    devices = jax.devices("cpu")
+    if len(devices) < N_DEVICES:
+        raise SystemExit(f"--fsdp {args.fsdp} --tp {args.tp} needs {N_DEVICES} cpu devices, "
+                         f"JAX has {len(devices)}")
+    return Mesh(np.array(devices[:N_DEVICES]).reshape(args.fsdp, args.tp), ("data", "model"))
+
+
+def param_spec(path, shape):
+    """The PartitionSpec of one parameter: Megatron over "model", FSDP over "data"."""
+    name = path[-1]
+    if len(shape) == 1:  # rms norm weights
+        return P("data") if args.fsdp > 1 and shape[0] % args.fsdp == 0 else P()
+    if name in ("q", "k", "v", "gate", "up", "embed", "lm_head"):
+        spec = P("model", "data")  # output features (or vocabulary) over "model"
+    elif name in ("o", "down"):
+        spec = P("data", "model")  # input features over "model"
+    else:
+        raise SystemExit(f"no layout for parameter {'/'.join(path)}")
+    for dim, axis in zip(shape, spec):
+        n = args.fsdp if axis == "data" else args.tp
+        if dim % n:
+            raise SystemExit(f"{'/'.join(path)} {tuple(shape)}: dim {dim} does not split "
+                             f"over {n} devices on mesh axis {axis!r}")
+    return spec
+
+
+def tree_path(kp):
+    return tuple(str(getattr(k, "key", k)) for k in kp)
+
+
 def step(p, m, v, t, ids, lr):
     loss, g = jax.value_and_grad(loss_fn)(p, ids)
     b1, b2, eps, wd = 0.9, 0.999, 1e-8, 0.01
@@ -114,15 +175,38 @@ def step(p, m, v, t, ids, lr):
 
 
 def main():
-    jstep = jax.jit(step, donate_argnums=(0, 1, 2, 3))
-    p = jax.tree.map(jnp.asarray, init(np.random.default_rng(0)))
-    m = jax.tree.map(jnp.zeros_like, p)
-    v = jax.tree.map(jnp.zeros_like, p)
-    t = jnp.zeros((), jnp.float32)
-    lr = jnp.asarray(1e-3, jnp.float32)
-    rng = np.random.default_rng(1)
-    batches = [jnp.asarray(rng.integers(0, VOCAB, (BATCH, SEQ), dtype=np.int32))
-               for _ in range(4)]
+    if N_DEVICES == 1:
+        jstep = jax.jit(step, donate_argnums=(0, 1, 2, 3))
+        p = jax.tree.map(jnp.asarray, init(np.random.default_rng(0)))
+        m = jax.tree.map(jnp.zeros_like, p)
+        v = jax.tree.map(jnp.zeros_like, p)
+        t = jnp.zeros((), jnp.float32)
+        lr = jnp.asarray(1e-3, jnp.float32)
+        rng = np.random.default_rng(1)
+        batches = [jnp.asarray(rng.integers(0, VOCAB, (BATCH, SEQ), dtype=np.int32))
+                   for _ in range(4)]
+        shardings = None
+    else:
+        mesh = make_mesh()
+        if BATCH % args.fsdp:
+            raise SystemExit(f"--batch-size {BATCH} does not split over --fsdp {args.fsdp}")
+        host = init(np.random.default_rng(0))
+        ps = jax.tree_util.tree_map_with_path(
+            lambda kp, x: NamedSharding(mesh, param_spec(tree_path(kp), x.shape)), host)
+        rep = NamedSharding(mesh, P())
+        batch_sharding = NamedSharding(mesh, P("data", None))
+        p = jax.tree.map(jax.device_put, host, ps)
+        m = jax.tree.map(lambda x, s: jax.device_put(np.zeros_like(x), s), host, ps)
+        v = jax.tree.map(lambda x, s: jax.device_put(np.zeros_like(x), s), host, ps)
+        t = jax.device_put(np.zeros((), np.float32), rep)
+        lr = jax.device_put(np.asarray(1e-3, np.float32), rep)
+        rng = np.random.default_rng(1)
+        batches = [jax.device_put(rng.integers(0, VOCAB, (BATCH, SEQ), dtype=np.int32),
+                                  batch_sharding) for _ in range(4)]
+        shardings = (ps, ps, ps, rep)
+        jstep = jax.jit(step, donate_argnums=(0, 1, 2, 3),
+                        in_shardings=(*shardings, batch_sharding, rep),
+                        out_shardings=(*shardings, rep))
     if args.first_step:
         p, m, v, t, loss = jstep(p, m, v, t, batches[0], lr)
         float(loss)
@@ -132,6 +216,15 @@ def main():
     c0 = time.perf_counter()
     compiled = lowered.compile()
     compile_ms = (time.perf_counter() - c0) * 1e3
+    temp_bytes = -1
+    try:
+        mem = compiled.memory_analysis()
+        if isinstance(mem, (list, tuple)):
+            mem = mem[0] if mem else None
+        if mem is not None:
+            temp_bytes = int(mem.temp_size_in_bytes)
+    except Exception:  # not every backend reports it
+        pass
     del compiled
     state = (p, m, v, t)
 
@@ -140,7 +233,7 @@ def main():
         *state, loss = jstep(*state, batches[i % len(batches)], lr)
         return loss
 
-    float(run(0))
+    first_loss = float(run(0))
     for i in range(1, args.warmup + 1):
         run(i).block_until_ready()
     synced = []
@@ -158,10 +251,17 @@ def main():
         pipelined.append((time.perf_counter() - c0) * 1e3 / rnd)
     loss = float(run(0))
     n = sum(x.size for x in jax.tree.leaves(state[0]))
+    if shardings is not None:  # the state kept its layout through the steps
+        for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(shardings)):
+            if not got.sharding.is_equivalent_to(want, got.ndim):
+                raise SystemExit(f"state left its layout: {got.sharding} instead of {want}")
+    device_bytes = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(state))
     print(f"RESULT jax synced_ms={statistics.median(synced):.3f} "
           f"pipelined_ms={statistics.median(pipelined):.3f} compile_ms={compile_ms:.1f} "
           f"params={n} loss={loss:.4f} "
-          f"tokens_per_s={BATCH * SEQ * 1e3 / statistics.median(pipelined):.0f}", flush=True)
+          f"tokens_per_s={BATCH * SEQ * 1e3 / statistics.median(pipelined):.0f} "
+          f"first_loss={first_loss:.7f} layout=fsdp{args.fsdp}_tp{args.tp} "
+          f"device_bytes={device_bytes} temp_bytes={temp_bytes}", flush=True)
 
 
 if __name__ == "__main__":

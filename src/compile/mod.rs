@@ -19,7 +19,9 @@ use neuron_pc_cache::{Cache, Obtained as CacheObtained, PutOutcome, Tier};
 use neuron_pc_compiler::flags::CompilerFlags;
 use neuron_pc_compiler::ir::{Graph, TensorType};
 use neuron_pc_compiler::key::{cache_key, CacheKey, CompilerIdentity};
+use neuron_pc_compiler::lower::Partitioning;
 use neuron_pc_compiler::pjrt::{ArgType, Client, CompileOptions, LoadedExecutable, Signature};
+use neuron_pc_compiler::sharding::Sharding;
 
 pub use cache_config::{CacheConfig, CACHE_STRICT_ENV, CACHE_URL_ENV, USE_CACHE_ENV};
 
@@ -204,6 +206,19 @@ impl Compiler {
         self
     }
 
+    /// Compiles programs partitioned by XLA's SPMD partitioner over `devices` (mesh position
+    /// `p` on `devices[p]`): one replica, `devices.len()` partitions; the partition count and
+    /// the assignment enter every key, and the shardings are in each program's text.
+    pub fn with_partitions(mut self, devices: &[usize]) -> Compiler {
+        self.options = self.options.partitioned(devices);
+        self
+    }
+
+    /// How many partitions each program is split into (1 unless [`Compiler::with_partitions`]).
+    pub fn partitions(&self) -> usize {
+        self.options.num_partitions.max(1)
+    }
+
     /// How many replicas each program runs on.
     pub fn replicas(&self) -> usize {
         self.options.num_replicas
@@ -308,6 +323,51 @@ impl Compiler {
         })
     }
 
+    /// [`Compiler::lower`] for a partitioned program: `params` and `outputs` are the sharding
+    /// of each parameter and output (none: whole on every device). The signature is each
+    /// device's: the blocks' types.
+    pub fn lower_sharded(
+        &self,
+        graph: &Graph,
+        aliases: &[(usize, usize)],
+        params: &[Option<Arc<Sharding>>],
+        outputs: &[Option<Arc<Sharding>>],
+    ) -> Result<Program> {
+        let optimized = neuron_pc_compiler::passes::run_pipeline(graph, &self.flags)?;
+        let hlo = |s: &Option<Arc<Sharding>>| {
+            Some(
+                s.as_deref()
+                    .map_or_else(|| "{replicated}".to_string(), Sharding::hlo),
+            )
+        };
+        let partitioning = Partitioning {
+            num_partitions: self.partitions(),
+            params: params.iter().map(hlo).collect(),
+            outputs: outputs.iter().map(hlo).collect(),
+        };
+        let text = neuron_pc_compiler::lower::to_stablehlo_partitioned(
+            &optimized,
+            aliases,
+            &partitioning,
+        )?;
+        let mut signature = signature_of(&optimized);
+        let blocks = |args: &mut Vec<ArgType>, shardings: &[Option<Arc<Sharding>>]| {
+            for (a, s) in args.iter_mut().zip(shardings) {
+                if let Some(s) = s {
+                    a.dims = s.shard_dims();
+                }
+            }
+        };
+        blocks(&mut signature.params, params);
+        blocks(&mut signature.results, outputs);
+        Ok(Program {
+            key: self.key_of(&text),
+            signature: Some(signature),
+            text,
+            options: self.options.clone(),
+        })
+    }
+
     /// A program given as text by another frontend (its signature is read from the text).
     pub fn program(&self, text: String) -> Program {
         self.program_on(text, &[])
@@ -324,6 +384,19 @@ impl Compiler {
         Program {
             key: self.key_with(&text, &options),
             signature: Signature::parse(&text),
+            text,
+            options,
+        }
+    }
+
+    /// A program given as text, partitioned by XLA's SPMD partitioner over `devices` (as
+    /// extracted from a job on a mesh). Its signature is not read from the text, which has the
+    /// whole values' types, not the blocks'.
+    pub fn program_partitioned_on(&self, text: String, devices: &[usize]) -> Program {
+        let options = self.options.clone().partitioned(devices);
+        Program {
+            key: self.key_with(&text, &options),
+            signature: None,
             text,
             options,
         }

@@ -47,6 +47,12 @@ pub struct DeviceConfig {
     /// Replicas of every step graph (SPMD data parallelism over devices
     /// `device_index..device_index + replicas`); 1 runs on one device.
     pub replicas: usize,
+    /// A device mesh: named axes, major first, laid over devices `device_index..` (their count
+    /// is the product of the sizes). Every step program is then partitioned by XLA's SPMD
+    /// partitioner over the mesh, and tensors may be sharded over it (see
+    /// [`crate::LazyDevice::tensor_sharded`]). Empty: no mesh. Replaces `replicas`: data
+    /// parallelism on a mesh is a batch split over its `data` axis.
+    pub mesh: Vec<(String, usize)>,
     /// CPU plugin: how many devices the client exposes (at least the ones this device runs
     /// on; by default exactly those).
     pub cpu_device_count: Option<i64>,
@@ -90,6 +96,7 @@ impl Default for DeviceConfig {
             cache: CacheConfig::default(),
             device_index: 0,
             replicas: 1,
+            mesh: Vec::new(),
             cpu_device_count: None,
             extract_dir: None,
             warmup_steps: 2,
@@ -170,6 +177,13 @@ impl DeviceConfig {
             },
             ..DeviceConfig::default()
         })
+    }
+
+    /// This configuration with a device mesh of `axes` (name, size), major first:
+    /// `with_mesh(&[("data", 2), ("model", 2)])` lays a 2 x 2 mesh over 4 devices.
+    pub fn with_mesh(mut self, axes: &[(&str, usize)]) -> DeviceConfig {
+        self.mesh = axes.iter().map(|(n, s)| (n.to_string(), *s)).collect();
+        self
     }
 
     /// The target the flags select.

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use neuron_pc_compiler::ir::{Graph, TensorType};
 use neuron_pc_compiler::pjrt::{LoadedExecutable, MemoryStats};
+use neuron_pc_compiler::sharding::Sharding;
 
 use super::{lock, DeviceInner};
 use crate::compile::{extract, Key, Source};
@@ -21,6 +22,21 @@ pub(crate) struct StepExecutable {
     pub output_types: Vec<TensorType>,
     /// What one execution needs on each device, when the plugin says.
     pub memory: Option<MemoryStats>,
+    /// On a mesh: how each output is split over it (none: whole on every device).
+    pub out_shardings: Vec<Option<Arc<Sharding>>>,
+}
+
+impl StepExecutable {
+    /// Output `k`'s sharding, when it is split over a mesh.
+    pub fn out_sharding(&self, k: usize) -> Option<&Arc<Sharding>> {
+        self.out_shardings.get(k).and_then(Option::as_ref)
+    }
+}
+
+/// The shardings of a partitioned step's parameters and outputs (none: whole on every device).
+pub(crate) struct StepShardings {
+    pub params: Vec<Option<Arc<Sharding>>>,
+    pub outputs: Vec<Option<Arc<Sharding>>>,
 }
 
 /// Where a step's executable came from.
@@ -55,6 +71,7 @@ pub(crate) fn obtain(
     dev: &Arc<DeviceInner>,
     graph: &Graph,
     aliases: &[(usize, usize)],
+    shardings: Option<StepShardings>,
     site: &'static Location<'static>,
     names: &[String],
 ) -> Result<(Arc<StepExecutable>, How)> {
@@ -65,7 +82,11 @@ pub(crate) fn obtain(
         .collect();
     let compiler = &dev.compiler;
     let lowering = std::time::Instant::now();
-    let program = compiler.lower(graph, aliases)?;
+    let program = match &shardings {
+        Some(s) => compiler.lower_sharded(graph, aliases, &s.params, &s.outputs)?,
+        None => compiler.lower(graph, aliases)?,
+    };
+    let out_shardings = shardings.map(|s| s.outputs).unwrap_or_default();
     dev.phase("lower", lowering, Some(program.key.short()));
     if tracing::enabled!(tracing::Level::DEBUG) {
         tracing::debug!(
@@ -84,6 +105,7 @@ pub(crate) fn obtain(
             key: program.key,
             output_types,
             memory: None,
+            out_shardings,
         };
         return Ok((Arc::new(exe), How::Extracted));
     }
@@ -137,6 +159,7 @@ pub(crate) fn obtain(
         loaded: Some(obtained.executable),
         key: program.key,
         output_types,
+        out_shardings,
     };
     Ok((Arc::new(exe), How::Obtained(obtained.source)))
 }

@@ -77,6 +77,9 @@ pub struct Metrics {
     pub replicas: usize,
     #[serde(default)]
     pub global_replicas: usize,
+    /// Devices every step program is partitioned over (the mesh's size; 1 without a mesh).
+    #[serde(default)]
+    pub partitions: usize,
     #[serde(default)]
     pub rank: usize,
     #[serde(default)]
@@ -119,6 +122,9 @@ impl Metrics {
         let hits = self.memory_hits + self.disk_hits + self.remote_hits;
         let mut s = String::new();
         let mut line = |k: &str, v: String| s.push_str(&format!("{k:<26} {v}\n"));
+        if self.partitions > 1 {
+            line("partitions (mesh)", self.partitions.to_string());
+        }
         if self.global_replicas > 1 {
             line(
                 "replicas",

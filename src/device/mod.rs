@@ -22,6 +22,7 @@ use neuron_pc_compiler::ir::{Op, TensorType};
 use neuron_pc_compiler::pjrt::{
     find_plugin, Buffer, Client, ClientOptions, Device, Plugin, Target,
 };
+use neuron_pc_compiler::sharding::{Mesh, Sharding};
 use neuron_pc_compiler::{DType, HostTensor};
 
 pub use config::{
@@ -34,7 +35,7 @@ pub use metrics::Metrics;
 use crate::compile::Compiler;
 use crate::error::{Error, Result};
 use crate::timeline::{Timeline, DEVICE_TRACK, HOST_TRACK};
-use executables::{How, StepExecutable};
+use executables::{How, StepExecutable, StepShardings};
 use inflight::{Bound, InFlight, StepRun};
 use trace::{Cell, DeviceData, Node, Recorder, Value};
 
@@ -51,8 +52,10 @@ pub(crate) struct DeviceInner {
     /// Compiles (or finds in the cache) every new step graph; owns the PJRT client.
     pub compiler: Compiler,
     /// The devices the replicas run on (one for a single-device job), replica `r` on
-    /// `devices[r]`.
+    /// `devices[r]`; on a mesh, mesh position `p` on `devices[p]`.
     pub devices: Vec<Device>,
+    /// The device mesh every step program is partitioned over, if there is one.
+    pub mesh: Option<Mesh>,
     pub config: DeviceConfig,
     /// The interner, the tensors that may hold pending values and the tensor ids: one lock
     /// per recorded op.
@@ -148,7 +151,29 @@ impl LazyDevice {
         if extracting {
             crate::trial::mark_trial_run();
         }
-        let last = config.device_index + config.replicas;
+        let mesh_size: usize = config.mesh.iter().map(|(_, s)| s).product();
+        if !config.mesh.is_empty() {
+            if config.replicas != 1 {
+                return Err(Error::Config(format!(
+                    "a device mesh replaces replicas ({} asked for): split the batch over the \
+                     mesh's data axis instead",
+                    config.replicas
+                )));
+            }
+            if config.topology.is_multi_process() && !extracting {
+                return Err(Error::Config(
+                    "a device mesh spans this process's devices; a mesh across processes is \
+                     not supported yet"
+                        .into(),
+                ));
+            }
+        }
+        let count = if config.mesh.is_empty() {
+            config.replicas
+        } else {
+            mesh_size
+        };
+        let last = config.device_index + count;
         // The cpu client makes as many devices as asked for, and sizes its thread pools as
         // max(cores, devices): ask for the devices this run uses, never the plugin's default
         // of 4 (4 pools' threads on 2 cores made every step 4-5% slower).
@@ -171,6 +196,20 @@ impl LazyDevice {
             .extend(crate::distributed::allocator_options(target, shared)?);
         let plugin = Plugin::load(&find_plugin(target)?)?;
         let client = Client::new(&plugin, &options)?;
+        if last > client.device_count() && !config.mesh.is_empty() {
+            let axes: Vec<String> = config
+                .mesh
+                .iter()
+                .map(|(n, s)| format!("{n} {s}"))
+                .collect();
+            return Err(Error::Config(format!(
+                "a mesh of ({}) needs {mesh_size} devices from device {}: the {target} client \
+                 has {}",
+                axes.join(", "),
+                config.device_index,
+                client.device_count()
+            )));
+        }
         if last > client.device_count() {
             return Err(Error::Config(if config.replicas == 1 {
                 format!(
@@ -196,15 +235,26 @@ impl LazyDevice {
         } else {
             devices.iter().map(|d| d.0).collect()
         };
-        let compiler =
-            Compiler::for_job(client, config.flags.clone(), &config.cache)?.with_replicas(&ids);
+        let mesh = if config.mesh.is_empty() {
+            None
+        } else {
+            let axes: Vec<(&str, usize)> =
+                config.mesh.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+            Some(Mesh::new(&axes, &ids).map_err(|e| Error::Config(e.to_string()))?)
+        };
+        let compiler = Compiler::for_job(client, config.flags.clone(), &config.cache)?;
+        let compiler = match &mesh {
+            Some(_) => compiler.with_partitions(&ids),
+            None => compiler.with_replicas(&ids),
+        };
         if !deferred {
             // a job that runs its steps: load last run's first executables while it builds
             compiler.start_prefetch();
         }
         let metrics = Metrics {
             cache_unavailable: compiler.cache_unavailable().map(str::to_string),
-            replicas: devices.len(),
+            replicas: if mesh.is_some() { 1 } else { devices.len() },
+            partitions: compiler.partitions(),
             global_replicas: compiler.replicas(),
             rank: config.topology.rank,
             world_size: config.topology.world_size,
@@ -213,6 +263,7 @@ impl LazyDevice {
         Ok(LazyDevice {
             inner: Arc::new(DeviceInner {
                 devices,
+                mesh,
                 compiler,
                 recorder: Mutex::new(Recorder::default()),
                 executables: Mutex::new(HashMap::default()),
@@ -243,9 +294,18 @@ impl LazyDevice {
         &self.inner.config
     }
 
-    /// How many replicas of every step graph run in this process (1: a single-device job).
+    /// How many replicas of every step graph run in this process (1: a single-device job,
+    /// or a mesh, whose program is one replica split over the mesh's devices).
     pub fn replicas(&self) -> usize {
-        self.inner.devices.len()
+        match self.inner.mesh {
+            Some(_) => 1,
+            None => self.inner.devices.len(),
+        }
+    }
+
+    /// The device mesh step programs are partitioned over (see [`DeviceConfig::mesh`]).
+    pub fn mesh(&self) -> Option<&Mesh> {
+        self.inner.mesh.as_ref()
     }
 
     /// How many devices the PJRT client exposes. On cpu the client is created with the devices
@@ -430,6 +490,41 @@ impl DeviceInner {
         self.upload_replicas(&copies, false, zero_filled)
     }
 
+    /// Copies each mesh position's block of `host` (as `sharding` splits it) to its device.
+    pub(crate) fn upload_sharded(
+        &self,
+        host: &HostTensor,
+        sharding: &Sharding,
+    ) -> Result<Arc<DeviceData>> {
+        if sharding.is_replicated() {
+            return self.upload(host, false);
+        }
+        let started = Instant::now();
+        let buffers = (self.devices.iter().enumerate())
+            .map(|(p, &d)| {
+                Ok(self
+                    .client()
+                    .buffer_from_host(&sharding.block(host, p)?, d)?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.transferred(started, buffers, false, Some(sharding), false))
+    }
+
+    /// Zeros laid out as `sharding` says, each device holding its block.
+    pub(crate) fn upload_zeros_sharded(
+        &self,
+        dtype: DType,
+        sharding: &Sharding,
+        zero_filled: bool,
+    ) -> Result<Arc<DeviceData>> {
+        let started = Instant::now();
+        let block = sharding.shard_dims();
+        let buffers = (self.devices.iter())
+            .map(|&d| self.client().zeros_buffer(dtype, &block, d))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(self.transferred(started, buffers, false, Some(sharding), zero_filled))
+    }
+
     /// Copies `hosts[r]` to replica `r`'s device (all of one type).
     pub(crate) fn upload_replicas(
         &self,
@@ -444,7 +539,7 @@ impl DeviceInner {
             .zip(&self.devices)
             .map(|(h, &d)| self.client().buffer_from_host(h, d))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(self.transferred(started, buffers, per_replica, zero_filled))
+        Ok(self.transferred(started, buffers, per_replica, None, zero_filled))
     }
 
     /// Zeros on every replica's device, copied from zero pages rather than a heap block
@@ -461,7 +556,7 @@ impl DeviceInner {
         let buffers = (self.devices.iter())
             .map(|&d| self.client().zeros_buffer(dtype, dims, d))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(self.transferred(started, buffers, per_replica, zero_filled))
+        Ok(self.transferred(started, buffers, per_replica, None, zero_filled))
     }
 
     /// Records the transfer of `buffers` (begun at `started`) in the timeline and the metrics,
@@ -471,6 +566,7 @@ impl DeviceInner {
         started: Instant,
         buffers: Vec<Buffer>,
         per_replica: bool,
+        sharding: Option<&Sharding>,
         zero_filled: bool,
     ) -> Arc<DeviceData> {
         self.phase("transfer to device", started, None);
@@ -482,21 +578,38 @@ impl DeviceInner {
                 .map(|b| b.size_in_bytes() as u64)
                 .sum::<u64>();
         }
-        self.wrap_buffers(buffers, per_replica, zero_filled, None)
+        let sharding = sharding.cloned().map(Arc::new);
+        self.wrap_buffers(buffers, per_replica, sharding, zero_filled, None)
     }
 
+    /// One value from its buffers (one per device); `sharding`: the blocks of a sharded value.
     pub(crate) fn wrap_buffers(
         &self,
         buffers: Vec<Buffer>,
         per_replica: bool,
+        sharding: Option<Arc<Sharding>>,
         zero_filled: bool,
         producer: Option<Arc<StepRun>>,
     ) -> Arc<DeviceData> {
         let b = &buffers[0];
-        let ty = TensorType::new(b.dtype(), b.dims().to_vec());
-        let ty_id = lock(&self.recorder).interner.ty(&ty);
+        let dims = sharding
+            .as_ref()
+            .map_or_else(|| b.dims().to_vec(), |s| s.dims().to_vec());
+        let ty = TensorType::new(b.dtype(), dims);
+        let mut rec = lock(&self.recorder);
+        let ty_id = rec.interner.ty(&ty);
+        let (sharding_id, sharding) = match sharding.filter(|s| !s.is_replicated()) {
+            Some(s) => {
+                let (id, shared) = rec.interner.sharding(&s);
+                (id, Some(shared))
+            }
+            None => (0, None),
+        };
+        drop(rec);
         Arc::new(DeviceData {
             buffers,
+            sharding,
+            sharding_id,
             per_replica,
             zero_filled,
             ty_id,
@@ -536,7 +649,19 @@ impl DeviceInner {
         }
     }
 
-    /// Copies replica `replica`'s value to the host.
+    /// Copies the whole value to the host: the first device's buffer, or every block of a
+    /// sharded value put together.
+    pub(crate) fn download_whole(&self, data: &DeviceData) -> Result<HostTensor> {
+        let Some(sharding) = &data.sharding else {
+            return self.download(data, 0);
+        };
+        let blocks = (0..data.buffers.len())
+            .map(|p| self.download(data, p))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(sharding.assemble(&blocks)?)
+    }
+
+    /// Copies replica `replica`'s value to the host (on a mesh: position `replica`'s block).
     pub(crate) fn download(&self, data: &DeviceData, replica: usize) -> Result<HostTensor> {
         if let Some(p) = &data.producer {
             self.free_retired();
@@ -684,7 +809,12 @@ impl DeviceInner {
                 let graph = traced.to_graph(&lock(&self.recorder).interner)?;
                 let names = traced.param_names();
                 diagnose::check_new_graph(self, site, explicit, &graph, &names)?;
-                let (exe, how) = executables::obtain(self, &graph, &aliases, site, &names)?;
+                let shardings = self
+                    .mesh
+                    .as_ref()
+                    .map(|_| self.step_shardings(&traced, &aliases));
+                let (exe, how) =
+                    executables::obtain(self, &graph, &aliases, shardings, site, &names)?;
                 lock(&self.metrics).graphs_seen += 1;
                 lock(&self.executables).insert(traced.identity.clone(), exe.clone());
                 (exe, how)
@@ -731,6 +861,26 @@ impl DeviceInner {
         Ok(())
     }
 
+    /// On a mesh, the sharding of each parameter (its data's) and output of a step: an output
+    /// updating a parameter in place keeps that parameter's, a sharding constraint's output
+    /// takes the constraint's, and any other output is whole on every device. All three follow
+    /// from the step's identity (parameter shardings, donation pairs, ops), so the executable
+    /// found under an identity always has the right ones.
+    fn step_shardings(&self, traced: &step::Traced, aliases: &[(usize, usize)]) -> StepShardings {
+        let params: Vec<Option<Arc<Sharding>>> =
+            traced.params.iter().map(|d| d.sharding.clone()).collect();
+        let rec = lock(&self.recorder);
+        let outputs = (0..traced.output_count())
+            .map(|j| match aliases.iter().find(|&&(_, o)| o == j) {
+                Some(&(i, _)) => params[i].clone(),
+                None => traced
+                    .output_constraint(&rec.interner, j)
+                    .filter(|s| !s.is_replicated()),
+            })
+            .collect();
+        StepShardings { params, outputs }
+    }
+
     /// Frees what launched steps left behind (see [`Retired`]).
     pub(crate) fn free_retired(&self) {
         let retired = std::mem::take(&mut *lock(&self.retired));
@@ -747,11 +897,12 @@ impl DeviceInner {
         site: &'static Location<'static>,
     ) -> Result<Vec<Arc<DeviceData>>> {
         if exe.loaded.is_none() {
-            return exe
-                .output_types
-                .iter()
-                .zip(per_replica)
-                .map(|(ty, &p)| self.upload_zeros(ty.dtype, &ty.dims, p, true))
+            return (exe.output_types.iter().zip(per_replica))
+                .enumerate()
+                .map(|(k, (ty, &p))| match exe.out_sharding(k) {
+                    Some(s) => self.upload_zeros_sharded(ty.dtype, s, true),
+                    None => self.upload_zeros(ty.dtype, &ty.dims, p, true),
+                })
                 .collect();
         };
         // A parameter may be donated when the graph's own operands are its only holders
@@ -841,11 +992,11 @@ impl DeviceInner {
         // Output `k` of every replica becomes one value.
         let mut per_device: Vec<std::vec::IntoIter<Buffer>> =
             launched.outputs.into_iter().map(Vec::into_iter).collect();
-        let result: Vec<Arc<DeviceData>> = per_replica
-            .iter()
-            .map(|&p| {
+        let result: Vec<Arc<DeviceData>> = (per_replica.iter().enumerate())
+            .map(|(k, &p)| {
                 let buffers = per_device.iter_mut().filter_map(Iterator::next).collect();
-                self.wrap_buffers(buffers, p, zero_filled, Some(run.clone()))
+                let sharding = exe.out_sharding(k).cloned();
+                self.wrap_buffers(buffers, p, sharding, zero_filled, Some(run.clone()))
             })
             .collect();
         let bound_started = Instant::now();

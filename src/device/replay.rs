@@ -75,8 +75,8 @@ enum Dest {
 struct Plan {
     exe: Arc<StepExecutable>,
     sources: Vec<Source>,
-    /// Each input's type id and whether its replicas differ, as traced.
-    inputs: Vec<(u32, bool)>,
+    /// Each input's type id, sharding id and whether its replicas differ, as traced.
+    inputs: Vec<(u32, u32, bool)>,
     dests: Vec<Dest>,
     /// The closure's results: which output each is.
     results: Vec<usize>,
@@ -206,14 +206,20 @@ impl Replayer {
             });
         }
         let mut params = Vec::with_capacity(plan.sources.len());
-        for (source, &(ty_id, per_replica)) in plan.sources.iter().zip(&plan.inputs) {
+        for (source, &(ty_id, sharding_id, per_replica)) in plan.sources.iter().zip(&plan.inputs) {
             let d = match source {
                 Source::Arg(k) => data_of(&args[*k]),
                 Source::Output(j) => kept[*j].as_deref().and_then(data_of),
                 Source::Const(d) => Some(d.clone()),
             };
             match d {
-                Some(d) if d.ty_id == ty_id && d.per_replica == per_replica => params.push(d),
+                Some(d)
+                    if d.ty_id == ty_id
+                        && d.sharding_id == sharding_id
+                        && d.per_replica == per_replica =>
+                {
+                    params.push(d)
+                }
                 _ => return Ok(None),
             }
         }
@@ -343,7 +349,7 @@ fn plan(
         inputs: now
             .params
             .iter()
-            .map(|d| (d.ty_id, d.per_replica))
+            .map(|d| (d.ty_id, d.sharding_id, d.per_replica))
             .collect(),
         dests,
         results: result_outputs,

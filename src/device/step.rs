@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use neuron_pc_compiler::ir::{Graph, NodeId};
+use neuron_pc_compiler::ir::{Graph, NodeId, Op};
+use neuron_pc_compiler::sharding::Sharding;
 
 use super::trace::{Cell, DeviceData, Interner, Node, Value};
 use crate::error::Result;
@@ -89,7 +90,7 @@ pub(crate) fn trace(roots: &[Arc<Node>], walk: u64, sizes: WalkSizes) -> Traced 
                     Value::Data(d) => {
                         if d.mark.get(walk).is_none() {
                             d.mark.set(walk, t.entries.len() as u32);
-                            t.identity.extend([PARAM_MARK, d.ty_id]);
+                            t.identity.extend([PARAM_MARK, d.ty_id, d.sharding_id]);
                             t.entries.push(Entry::Param {
                                 ty_id: d.ty_id,
                                 index: t.params.len(),
@@ -191,6 +192,25 @@ impl Traced {
                     .to_string()
             })
             .collect()
+    }
+
+    /// When output `j` is a sharding constraint (`Tensor::with_sharding_constraint`), its
+    /// sharding.
+    pub fn output_constraint(&self, interner: &Interner, j: usize) -> Option<Arc<Sharding>> {
+        let Entry::Op { op_id, .. } = &self.entries[self.outputs[j] as usize] else {
+            return None;
+        };
+        match interner.op_of(*op_id) {
+            (Op::ShardingConstraint { sharding }, ty) => {
+                interner.sharding_by_hlo(sharding, &ty.dims)
+            }
+            _ => None,
+        }
+    }
+
+    /// The number of outputs.
+    pub fn output_count(&self) -> usize {
+        self.outputs.len()
     }
 
     /// Builds the compiler's graph for this walk (only needed when no executable is known).

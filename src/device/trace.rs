@@ -12,10 +12,17 @@ use std::sync::{Arc, Mutex, Weak};
 
 use neuron_pc_compiler::ir::{Literal, Op, TensorType};
 use neuron_pc_compiler::pjrt::Buffer;
+use neuron_pc_compiler::sharding::Sharding;
 
-/// Device memory holding one tensor's value: one buffer per replica, on that replica's device.
+/// Device memory holding one tensor's value: one buffer per replica, on that replica's device;
+/// on a mesh device, one per mesh position: the whole value, or its block when it is sharded.
 pub(crate) struct DeviceData {
     pub buffers: Vec<Buffer>,
+    /// How the value is split over a mesh device's positions (`buffers[p]` is position `p`'s
+    /// block); none: every buffer holds the whole value.
+    pub sharding: Option<Arc<Sharding>>,
+    /// The sharding's id, interned by the owning device (0: none).
+    pub sharding_id: u32,
     /// The replicas may hold different values (a batch shard, a per-replica gradient); false
     /// when they hold the same (parameters, optimizer state, scalars).
     pub per_replica: bool,
@@ -170,6 +177,12 @@ pub(crate) struct Interner {
     /// node every use shares (it has no operands and never changes, so a step graph that uses
     /// the constant twice holds it once, and no use allocates).
     splats: HashMap<(usize, u64), Arc<Node>>,
+    /// Shardings of device data on a mesh device, ids from 1 (0: whole on every device).
+    shardings: HashMap<Arc<Sharding>, u32>,
+    sharding_list: Vec<Arc<Sharding>>,
+    /// The same shardings by their `mhlo.sharding` text and shape, as sharding constraints
+    /// name them.
+    by_hlo: HashMap<(String, Vec<usize>), Arc<Sharding>>,
     /// `applied` for the ops with a small key (see [`small_key`]): by the key, the operand
     /// count and up to three operand type addresses, with no `Op` hashed or compared.
     small: HashMap<(u32, [usize; 3]), (u32, Arc<TensorType>)>,
@@ -289,6 +302,25 @@ impl Interner {
         id
     }
 
+    /// The id of `sharding` (from 1) and its shared copy.
+    pub fn sharding(&mut self, sharding: &Sharding) -> (u32, Arc<Sharding>) {
+        if let Some((s, &id)) = self.shardings.get_key_value(sharding) {
+            return (id, s.clone());
+        }
+        let shared = Arc::new(sharding.clone());
+        self.sharding_list.push(shared.clone());
+        let id = self.sharding_list.len() as u32;
+        self.shardings.insert(shared.clone(), id);
+        self.by_hlo
+            .insert((shared.hlo(), shared.dims().to_vec()), shared.clone());
+        (id, shared)
+    }
+
+    /// The sharding interned with the `mhlo.sharding` text `hlo` for shape `dims`.
+    pub fn sharding_by_hlo(&self, hlo: &str, dims: &[usize]) -> Option<Arc<Sharding>> {
+        self.by_hlo.get(&(hlo.to_string(), dims.to_vec())).cloned()
+    }
+
     pub fn op_of(&self, id: u32) -> (&Op, &TensorType) {
         let (op, ty) = &self.op_list[id as usize];
         (op, ty)
@@ -300,10 +332,14 @@ impl Interner {
 }
 
 impl DeviceData {
-    /// The buffer's type.
+    /// The value's type (the whole value's, when the buffers hold blocks).
     pub fn ty(&self) -> TensorType {
         let b = &self.buffers[0];
-        TensorType::new(b.dtype(), b.dims().to_vec())
+        let dims = match &self.sharding {
+            Some(s) => s.dims().to_vec(),
+            None => b.dims().to_vec(),
+        };
+        TensorType::new(b.dtype(), dims)
     }
 }
 

@@ -22,6 +22,7 @@ use crate::checkpoint::{CheckpointError, StateDict};
 use crate::device::{lock, LazyDevice};
 use crate::error::Result;
 use crate::nn::HostRng;
+use crate::sharding::ShardingPlan;
 use crate::tensor::Tensor;
 
 /// How a layer initialises a parameter when there is no checkpoint (PyTorch's defaults, given
@@ -99,6 +100,8 @@ pub struct VarBuilder {
     shared: Arc<Shared>,
     prefix: String,
     dtype: Option<DType>,
+    /// On a mesh device: each parameter's layout (see [`VarBuilder::with_sharding`]).
+    plan: Option<Arc<dyn ShardingPlan>>,
 }
 
 impl std::fmt::Debug for VarBuilder {
@@ -153,6 +156,7 @@ impl VarBuilder {
             }),
             prefix: String::new(),
             dtype: None,
+            plan: None,
         }
     }
 
@@ -241,6 +245,7 @@ impl VarBuilder {
             shared: self.shared.clone(),
             prefix: join(&self.prefix, name),
             dtype: self.dtype,
+            plan: self.plan.clone(),
         }
     }
 
@@ -249,6 +254,16 @@ impl VarBuilder {
     pub fn with_dtype(&self, dtype: DType) -> VarBuilder {
         VarBuilder {
             dtype: Some(dtype),
+            ..self.clone()
+        }
+    }
+
+    /// On a mesh device, each parameter is uploaded straight into the blocks `plan` gives it
+    /// (by its full state-dict name): no device ever holds a whole sharded parameter. Without
+    /// a mesh the plan is not consulted.
+    pub fn with_sharding(&self, plan: Arc<dyn ShardingPlan>) -> VarBuilder {
+        VarBuilder {
+            plan: Some(plan),
             ..self.clone()
         }
     }
@@ -306,7 +321,13 @@ impl VarBuilder {
             }
             _ => host,
         };
-        let t = self.shared.device.tensor(&host)?;
+        let device = &self.shared.device;
+        let t = match (&self.plan, device.mesh()) {
+            (Some(plan), Some(mesh)) => {
+                device.tensor_sharded(&host, &plan.spec(&full, host.dims(), mesh))?
+            }
+            _ => device.tensor(&host)?,
+        };
         // The state-dict name from the start, so the first step's diagnostics name it.
         t.set_name(&full);
         lock(&self.shared.used).insert(full);

@@ -36,7 +36,7 @@ impl GradAccumulator {
         }
         let sums = params
             .iter()
-            .map(|p| device.zeros_data(p.dims(), p.dtype(), true))
+            .map(|p| device.zeros_like_data(p, true))
             .collect::<Result<_>>()?;
         Ok(GradAccumulator {
             sums,

@@ -270,7 +270,7 @@ impl AdamW {
         let named = |i: usize, p: &Tensor, what: &str| -> Result<Tensor> {
             let t = match zero1 {
                 Some(z) => z.zeros(i, p.dtype())?,
-                None => device.zeros_data(p.dims(), p.dtype(), false)?,
+                None => device.zeros_like_data(p, false)?,
             };
             if let Some(n) = p.name() {
                 t.set_name(&format!("optimizer.{n}.{what}"));
@@ -426,7 +426,7 @@ impl Sgd {
         let momentum_buffer: Vec<Tensor> = (params.iter().enumerate())
             .map(|(i, p)| match &zero1 {
                 Some(z) => z.zeros(i, p.dtype()),
-                None => device.zeros_data(p.dims(), p.dtype(), false),
+                None => device.zeros_like_data(p, false),
             })
             .collect::<Result<_>>()?;
         register_state(device, &momentum_buffer);

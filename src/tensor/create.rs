@@ -3,12 +3,17 @@
 use std::panic::Location;
 
 use neuron_pc_compiler::ir::{Literal, Op};
+use neuron_pc_compiler::sharding::{PartitionSpec, Sharding};
 use neuron_pc_compiler::{DType, HostTensor};
 
 use super::Tensor;
 use crate::device::trace::Value;
 use crate::device::LazyDevice;
 use crate::error::{Error, Result};
+
+/// The mesh axis a batch is split over on a mesh device ([`LazyDevice::shard`]), and the one
+/// FSDP splits parameters over.
+pub const DATA_AXIS: &str = "data";
 
 /// `host` cut along its first dimension into `n` equal blocks (`n` divides it).
 pub(crate) fn split_rows(host: &HostTensor, n: usize) -> Result<Vec<HostTensor>> {
@@ -35,6 +40,61 @@ impl LazyDevice {
         Ok(self.holding(data))
     }
 
+    /// Copies `host` to a mesh device split as `spec` says: each device receives only its
+    /// block (PyTorch/XLA's `mark_sharding` on a new tensor, JAX's `device_put` with a
+    /// `NamedSharding`). On a device without a mesh, an all-replicated spec uploads `host`
+    /// whole and any other is an error.
+    #[track_caller]
+    pub fn tensor_sharded(&self, host: &HostTensor, spec: &PartitionSpec) -> Result<Tensor> {
+        let location = Location::caller();
+        let sharding = self.sharding_for(spec, host.dims(), location)?;
+        let data = match &sharding {
+            Some(s) => self.inner.upload_sharded(host, s)?,
+            None => self.inner.upload(host, false)?,
+        };
+        Ok(self.holding(data))
+    }
+
+    /// The sharding `spec` gives a tensor of shape `dims` on this device's mesh; none when the
+    /// spec splits nothing.
+    pub(crate) fn sharding_for(
+        &self,
+        spec: &PartitionSpec,
+        dims: &[usize],
+        location: &'static Location<'static>,
+    ) -> Result<Option<Sharding>> {
+        let Some(mesh) = self.mesh() else {
+            if spec.0.iter().all(Vec::is_empty) {
+                return Ok(None);
+            }
+            return Err(Error::Placement {
+                location,
+                message: format!(
+                    "a partition spec {spec} for a device without a mesh (see \
+                     DeviceConfig::with_mesh)"
+                ),
+            });
+        };
+        let sharding = Sharding::new(mesh, spec, dims).map_err(|e| Error::Placement {
+            location,
+            message: e.to_string(),
+        })?;
+        Ok((!sharding.is_replicated()).then_some(sharding))
+    }
+
+    /// Zeros laid out like `like`'s value: its blocks on a mesh when it is sharded, else whole
+    /// (`per_replica` as for [`LazyDevice::zeros_data`]). Optimizer state starts this way, so
+    /// each moment is split as its parameter is.
+    pub(crate) fn zeros_like_data(&self, like: &Tensor, per_replica: bool) -> Result<Tensor> {
+        match like.sharding() {
+            Some(s) => {
+                let data = self.inner.upload_zeros_sharded(like.dtype(), &s, false)?;
+                Ok(self.holding(data))
+            }
+            None => self.zeros_data(like.dims(), like.dtype(), per_replica),
+        }
+    }
+
     /// Zeros held as device data, not a graph constant: the starting value of state a step
     /// updates (optimizer moments, accumulated gradients). `per_replica`: each replica's own
     /// copy, free to diverge (ZeRO-1 blocks, local gradient sums); else replicated. Copied
@@ -53,9 +113,24 @@ impl LazyDevice {
     /// getting block `r` (a per-replica value: each replica's shard of a global batch). On
     /// one device the tensor is `host` whole. In a multi-process run `host` is the global
     /// batch, split over every process's replicas; this process keeps its replicas' blocks.
+    ///
+    /// On a mesh device the batch is split along its first dimension over the mesh's `data`
+    /// axis (whole on every device when the mesh has none).
     #[track_caller]
     pub fn shard(&self, host: &HostTensor) -> Result<Tensor> {
         let location = Location::caller();
+        if let Some(mesh) = self.mesh() {
+            let spec = match mesh.axis_size(DATA_AXIS) {
+                Some(_) => PartitionSpec::new(&[&[DATA_AXIS]]),
+                None => PartitionSpec::replicated(),
+            };
+            let sharding = self.sharding_for(&spec, host.dims(), location)?;
+            let data = match &sharding {
+                Some(s) => self.inner.upload_sharded(host, s)?,
+                None => self.inner.upload(host, false)?,
+            };
+            return Ok(self.holding(data));
+        }
         let n = self.global_replicas();
         let rows = host.dims().first().copied().unwrap_or(0);
         if host.dims().is_empty() || !rows.is_multiple_of(n) {
@@ -79,6 +154,14 @@ impl LazyDevice {
     #[track_caller]
     pub fn from_replicas(&self, hosts: &[HostTensor]) -> Result<Tensor> {
         let location = Location::caller();
+        if self.mesh().is_some() {
+            return Err(Error::Placement {
+                location,
+                message: "from_replicas on a mesh device: place values with tensor_sharded \
+                          (or shard a batch with shard)"
+                    .into(),
+            });
+        }
         let n = self.replicas();
         let first = hosts.first();
         let same = first.is_some_and(|f| {

@@ -8,7 +8,7 @@ use neuron_pc_compiler::ir::{Op, ReduceOp};
 
 use super::shape::{dim_index, shape_error};
 use super::Tensor;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 impl Tensor {
     /// Limits every element to `[min, max]` (either bound may be absent), like `torch.clamp`.
@@ -137,10 +137,44 @@ impl Tensor {
                 std::panic::Location::caller(),
             ));
         }
+        let dev = self.device_inner()?;
+        if let Some(mesh) = dev.mesh.as_ref().filter(|m| *m != sharding.mesh()) {
+            return Err(Error::Placement {
+                location: Location::caller(),
+                message: format!(
+                    "a sharding constraint over the mesh {} on a device whose mesh is {mesh}",
+                    sharding.mesh()
+                ),
+            });
+        }
+        // a step whose output this is lays the output out this way (see `step_shardings`)
+        crate::device::lock(&dev.recorder)
+            .interner
+            .sharding(sharding);
         let op = Op::ShardingConstraint {
             sharding: sharding.hlo(),
         };
         Tensor::apply(op, &[self])
+    }
+
+    /// [`Tensor::with_sharding_constraint`] by a partition spec over the device's mesh (JAX's
+    /// `with_sharding_constraint(x, P('data', None))`).
+    #[track_caller]
+    pub fn constrain(&self, spec: &neuron_pc_compiler::sharding::PartitionSpec) -> Result<Tensor> {
+        let location = Location::caller();
+        let dev = self.device_inner()?;
+        let Some(mesh) = dev.mesh.as_ref() else {
+            return Err(Error::Placement {
+                location,
+                message: format!("constrain({spec}) on a device without a mesh"),
+            });
+        };
+        let sharding = neuron_pc_compiler::sharding::Sharding::new(mesh, spec, self.dims())
+            .map_err(|e| Error::Placement {
+                location,
+                message: e.to_string(),
+            })?;
+        self.with_sharding_constraint(&sharding)
     }
 
     /// `torch.gather(self, dim, index)`: `out[.., j, ..] = self[.., index[.., j, ..], ..]` with the

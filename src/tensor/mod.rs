@@ -16,6 +16,7 @@ mod shape_ops;
 mod step_fn;
 
 pub use collective::Reduction;
+pub use create::DATA_AXIS;
 pub(crate) use shape::shape_error;
 pub use step_fn::StepFn;
 
@@ -23,6 +24,7 @@ use std::panic::Location;
 use std::sync::{Arc, Weak};
 
 use neuron_pc_compiler::ir::{Op, TensorType};
+use neuron_pc_compiler::sharding::{PartitionSpec, Sharding};
 use neuron_pc_compiler::{DType, Element, HostTensor};
 
 use crate::device::trace::{Cell, Operands, Value};
@@ -261,9 +263,46 @@ impl Tensor {
             });
         }
         let data = self.computed(&dev, site)?;
-        let host = dev.download(&data, 0)?;
+        let host = dev.download_whole(&data)?;
         dev.poll_index_checks(false)?;
         Ok(host)
+    }
+
+    /// How the value is split over the device's mesh: `None` when each device holds it whole
+    /// (always, without a mesh) or when it is pending (its layout is decided by the step that
+    /// computes it).
+    pub fn sharding(&self) -> Option<Sharding> {
+        match &*lock(&self.cell.value) {
+            Value::Data(d) => d.sharding.as_deref().cloned(),
+            Value::Node(_) => None,
+        }
+    }
+
+    /// Lays the value out over the device's mesh as `spec` says, in place (a parameter placed
+    /// after it was built: PyTorch/XLA's `mark_sharding`). Computes a pending value first. The
+    /// whole value passes through the host once; create or load large tensors straight into
+    /// their shards instead (see [`LazyDevice::tensor_sharded`] and
+    /// [`crate::nn::VarBuilder::with_sharding`]).
+    #[track_caller]
+    pub fn reshard(&self, spec: &PartitionSpec) -> Result<()> {
+        let location = Location::caller();
+        let dev = self.device_inner()?;
+        let device = LazyDevice { inner: dev.clone() };
+        let sharding = device.sharding_for(spec, self.dims(), location)?;
+        if sharding.as_ref() == self.sharding().as_ref() && !self.is_pending() {
+            return Ok(());
+        }
+        let host = self.to_host()?;
+        let data = match &sharding {
+            Some(s) => dev.upload_sharded(&host, s)?,
+            None => dev.upload(&host, false)?,
+        };
+        if let Some(name) = lock(&self.cell.name).clone() {
+            *lock(&data.name) = Some(name);
+        }
+        dev.note_write();
+        *lock(&self.cell.value) = Value::Data(data);
+        Ok(())
     }
 
     /// Every replica's value, in replica order (one entry on a single device).

@@ -104,6 +104,7 @@ fn lower(
     let mut e = Emitter {
         out: String::with_capacity(256 + graph.len() * 120),
         names: Vec::with_capacity(graph.len()),
+        partitioned: partitioning.is_some_and(|p| p.num_partitions > 1),
     };
     let params = graph.parameter_types();
     let outputs = graph.output_types();
@@ -179,6 +180,11 @@ fn lower(
 pub(crate) struct Emitter {
     pub(crate) out: String,
     pub(crate) names: Vec<String>,
+    /// A partitioned program: reductions take the bare combiner, since XLA's SPMD partitioner
+    /// turns a reduction over a split dimension into an all-reduce with the same combiner,
+    /// and the CPU backend's collectives accept nothing else (so there a float max/min
+    /// reduction may drop a NaN, as the plugin's fast min/max does).
+    pub(crate) partitioned: bool,
 }
 
 impl Emitter {

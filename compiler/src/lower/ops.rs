@@ -106,7 +106,7 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
                 dense(&reduce_init(*r, dtype)),
                 tensor_of(dtype, &[])
             ));
-            let region = combiner_region(&v, r.combiner(), dtype, true);
+            let region = combiner_region(&v, r.combiner(), dtype, !e.partitioned);
             format!(
                 "{v} = \"stablehlo.reduce\"({arg_list}, {init}) ({region}) \
                  {{dimensions = {}}} : ({}, {}) -> {ty}",
@@ -178,7 +178,7 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
                 dense(&reduce_init(*op, dtype)),
                 tensor_of(dtype, &[])
             ));
-            let region = combiner_region(&v, op.combiner(), dtype, true);
+            let region = combiner_region(&v, op.combiner(), dtype, !e.partitioned);
             let pads: Vec<String> = padding.iter().map(|p| format!("[{p}, {p}]")).collect();
             format!(
                 "{v} = \"stablehlo.reduce_window\"({arg_list}, {init}) ({region}) \

@@ -1,0 +1,79 @@
+//! Sharding plans: which partition spec each named parameter gets on a device mesh, applied as
+//! a model is built ([`crate::nn::VarBuilder::with_sharding`]: each parameter uploaded straight
+//! into its blocks) or to a model already built ([`reshard_module`]).
+//!
+//! The mesh, partition specs and shardings themselves are the compiler's
+//! ([`neuron_pc_compiler::sharding`]); a device takes a mesh from
+//! [`crate::DeviceConfig::with_mesh`].
+
+use neuron_pc_compiler::sharding::{Mesh, PartitionSpec};
+
+use crate::error::Result;
+use crate::nn::Module;
+
+/// The mesh axis FSDP splits parameters over, and a batch is split over
+/// ([`crate::LazyDevice::shard`]).
+pub use crate::tensor::DATA_AXIS;
+/// The mesh axis tensor parallelism splits layers over.
+pub const MODEL_AXIS: &str = "model";
+
+/// Which partition spec a parameter gets, by its state-dict name and shape.
+pub trait ShardingPlan: Send + Sync {
+    /// The spec of parameter `name` of shape `dims` on `mesh`. A spec whose axes do not divide
+    /// a dimension is refused where the tensor is placed; plans should leave such a dimension
+    /// whole (see [`split_if_divisible`]).
+    fn spec(&self, name: &str, dims: &[usize], mesh: &Mesh) -> PartitionSpec;
+}
+
+impl<F: Fn(&str, &[usize], &Mesh) -> PartitionSpec + Send + Sync> ShardingPlan for F {
+    fn spec(&self, name: &str, dims: &[usize], mesh: &Mesh) -> PartitionSpec {
+        self(name, dims, mesh)
+    }
+}
+
+/// A spec splitting dimension `d` of `dims` over each `(d, axis)` of `splits` whose axis is in
+/// `mesh` with more than one device and divides the dimension; every other dimension whole.
+pub fn split_if_divisible(dims: &[usize], splits: &[(usize, &str)], mesh: &Mesh) -> PartitionSpec {
+    let mut spec: Vec<Vec<String>> = vec![Vec::new(); dims.len()];
+    for &(d, axis) in splits {
+        let Some(size) = mesh.axis_size(axis).filter(|&s| s > 1) else {
+            continue;
+        };
+        if d < dims.len() && dims[d].is_multiple_of(size) {
+            spec[d].push(axis.to_string());
+        }
+    }
+    while spec.last().is_some_and(Vec::is_empty) {
+        spec.pop();
+    }
+    PartitionSpec(spec)
+}
+
+/// FSDP (ZeRO-3) for any model: each parameter's first dimension that the `data` axis divides
+/// is split over it.
+pub struct Fsdp;
+
+impl ShardingPlan for Fsdp {
+    fn spec(&self, _name: &str, dims: &[usize], mesh: &Mesh) -> PartitionSpec {
+        let Some(size) = mesh.axis_size(DATA_AXIS) else {
+            return PartitionSpec::replicated();
+        };
+        match dims.iter().position(|d| d.is_multiple_of(size)) {
+            Some(d) => split_if_divisible(dims, &[(d, DATA_AXIS)], mesh),
+            None => PartitionSpec::replicated(),
+        }
+    }
+}
+
+/// Lays out every parameter and buffer of `module` on its device's mesh as `plan` says, in
+/// place (each value passes through the host once). For a model built without a plan.
+pub fn reshard_module<M: Module + ?Sized>(module: &M, plan: &dyn ShardingPlan) -> Result<()> {
+    for (name, t) in module.state_tensors() {
+        let device = t.device()?;
+        let Some(mesh) = device.mesh() else {
+            return Ok(());
+        };
+        t.reshard(&plan.spec(&name, t.dims(), mesh))?;
+    }
+    Ok(())
+}
