@@ -6,6 +6,7 @@
 //! cargo run --release --example train_llama -- --text README.md --steps 500 --save out/llama
 //! cargo run --release --example train_llama -- --init-from tests/data/llama-tiny --steps 50
 //! neuron-pc compile -- target/release/examples/train_llama --steps 3
+//! CPU_NUM_DEVICES=4 cargo run --release --example train_llama -- --fsdp 2 --tp 2
 //! ```
 //!
 //! The model comes from `--init-from DIR` (a `save_pretrained` directory: its config and
@@ -15,18 +16,22 @@
 //! AdamW update, so the run compiles it once (plus the matmul that measures the peak).
 //! `--buckets 16,32,64` trains on rows of random length padded to length buckets (one graph per
 //! bucket), `--grad-accum K` takes K micro-batches per update (a micro-batch graph and an
-//! update graph), `--zero1` shards AdamW's moments over the replicas.
+//! update graph), `--zero1` shards AdamW's moments over the replicas. `--fsdp F --tp T` lays a
+//! mesh of F x T devices: FSDP over its `data` axis, tensor parallelism (the Megatron layout)
+//! over its `model` axis, each step one program partitioned by XLA's SPMD partitioner.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Parser;
 use neuron_pc::checkpoint::StateDict;
 use neuron_pc::data::{DeviceLoader, LastBatch, LengthBuckets};
-use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM};
-use neuron_pc::nn::{HostRng, Module, IGNORE_INDEX};
+use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LlamaSharding};
+use neuron_pc::nn::{HostRng, Module, VarBuilder, IGNORE_INDEX};
 use neuron_pc::optim::{average_gradients, AdamW, GradAccumulator, WarmupCosine};
+use neuron_pc::sharding::{ShardingPlan, DATA_AXIS, MODEL_AXIS};
 use neuron_pc::state;
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
@@ -126,6 +131,13 @@ struct Args {
     /// ZeRO-1: shard AdamW's moments over the replicas (each keeps 1/N of them).
     #[arg(long)]
     zero1: bool,
+    /// FSDP (ZeRO-3) over F devices: parameters, gradients and AdamW's moments split over the
+    /// mesh's `data` axis, the batch too. With `--tp T` the mesh is F x T devices.
+    #[arg(long)]
+    fsdp: Option<usize>,
+    /// Tensor parallelism over T devices (the mesh's `model` axis): the Megatron layout.
+    #[arg(long)]
+    tp: Option<usize>,
 }
 
 /// Where the training sequences come from; batch `i` is a pure function of `(seed, i)`, so a
@@ -278,7 +290,24 @@ fn main() -> anyhow::Result<()> {
     if let Some(n) = args.devices {
         device_config.replicas = n;
     }
+    let (fsdp, tp) = (args.fsdp.unwrap_or(1), args.tp.unwrap_or(1));
+    let mesh = args.fsdp.is_some() || args.tp.is_some();
+    if mesh {
+        if fsdp == 0 || tp == 0 {
+            bail!("--fsdp {fsdp} --tp {tp}: each needs at least 1 device");
+        }
+        if args.devices.is_some_and(|n| n > 1) || args.zero1 {
+            bail!(
+                "--fsdp/--tp lay a mesh over the devices: its data axis replaces --devices, and \
+                 FSDP shards what --zero1 would"
+            );
+        }
+        device_config.replicas = 1;
+        device_config = device_config.with_mesh(&[(DATA_AXIS, fsdp), (MODEL_AXIS, tp)]);
+    }
     let device = LazyDevice::new(device_config)?;
+    let plan: Option<Arc<dyn ShardingPlan>> =
+        mesh.then(|| Arc::new(LlamaSharding { fsdp: fsdp > 1 }) as Arc<dyn ShardingPlan>);
     let replicas = device.global_replicas();
     if !args.batch_size.is_multiple_of(replicas) {
         bail!(
@@ -299,10 +328,18 @@ fn main() -> anyhow::Result<()> {
     };
     let peak = measure_peak(&device, args.peak_matmul, args.seed)?;
 
-    let model = match &args.init_from {
-        Some(dir) => LlamaForCausalLM::from_pretrained_as(&device, dir, DType::F32)
+    let model = match (&args.init_from, &plan) {
+        (Some(dir), None) => LlamaForCausalLM::from_pretrained_as(&device, dir, DType::F32)
             .with_context(|| format!("--init-from {}", dir.display()))?,
-        None => LlamaForCausalLM::random(&device, &model_config(&args)?, args.seed)?,
+        (Some(dir), Some(plan)) => {
+            LlamaForCausalLM::from_pretrained_sharded(&device, dir, Some(DType::F32), plan.clone())
+                .with_context(|| format!("--init-from {}", dir.display()))?
+        }
+        (None, None) => LlamaForCausalLM::random(&device, &model_config(&args)?, args.seed)?,
+        (None, Some(plan)) => {
+            let vb = VarBuilder::random(&device, args.seed).with_sharding(plan.clone());
+            LlamaForCausalLM::from_vb(&vb, &model_config(&args)?)?
+        }
     };
     let config = model.config.clone();
     let seq = args.seq_len;

@@ -494,3 +494,80 @@ fn accumulation_zero1_and_buckets_train_as_the_plain_run_and_compile_ahead() {
     assert!(real.losses.iter().all(|(_, l)| l.is_finite()));
     std::fs::remove_dir_all(&cache).unwrap();
 }
+
+/// Losses within 1e-5 relative of `want`'s, step by step.
+fn same_losses(what: &str, got: &[(u64, f64)], want: &[(u64, f64)]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for ((s, g), (_, w)) in got.iter().zip(want) {
+        assert!(((g - w) / w).abs() <= 1e-5, "{what}: step {s}: {g} vs {w}");
+    }
+}
+
+#[test]
+fn fsdp_and_tp_precompile_follow_one_device_and_resume_on_any_mesh() {
+    let cache = tmp("mesh-cache");
+    let ckpt = tmp("mesh-ckpt");
+    let job = job();
+    let mesh = ["--fsdp", "2", "--tp", "2"];
+    let mut trial: Vec<&str> = vec!["compile", "--json", "--"];
+    trial.push(job.to_str().unwrap());
+    trial.extend(SMALL);
+    trial.extend(mesh);
+    trial.extend(["--steps", "3"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_neuron-pc"))
+        .args(&trial)
+        .env("NEURON_COMPILE_CACHE_URL", &cache)
+        .env_remove("NEURON_CC_FLAGS")
+        .env_remove("NEURON_PC_DEVICES")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // the partitioned training step and the matmul that measures the peak
+    assert_eq!(report["compiled"], 2, "{report}");
+
+    // the real run on the mesh compiles nothing, checkpointing at step 6
+    let ckpt_dir: &'static str = Box::leak(ckpt.to_str().unwrap().to_string().into_boxed_str());
+    let ckpt_args = ["--ckpt-dir", ckpt_dir, "--ckpt-every", "6"];
+    let args = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut a: Vec<&str> = SMALL.to_vec();
+        a.extend(["--loss-log", "--json"]);
+        a.extend(extra);
+        a
+    };
+    let meshed = run(
+        &cache,
+        &args(&[&mesh[..], &["--steps", "6"], &ckpt_args].concat()),
+    );
+    assert_eq!(meshed.metrics["compiles"], 0, "{}", meshed.metrics);
+    assert_eq!(meshed.metrics["partitions"], 4, "{}", meshed.metrics);
+
+    // one device, straight through 12 steps: the reference
+    let one_cache = tmp("mesh-one");
+    let one = run(&one_cache, &args(&["--steps", "12"]));
+    same_losses("fsdp 2 x tp 2", &meshed.losses, &one.losses[..6]);
+    // the checkpoint written on (data 2, model 2) resumes at (data 4), at (model 4) and on one
+    // device, each continuing as the uninterrupted run did
+    for layout in [&["--fsdp", "4"][..], &["--tp", "4"], &[]] {
+        let dir = tmp("mesh-resume");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(ckpt.join("last.safetensors"), dir.join("last.safetensors")).unwrap();
+        let dir_arg: &'static str = Box::leak(dir.to_str().unwrap().to_string().into_boxed_str());
+        let resume = ["--ckpt-dir", dir_arg, "--resume", "--steps", "12"];
+        let r = run(&cache, &args(&[layout, &resume[..]].concat()));
+        assert!(r.stdout.contains("resumed from"), "{}", r.stdout);
+        same_losses(
+            &format!("resumed at {layout:?}"),
+            &r.losses,
+            &one.losses[6..],
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+    for d in [cache, ckpt, one_cache] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}

@@ -45,6 +45,10 @@ pub struct GraphRecord {
     /// with this assignment, which is part of the key.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replicas: Vec<usize>,
+    /// The devices are a mesh's, the program partitioned over them by XLA's SPMD partitioner
+    /// (one replica, `replicas.len()` partitions), not replicas.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub partitioned: bool,
 }
 
 impl GraphRecord {
@@ -64,6 +68,7 @@ impl GraphRecord {
             site: site.to_string(),
             pid: std::process::id(),
             replicas: Vec::new(),
+            partitioned: false,
         }
     }
 
@@ -95,8 +100,9 @@ pub(crate) fn write_graph(
     let err = |e: std::io::Error| Error::Extract(format!("{}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(err)?;
     let mut record = GraphRecord::new(key, graph, site, names);
-    if program.options.num_replicas > 1 {
+    if program.options.num_replicas > 1 || program.options.num_partitions > 1 {
         record.replicas = program.options.device_assignment.clone();
+        record.partitioned = program.options.num_partitions > 1;
     }
     let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Extract(e.to_string()))?;
     let write = crate::checkpoint::write_atomic;

@@ -89,6 +89,7 @@ impl ExtractDir {
                         nodes: rec.nodes,
                         origin: rec.site,
                         replicas: rec.replicas,
+                        partitioned: rec.partitioned,
                     });
                 }
                 Err(e) => tracing::warn!("extracted graph {}: {e}", path.display()),

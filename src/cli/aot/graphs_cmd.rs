@@ -89,6 +89,7 @@ pub fn run(args: CompileGraphsArgs) -> anyhow::Result<i32> {
             origin: path.display().to_string(),
             mlir: path,
             replicas: Vec::new(),
+            partitioned: false,
         });
     }
     let work = temp_dir("compile-graphs")?;

@@ -16,6 +16,8 @@ pub struct GraphJob {
     pub origin: String,
     /// The device of each replica (data-parallel programs; empty: one device).
     pub replicas: Vec<usize>,
+    /// `replicas` are a mesh's devices (a partitioned program).
+    pub partitioned: bool,
 }
 
 /// How one graph ended.

@@ -129,6 +129,7 @@ impl Worker {
             key: job.key.clone(),
             mlir: job.mlir.clone(),
             replicas: job.replicas.clone(),
+            partitioned: job.partitioned,
         });
         let sent = match (&mut self.stdin, line) {
             (Some(s), Ok(l)) => writeln!(s, "{l}").and_then(|_| s.flush()).is_ok(),

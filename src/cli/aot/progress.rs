@@ -89,6 +89,7 @@ mod tests {
             nodes: 0,
             origin: String::new(),
             replicas: Vec::new(),
+            partitioned: false,
         };
         let g = |o| GraphReport::new(&job, o, 0.0, None);
         let mut s = PoolSummary {

@@ -288,6 +288,7 @@ mod tests {
             nodes: 1,
             origin: String::new(),
             replicas: Vec::new(),
+            partitioned: false,
         };
         let mut r = GraphReport::new(&job, outcome, compile_ms, None);
         r.cpu_ms = cpu_ms;

@@ -51,6 +51,9 @@ pub struct WorkerJob {
     /// The device of each replica of a data-parallel program (empty: one device).
     #[serde(default)]
     pub replicas: Vec<usize>,
+    /// `replicas` are a mesh's devices, the program partitioned over them.
+    #[serde(default)]
+    pub partitioned: bool,
 }
 
 /// How a job ended in the worker.
@@ -147,7 +150,11 @@ fn compile_one(env: &AotEnv, job: &WorkerJob) -> WorkerResult {
             return result(WorkerOutcome::Failed, 0.0, 0.0, m);
         }
     };
-    let program = env.compiler.program_on(text, &job.replicas);
+    let program = if job.partitioned {
+        env.compiler.program_partitioned_on(text, &job.replicas)
+    } else {
+        env.compiler.program_on(text, &job.replicas)
+    };
     if program.key.store != job.key {
         let m = format!(
             "key mismatch: asked for {} but this compiler and flags give {}",

@@ -244,7 +244,19 @@ impl LlamaForCausalLM {
     /// see [`LlamaForCausalLM::from_pretrained_as`] to convert them. Every tensor of the
     /// checkpoint must be used (a strict load), apart from a tied model's `lm_head.weight`.
     pub fn from_pretrained(device: &LazyDevice, dir: &Path) -> Result<LlamaForCausalLM> {
-        LlamaForCausalLM::load(device, dir, None)
+        LlamaForCausalLM::load(device, dir, None, None)
+    }
+
+    /// As [`LlamaForCausalLM::from_pretrained`] (converted to `dtype` when given), each
+    /// parameter read straight into the blocks `plan` gives it on the device's mesh (see
+    /// [`LlamaSharding`]): no device holds a whole split parameter, ever.
+    pub fn from_pretrained_sharded(
+        device: &LazyDevice,
+        dir: &Path,
+        dtype: Option<DType>,
+        plan: std::sync::Arc<dyn crate::sharding::ShardingPlan>,
+    ) -> Result<LlamaForCausalLM> {
+        LlamaForCausalLM::load(device, dir, dtype, Some(plan))
     }
 
     /// As [`LlamaForCausalLM::from_pretrained`], the parameters converted to `dtype` as they
@@ -254,10 +266,15 @@ impl LlamaForCausalLM {
         dir: &Path,
         dtype: DType,
     ) -> Result<LlamaForCausalLM> {
-        LlamaForCausalLM::load(device, dir, Some(dtype))
+        LlamaForCausalLM::load(device, dir, Some(dtype), None)
     }
 
-    fn load(device: &LazyDevice, dir: &Path, dtype: Option<DType>) -> Result<LlamaForCausalLM> {
+    fn load(
+        device: &LazyDevice,
+        dir: &Path,
+        dtype: Option<DType>,
+        plan: Option<std::sync::Arc<dyn crate::sharding::ShardingPlan>>,
+    ) -> Result<LlamaForCausalLM> {
         let config = LlamaConfig::from_file(&dir.join("config.json"))?;
         let single = dir.join(pretrained::SINGLE);
         let index = dir.join(pretrained::INDEX);
@@ -278,6 +295,10 @@ impl LlamaForCausalLM {
         };
         let vb = match dtype {
             Some(d) => vb.with_dtype(d),
+            None => vb,
+        };
+        let vb = match plan {
+            Some(p) => vb.with_sharding(p),
             None => vb,
         };
         let model = LlamaForCausalLM::from_vb(&vb, &config)?;

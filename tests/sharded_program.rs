@@ -1,0 +1,76 @@
+//! The program a tensor-parallel step runs is partitioned: XLA's optimized HLO (dumped by the
+//! plugin as `XLA_FLAGS=--xla_dump_to` asks) multiplies each device's quarter of the q
+//! projection's output features, not the whole. Its own test binary: XLA reads `XLA_FLAGS`
+//! once per process.
+
+use std::sync::Arc;
+
+use neuron_pc::compile::CacheConfig;
+use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LlamaSharding};
+use neuron_pc::nn::{Module, VarBuilder};
+use neuron_pc::{grad, DeviceConfig, HostTensor, LazyDevice, Tensor};
+
+#[test]
+fn a_tensor_parallel_step_multiplies_a_quarter_of_the_q_projection_on_each_device() {
+    let dump = std::env::temp_dir().join(format!("neuron-pc-tp-hlo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dump);
+    // before the plugin reads it (this binary's one test)
+    std::env::set_var(
+        "XLA_FLAGS",
+        format!("--xla_dump_to={} --xla_dump_hlo_as_text", dump.display()),
+    );
+    let dev = LazyDevice::new(
+        DeviceConfig {
+            cache: CacheConfig::disabled(),
+            ..DeviceConfig::default()
+        }
+        .with_mesh(&[("model", 4)]),
+    )
+    .unwrap();
+    // hidden 64, 4 heads of 16: q_proj.weight is [64, 64], a [16, 64] block per device;
+    // intermediate 96 makes gate/up [96, 64], o/down distinct shapes
+    let config = LlamaConfig::new(128, 64, 96, 1, 4, 4).unwrap();
+    let vb = VarBuilder::random(&dev, 3).with_sharding(Arc::new(LlamaSharding { fsdp: false }));
+    let model = LlamaForCausalLM::from_vb(&vb, &config).unwrap();
+    let q = &model.model.layers[0].self_attn.q_proj.weight;
+    let sharding = q.sharding().expect("q_proj.weight is split");
+    assert_eq!(sharding.shard_dims(), [16, 64]);
+    // 12 tokens, a count no weight dimension shares
+    let ids: Vec<i32> = (0..2 * 6).map(|i| (i * 5 % 128) as i32).collect();
+    let ids = dev
+        .tensor(&HostTensor::from_slice(&ids, &[2, 6]).unwrap())
+        .unwrap();
+    let loss = model.loss(&ids, None, &ids).unwrap();
+    let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
+    let grads = grad(&loss, &params.iter().collect::<Vec<_>>()).unwrap();
+    dev.mark_step().unwrap();
+    assert!(loss.item().unwrap().is_finite());
+    drop(grads);
+
+    let optimized: Vec<String> = std::fs::read_dir(&dump)
+        .expect("XLA dumped the programs")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().ends_with("after_optimizations.txt"))
+        })
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    assert!(!optimized.is_empty(), "no optimized program in {dump:?}");
+    let hlo = optimized.join("\n");
+    let dot_results: Vec<&str> = hlo
+        .lines()
+        .filter_map(|l| l.split_once(" dot(")?.0.split_once(" = ").map(|(_, ty)| ty))
+        .collect();
+    // q (and k, v) projected on each device: 12 tokens by a quarter of the 64 features
+    assert!(
+        dot_results.iter().any(|t| t.starts_with("f32[12,16]{")),
+        "no dot giving [12 tokens, 16 features]: {dot_results:?}"
+    );
+    // the weight gradients are blocks too: no dot gives a whole [64, 64] projection gradient
+    assert!(
+        !dot_results.iter().any(|t| t.starts_with("f32[64,64]{")),
+        "a whole projection's product: {dot_results:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dump);
+}
