@@ -36,7 +36,7 @@ fn a_tensor_parallel_step_multiplies_a_quarter_of_the_q_projection_on_each_devic
     let sharding = q.sharding().expect("q_proj.weight is split");
     assert_eq!(sharding.shard_dims(), [16, 64]);
     // 12 tokens, a count no weight dimension shares
-    let ids: Vec<i32> = (0..2 * 6).map(|i| (i * 5 % 128) as i32).collect();
+    let ids: Vec<i32> = (0..2 * 6).map(|i| i * 5 % 128).collect();
     let ids = dev
         .tensor(&HostTensor::from_slice(&ids, &[2, 6]).unwrap())
         .unwrap();
