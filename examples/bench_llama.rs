@@ -14,14 +14,22 @@
 //! `grad`, the AdamW update) and of its `mark_step` call (step cut, in-memory lookup, launch),
 //! each step waited for outside the timed parts.
 //!
+//! `--fsdp F --tp T` trains on a mesh of F x T devices (FSDP over `data`, tensor parallelism
+//! over `model`, `LlamaSharding`), the batch split over `data`; the RESULT line then also
+//! gives the layout and, per device, the bytes of parameters and AdamW state
+//! (`device_bytes`) and the step's temporary buffers (`temp_bytes`), as
+//! `scripts/reference/llama_jax.py --fsdp F --tp T` prints them for JAX's `NamedSharding`.
+//!
 //! `cargo run --release --example bench_llama [-- --steps 20 --first-step]`
 
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
-use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM};
-use neuron_pc::nn::{HostRng, Module};
+use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LlamaSharding};
+use neuron_pc::nn::{HostRng, Module, VarBuilder};
 use neuron_pc::optim::AdamW;
+use neuron_pc::sharding::{DATA_AXIS, MODEL_AXIS};
 use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
 
 /// Time a small Llama's AdamW training step.
@@ -57,6 +65,12 @@ struct Args {
     /// Time only the host's work: tracing a step and its `mark_step` call.
     #[arg(long)]
     host_only: bool,
+    /// FSDP over this many devices (the mesh's `data` axis).
+    #[arg(long, default_value_t = 1)]
+    fsdp: usize,
+    /// Tensor parallelism over this many devices (the mesh's `model` axis).
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -73,6 +87,11 @@ fn main() -> anyhow::Result<()> {
     } else if let Some(url) = &args.cache {
         device_config.cache = neuron_pc::compile::CacheConfig::at(url.clone());
     }
+    let meshed = args.fsdp * args.tp > 1;
+    if meshed {
+        device_config.replicas = 1;
+        device_config = device_config.with_mesh(&[(DATA_AXIS, args.fsdp), (MODEL_AXIS, args.tp)]);
+    }
     let device = LazyDevice::new(device_config)?;
     let mut config = LlamaConfig::new(
         args.vocab,
@@ -84,7 +103,11 @@ fn main() -> anyhow::Result<()> {
     )?;
     config.rms_norm_eps = 1e-5;
     config.max_position_embeddings = args.seq_len.max(config.max_position_embeddings);
-    let model = LlamaForCausalLM::random(&device, &config, 0)?;
+    let plan = Arc::new(LlamaSharding {
+        fsdp: args.fsdp > 1,
+    });
+    let model =
+        LlamaForCausalLM::from_vb(&VarBuilder::random(&device, 0).with_sharding(plan), &config)?;
     let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
     let mut opt = AdamW::new(&device, &params, 0.01)?;
     // four batches of uniform random tokens, uploaded once (the peers do the same)
@@ -95,7 +118,8 @@ fn main() -> anyhow::Result<()> {
             let ids: Vec<i32> = (0..b * s)
                 .map(|_| (rng.next_u64() % args.vocab as u64) as i32)
                 .collect();
-            Ok(device.tensor(&HostTensor::from_slice(&ids, &[b, s])?)?)
+            // split over the mesh's `data` axis; whole on one device
+            Ok(device.shard(&HostTensor::from_slice(&ids, &[b, s])?)?)
         })
         .collect::<anyhow::Result<_>>()?;
     let lr = device.scalar(1e-3, DType::F32)?;
@@ -179,13 +203,18 @@ fn main() -> anyhow::Result<()> {
         graphs == 1,
         "expected the step to be one graph, saw {graphs}"
     );
+    let m = device.metrics();
     println!(
         "RESULT neuron-pc synced_ms={:.3} pipelined_ms={:.3} compile_ms={:.1} params={} \
-         loss={last:.4}",
+         loss={last:.4} layout=fsdp{}_tp{} device_bytes={} temp_bytes={}",
         median(synced),
         median(pipelined),
         compile_ms,
-        config.num_parameters()
+        config.num_parameters(),
+        args.fsdp,
+        args.tp,
+        m.parameter_bytes + m.optimizer_state_bytes,
+        m.step_temp_bytes
     );
     Ok(())
 }

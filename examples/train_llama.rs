@@ -279,7 +279,9 @@ fn measure_peak(device: &LazyDevice, side: usize, seed: u64) -> anyhow::Result<O
             best = best.min(t.elapsed().as_secs_f64());
         }
     }
-    let flops = 2.0 * (side as f64).powi(3) * device.global_replicas() as f64;
+    // the matmul runs whole on every device: each replica's, or each mesh position's
+    let devices = device.global_replicas() * device.metrics().partitions.max(1);
+    let flops = 2.0 * (side as f64).powi(3) * devices as f64;
     Ok(Some(flops / best.max(1e-9)))
 }
 
@@ -309,9 +311,15 @@ fn main() -> anyhow::Result<()> {
     let plan: Option<Arc<dyn ShardingPlan>> =
         mesh.then(|| Arc::new(LlamaSharding { fsdp: fsdp > 1 }) as Arc<dyn ShardingPlan>);
     let replicas = device.global_replicas();
-    if !args.batch_size.is_multiple_of(replicas) {
+    // what the batch's rows are split over: the replicas, or a mesh's data axis
+    let (split, over) = if mesh {
+        (fsdp, format!("--fsdp {fsdp}"))
+    } else {
+        (replicas, format!("{replicas} replica(s)"))
+    };
+    if !args.batch_size.is_multiple_of(split) {
         bail!(
-            "--batch-size {} does not split over {replicas} replicas: use a multiple of {replicas}",
+            "--batch-size {} does not split over {over}: use a multiple of {split}",
             args.batch_size
         );
     }
@@ -415,10 +423,10 @@ fn main() -> anyhow::Result<()> {
     let (batch_size, seed) = (args.batch_size, args.seed);
     let k = args.grad_accum.max(1);
     let micro = batch_size / k;
-    if !batch_size.is_multiple_of(k) || !micro.is_multiple_of(replicas) {
+    if !batch_size.is_multiple_of(k) || !micro.is_multiple_of(split) {
         bail!(
             "--batch-size {batch_size} with --grad-accum {k}: micro-batches of {} sequences \
-             must split over {replicas} replica(s)",
+             must split over {over}",
             batch_size as f64 / k as f64
         );
     }
@@ -552,11 +560,19 @@ fn main() -> anyhow::Result<()> {
     let train_s = first_step_at.map_or(0.0, |t| {
         (process_start.elapsed().as_secs_f64() - t.as_secs_f64()).max(1e-9)
     });
-    println!(
-        "data-parallel: {replicas} replica(s), global batch {batch_size} x {seq} tokens, {} \
-         per replica",
-        batch_size / replicas
-    );
+    if mesh {
+        println!(
+            "mesh: fsdp {fsdp} x tp {tp}, global batch {batch_size} x {seq} tokens, {} per \
+             data-axis shard",
+            batch_size / fsdp
+        );
+    } else {
+        println!(
+            "data-parallel: {replicas} replica(s), global batch {batch_size} x {seq} tokens, {} \
+             per replica",
+            batch_size / replicas
+        );
+    }
     if trained > 1 && train_s > 0.0 {
         // after the first step (compilation or a cache load excluded)
         let steps_per_s = (trained - 1) as f64 / train_s;

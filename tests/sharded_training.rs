@@ -10,7 +10,9 @@ use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LlamaSharding};
 use neuron_pc::nn::{Module, VarBuilder};
 use neuron_pc::optim::{average_gradients, AdamW};
 use neuron_pc::tensor::Reduction;
-use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Metrics, Tensor};
+use neuron_pc::{
+    grad, DType, DeviceConfig, HostTensor, LazyDevice, Metrics, PartitionSpec, Tensor,
+};
 
 /// The parameters after 30 steps, relative to one device's (each tensor's norm). The losses
 /// agree within 1e-5, but AdamW divides by the root of a running square of each gradient, so
@@ -166,4 +168,95 @@ fn a_tiny_llama_trains_the_same_on_one_device_fsdp_tp_and_both() {
     let ratio = held(&both.metrics) / whole;
     eprintln!("FSDP 2 x TP 2 holds {ratio:.3}");
     assert!(ratio <= 0.27, "FSDP 2 x TP 2 holds {ratio}");
+}
+
+/// True when `e` names this file at a line in `line..line + 4` (the call, however formatted).
+fn names_line(e: &str, line: u32) -> bool {
+    let Some((_, rest)) = e.split_once("sharded_training.rs:") else {
+        return false;
+    };
+    let n: u32 = rest.split(':').next().unwrap().parse().unwrap();
+    (line..line + 4).contains(&n)
+}
+
+#[test]
+fn bad_meshes_and_specs_are_one_line_naming_the_dimension_sizes_and_line() {
+    let dev = device(&[("data", 2), ("model", 2)], 1);
+    let host = HostTensor::from_slice(&[0f32; 24], &[6, 4]).unwrap();
+    let line = line!() + 1;
+    let e = dev
+        .tensor_sharded(&host, &PartitionSpec::new(&[&["data"], &["fsdp"]]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        names_line(&e, line)
+            && e.contains(
+                "dimension 1 of shape [6, 4]: no mesh axis \"fsdp\" in the mesh (data 2, model 2)"
+            ),
+        "{e}"
+    );
+    let line = line!() + 1;
+    let e = dev
+        .tensor_sharded(&host, &PartitionSpec::new(&[&["data", "model"]]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        names_line(&e, line)
+            && e.contains("dimension 0 of shape [6, 4] has size 6, which data x model (4 devices) does not divide"),
+        "{e}"
+    );
+    // a spec that splits: each device holds its block; a read gathers the whole
+    let values: Vec<f32> = (0..24).map(|i| i as f32).collect();
+    let t = dev
+        .tensor_sharded(
+            &HostTensor::from_slice(&values, &[6, 4]).unwrap(),
+            &PartitionSpec::new(&[&[], &["model"]]),
+        )
+        .unwrap();
+    assert_eq!(t.sharding().unwrap().shard_dims(), [6, 2]);
+    assert_eq!(t.to_vec::<f32>().unwrap(), values);
+    assert_eq!(dev.metrics().bytes_to_device, 4 * 6 * 2 * 4, "blocks only");
+    // and the mesh itself
+    let config = |mesh: &[(&str, usize)], replicas| {
+        DeviceConfig {
+            cache: CacheConfig::disabled(),
+            replicas,
+            ..DeviceConfig::default()
+        }
+        .with_mesh(mesh)
+    };
+    let e = LazyDevice::new(config(&[("data", 2), ("data", 2)], 1))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("mesh axis \"data\" is named twice"), "{e}");
+    let e = LazyDevice::new(config(&[("data", 2)], 2))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("a device mesh replaces replicas (2 asked for)"),
+        "{e}"
+    );
+    let e = device(&[], 1)
+        .tensor_sharded(&host, &PartitionSpec::new(&[&["data"]]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("a partition spec P('data',) for a device without a mesh"),
+        "{e}"
+    );
+    // a plan that does not fit the model names the parameter
+    let plan =
+        |_: &str, _: &[usize], _: &neuron_pc::Mesh| PartitionSpec::new(&[&["data", "model"]]);
+    let vb = VarBuilder::random(&dev, 1).with_sharding(Arc::new(plan));
+    let Err(e) = LlamaForCausalLM::from_vb(&vb, &LlamaConfig::new(130, 64, 96, 1, 4, 2).unwrap())
+    else {
+        panic!("a vocabulary of 130 split 4 ways");
+    };
+    let e = e.to_string();
+    assert!(
+        e.contains(
+            "parameter model.embed_tokens.weight: sharding: dimension 0 of shape [130, 64] has size 130"
+        ),
+        "{e}"
+    );
 }

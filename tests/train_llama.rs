@@ -336,8 +336,17 @@ fn bad_input_is_one_clear_error() {
         ),
         (
             vec!["--batch-size", "5", "--devices", "2"],
-            "does not split over 2 replicas",
+            "does not split over 2 replica(s)",
         ),
+        (
+            vec!["--batch-size", "16", "--fsdp", "3"],
+            "--batch-size 16 does not split over --fsdp 3: use a multiple of 3",
+        ),
+        (
+            vec!["--fsdp", "2", "--zero1"],
+            "its data axis replaces --devices, and FSDP shards what --zero1 would",
+        ),
+        (vec!["--tp", "0"], "each needs at least 1 device"),
         (
             vec!["--text", "/nonexistent/corpus.txt"],
             "/nonexistent/corpus.txt",

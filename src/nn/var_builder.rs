@@ -323,9 +323,15 @@ impl VarBuilder {
         };
         let device = &self.shared.device;
         let t = match (&self.plan, device.mesh()) {
-            (Some(plan), Some(mesh)) => {
-                device.tensor_sharded(&host, &plan.spec(&full, host.dims(), mesh))?
-            }
+            (Some(plan), Some(mesh)) => device
+                .tensor_sharded(&host, &plan.spec(&full, host.dims(), mesh))
+                .map_err(|e| match e {
+                    crate::Error::Placement { location, message } => crate::Error::Placement {
+                        location,
+                        message: format!("parameter {full}: {message}"),
+                    },
+                    e => e,
+                })?,
             _ => device.tensor(&host)?,
         };
         // The state-dict name from the start, so the first step's diagnostics name it.
