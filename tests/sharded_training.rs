@@ -202,7 +202,10 @@ fn bad_meshes_and_specs_are_one_line_naming_the_dimension_sizes_and_line() {
         .to_string();
     assert!(
         names_line(&e, line)
-            && e.contains("dimension 0 of shape [6, 4] has size 6, which data x model (4 devices) does not divide"),
+            && e.contains(
+                "dimension 0 of shape [6, 4] has size 6, which data x model (4 devices) does \
+                 not divide"
+            ),
         "{e}"
     );
     // a spec that splits: each device holds its block; a read gathers the whole
@@ -255,7 +258,8 @@ fn bad_meshes_and_specs_are_one_line_naming_the_dimension_sizes_and_line() {
     let e = e.to_string();
     assert!(
         e.contains(
-            "parameter model.embed_tokens.weight: sharding: dimension 0 of shape [130, 64] has size 130"
+            "parameter model.embed_tokens.weight: sharding: dimension 0 of shape [130, 64] has \
+             size 130"
         ),
         "{e}"
     );
