@@ -8,7 +8,7 @@ use std::sync::Arc;
 use neuron_pc::compile::CacheConfig;
 use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LlamaSharding};
 use neuron_pc::nn::{Module, VarBuilder};
-use neuron_pc::optim::{average_gradients, AdamW};
+use neuron_pc::optim::{average_gradients, AdamW, GradAccumulator};
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{
     grad, DType, DeviceConfig, HostTensor, LazyDevice, Metrics, PartitionSpec, Tensor,
@@ -263,4 +263,19 @@ fn bad_meshes_and_specs_are_one_line_naming_the_dimension_sizes_and_line() {
         ),
         "{e}"
     );
+}
+
+#[test]
+fn kept_gradients_are_split_as_their_parameters() {
+    let held = |mesh: &[(&str, usize)]| {
+        let dev = device(mesh, 1);
+        let vb = VarBuilder::random(&dev, 5).with_sharding(Arc::new(LlamaSharding { fsdp: true }));
+        let model = LlamaForCausalLM::from_vb(&vb, &config()).unwrap();
+        let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
+        let _sums = GradAccumulator::new(&dev, &params, 2).unwrap();
+        dev.metrics().gradient_bytes
+    };
+    let (one, fsdp) = (held(&[]), held(&[("data", 4)]));
+    assert_eq!(one, 4 * config().num_parameters() as u64);
+    assert_eq!(4 * fsdp, one);
 }

@@ -92,6 +92,10 @@ pub struct Metrics {
     /// the device buffers.
     #[serde(default)]
     pub parameter_bytes: u64,
+    /// Bytes of the gradients one device keeps between steps (`GradAccumulator`'s sums;
+    /// gradients used within their step are in `step_temp_bytes`), from the device buffers.
+    #[serde(default)]
+    pub gradient_bytes: u64,
     /// The largest temporary buffers of a step run here, per device: the activations kept for
     /// the backward pass, the gradients used within the step (a gradient still held at
     /// `mark_step` is an output instead), workspaces; from the compiler's buffer assignment.
@@ -152,10 +156,16 @@ impl Metrics {
                 format!("{:.2} MiB per device", mib(self.parameter_bytes)),
             );
         }
+        if self.gradient_bytes > 0 {
+            line(
+                "kept gradients",
+                format!("{:.2} MiB per device", mib(self.gradient_bytes)),
+            );
+        }
         if self.optimizer_state_bytes > 0 {
             line(
                 "optimizer state",
-                format!("{:.2} MiB per replica", mib(self.optimizer_state_bytes)),
+                format!("{:.2} MiB per device", mib(self.optimizer_state_bytes)),
             );
         }
         if self.step_peak_bytes > 0 {

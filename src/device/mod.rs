@@ -67,6 +67,8 @@ pub(crate) struct DeviceInner {
     pub optimizer_state: Mutex<Vec<Weak<Cell>>>,
     /// The tensors optimizers update, for the per-device parameter bytes in the metrics.
     pub parameters: Mutex<Vec<Weak<Cell>>>,
+    /// Gradients kept between steps (accumulated sums), for the metrics.
+    pub gradients: Mutex<Vec<Weak<Cell>>>,
     /// Index checks whose results are not read yet (see `checks.rs`).
     pub index_checks: Mutex<Vec<checks::IndexCheck>>,
     /// The rank-agreement check of a multi-process run with a store.
@@ -271,6 +273,7 @@ impl LazyDevice {
                 sites: Mutex::new(diagnose::Sites::default()),
                 optimizer_state: Mutex::new(Vec::new()),
                 parameters: Mutex::new(Vec::new()),
+                gradients: Mutex::new(Vec::new()),
                 index_checks: Mutex::new(Vec::new()),
                 rank_check,
                 in_flight: InFlight::default(),
@@ -351,6 +354,7 @@ impl LazyDevice {
         let mut m = lock(&self.inner.metrics).clone();
         m.optimizer_state_bytes = metrics::registered_bytes(&self.inner.optimizer_state);
         m.parameter_bytes = metrics::registered_bytes(&self.inner.parameters);
+        m.gradient_bytes = metrics::registered_bytes(&self.inner.gradients);
         m.prefetched = self.inner.compiler.prefetch_hits();
         if let Some(cache) = self.inner.compiler.cache() {
             let w = cache.wait_metrics();

@@ -37,7 +37,8 @@ impl GradAccumulator {
         let sums = params
             .iter()
             .map(|p| device.zeros_like_data(p, true))
-            .collect::<Result<_>>()?;
+            .collect::<Result<Vec<_>>>()?;
+        super::register_gradients(device, &sums);
         Ok(GradAccumulator {
             sums,
             micro_batches,

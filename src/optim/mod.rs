@@ -171,6 +171,12 @@ fn register_state<'a>(device: &LazyDevice, tensors: impl IntoIterator<Item = &'a
     register(&device.inner.optimizer_state, tensors);
 }
 
+/// Counts gradients kept on the device between steps (accumulated sums) in the device's
+/// metrics (`gradient_bytes`).
+pub(crate) fn register_gradients(device: &LazyDevice, grads: &[Tensor]) {
+    register(&device.inner.gradients, grads);
+}
+
 /// Counts the tensors an optimizer updates as parameters in the device's metrics
 /// (`parameter_bytes`).
 fn register_parameters(device: &LazyDevice, params: &[Tensor]) {
