@@ -83,7 +83,14 @@ impl DeviceInner {
                 Value::Node(_) => unreachable!("only computed checks are ready"),
             };
             let (mut bad, mut lo, mut hi) = (0i64, i64::MAX, i64::MIN);
-            for r in 0..data.buffers.len() {
+            // each replica checked its own indices; on a mesh the one program checked them all
+            // and every device holds the same counts
+            let copies = if self.mesh.is_some() {
+                1
+            } else {
+                data.buffers.len()
+            };
+            for r in 0..copies {
                 let host = self.download_quietly(&data, r)?;
                 let v = host.to_vec::<i64>().map_err(Error::Compiler)?;
                 bad += v[0];
@@ -97,7 +104,7 @@ impl DeviceInner {
                     step: check.step,
                     message: format!(
                         "{bad} of {} {} outside [0, {}) (smallest {lo}, largest {hi})",
-                        check.count * data.buffers.len(),
+                        check.count * copies,
                         check.what,
                         check.upper
                     ),
