@@ -279,3 +279,24 @@ fn kept_gradients_are_split_as_their_parameters() {
     assert_eq!(one, 4 * config().num_parameters() as u64);
     assert_eq!(4 * fsdp, one);
 }
+
+#[test]
+fn index_checks_on_a_mesh_count_each_label_once() {
+    let dev = LazyDevice::new(DeviceConfig {
+        cache: CacheConfig::disabled(),
+        check_indices: true,
+        ..DeviceConfig::default().with_mesh(&[("data", 4)])
+    })
+    .unwrap();
+    // 8 rows of logits and labels split over `data`, one label out of range
+    let logits = dev
+        .shard(&HostTensor::from_slice(&[0.5f32; 40], &[8, 5]).unwrap())
+        .unwrap();
+    let labels = dev
+        .shard(&HostTensor::from_slice(&[1i32, 7, 0, 4, 2, 3, 1, 0], &[8]).unwrap())
+        .unwrap();
+    let loss = neuron_pc::nn::cross_entropy(&logits, &labels).unwrap();
+    dev.mark_step().unwrap();
+    let e = loss.item().unwrap_err().to_string();
+    assert!(e.contains("1 of 8 labels outside [0, 5)"), "{e}");
+}
