@@ -1,5 +1,6 @@
 //! Step functions (`LazyDevice::step_fn`): a step traced on its first calls and replayed after
-//! must compute bit for bit what tracing every step computes, on one replica and on several;
+//! must compute bit for bit what tracing every step computes, on one replica, on several and
+//! on a mesh (FSDP over 2 devices);
 //! anything a replay cannot know (a value made anew inside the closure, a write between calls)
 //! must make the step trace instead, and say why.
 
@@ -19,6 +20,13 @@ fn device(replicas: usize) -> LazyDevice {
         ..DeviceConfig::default()
     })
     .expect("cpu device: run scripts/setup")
+}
+
+/// How a run lays the work out: replicas, or a mesh of 2 devices with FSDP over `data`.
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    Replicas(usize),
+    Fsdp2,
 }
 
 fn small() -> TextEncoderConfig {
@@ -48,9 +56,22 @@ struct Run {
 
 /// Trains the small encoder data-parallel over `replicas` for `steps` steps, each step traced
 /// and cut by `mark_step`, or through a step function (`replay`); the losses are read at the end.
-fn train(replicas: usize, steps: u64, replay: bool) -> Run {
-    let dev = device(replicas);
+fn train(layout: Layout, steps: u64, replay: bool) -> Run {
+    let dev = match layout {
+        Layout::Replicas(n) => device(n),
+        Layout::Fsdp2 => LazyDevice::new(
+            DeviceConfig {
+                cache: CacheConfig::disabled(),
+                ..DeviceConfig::default()
+            }
+            .with_mesh(&[("data", 2)]),
+        )
+        .unwrap(),
+    };
     let model = TextEncoder::new(&dev, small(), 3).unwrap();
+    if let Layout::Fsdp2 = layout {
+        neuron_pc::sharding::reshard_module(&model, &neuron_pc::sharding::Fsdp).unwrap();
+    }
     let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
     let mut opt = AdamW::new(&dev, &params, 0.01).unwrap();
     let task = SyntheticTask::new(small(), 5);
@@ -94,31 +115,36 @@ fn train(replicas: usize, steps: u64, replay: bool) -> Run {
 
 #[test]
 fn a_replayed_step_computes_what_a_traced_one_does_bit_for_bit() {
-    for replicas in [1, 2] {
+    for replicas in [Layout::Replicas(1), Layout::Replicas(2), Layout::Fsdp2] {
         // 40 steps read only at the end: the replays are launched back to back, each donating
         // buffers that the step before it may still be computing
         let traced = train(replicas, 40, false);
         let replayed = train(replicas, 40, true);
-        assert_eq!(
-            replayed.losses, traced.losses,
-            "losses, {replicas} replicas"
-        );
-        assert_eq!(
-            replayed.params, traced.params,
-            "parameters, {replicas} replicas"
-        );
+        assert_eq!(replayed.losses, traced.losses, "losses, {replicas:?}");
+        assert_eq!(replayed.params, traced.params, "parameters, {replicas:?}");
         // the first two calls trace, the rest replay; training moved the loss
-        assert_eq!(replayed.metrics.replayed_steps, 38, "{replicas} replicas");
+        assert_eq!(replayed.metrics.replayed_steps, 38, "{replicas:?}");
         assert_eq!(traced.metrics.replayed_steps, 0);
         assert_eq!(replayed.metrics.compiles, traced.metrics.compiles);
         assert_ne!(traced.losses[..1], traced.losses[traced.losses.len() - 1..]);
         // replays update the parameters and moments in place as the traced steps do
         assert_eq!(
             replayed.metrics.donated_buffers, traced.metrics.donated_buffers,
-            "{replicas} replicas"
+            "{replicas:?}"
         );
         // each step updates every parameter and its two moments in place
         assert!(traced.metrics.donated_buffers >= 40 * 3 * traced.n_params);
+        if let Layout::Fsdp2 = replicas {
+            // partitioned over the mesh, the moments split with their parameters
+            assert_eq!(replayed.metrics.partitions, 2);
+            let whole = train(Layout::Replicas(1), 1, false).metrics;
+            assert!(
+                replayed.metrics.optimizer_state_bytes < whole.optimizer_state_bytes * 6 / 10,
+                "{} of {}",
+                replayed.metrics.optimizer_state_bytes,
+                whole.optimizer_state_bytes
+            );
+        }
     }
 }
 
