@@ -219,6 +219,10 @@ fn bad_meshes_and_specs_are_one_line_naming_the_dimension_sizes_and_line() {
     assert_eq!(t.sharding().unwrap().shard_dims(), [6, 2]);
     assert_eq!(t.to_vec::<f32>().unwrap(), values);
     assert_eq!(dev.metrics().bytes_to_device, 4 * 6 * 2 * 4, "blocks only");
+    assert_eq!(
+        format!("{dev:?}"),
+        "LazyDevice(cpu devices 0..4, mesh (data 2, model 2))"
+    );
     // and the mesh itself
     let config = |mesh: &[(&str, usize)], replicas| {
         DeviceConfig {

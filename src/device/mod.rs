@@ -108,6 +108,15 @@ struct Retired {
 impl std::fmt::Debug for LazyDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let d = &self.inner.devices;
+        if let Some(mesh) = &self.inner.mesh {
+            return write!(
+                f,
+                "LazyDevice({} devices {}..{}, mesh {mesh})",
+                self.inner.client().platform_name(),
+                d[0].0,
+                d[0].0 + d.len()
+            );
+        }
         match d.len() {
             1 => write!(
                 f,
