@@ -1,6 +1,6 @@
 //! Sharding plans: which partition spec each named parameter gets on a device mesh, applied as
 //! a model is built ([`crate::nn::VarBuilder::with_sharding`]: each parameter uploaded straight
-//! into its blocks) or to a model already built ([`reshard_module`]).
+//! into its blocks) or to a model already built ([`reshard`] over its `state_tensors()`).
 //!
 //! The mesh, partition specs and shardings themselves are the compiler's
 //! ([`neuron_pc_compiler::sharding`]); a device takes a mesh from
@@ -9,7 +9,7 @@
 use neuron_pc_compiler::sharding::{Mesh, PartitionSpec};
 
 use crate::error::Result;
-use crate::nn::Module;
+use crate::tensor::Tensor;
 
 /// The mesh axis FSDP splits parameters over, and a batch is split over
 /// ([`crate::LazyDevice::shard`]).
@@ -65,15 +65,15 @@ impl ShardingPlan for Fsdp {
     }
 }
 
-/// Lays out every parameter and buffer of `module` on its device's mesh as `plan` says, in
-/// place (each value passes through the host once). For a model built without a plan.
-pub fn reshard_module<M: Module + ?Sized>(module: &M, plan: &dyn ShardingPlan) -> Result<()> {
-    for (name, t) in module.state_tensors() {
+/// Lays out each named tensor (a model's `state_tensors()`) on its device's mesh as `plan`
+/// says, in place (each value passes through the host once). For a model built without a plan.
+pub fn reshard(named: &[(String, Tensor)], plan: &dyn ShardingPlan) -> Result<()> {
+    for (name, t) in named {
         let device = t.device()?;
         let Some(mesh) = device.mesh() else {
             return Ok(());
         };
-        t.reshard(&plan.spec(&name, t.dims(), mesh))?;
+        t.reshard(&plan.spec(name, t.dims(), mesh))?;
     }
     Ok(())
 }

@@ -70,7 +70,8 @@ fn train(layout: Layout, steps: u64, replay: bool) -> Run {
     };
     let model = TextEncoder::new(&dev, small(), 3).unwrap();
     if let Layout::Fsdp2 = layout {
-        neuron_pc::sharding::reshard_module(&model, &neuron_pc::sharding::Fsdp).unwrap();
+        let named = model.state_tensors();
+        neuron_pc::sharding::reshard(&named, &neuron_pc::sharding::Fsdp).unwrap();
     }
     let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
     let mut opt = AdamW::new(&dev, &params, 0.01).unwrap();
