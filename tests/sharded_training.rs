@@ -304,3 +304,39 @@ fn index_checks_on_a_mesh_count_each_label_once() {
     let e = loss.item().unwrap_err().to_string();
     assert!(e.contains("1 of 8 labels outside [0, 5)"), "{e}");
 }
+
+#[test]
+fn the_llama_plan_is_the_megatron_layout_with_fsdp_on_the_other_dimension() {
+    use neuron_pc::sharding::ShardingPlan;
+    let mesh = neuron_pc::Mesh::new(&[("data", 2), ("model", 2)], &[0, 1, 2, 3]).unwrap();
+    let spec = |fsdp: bool, name: &str, dims: &[usize]| {
+        LlamaSharding { fsdp }.spec(name, dims, &mesh).to_string()
+    };
+    let l = "model.layers.3";
+    for proj in [
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "mlp.gate_proj",
+    ] {
+        let name = format!("{l}.{proj}.weight");
+        assert_eq!(spec(false, &name, &[64, 32]), "P('model',)", "{name}");
+        assert_eq!(spec(true, &name, &[64, 32]), "P('model', 'data')", "{name}");
+    }
+    for proj in ["self_attn.o_proj", "mlp.down_proj"] {
+        let name = format!("{l}.{proj}.weight");
+        assert_eq!(spec(false, &name, &[32, 64]), "P(None, 'model')", "{name}");
+        assert_eq!(spec(true, &name, &[32, 64]), "P('data', 'model')", "{name}");
+    }
+    for name in ["model.embed_tokens.weight", "lm_head.weight"] {
+        assert_eq!(spec(true, name, &[128, 32]), "P('model', 'data')", "{name}");
+    }
+    let norm = format!("{l}.input_layernorm.weight");
+    assert_eq!(spec(false, &norm, &[32]), "P()");
+    assert_eq!(spec(true, &norm, &[32]), "P('data',)");
+    // a dimension an axis does not divide stays whole
+    assert_eq!(
+        spec(true, &format!("{l}.self_attn.k_proj.weight"), &[3, 32]),
+        "P(None, 'data')"
+    );
+}

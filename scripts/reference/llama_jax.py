@@ -15,6 +15,10 @@ persistent cache off), and the pipelined tokens per second. The size flags (`--h
 `--first-step` runs one step with JAX's persistent compilation cache in `--cache DIR` and prints
 `FIRST_STEP_EPOCH <unix seconds>` once its loss is read, for the caller to time the process.
 
+`--plugin PATH` runs on that PJRT cpu plugin library (registered with JAX's plugin mechanism,
+with as many devices as the mesh) instead of jaxlib's own cpu client: `scripts/bench sharded`
+passes the plugin neuron-pc uses, so both frontends run on the same XLA.
+
 Sharded layouts, for comparing with neuron-pc's sharded Llama: `--fsdp F --tp T` (both 1 by
 default) runs the same step over F*T of JAX's cpu devices (made to exist with
 `jax_num_cpu_devices`), arranged as a mesh of shape (F, T) with axes ("data", "model"). The batch
@@ -58,6 +62,9 @@ ap.add_argument("--batch-size", type=int, default=4)
 # Sharded layouts over cpu devices: a (fsdp, tp) mesh with axes ("data", "model").
 ap.add_argument("--fsdp", type=int, default=1, help="devices along the mesh's 'data' axis")
 ap.add_argument("--tp", type=int, default=1, help="devices along the mesh's 'model' axis")
+ap.add_argument("--plugin", metavar="PATH",
+                help="run on this PJRT cpu plugin library (the one neuron-pc uses) instead of "
+                     "jaxlib's own cpu client, with as many devices as the mesh has")
 args = ap.parse_args()
 if args.fsdp < 1 or args.tp < 1:
     ap.error("--fsdp and --tp must be at least 1")
@@ -68,9 +75,16 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
-if N_DEVICES > 1:
+if args.plugin:
+    from jax._src import xla_bridge  # noqa: E402
+
+    # below jaxlib's cpu (priority 0), picked by name
+    xla_bridge.register_plugin("plugin", priority=-10, library_path=args.plugin,
+                               options={"cpu_device_count": N_DEVICES})
+elif N_DEVICES > 1:
     # before any backend is initialised
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
+PLATFORM = "plugin" if args.plugin else "cpu"
 
 if args.first_step and args.cache:
     jax.config.update("jax_compilation_cache_dir", args.cache)
@@ -131,7 +145,7 @@ def loss_fn(p, ids):
 
 
 def make_mesh():
-    devices = jax.devices("cpu")
+    devices = jax.devices(PLATFORM)
     if len(devices) < N_DEVICES:
         raise SystemExit(f"--fsdp {args.fsdp} --tp {args.tp} needs {N_DEVICES} cpu devices, "
                          f"JAX has {len(devices)}")
@@ -175,7 +189,7 @@ def step(p, m, v, t, ids, lr):
 
 
 def main():
-    if N_DEVICES == 1:
+    if N_DEVICES == 1 and not args.plugin:
         jstep = jax.jit(step, donate_argnums=(0, 1, 2, 3))
         p = jax.tree.map(jnp.asarray, init(np.random.default_rng(0)))
         m = jax.tree.map(jnp.zeros_like, p)
