@@ -12,6 +12,7 @@ pub mod rank_check;
 pub(crate) mod replay;
 mod step;
 pub(crate) mod trace;
+mod transfer;
 
 use rustc_hash::FxHashMap as HashMap;
 use std::panic::Location;
@@ -23,7 +24,6 @@ use neuron_pc_compiler::pjrt::{
     find_plugin, Buffer, Client, ClientOptions, Device, Plugin, Target,
 };
 use neuron_pc_compiler::sharding::{Mesh, Sharding};
-use neuron_pc_compiler::{DType, HostTensor};
 
 pub use config::{
     DeviceConfig, CHECK_INDICES_ENV, CPU_NUM_DEVICES_ENV, DEBUG_STEPS_ENV, DEVICES_ENV,
@@ -171,7 +171,8 @@ impl LazyDevice {
                     config.replicas
                 )));
             }
-            if config.topology.is_multi_process() && !extracting {
+            // a trial run too: its programs would be laid over the processes' replicas
+            if config.topology.is_multi_process() {
                 return Err(Error::Config(
                     "a device mesh spans this process's devices; a mesh across processes is \
                      not supported yet"
@@ -497,141 +498,6 @@ impl DeviceInner {
         lock(&self.recorder).track(Arc::downgrade(cell));
     }
 
-    /// Copies `host` to every replica's device (a replicated value).
-    pub(crate) fn upload(&self, host: &HostTensor, zero_filled: bool) -> Result<Arc<DeviceData>> {
-        let copies = vec![host; self.devices.len()];
-        self.upload_replicas(&copies, false, zero_filled)
-    }
-
-    /// Copies each mesh position's block of `host` (as `sharding` splits it) to its device.
-    pub(crate) fn upload_sharded(
-        &self,
-        host: &HostTensor,
-        sharding: &Sharding,
-    ) -> Result<Arc<DeviceData>> {
-        if sharding.is_replicated() {
-            return self.upload(host, false);
-        }
-        let started = Instant::now();
-        let buffers = (self.devices.iter().enumerate())
-            .map(|(p, &d)| {
-                Ok(self
-                    .client()
-                    .buffer_from_host(&sharding.block(host, p)?, d)?)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(self.transferred(started, buffers, false, Some(sharding), false))
-    }
-
-    /// Zeros laid out as `sharding` says, each device holding its block.
-    pub(crate) fn upload_zeros_sharded(
-        &self,
-        dtype: DType,
-        sharding: &Sharding,
-        zero_filled: bool,
-    ) -> Result<Arc<DeviceData>> {
-        let started = Instant::now();
-        let block = sharding.shard_dims();
-        let buffers = (self.devices.iter())
-            .map(|&d| self.client().zeros_buffer(dtype, &block, d))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(self.transferred(started, buffers, false, Some(sharding), zero_filled))
-    }
-
-    /// Copies `hosts[r]` to replica `r`'s device (all of one type).
-    pub(crate) fn upload_replicas(
-        &self,
-        hosts: &[&HostTensor],
-        per_replica: bool,
-        zero_filled: bool,
-    ) -> Result<Arc<DeviceData>> {
-        debug_assert_eq!(hosts.len(), self.devices.len());
-        let started = Instant::now();
-        let buffers = hosts
-            .iter()
-            .zip(&self.devices)
-            .map(|(h, &d)| self.client().buffer_from_host(h, d))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(self.transferred(started, buffers, per_replica, None, zero_filled))
-    }
-
-    /// Zeros on every replica's device, copied from zero pages rather than a heap block
-    /// (`Client::zeros_buffer`): optimizer state and other buffers that start at zero.
-    /// `per_replica`: each replica's own value (its copy may diverge), else replicated.
-    pub(crate) fn upload_zeros(
-        &self,
-        dtype: DType,
-        dims: &[usize],
-        per_replica: bool,
-        zero_filled: bool,
-    ) -> Result<Arc<DeviceData>> {
-        let started = Instant::now();
-        let buffers = (self.devices.iter())
-            .map(|&d| self.client().zeros_buffer(dtype, dims, d))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(self.transferred(started, buffers, per_replica, None, zero_filled))
-    }
-
-    /// Records the transfer of `buffers` (begun at `started`) in the timeline and the metrics,
-    /// and wraps them as one value.
-    fn transferred(
-        &self,
-        started: Instant,
-        buffers: Vec<Buffer>,
-        per_replica: bool,
-        sharding: Option<&Sharding>,
-        zero_filled: bool,
-    ) -> Arc<DeviceData> {
-        self.phase("transfer to device", started, None);
-        {
-            let mut m = lock(&self.metrics);
-            m.transfers_to_device += buffers.len() as u64;
-            m.bytes_to_device += buffers
-                .iter()
-                .map(|b| b.size_in_bytes() as u64)
-                .sum::<u64>();
-        }
-        let sharding = sharding.cloned().map(Arc::new);
-        self.wrap_buffers(buffers, per_replica, sharding, zero_filled, None)
-    }
-
-    /// One value from its buffers (one per device); `sharding`: the blocks of a sharded value.
-    pub(crate) fn wrap_buffers(
-        &self,
-        buffers: Vec<Buffer>,
-        per_replica: bool,
-        sharding: Option<Arc<Sharding>>,
-        zero_filled: bool,
-        producer: Option<Arc<StepRun>>,
-    ) -> Arc<DeviceData> {
-        let b = &buffers[0];
-        let dims = sharding
-            .as_ref()
-            .map_or_else(|| b.dims().to_vec(), |s| s.dims().to_vec());
-        let ty = TensorType::new(b.dtype(), dims);
-        let mut rec = lock(&self.recorder);
-        let ty_id = rec.interner.ty(&ty);
-        let (sharding_id, sharding) = match sharding.filter(|s| !s.is_replicated()) {
-            Some(s) => {
-                let (id, shared) = rec.interner.sharding(&s);
-                (id, Some(shared))
-            }
-            None => (0, None),
-        };
-        drop(rec);
-        Arc::new(DeviceData {
-            buffers,
-            sharding,
-            sharding_id,
-            per_replica,
-            zero_filled,
-            ty_id,
-            producer,
-            name: Mutex::new(None),
-            mark: trace::WalkMark::default(),
-        })
-    }
-
     /// Adds the execution times of steps that left the in-flight queue to the metrics (and
     /// their executions to the timeline).
     fn account(&self, done: &[Arc<StepRun>]) {
@@ -660,52 +526,6 @@ impl DeviceInner {
                 graph.map(|g| ("graph", g.into())).into_iter().collect();
             t.span(HOST_TRACK, name, start, Instant::now(), &args);
         }
-    }
-
-    /// Copies the whole value to the host: the first device's buffer, or every block of a
-    /// sharded value put together.
-    pub(crate) fn download_whole(&self, data: &DeviceData) -> Result<HostTensor> {
-        let Some(sharding) = &data.sharding else {
-            return self.download(data, 0);
-        };
-        let blocks = (0..data.buffers.len())
-            .map(|p| self.download(data, p))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(sharding.assemble(&blocks)?)
-    }
-
-    /// Copies replica `replica`'s value to the host (on a mesh: position `replica`'s block).
-    pub(crate) fn download(&self, data: &DeviceData, replica: usize) -> Result<HostTensor> {
-        if let Some(p) = &data.producer {
-            self.free_retired();
-            let waited = Instant::now();
-            p.wait()?;
-            self.phase("wait", waited, Some(&p.graph));
-        }
-        let started = Instant::now();
-        let host = data.buffers[replica].to_host()?;
-        self.phase("transfer to host", started, None);
-        let mut m = lock(&self.metrics);
-        m.transfers_to_host += 1;
-        m.bytes_to_host += host.bytes().len() as u64;
-        if data.zero_filled {
-            m.zero_filled_reads += 1;
-            if m.zero_filled_reads == 1 {
-                tracing::warn!(
-                    "extract mode: reading a zero-filled stand-in value (not a real result)"
-                );
-            }
-        }
-        Ok(host)
-    }
-
-    /// Copies replica `replica`'s value to the host once its step is done, outside the
-    /// metrics and the timeline (the device's own bookkeeping reads, such as index checks).
-    pub(crate) fn download_quietly(&self, data: &DeviceData, replica: usize) -> Result<HostTensor> {
-        if let Some(p) = &data.producer {
-            p.wait()?;
-        }
-        Ok(data.buffers[replica].to_host()?)
     }
 
     /// Every live tensor with a pending value, in creation order; forgets dropped ones.
