@@ -80,6 +80,27 @@ fn mean(losses: &[(u64, f64)]) -> f64 {
     losses.iter().map(|l| l.1).sum::<f64>() / losses.len() as f64
 }
 
+/// `neuron-pc compile --json -- train_llama SMALL.. args..` into `cache`: its report.
+fn precompile(cache: &Path, args: &[&str]) -> serde_json::Value {
+    let job = job();
+    let mut trial: Vec<&str> = vec!["compile", "--json", "--", job.to_str().unwrap()];
+    trial.extend(SMALL);
+    trial.extend(args);
+    let out = Command::new(env!("CARGO_BIN_EXE_neuron-pc"))
+        .args(&trial)
+        .env("NEURON_COMPILE_CACHE_URL", cache)
+        .env_remove("NEURON_CC_FLAGS")
+        .env_remove("NEURON_PC_DEVICES")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// Fails with one line on stderr naming `needle`.
 fn fails_with(cache: &Path, args: &[&str], needle: &str) {
     let out = command(cache, args).output().unwrap();
@@ -120,24 +141,7 @@ fn the_default_task_is_learned_and_throughput_and_mfu_are_reported() {
 fn after_neuron_pc_compile_a_real_run_compiles_nothing_and_matches_jit() {
     let cache = tmp("aot-cache");
     let saved = tmp("aot-save").join("model");
-    let job = job();
-    let mut trial: Vec<&str> = vec!["compile", "--json", "--"];
-    trial.push(job.to_str().unwrap());
-    trial.extend(SMALL);
-    trial.extend(["--steps", "3", "--save", saved.to_str().unwrap()]);
-    let out = Command::new(env!("CARGO_BIN_EXE_neuron-pc"))
-        .args(&trial)
-        .env("NEURON_COMPILE_CACHE_URL", &cache)
-        .env_remove("NEURON_CC_FLAGS")
-        .env_remove("NEURON_PC_DEVICES")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = precompile(&cache, &["--steps", "3", "--save", saved.to_str().unwrap()]);
     // the training step and the matmul that measures the peak
     assert_eq!(report["compiled"], 2, "{report}");
     assert!(!saved.exists(), "a trial run writes no model");
@@ -516,38 +520,19 @@ fn same_losses(what: &str, got: &[(u64, f64)], want: &[(u64, f64)]) {
 fn fsdp_and_tp_precompile_follow_one_device_and_resume_on_any_mesh() {
     let cache = tmp("mesh-cache");
     let ckpt = tmp("mesh-ckpt");
-    let job = job();
     let mesh = ["--fsdp", "2", "--tp", "2"];
-    let mut trial: Vec<&str> = vec!["compile", "--json", "--"];
-    trial.push(job.to_str().unwrap());
-    trial.extend(SMALL);
-    trial.extend(mesh);
-    trial.extend(["--steps", "3"]);
-    let out = Command::new(env!("CARGO_BIN_EXE_neuron-pc"))
-        .args(&trial)
-        .env("NEURON_COMPILE_CACHE_URL", &cache)
-        .env_remove("NEURON_CC_FLAGS")
-        .env_remove("NEURON_PC_DEVICES")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = precompile(&cache, &[&mesh[..], &["--steps", "3"]].concat());
     // the partitioned training step and the matmul that measures the peak
     assert_eq!(report["compiled"], 2, "{report}");
 
     // the real run on the mesh compiles nothing, checkpointing at step 6
-    let ckpt_dir: &'static str = Box::leak(ckpt.to_str().unwrap().to_string().into_boxed_str());
-    let ckpt_args = ["--ckpt-dir", ckpt_dir, "--ckpt-every", "6"];
-    let args = |extra: &[&'static str]| -> Vec<&'static str> {
+    let ckpt_args = ["--ckpt-dir", ckpt.to_str().unwrap(), "--ckpt-every", "6"];
+    fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
         let mut a: Vec<&str> = SMALL.to_vec();
         a.extend(["--loss-log", "--json"]);
         a.extend(extra);
         a
-    };
+    }
     let meshed = run(
         &cache,
         &args(&[&mesh[..], &["--steps", "6"], &ckpt_args].concat()),
@@ -565,8 +550,13 @@ fn fsdp_and_tp_precompile_follow_one_device_and_resume_on_any_mesh() {
         let dir = tmp("mesh-resume");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::copy(ckpt.join("last.safetensors"), dir.join("last.safetensors")).unwrap();
-        let dir_arg: &'static str = Box::leak(dir.to_str().unwrap().to_string().into_boxed_str());
-        let resume = ["--ckpt-dir", dir_arg, "--resume", "--steps", "12"];
+        let resume = [
+            "--ckpt-dir",
+            dir.to_str().unwrap(),
+            "--resume",
+            "--steps",
+            "12",
+        ];
         let r = run(&cache, &args(&[layout, &resume[..]].concat()));
         assert!(r.stdout.contains("resumed from"), "{}", r.stdout);
         same_losses(
