@@ -13,6 +13,7 @@ mod index;
 mod linalg;
 mod pointwise;
 mod reduce;
+mod remat;
 mod shape;
 mod window;
 
@@ -28,6 +29,8 @@ use crate::device::trace::Value;
 use crate::device::{lock, DeviceInner};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
+
+pub use remat::{checkpoint, Remat};
 
 fn key(v: &Value) -> usize {
     match v {
@@ -84,6 +87,11 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
         }
     }
 
+    // Checkpointed blocks below the loss: inside one, gradient rules read recomputed values.
+    let present: HashSet<usize> = order.iter().map(key).collect();
+    let mut blocks = remat::Blocks::collect(&dev, &present);
+    drop(present);
+
     // Cotangents by value identity; values are kept alive by `order`.
     let mut cot: HashMap<usize, Tensor> =
         HashMap::with_capacity_and_hasher(order.len(), Default::default());
@@ -101,16 +109,19 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
             let (op, ty) = rec.interner.op_of(node.op_id);
             (op.clone(), ty.clone())
         };
-        let y = Tensor {
-            cell: dev.detached_cell(v.clone(), ty),
+        let block = blocks.block_of(v);
+        if let Some(b) = block {
+            blocks.enter(b, &dev, &g, location)?;
+        }
+        let read = |u: &Value, ty: Option<TensorType>| match block.and_then(|b| blocks.primal(b, u))
+        {
+            Some(t) => t.clone(),
+            None => Tensor {
+                cell: dev.detached_cell(u.clone(), ty.unwrap_or_else(|| value_type(&dev, u))),
+            },
         };
-        let xs: Vec<Tensor> = node
-            .operands
-            .iter()
-            .map(|o| Tensor {
-                cell: dev.detached_cell(o.clone(), value_type(&dev, o)),
-            })
-            .collect();
+        let y = read(v, Some(ty));
+        let xs: Vec<Tensor> = node.operands.iter().map(|o| read(o, None)).collect();
         let grads = vjp(&op, &xs, &y, &g, location)?;
         for (operand, gi) in node.operands.iter().zip(grads) {
             let k = key(operand);

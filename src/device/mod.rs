@@ -71,6 +71,8 @@ pub(crate) struct DeviceInner {
     pub gradients: Mutex<Vec<Weak<Cell>>>,
     /// Index checks whose results are not read yet (see `checks.rs`).
     pub index_checks: Mutex<Vec<checks::IndexCheck>>,
+    /// Checkpointed blocks the backward pass recomputes (see `nn::checkpoint`).
+    pub remat: Mutex<Vec<Arc<trace::RematRegion>>>,
     /// The rank-agreement check of a multi-process run with a store.
     pub rank_check: Option<rank_check::RankCheck>,
     /// Launched steps that may still be running.
@@ -285,6 +287,7 @@ impl LazyDevice {
                 parameters: Mutex::new(Vec::new()),
                 gradients: Mutex::new(Vec::new()),
                 index_checks: Mutex::new(Vec::new()),
+                remat: Mutex::new(Vec::new()),
                 rank_check,
                 in_flight: InFlight::default(),
                 timeline: config.trace.as_ref().map(|p| {

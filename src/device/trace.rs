@@ -111,6 +111,48 @@ impl Recorder {
     }
 }
 
+/// A value held without keeping it alive. Its allocation stays, so no other value takes its
+/// address (the key autodiff knows it by) while this is held.
+pub(crate) enum WeakValue {
+    Node(Weak<Node>),
+    Data(Weak<DeviceData>),
+}
+
+impl WeakValue {
+    pub fn new(v: &Value) -> WeakValue {
+        match v {
+            Value::Node(n) => WeakValue::Node(Arc::downgrade(n)),
+            Value::Data(d) => WeakValue::Data(Arc::downgrade(d)),
+        }
+    }
+
+    /// The address the live value has (`Arc::as_ptr`), live or not.
+    pub fn key(&self) -> usize {
+        match self {
+            WeakValue::Node(n) => n.as_ptr() as *const u8 as usize,
+            WeakValue::Data(d) => d.as_ptr() as *const u8 as usize,
+        }
+    }
+
+    pub fn upgrade(&self) -> Option<Value> {
+        match self {
+            WeakValue::Node(n) => n.upgrade().map(Value::Node),
+            WeakValue::Data(d) => d.upgrade().map(Value::Data),
+        }
+    }
+}
+
+/// A block whose activations the backward pass recomputes from its inputs instead of keeping
+/// (activation checkpointing, `nn::checkpoint`): the recorded nodes between `inputs` and
+/// `outputs`. Held weakly: a block nobody differentiates any more is dropped at the next
+/// registration.
+pub(crate) struct RematRegion {
+    pub inputs: Vec<WeakValue>,
+    pub outputs: Vec<Weak<Node>>,
+    /// Keep the products without batch dimensions (`dots` policy); recompute the rest.
+    pub save_dots: bool,
+}
+
 /// One recorded op application.
 pub(crate) struct Node {
     /// Index into the device's [`Interner`].

@@ -24,8 +24,8 @@ use crate::checkpoint::CheckpointError;
 use crate::device::LazyDevice;
 use crate::error::{Error, Result};
 use crate::nn::{
-    apply_rotary_pos_emb, cross_entropy, scaled_dot_product_attention, Embedding, Init, Linear,
-    Module, RMSNorm, RotaryEmbedding, VarBuilder,
+    apply_rotary_pos_emb, checkpoint, cross_entropy, scaled_dot_product_attention, Embedding, Init,
+    Linear, Module, RMSNorm, Remat, RotaryEmbedding, VarBuilder,
 };
 use crate::tensor::{shape_error, Tensor};
 
@@ -136,6 +136,11 @@ pub struct LlamaDecoderLayer {
     pub mlp: LlamaMlp,
     pub input_layernorm: RMSNorm,
     pub post_attention_layernorm: RMSNorm,
+    /// What the layer keeps for the backward pass: everything ([`Remat::None`], the
+    /// default), its input alone ([`Remat::Full`]) or its projections ([`Remat::Dots`]); see
+    /// [`crate::nn::checkpoint`] and [`LlamaForCausalLM::set_remat`].
+    #[module(skip)]
+    pub remat: Remat,
 }
 
 impl LlamaDecoderLayer {
@@ -150,10 +155,24 @@ impl LlamaDecoderLayer {
                 c.hidden_size,
                 eps,
             )?,
+            remat: Remat::None,
         })
     }
 
     fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        key_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let out = checkpoint(self.remat, &[x], |xs| {
+            Ok(vec![self.forward_block(&xs[0], cos, sin, key_mask)?])
+        })?;
+        Ok(out.into_iter().next().expect("one output"))
+    }
+
+    fn forward_block(
         &self,
         x: &Tensor,
         cos: &Tensor,
@@ -232,6 +251,13 @@ impl LlamaForCausalLM {
             },
             lm_head,
         })
+    }
+
+    /// Sets every decoder layer's checkpoint policy (`layer.remat` sets one layer's).
+    pub fn set_remat(&mut self, policy: Remat) {
+        for layer in &mut self.model.layers {
+            layer.remat = policy;
+        }
     }
 
     /// A randomly initialised model (as `LlamaForCausalLM(config)` with a seed), float32.
