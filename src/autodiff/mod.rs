@@ -109,6 +109,7 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
             let (op, ty) = rec.interner.op_of(node.op_id);
             (op.clone(), ty.clone())
         };
+        blocks.finished(v, &g);
         let block = blocks.block_of(v);
         if let Some(b) = block {
             blocks.enter(b, &dev, &g, location)?;

@@ -131,7 +131,13 @@ where
 pub(super) struct Blocks {
     /// The block each recorded node belongs to (an index into `blocks`).
     of: HashMap<usize, usize>,
+    /// The blocks each value is an input of.
+    inputs: HashMap<usize, Vec<usize>>,
     blocks: Vec<Block>,
+    /// The block entered last, and the finished cotangents of its inputs so far: the next
+    /// block's recomputation waits for them, so that blocks the data does not order (the
+    /// chunks of a loss) are recomputed one at a time, not all at once.
+    last: Option<(usize, Vec<Tensor>)>,
 }
 
 struct Block {
@@ -149,7 +155,9 @@ impl Blocks {
         let regions: Vec<Arc<RematRegion>> = lock(&dev.remat).clone();
         let mut blocks = Blocks {
             of: HashMap::default(),
+            inputs: HashMap::default(),
             blocks: Vec::new(),
+            last: None,
         };
         // registration order: an enclosing block comes after the blocks inside it and takes
         // their nodes
@@ -172,6 +180,9 @@ impl Blocks {
             for v in &nodes {
                 blocks.of.insert(key(v), index);
             }
+            for k in &inputs {
+                blocks.inputs.entry(*k).or_default().push(index);
+            }
             blocks.blocks.push(Block {
                 region,
                 nodes,
@@ -192,8 +203,22 @@ impl Blocks {
         self.blocks[b].primals.as_ref()?.get(&key(v))
     }
 
+    /// Notes `g`, the whole cotangent of `v`: if `v` is an input of the block entered last,
+    /// the next block's recomputation waits for it.
+    pub fn finished(&mut self, v: &Value, g: &Tensor) {
+        let Some(blocks) = self.inputs.get(&key(v)) else {
+            return;
+        };
+        if let Some((b, done)) = &mut self.last {
+            if blocks.contains(b) {
+                done.push(g.clone());
+            }
+        }
+    }
+
     /// Recomputes block `b` (once) from its inputs, fenced with `g`, the first cotangent the
-    /// backward pass brings to it.
+    /// backward pass brings to it (and with the finished input cotangents of the block before
+    /// it).
     pub fn enter(
         &mut self,
         b: usize,
@@ -205,11 +230,17 @@ impl Blocks {
         if block.primals.is_some() {
             return Ok(());
         }
+        let mut fence: Vec<&Tensor> = vec![g];
+        let previous = self.last.take();
+        if let Some((_, done)) = &previous {
+            fence.extend(done);
+        }
         let mut primals: HashMap<usize, Tensor> = HashMap::default();
         for input in &block.region.inputs {
             let Some(x) = input.upgrade() else { continue };
             let x = detached(dev, &x);
-            let fenced = Tensor::apply_at(Op::After, &[&x, g], location)?;
+            let operands: Vec<&Tensor> = std::iter::once(&x).chain(fence.iter().copied()).collect();
+            let fenced = Tensor::apply_at(Op::After, &operands, location)?;
             primals.insert(input.key(), fenced);
         }
         for v in &block.nodes {
@@ -220,7 +251,11 @@ impl Blocks {
             let value = if kept {
                 // fenced too: the recomputation starts from it, and an unfenced operand would
                 // let CSE merge the recomputed ops above it with the forward's
-                Tensor::apply_at(Op::After, &[&detached(dev, v), g], location)?
+                let kept = detached(dev, v);
+                let operands: Vec<&Tensor> = std::iter::once(&kept)
+                    .chain(fence.iter().copied())
+                    .collect();
+                Tensor::apply_at(Op::After, &operands, location)?
             } else {
                 let operands: Vec<Tensor> = node
                     .operands
@@ -236,6 +271,7 @@ impl Blocks {
             primals.insert(key(v), value);
         }
         block.primals = Some(primals);
+        self.last = Some((b, Vec::new()));
         Ok(())
     }
 }

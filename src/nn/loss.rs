@@ -2,8 +2,8 @@
 
 use neuron_pc_compiler::ir::Op;
 
+use crate::autodiff::{checkpoint, Remat};
 use crate::error::Result;
-use crate::nn::log_softmax;
 use crate::tensor::{shape_error, Tensor};
 
 /// The label PyTorch's `cross_entropy` ignores by default (`ignore_index=-100`): padding
@@ -93,13 +93,34 @@ pub fn cross_entropy_with(
         options.ignore_index,
         location,
     )?;
-    let logp = log_softmax(&logits, -1)?;
-    let valid = match options.ignore_index {
-        Some(i) => labels.ne(&labels.constant_like(i as f64)?)?,
-        None => labels.eq(&labels)?,
-    };
+    let (sum, count) = summed_rows(&logits, &labels, options)?;
+    sum.div(&count)
+}
+
+/// The rows' losses summed over the rows that are not ignored, and how many those are (float
+/// scalars of the logits' dtype): `logits [n, classes]`, `labels [n]`, checked by the caller.
+///
+/// Written as `logsumexp(row) - (1 - ε) row[label] - ε mean(row)`, the log-probabilities never
+/// formed: the label's logit is picked by a select the gradient passes through elementwise, so
+/// neither pass holds more `[n, classes]` temporaries than the exponentials its sum needs
+/// (a one-hot product and `log_softmax`'s gradient each add one, and a reduction over classes
+/// of a cotangent another).
+fn summed_rows(
+    logits: &Tensor,
+    labels: &Tensor,
+    options: CrossEntropyOptions,
+) -> Result<(Tensor, Tensor)> {
+    let (n, classes) = (logits.dims()[0], logits.dims()[1]);
+    let max = logits.max(&[1], true)?.detach()?;
+    let lse = logits
+        .sub(&max)?
+        .exp()?
+        .sum(&[1], false)?
+        .log()?
+        .add(&max.reshape(&[n])?)?;
+    let valid = valid_rows(labels, options)?;
     // ignored rows pick class 0, then are masked out
-    let safe = Tensor::where_cond(&valid, &labels, &labels.zeros_like()?)?;
+    let safe = Tensor::where_cond(&valid, labels, &labels.zeros_like()?)?;
     let dev = logits.device_inner()?;
     let iota = Tensor::apply_nullary(
         &dev,
@@ -109,14 +130,118 @@ pub fn cross_entropy_with(
             dtype: labels.dtype(),
         },
     )?;
-    let onehot = safe.unsqueeze(1)?.eq(&iota)?.to_dtype(logits.dtype())?;
-    let nll = logp.mul(&onehot)?.sum(&[1], false)?.neg()?;
+    let hit = safe.unsqueeze(1)?.eq(&iota)?;
+    let picked = Tensor::where_cond(&hit, logits, &logits.zeros_like()?)?.sum(&[1], false)?;
+    let eps = options.label_smoothing;
     let per_row = if eps > 0.0 {
-        let smooth = logp.mean(&[1], false)?.neg()?;
-        nll.mul_scalar(1.0 - eps)?.add(&smooth.mul_scalar(eps)?)?
+        let mean = logits.mean(&[1], false)?;
+        lse.sub(&picked.mul_scalar(1.0 - eps)?)?
+            .sub(&mean.mul_scalar(eps)?)?
     } else {
-        nll
+        lse.sub(&picked)?
     };
     let w = valid.to_dtype(logits.dtype())?;
-    per_row.mul(&w)?.sum_all()?.div(&w.sum_all()?)
+    Ok((per_row.mul(&w)?.sum_all()?, w.sum_all()?))
+}
+
+fn valid_rows(labels: &Tensor, options: CrossEntropyOptions) -> Result<Tensor> {
+    match options.ignore_index {
+        Some(i) => labels.ne(&labels.constant_like(i as f64)?),
+        None => labels.eq(labels),
+    }
+}
+
+/// [`cross_entropy_with`] of the logits `hidden . weight^T` (a language model's head: `hidden
+/// [.., h]`, `weight [classes, h]`, `labels [..]`), computed `chunk` rows at a time so that at
+/// most one chunk's logits exist at once, in the forward pass and in the backward pass: each
+/// chunk's logits (in float32) are reduced to a sum as soon as they are computed, and the
+/// backward pass recomputes them chunk by chunk ([`crate::nn::checkpoint`]). The value and the
+/// gradients (for `hidden` and `weight`) are those of the whole; the cost is the head's
+/// product computed twice. For a vocabulary of 128k and 8k tokens, the whole logits are 4 GiB
+/// of float32; chunks of 1024 rows, 512 MiB.
+#[track_caller]
+pub fn chunked_cross_entropy(
+    hidden: &Tensor,
+    weight: &Tensor,
+    labels: &Tensor,
+    chunk: usize,
+    options: CrossEntropyOptions,
+) -> Result<Tensor> {
+    let location = std::panic::Location::caller();
+    let err = |message: String| {
+        shape_error(
+            "chunked_cross_entropy",
+            format!("{}, {}, {}", hidden.ty(), weight.ty(), labels.ty()),
+            message,
+            location,
+        )
+    };
+    if hidden.rank() == 0
+        || weight.rank() != 2
+        || weight.dims()[1] != hidden.dims()[hidden.rank() - 1]
+    {
+        return Err(err(
+            "expected hidden [.., h] and weight [classes, h] (a head's weight, as nn::Linear \
+             holds it)"
+                .into(),
+        ));
+    }
+    let lead = &hidden.dims()[..hidden.rank() - 1];
+    if labels.dims() != lead {
+        return Err(err(format!(
+            "labels must have the hidden states' leading dimensions {lead:?}"
+        )));
+    }
+    if !labels.dtype().is_int() {
+        return Err(err(format!(
+            "labels must have an integer dtype, got {}",
+            labels.dtype()
+        )));
+    }
+    if chunk == 0 {
+        return Err(err("the chunk must hold at least one row".into()));
+    }
+    if !(0.0..=1.0).contains(&options.label_smoothing) {
+        return Err(err(format!(
+            "label_smoothing must be in [0, 1], got {}",
+            options.label_smoothing
+        )));
+    }
+    let (classes, h) = (weight.dims()[0], weight.dims()[1]);
+    let n: usize = lead.iter().product();
+    let hidden = hidden.reshape(&[n, h])?;
+    let labels = labels.reshape(&[n])?;
+    labels.check_index_range(
+        "chunked_cross_entropy",
+        "labels",
+        classes,
+        options.ignore_index,
+        location,
+    )?;
+    let count = valid_rows(&labels, options)?
+        .to_dtype(neuron_pc_compiler::DType::F32)?
+        .sum_all()?;
+    let mut total: Option<Tensor> = None;
+    for start in (0..n).step_by(chunk) {
+        let len = chunk.min(n - start);
+        // Each chunk starts once the one before is summed: nothing else orders the chunks, and
+        // XLA's scheduler would compute every chunk's logits first, then reduce them.
+        let after: Vec<Tensor> = total.iter().cloned().collect();
+        let rows = hidden.narrow(0, start, len)?.after(&after)?;
+        // the labels are an input of the block too, so that what the backward pass computes
+        // from them (the one-hot rows, times the cotangent) waits with the rest of the block
+        let targets = labels.narrow(0, start, len)?.after(&after)?;
+        let sum = checkpoint(Remat::Full, &[&rows, &targets], |xs| {
+            let logits = xs[0]
+                .linear(weight, None)?
+                .to_dtype(neuron_pc_compiler::DType::F32)?;
+            Ok(vec![summed_rows(&logits, &xs[1], options)?.0])
+        })?
+        .remove(0);
+        total = Some(match total {
+            Some(t) => t.add(&sum)?,
+            None => sum,
+        });
+    }
+    total.expect("n > 0 rows").div(&count)
 }

@@ -20,7 +20,7 @@ pub use attention::{
     apply_rotary_pos_emb, rotate_half, scaled_dot_product_attention, RotaryEmbedding,
 };
 pub use conv::{Conv1d, Conv2d, ConvConfig, ConvLayer};
-pub use loss::{cross_entropy_with, CrossEntropyOptions, IGNORE_INDEX};
+pub use loss::{chunked_cross_entropy, cross_entropy_with, CrossEntropyOptions, IGNORE_INDEX};
 /// `#[derive(Module)]`: see the `neuron-pc-derive` crate for the field attributes.
 pub use neuron_pc_derive::Module;
 pub use norm::{BatchNorm, GroupNorm, RMSNorm};

@@ -24,8 +24,9 @@ use crate::checkpoint::CheckpointError;
 use crate::device::LazyDevice;
 use crate::error::{Error, Result};
 use crate::nn::{
-    apply_rotary_pos_emb, checkpoint, cross_entropy, scaled_dot_product_attention, Embedding, Init,
-    Linear, Module, RMSNorm, Remat, RotaryEmbedding, VarBuilder,
+    apply_rotary_pos_emb, checkpoint, chunked_cross_entropy, cross_entropy,
+    scaled_dot_product_attention, CrossEntropyOptions, Embedding, Init, Linear, Module, RMSNorm,
+    Remat, RotaryEmbedding, VarBuilder,
 };
 use crate::tensor::{shape_error, Tensor};
 
@@ -209,6 +210,11 @@ pub struct LlamaForCausalLM {
     pub model: LlamaModel,
     /// `None` when the head is tied to `model.embed_tokens.weight`.
     pub lm_head: Option<Linear>,
+    /// [`LlamaForCausalLM::loss`] computes the head and the loss this many tokens at a time
+    /// ([`crate::nn::chunked_cross_entropy`]): no more than one chunk's logits exist at once.
+    /// `None` (the default): the whole logits at once.
+    #[module(skip)]
+    pub loss_chunk: Option<usize>,
 }
 
 impl LlamaForCausalLM {
@@ -250,6 +256,7 @@ impl LlamaForCausalLM {
                 rotary_emb: RotaryEmbedding::new(vb.device(), c.head_dim, c.rope_theta)?,
             },
             lm_head,
+            loss_chunk: None,
         })
     }
 
@@ -397,6 +404,19 @@ impl LlamaForCausalLM {
         position_ids: Option<&Tensor>,
         attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
+        self.hidden_states(input_ids, position_ids, attention_mask)?
+            .linear(self.head_weight(), None)
+    }
+
+    /// [`LlamaForCausalLM::forward`] before the head: the final norm's output
+    /// `[b, s, hidden]`.
+    #[track_caller]
+    pub fn hidden_states(
+        &self,
+        input_ids: &Tensor,
+        position_ids: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let location = std::panic::Location::caller();
         let err = |message: String| {
             shape_error(
@@ -454,10 +474,14 @@ impl LlamaForCausalLM {
         for layer in &m.layers {
             h = layer.forward(&h, &cos, &sin, key_mask.as_ref())?;
         }
-        let h = rms_norm(&m.norm, &h)?;
+        rms_norm(&m.norm, &h)
+    }
+
+    /// The head's weight `[vocab, hidden]`: `lm_head`'s, or the token embeddings' when tied.
+    pub fn head_weight(&self) -> &Tensor {
         match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => h.linear(&m.embed_tokens.weight, None),
+            Some(head) => &head.weight,
+            None => &self.model.embed_tokens.weight,
         }
     }
 
@@ -472,27 +496,17 @@ impl LlamaForCausalLM {
         attention_mask: Option<&Tensor>,
         labels: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
+        let location = std::panic::Location::caller();
         let logits = self.forward(input_ids, position_ids, attention_mask)?;
-        let (b, s) = (input_ids.dims()[0], input_ids.dims()[1]);
-        if labels.dims() != [b, s] {
-            return Err(shape_error(
-                "LlamaForCausalLM::loss",
-                format!("{}, labels {}", input_ids.ty(), labels.ty()),
-                "labels must have the shape of input_ids".into(),
-                std::panic::Location::caller(),
-            ));
-        }
-        if s < 2 {
-            return Err(Error::Config(
-                "LlamaForCausalLM::loss: a sequence needs at least 2 tokens to predict one".into(),
-            ));
-        }
+        let s = input_ids.dims()[1];
+        shifted_labels_check(input_ids, labels, location)?;
         let shifted = logits.narrow(1, 0, s - 1)?.to_dtype(DType::F32)?;
         let targets = labels.narrow(1, 1, s - 1)?;
         Ok((cross_entropy(&shifted, &targets)?, logits))
     }
 
-    /// [`LlamaForCausalLM::forward_loss`]'s loss alone.
+    /// [`LlamaForCausalLM::forward_loss`]'s loss alone; with [`LlamaForCausalLM::loss_chunk`]
+    /// set, computed over chunks of tokens with no more than one chunk's logits at once.
     #[track_caller]
     pub fn loss(
         &self,
@@ -500,10 +514,51 @@ impl LlamaForCausalLM {
         attention_mask: Option<&Tensor>,
         labels: &Tensor,
     ) -> Result<Tensor> {
-        Ok(self
-            .forward_loss(input_ids, None, attention_mask, labels)?
-            .0)
+        let Some(chunk) = self.loss_chunk else {
+            return Ok(self
+                .forward_loss(input_ids, None, attention_mask, labels)?
+                .0);
+        };
+        let location = std::panic::Location::caller();
+        let (b, s) = (
+            input_ids.dims()[0],
+            input_ids.dims().get(1).copied().unwrap_or(0),
+        );
+        let h = self.hidden_states(input_ids, None, attention_mask)?;
+        shifted_labels_check(input_ids, labels, location)?;
+        let shifted = h.narrow(1, 0, s - 1)?;
+        let targets = labels.narrow(1, 1, s - 1)?;
+        debug_assert_eq!(shifted.dims()[0], b);
+        chunked_cross_entropy(
+            &shifted,
+            self.head_weight(),
+            &targets,
+            chunk,
+            CrossEntropyOptions::default(),
+        )
     }
+}
+
+/// Labels shaped as `input_ids`, at least 2 tokens a row (one to predict).
+fn shifted_labels_check(
+    input_ids: &Tensor,
+    labels: &Tensor,
+    location: &'static std::panic::Location<'static>,
+) -> Result<()> {
+    if labels.dims() != input_ids.dims() {
+        return Err(shape_error(
+            "LlamaForCausalLM::loss",
+            format!("{}, labels {}", input_ids.ty(), labels.ty()),
+            "labels must have the shape of input_ids".into(),
+            location,
+        ));
+    }
+    if input_ids.dims()[1] < 2 {
+        return Err(Error::Config(
+            "LlamaForCausalLM::loss: a sequence needs at least 2 tokens to predict one".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The Llama sharding plan over a mesh's `model` axis (tensor parallelism, the Megatron layout
