@@ -19,6 +19,9 @@
 //! update graph), `--zero1` shards AdamW's moments over the replicas. `--fsdp F --tp T` lays a
 //! mesh of F x T devices: FSDP over its `data` axis, tensor parallelism (the Megatron layout)
 //! over its `model` axis, each step one program partitioned by XLA's SPMD partitioner.
+//! `--remat full|dots` checkpoints every decoder layer, `--precision bf16` computes the matrix
+//! products in bfloat16 over float32 master weights, `--loss-chunk N` computes the head and
+//! the loss N tokens at a time: the three trade step time for memory at long context.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,7 +32,7 @@ use clap::Parser;
 use neuron_pc::checkpoint::StateDict;
 use neuron_pc::data::{DeviceLoader, LastBatch, LengthBuckets};
 use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LlamaSharding};
-use neuron_pc::nn::{HostRng, Module, VarBuilder, IGNORE_INDEX};
+use neuron_pc::nn::{HostRng, Module, Remat, VarBuilder, IGNORE_INDEX};
 use neuron_pc::optim::{average_gradients, AdamW, GradAccumulator, WarmupCosine};
 use neuron_pc::sharding::{ShardingPlan, DATA_AXIS, MODEL_AXIS};
 use neuron_pc::state;
@@ -138,6 +141,19 @@ struct Args {
     /// Tensor parallelism over T devices (the mesh's `model` axis): the Megatron layout.
     #[arg(long)]
     tp: Option<usize>,
+    /// Activation checkpointing of every decoder layer: none (keep every activation), full
+    /// (keep each layer's input, recompute the rest in the backward pass) or dots (keep the
+    /// projections, recompute the attention and the elementwise work).
+    #[arg(long, default_value = "none")]
+    remat: String,
+    /// f32, or bf16: matrix products in bfloat16 (autocast) with float32 master weights,
+    /// gradients and AdamW state; norms, softmax and the loss in float32.
+    #[arg(long, default_value = "f32")]
+    precision: String,
+    /// Compute the head and the loss this many tokens at a time (no more than one chunk's
+    /// logits at once); 0: all at once.
+    #[arg(long, default_value_t = 0)]
+    loss_chunk: usize,
 }
 
 /// Where the training sequences come from; batch `i` is a pure function of `(seed, i)`, so a
@@ -328,6 +344,15 @@ fn main() -> anyhow::Result<()> {
         "bf16" | "bfloat16" => DType::BF16,
         other => bail!("--save-dtype {other:?}: use f32 or bf16"),
     };
+    let remat: Remat = args
+        .remat
+        .parse()
+        .with_context(|| format!("--remat {}", args.remat))?;
+    let autocast = match args.precision.as_str() {
+        "f32" | "float32" => None,
+        "bf16" | "bfloat16" => Some(DType::BF16),
+        other => bail!("--precision {other:?}: use f32 or bf16"),
+    };
     let extracting = device.is_extracting();
     let not_real = if extracting {
         "  (extract mode: not real)"
@@ -349,6 +374,9 @@ fn main() -> anyhow::Result<()> {
             LlamaForCausalLM::from_vb(&vb, &model_config(&args)?)?
         }
     };
+    let mut model = model;
+    model.set_remat(remat);
+    model.loss_chunk = (args.loss_chunk > 0).then_some(args.loss_chunk);
     let config = model.config.clone();
     let seq = args.seq_len;
     let task = match &args.text {
@@ -475,7 +503,7 @@ fn main() -> anyhow::Result<()> {
         // number of tokens in every row, so averaging the replicas' gradients gives the global
         // batch's (with ragged -100 labels, as with --buckets, it weights each micro-batch
         // and replica equally rather than each token)
-        let loss = model.loss(ids, mask, labels)?;
+        let loss = device.autocast(autocast, || model.loss(ids, mask, labels))?;
         let refs: Vec<&Tensor> = params.iter().collect();
         let grads = grad(&loss, &refs)?;
         let loss = loss.all_reduce(Reduction::Mean)?;

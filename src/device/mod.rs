@@ -73,6 +73,8 @@ pub(crate) struct DeviceInner {
     pub index_checks: Mutex<Vec<checks::IndexCheck>>,
     /// Checkpointed blocks the backward pass recomputes (see `nn::checkpoint`).
     pub remat: Mutex<Vec<Arc<trace::RematRegion>>>,
+    /// The dtype matrix products are computed in while `LazyDevice::autocast` runs.
+    pub autocast: Mutex<Option<neuron_pc_compiler::DType>>,
     /// The rank-agreement check of a multi-process run with a store.
     pub rank_check: Option<rank_check::RankCheck>,
     /// Launched steps that may still be running.
@@ -288,6 +290,7 @@ impl LazyDevice {
                 gradients: Mutex::new(Vec::new()),
                 index_checks: Mutex::new(Vec::new()),
                 remat: Mutex::new(Vec::new()),
+                autocast: Mutex::new(None),
                 rank_check,
                 in_flight: InFlight::default(),
                 timeline: config.trace.as_ref().map(|p| {
@@ -317,6 +320,41 @@ impl LazyDevice {
             Some(_) => 1,
             None => self.inner.devices.len(),
         }
+    }
+
+    /// Runs `f` with matrix products computed in `dtype` (bfloat16 or float16), as
+    /// `torch.autocast(device_type, dtype)` does: every matmul, `linear`, `dot_general` and
+    /// convolution recorded meanwhile casts its float32 operands to `dtype` first, and gives a
+    /// result of `dtype`. Everything else keeps its operands' dtype, so float32 parameters
+    /// (master weights) stay float32, their gradients come back float32 through the casts,
+    /// and what a model computes in float32 on purpose (norm statistics, softmax, the loss)
+    /// stays so. `None` turns autocasting off inside `f`. The previous setting is restored
+    /// when `f` returns, errors or panics.
+    pub fn autocast<T>(
+        &self,
+        dtype: Option<neuron_pc_compiler::DType>,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        use neuron_pc_compiler::DType;
+        if let Some(d) = dtype.filter(|d| !matches!(d, DType::BF16 | DType::F16)) {
+            return Err(Error::Config(format!(
+                "autocast: {d} is not a lower precision to compute in (bf16 or f16)"
+            )));
+        }
+        struct Restore<'a>(&'a Mutex<Option<DType>>, Option<DType>);
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                *lock(self.0) = self.1;
+            }
+        }
+        let previous = std::mem::replace(&mut *lock(&self.inner.autocast), dtype);
+        let _restore = Restore(&self.inner.autocast, previous);
+        f()
+    }
+
+    /// The dtype matrix products are computed in now (see [`LazyDevice::autocast`]).
+    pub fn autocast_dtype(&self) -> Option<neuron_pc_compiler::DType> {
+        *lock(&self.inner.autocast)
     }
 
     /// The device mesh step programs are partitioned over (see [`DeviceConfig::mesh`]).

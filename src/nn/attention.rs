@@ -71,9 +71,13 @@ impl RotaryEmbedding {
         // for XLA's fusion, which otherwise recomputes the table inside every fusion that
         // reads it, per element of the broadcast q or k (the small Llama: 16 sine and 16
         // cosine ops, each evaluated over a [4, 8 or 4, 128, 32] fusion, 3% of the step).
-        let idx = position_ids.device()?.arange(self.head_dim, DType::I32)?;
+        let dev = position_ids.device()?;
+        let idx = dev.arange(self.head_dim, DType::I32)?;
         let eye = idx.unsqueeze(-1)?.eq(&idx)?.to_dtype(DType::F32)?;
-        Ok((emb.cos()?.matmul(&eye)?, emb.sin()?.matmul(&eye)?))
+        // float32 under autocast too, as transformers computes the tables with it disabled
+        dev.autocast(None, || {
+            Ok((emb.cos()?.matmul(&eye)?, emb.sin()?.matmul(&eye)?))
+        })
     }
 
     /// Rotates `q [b, heads, s, head_dim]` and `k [b, kv_heads, s, head_dim]` for
@@ -269,7 +273,15 @@ pub fn scaled_dot_product_attention(
     } else {
         scores
     };
-    let probs = softmax(&scores, -1)?.reshape(&[b, hkv, group * sq, sk])?;
+    // in float32 for a lower-precision input, then back (transformers' eager attention:
+    // `softmax(scores, dtype=float32).to(q.dtype)`)
+    let probs = match scores.dtype() {
+        DType::BF16 | DType::F16 => {
+            softmax(&scores.to_dtype(DType::F32)?, -1)?.to_dtype(q.dtype())?
+        }
+        _ => softmax(&scores, -1)?,
+    }
+    .reshape(&[b, hkv, group * sq, sk])?;
     // [b, hkv, group * sq, sk] . [b, hkv, sk, dv] -> [b, hkv, group * sq, dv]
     probs
         .dot_general(v, &[0, 1], &[0, 1], &[3], &[2])?

@@ -132,13 +132,18 @@ fn summed_rows(
     )?;
     let hit = safe.unsqueeze(1)?.eq(&iota)?;
     let picked = Tensor::where_cond(&hit, logits, &logits.zeros_like()?)?.sum(&[1], false)?;
+    // a label outside [0, classes) selects no class: its row's loss is the smoothing term alone
+    let in_range = safe
+        .ge(&safe.zeros_like()?)?
+        .logical_and(&safe.lt(&safe.constant_like(classes as f64)?)?)?;
+    let nll = lse.sub(&picked)?;
+    let nll = Tensor::where_cond(&in_range, &nll, &nll.zeros_like()?)?;
     let eps = options.label_smoothing;
     let per_row = if eps > 0.0 {
-        let mean = logits.mean(&[1], false)?;
-        lse.sub(&picked.mul_scalar(1.0 - eps)?)?
-            .sub(&mean.mul_scalar(eps)?)?
+        let smooth = lse.sub(&logits.mean(&[1], false)?)?;
+        nll.mul_scalar(1.0 - eps)?.add(&smooth.mul_scalar(eps)?)?
     } else {
-        lse.sub(&picked)?
+        nll
     };
     let w = valid.to_dtype(logits.dtype())?;
     Ok((per_row.mul(&w)?.sum_all()?, w.sum_all()?))

@@ -136,6 +136,22 @@ impl Tensor {
                 op: op.name(),
             });
         }
+        if matches!(op, Op::DotGeneral { .. } | Op::Convolution { .. }) {
+            if let Some(cast) = autocast_operands(&dev, operands, location)? {
+                let refs: Vec<&Tensor> = cast.iter().collect();
+                return Tensor::apply_values_of(&dev, op, &refs, location);
+            }
+        }
+        Tensor::apply_values_of(&dev, op, operands, location)
+    }
+
+    fn apply_values_of(
+        dev: &Arc<DeviceInner>,
+        op: Op,
+        operands: &[&Tensor],
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
+        let first = operands[0];
         let mut values = Operands::new();
         for t in operands {
             values.push(t.value());
@@ -151,7 +167,7 @@ impl Tensor {
             many = operands.iter().map(|t| &t.cell.ty).collect();
             &many
         };
-        Tensor::apply_values(&dev, op, values, types, location)
+        Tensor::apply_values(dev, op, values, types, location)
     }
 
     /// Records `op` over operand values of the given types (each a cell's type, so interned by
@@ -415,4 +431,30 @@ impl Tensor {
         }
         Ok(())
     }
+}
+
+/// A product's operands cast to the autocast dtype, while [`crate::LazyDevice::autocast`] runs
+/// and some float operand has another dtype (`None`: record the product as it is).
+fn autocast_operands(
+    dev: &Arc<DeviceInner>,
+    operands: &[&Tensor],
+    location: &'static Location<'static>,
+) -> Result<Option<Vec<Tensor>>> {
+    let Some(dtype) = *crate::device::lock(&dev.autocast) else {
+        return Ok(None);
+    };
+    let lower = |t: &Tensor| {
+        matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) && t.dtype() != dtype
+    };
+    if !operands.iter().any(|t| lower(t)) {
+        return Ok(None);
+    }
+    operands
+        .iter()
+        .map(|t| match lower(t) {
+            true => Tensor::apply_values_of(dev, Op::Convert(dtype), &[t], location),
+            false => Ok((*t).clone()),
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
 }

@@ -95,9 +95,17 @@ impl LlamaAttention {
                 .reshape(&[b, s, n, self.head_dim])?
                 .permute(&[0, 2, 1, 3]) // [b, n, s, head_dim]
         };
-        let q = apply_rotary_pos_emb(&heads(&self.q_proj, self.num_heads)?, cos, sin)?;
-        let k = apply_rotary_pos_emb(&heads(&self.k_proj, self.num_kv_heads)?, cos, sin)?;
-        let v = heads(&self.v_proj, self.num_kv_heads)?;
+        // Under autocast the projections come out in the lower precision; the rotation runs in
+        // the hidden states' dtype and the attention in the autocast dtype, as in transformers
+        // (its bf16 q times its float32 cos promotes; its matmuls cast back). Without
+        // autocast both are the hidden states' dtype and nothing is cast.
+        let compute = x.device()?.autocast_dtype().unwrap_or(x.dtype());
+        let rotated = |t: Tensor| -> Result<Tensor> {
+            apply_rotary_pos_emb(&t.to_dtype(x.dtype())?, cos, sin)?.to_dtype(compute)
+        };
+        let q = rotated(heads(&self.q_proj, self.num_heads)?)?;
+        let k = rotated(heads(&self.k_proj, self.num_kv_heads)?)?;
+        let v = heads(&self.v_proj, self.num_kv_heads)?.to_dtype(compute)?;
         let ctx = scaled_dot_product_attention(&q, &k, &v, key_mask, true, None)?
             .permute(&[0, 2, 1, 3])?
             .reshape(&[b, s, self.num_heads * self.head_dim])?;
