@@ -20,14 +20,23 @@
 //! (`device_bytes`) and the step's temporary buffers (`temp_bytes`), as
 //! `scripts/reference/llama_jax.py --fsdp F --tp T` prints them for JAX's `NamedSharding`.
 //!
+//! The memory figures (`scripts/bench memory`): `--remat none|full|dots` checkpoints every decoder
+//! layer, `--precision bf16` computes the matrix products in bfloat16 over float32 master weights
+//! (autocast) and `--loss-chunk N` computes the head and the loss N tokens at a time, as
+//! `examples/train_llama.rs` applies them. The RESULT line ends with them and with the process's
+//! peak resident memory (`peak_rss_mib`, `VmHWM` of /proc/self/status, read after the last
+//! step); `--rounds 0` skips the pipelined rounds (`pipelined_ms=n/a`) and the extra step after
+//! them, for models whose step takes seconds.
+//!
 //! `cargo run --release --example bench_llama [-- --steps 20 --first-step]`
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use anyhow::{bail, Context};
 use clap::Parser;
 use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LlamaSharding};
-use neuron_pc::nn::{HostRng, Module, VarBuilder};
+use neuron_pc::nn::{HostRng, Module, Remat, VarBuilder};
 use neuron_pc::optim::AdamW;
 use neuron_pc::sharding::{DATA_AXIS, MODEL_AXIS};
 use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
@@ -71,6 +80,19 @@ struct Args {
     /// Tensor parallelism over this many devices (the mesh's `model` axis).
     #[arg(long, default_value_t = 1)]
     tp: usize,
+    /// Rounds of pipelined steps (`steps / 2` each) after the synced ones; 0: none, and no
+    /// extra step after them (the loss is the last synced step's).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Activation checkpointing of every decoder layer: none, full or dots.
+    #[arg(long, default_value = "none")]
+    remat: String,
+    /// f32, or bf16: matrix products in bfloat16 (autocast) over float32 master weights.
+    #[arg(long, default_value = "f32")]
+    precision: String,
+    /// Compute the head and the loss this many tokens at a time; 0: all at once.
+    #[arg(long, default_value_t = 0)]
+    loss_chunk: usize,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -78,8 +100,28 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The process's peak resident set (`VmHWM` in /proc/self/status) in MiB, if the kernel says.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let remat: Remat = args
+        .remat
+        .parse()
+        .with_context(|| format!("--remat {}", args.remat))?;
+    let autocast = match args.precision.as_str() {
+        "f32" | "float32" => None,
+        "bf16" | "bfloat16" => Some(DType::BF16),
+        other => bail!("--precision {other:?}: use f32 or bf16"),
+    };
+    if args.steps == 0 {
+        bail!("--steps 0: time at least one step");
+    }
     let mut device_config = DeviceConfig::from_env()?;
     if !args.first_step {
         // compile time is measured, so nothing may come from a cache
@@ -106,8 +148,10 @@ fn main() -> anyhow::Result<()> {
     let plan = Arc::new(LlamaSharding {
         fsdp: args.fsdp > 1,
     });
-    let model =
+    let mut model =
         LlamaForCausalLM::from_vb(&VarBuilder::random(&device, 0).with_sharding(plan), &config)?;
+    model.set_remat(remat);
+    model.loss_chunk = (args.loss_chunk > 0).then_some(args.loss_chunk);
     let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
     let mut opt = AdamW::new(&device, &params, 0.01)?;
     // four batches of uniform random tokens, uploaded once (the peers do the same)
@@ -125,7 +169,7 @@ fn main() -> anyhow::Result<()> {
     let lr = device.scalar(1e-3, DType::F32)?;
     let trace = |i: usize, opt: &mut AdamW| -> anyhow::Result<Tensor> {
         let ids = &batches[i % batches.len()];
-        let loss = model.loss(ids, None, ids)?;
+        let loss = device.autocast(autocast, || model.loss(ids, None, ids))?;
         let refs: Vec<&Tensor> = params.iter().collect();
         let grads = grad(&loss, &refs)?;
         opt.step(&params, &grads, &lr)?;
@@ -180,15 +224,17 @@ fn main() -> anyhow::Result<()> {
         device.synchronize()?;
     }
     let mut synced = Vec::new();
+    let mut last_synced = None;
     for i in 0..args.steps {
         let t = Instant::now();
-        step(i, &mut opt)?;
+        let loss = step(i, &mut opt)?;
         device.synchronize()?;
         synced.push(t.elapsed().as_secs_f64() * 1e3);
+        last_synced = Some(loss);
     }
     let round = (args.steps / 2).max(1);
     let mut pipelined = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..args.rounds {
         let t = Instant::now();
         for i in 0..round {
             step(i, &mut opt)?;
@@ -196,7 +242,10 @@ fn main() -> anyhow::Result<()> {
         device.synchronize()?;
         pipelined.push(t.elapsed().as_secs_f64() * 1e3 / round as f64);
     }
-    let last = step(0, &mut opt)?.item()?;
+    let last = match last_synced {
+        Some(loss) if args.rounds == 0 => loss.item()?,
+        _ => step(0, &mut opt)?.item()?,
+    };
     anyhow::ensure!(last.is_finite(), "the loss diverged: {last}");
     let graphs = device.metrics().graphs_seen;
     anyhow::ensure!(
@@ -204,17 +253,26 @@ fn main() -> anyhow::Result<()> {
         "expected the step to be one graph, saw {graphs}"
     );
     let m = device.metrics();
+    let pipelined = if pipelined.is_empty() {
+        "n/a".to_string()
+    } else {
+        format!("{:.3}", median(pipelined))
+    };
+    let peak_rss = peak_rss_mib().map_or("n/a".to_string(), |v| format!("{v:.1}"));
     println!(
-        "RESULT neuron-pc synced_ms={:.3} pipelined_ms={:.3} compile_ms={:.1} params={} \
-         loss={last:.4} layout=fsdp{}_tp{} device_bytes={} temp_bytes={}",
+        "RESULT neuron-pc synced_ms={:.3} pipelined_ms={pipelined} compile_ms={:.1} params={} \
+         loss={last:.4} layout=fsdp{}_tp{} device_bytes={} temp_bytes={} remat={} precision={} \
+         loss_chunk={} peak_rss_mib={peak_rss}",
         median(synced),
-        median(pipelined),
         compile_ms,
         config.num_parameters(),
         args.fsdp,
         args.tp,
         m.parameter_bytes + m.optimizer_state_bytes,
-        m.step_temp_bytes
+        m.step_temp_bytes,
+        args.remat,
+        args.precision,
+        args.loss_chunk,
     );
     Ok(())
 }

@@ -38,10 +38,19 @@ on the first device, measured after the timed steps) and `temp_bytes` (XLA's scr
 the compiled step, `memory_analysis().temp_size_in_bytes`; per device when sharded; -1 when the
 backend does not report it).
 
+Memory (`scripts/bench memory`): `--remat full` wraps each decoder block in `jax.checkpoint` (keep
+its input, recompute the rest in the backward pass), `--remat dots` in `jax.checkpoint` with
+`policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable` (keep the projections), as
+examples/bench_llama.rs --remat does; the RESULT line ends with `remat=..` and `peak_rss_mib`,
+the process's peak resident memory (`resource.getrusage(...).ru_maxrss`) after the last step.
+`--rounds 0` skips the pipelined rounds (`pipelined_ms=n/a`, `tokens_per_s=n/a`) and the extra
+step after them, for models whose step takes seconds.
+
 Needs jax and numpy (not installed by scripts/setup): `scripts/bench` runs this when
 NEURON_PC_BENCH_JAX names a Python that has them.
 """
 import argparse
+import resource
 import statistics
 import time
 
@@ -65,7 +74,14 @@ ap.add_argument("--tp", type=int, default=1, help="devices along the mesh's 'mod
 ap.add_argument("--plugin", metavar="PATH",
                 help="run on this PJRT cpu plugin library (the one neuron-pc uses) instead of "
                      "jaxlib's own cpu client, with as many devices as the mesh has")
+ap.add_argument("--remat", choices=("none", "full", "dots"), default="none",
+                help="checkpoint each decoder block: none, full (jax.checkpoint) or dots "
+                     "(policy dots_with_no_batch_dims_saveable)")
+ap.add_argument("--rounds", type=int, default=3,
+                help="rounds of pipelined steps after the synced ones; 0: none")
 args = ap.parse_args()
+if args.steps < 1 or args.rounds < 0:
+    ap.error("--steps must be at least 1 and --rounds at least 0")
 if args.fsdp < 1 or args.tp < 1:
     ap.error("--fsdp and --tp must be at least 1")
 N_DEVICES = args.fsdp * args.tp
@@ -121,24 +137,35 @@ def rotate_half(x):
     return jnp.concatenate((-b, a), axis=-1)
 
 
+def block(x, w, cos, sin):
+    """One decoder layer: attention and SwiGLU, each with its residual."""
+    b, s, _ = x.shape
+    h = rms_norm(x, w["ln1"])
+    q = (h @ w["q"].T).reshape(b, s, HEADS, HEAD_DIM)
+    k = (h @ w["k"].T).reshape(b, s, KV_HEADS, HEAD_DIM)
+    v = (h @ w["v"].T).reshape(b, s, KV_HEADS, HEAD_DIM)
+    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    a = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    x = x + a.reshape(b, s, HIDDEN) @ w["o"].T
+    h = rms_norm(x, w["ln2"])
+    return x + (jax.nn.silu(h @ w["gate"].T) * (h @ w["up"].T)) @ w["down"].T
+
+
+if args.remat == "full":
+    block = jax.checkpoint(block)
+elif args.remat == "dots":
+    block = jax.checkpoint(block, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+
+
 def loss_fn(p, ids):
-    b, s = ids.shape
+    _, s = ids.shape
     inv_freq = 1.0 / THETA ** (jnp.arange(0, HEAD_DIM, 2, dtype=jnp.float32) / HEAD_DIM)
     freqs = jnp.arange(s, dtype=jnp.float32)[:, None] * inv_freq[None, :]
     emb = jnp.concatenate((freqs, freqs), -1)[:, None, :]  # [s, 1, d]: heads broadcast
     cos, sin = jnp.cos(emb), jnp.sin(emb)
     x = p["embed"][ids]
     for i in range(LAYERS):
-        w = p[f"l{i}"]
-        h = rms_norm(x, w["ln1"])
-        q = (h @ w["q"].T).reshape(b, s, HEADS, HEAD_DIM)
-        k = (h @ w["k"].T).reshape(b, s, KV_HEADS, HEAD_DIM)
-        v = (h @ w["v"].T).reshape(b, s, KV_HEADS, HEAD_DIM)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        a = jax.nn.dot_product_attention(q, k, v, is_causal=True)
-        x = x + a.reshape(b, s, HIDDEN) @ w["o"].T
-        h = rms_norm(x, w["ln2"])
-        x = x + (jax.nn.silu(h @ w["gate"].T) * (h @ w["up"].T)) @ w["down"].T
+        x = block(x, p[f"l{i}"], cos, sin)
     logits = rms_norm(x, p["norm"]) @ p["lm_head"].T
     logp = jax.nn.log_softmax(logits[:, :-1], -1)
     return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], -1))
@@ -253,29 +280,38 @@ def main():
     synced = []
     for i in range(args.steps):
         c0 = time.perf_counter()
-        run(i).block_until_ready()
+        loss = run(i)
+        loss.block_until_ready()
         synced.append((time.perf_counter() - c0) * 1e3)
     rnd = max(args.steps // 2, 1)
     pipelined = []
-    for _ in range(3):
+    for _ in range(args.rounds):
         c0 = time.perf_counter()
         for i in range(rnd):
             loss = run(i)
         jax.block_until_ready((state, loss))
         pipelined.append((time.perf_counter() - c0) * 1e3 / rnd)
-    loss = float(run(0))
+    # the loss after the pipelined rounds; without them, the last synced step's
+    loss = float(run(0) if args.rounds else loss)
     n = sum(x.size for x in jax.tree.leaves(state[0]))
     if shardings is not None:  # the state kept its layout through the steps
         for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(shardings)):
             if not got.sharding.is_equivalent_to(want, got.ndim):
                 raise SystemExit(f"state left its layout: {got.sharding} instead of {want}")
     device_bytes = sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(state))
+    if pipelined:
+        pipelined_ms = f"{statistics.median(pipelined):.3f}"
+        tokens_per_s = f"{BATCH * SEQ * 1e3 / statistics.median(pipelined):.0f}"
+    else:
+        pipelined_ms = tokens_per_s = "n/a"
+    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     print(f"RESULT jax synced_ms={statistics.median(synced):.3f} "
-          f"pipelined_ms={statistics.median(pipelined):.3f} compile_ms={compile_ms:.1f} "
+          f"pipelined_ms={pipelined_ms} compile_ms={compile_ms:.1f} "
           f"params={n} loss={loss:.4f} "
-          f"tokens_per_s={BATCH * SEQ * 1e3 / statistics.median(pipelined):.0f} "
+          f"tokens_per_s={tokens_per_s} "
           f"first_loss={first_loss:.7f} layout=fsdp{args.fsdp}_tp{args.tp} "
-          f"device_bytes={device_bytes} temp_bytes={temp_bytes}", flush=True)
+          f"device_bytes={device_bytes} temp_bytes={temp_bytes} remat={args.remat} "
+          f"peak_rss_mib={peak_rss_mib:.1f}", flush=True)
 
 
 if __name__ == "__main__":
