@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use neuron_pc::checkpoint::StateDict;
 use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM};
 use neuron_pc::nn::Module;
 use neuron_pc::{DType, DeviceConfig, LazyDevice};
@@ -596,11 +597,32 @@ fn bf16_follows_f32_and_checkpointing_changes_only_memory() {
         "--loss-log",
         "--json",
     ];
-    let with =
-        |extra: &[&'static str]| -> Vec<&str> { common.iter().chain(extra).copied().collect() };
-    let f32_run = run(&cache, &with(&[]));
-    let bf16_run = run(&cache, &with(&["--precision", "bf16"]));
-    let remat = run(&cache, &with(&["--remat", "full", "--loss-chunk", "40"]));
+    let go = |extra: &[&str]| -> Run {
+        let args: Vec<&str> = common.iter().chain(extra).copied().collect();
+        run(&cache, &args)
+    };
+    let f32_run = go(&[]);
+    let ckpt = tmp("bf16-ckpt");
+    let bf16_run = go(&[
+        "--precision",
+        "bf16",
+        "--ckpt-dir",
+        ckpt.to_str().unwrap(),
+        "--ckpt-every",
+        "0",
+    ]);
+    // the checkpoint holds the float32 master weights and moments, under PyTorch's names
+    let sd = StateDict::load(&ckpt.join("last.safetensors")).unwrap();
+    for name in [
+        "model.layers.0.mlp.down_proj.weight",
+        "optimizer.model.layers.0.mlp.down_proj.weight.exp_avg",
+        "optimizer.model.layers.0.mlp.down_proj.weight.exp_avg_sq",
+    ] {
+        let t = sd.tensors.get(name).unwrap_or_else(|| panic!("no {name}"));
+        assert_eq!(t.dtype(), DType::F32, "{name}");
+    }
+    std::fs::remove_dir_all(&ckpt).unwrap();
+    let remat = go(&["--remat", "full", "--loss-chunk", "40"]);
     assert_eq!(f32_run.losses.len(), 200);
     for (a, b) in f32_run.losses.chunks(20).zip(bf16_run.losses.chunks(20)) {
         let (fa, fb) = (mean(a), mean(b));

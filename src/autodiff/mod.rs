@@ -69,6 +69,22 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
         });
     }
     let dev = loss.device_inner()?;
+    // The backward pass runs in the dtypes the forward pass chose, autocast or not (as
+    // PyTorch's backward ignores the autocast state it is called in): a product's gradient
+    // products take its operands' dtypes.
+    let autocast = std::mem::take(&mut *lock(&dev.autocast));
+    let result = grad_of(&dev, loss, wrt, location);
+    *lock(&dev.autocast) = autocast;
+    result
+}
+
+fn grad_of(
+    dev: &Arc<DeviceInner>,
+    loss: &Tensor,
+    wrt: &[&Tensor],
+    location: &'static Location<'static>,
+) -> Result<Vec<Tensor>> {
+    let dev = dev.clone();
     let root = loss.value();
     let order = topo_order(&root);
 

@@ -306,6 +306,10 @@ impl LayerNorm {
 /// (docs/design.md, "The IR, and trade-offs taken").
 #[track_caller]
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
+    // a bf16 or f16 input in float32, rounded once (see `Tensor::silu`)
+    if matches!(x.dtype(), DType::BF16 | DType::F16) {
+        return gelu(&x.to_dtype(DType::F32)?)?.to_dtype(x.dtype());
+    }
     let inner = x.mul_scalar(-std::f64::consts::FRAC_1_SQRT_2)?.erfc()?;
     x.mul(&inner)?.mul_scalar(0.5)
 }

@@ -5,6 +5,7 @@
 use std::panic::Location;
 
 use neuron_pc_compiler::ir::{Op, ReduceOp};
+use neuron_pc_compiler::DType;
 
 use super::shape::{dim_index, shape_error};
 use super::Tensor;
@@ -36,10 +37,18 @@ impl Tensor {
         Ok(y)
     }
 
-    /// SiLU (swish), `x * sigmoid(x)`, like `torch.nn.functional.silu` (Llama's MLP gate).
+    /// SiLU (swish), `x * sigmoid(x)`, like `torch.nn.functional.silu` (Llama's MLP gate). A
+    /// bf16 or f16 input is computed in float32 and rounded once, as PyTorch's kernels do:
+    /// rounding the sigmoid first moves a bf16 Llama's logits by 7e-4 on average.
     #[track_caller]
     pub fn silu(&self) -> Result<Tensor> {
-        self.mul(&self.sigmoid()?)
+        match self.dtype() {
+            DType::BF16 | DType::F16 => {
+                let x = self.to_dtype(DType::F32)?;
+                x.mul(&x.sigmoid()?)?.to_dtype(self.dtype())
+            }
+            _ => self.mul(&self.sigmoid()?),
+        }
     }
 
     /// Variance over `dims` with Bessel's `correction` (1 gives the unbiased estimate, PyTorch's
