@@ -144,8 +144,8 @@ fn twenty_autocast_adamw_steps_follow_pytorch_with_float32_master_weights() {
         / steps as f64;
     assert!(mean <= 5e-3, "mean relative difference {mean}");
     println!(
-        "20 steps: largest relative difference {worst:e}, mean {mean:e}; last loss {} (torch autocast {}, torch \
-         f32 {})",
+        "20 steps: largest relative difference {worst:e}, mean {mean:e}; last loss {} (torch \
+         autocast {}, torch f32 {})",
         losses[steps - 1],
         want[steps - 1],
         f32_losses[steps - 1]
