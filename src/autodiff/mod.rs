@@ -103,10 +103,9 @@ fn grad_of(
         }
     }
 
-    // Checkpointed blocks below the loss: inside one, gradient rules read recomputed values.
-    let present: HashSet<usize> = order.iter().map(key).collect();
-    let mut blocks = remat::Blocks::collect(&dev, &present);
-    drop(present);
+    // Checkpointed blocks a gradient flows through: inside one, gradient rules read
+    // recomputed values.
+    let mut blocks = remat::Blocks::collect(&dev, &needed);
 
     // Cotangents by value identity; values are kept alive by `order`.
     let mut cot: HashMap<usize, Tensor> =
@@ -173,23 +172,33 @@ fn value_type(dev: &DeviceInner, v: &Value) -> TensorType {
 
 /// Values below `root` in post-order (operands before users).
 fn topo_order(root: &Value) -> Vec<Value> {
+    post_order(std::slice::from_ref(root), &HashSet::default())
+}
+
+/// Values below `roots` in post-order (operands before users), not walking below the values
+/// of `stop` (nor listing them).
+fn post_order(roots: &[Value], stop: &HashSet<usize>) -> Vec<Value> {
     let mut order = Vec::new();
     let mut seen: HashSet<usize> = HashSet::default();
-    seen.insert(key(root));
-    // Iterative, so deep graphs (long training unrolls) cannot overflow the stack.
-    let mut stack: Vec<(Value, usize)> = vec![(root.clone(), 0)];
-    while let Some((v, i)) = stack.last_mut() {
-        let operands: &[Value] = match v {
-            Value::Node(n) => &n.operands,
-            Value::Data(_) => &[],
-        };
-        if let Some(c) = operands.get(*i).cloned() {
-            *i += 1;
-            if seen.insert(key(&c)) {
-                stack.push((c, 0));
+    for root in roots {
+        if stop.contains(&key(root)) || !seen.insert(key(root)) {
+            continue;
+        }
+        // Iterative, so deep graphs (long training unrolls) cannot overflow the stack.
+        let mut stack: Vec<(Value, usize)> = vec![(root.clone(), 0)];
+        while let Some((v, i)) = stack.last_mut() {
+            let operands: &[Value] = match v {
+                Value::Node(n) => &n.operands,
+                Value::Data(_) => &[],
+            };
+            if let Some(c) = operands.get(*i).cloned() {
+                *i += 1;
+                if !stop.contains(&key(&c)) && seen.insert(key(&c)) {
+                    stack.push((c, 0));
+                }
+            } else if let Some((v, _)) = stack.pop() {
+                order.push(v);
             }
-        } else if let Some((v, _)) = stack.pop() {
-            order.push(v);
         }
     }
     order

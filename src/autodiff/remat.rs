@@ -150,8 +150,9 @@ struct Block {
 }
 
 impl Blocks {
-    /// The registered blocks with an output among `present` (the values below the loss).
-    pub fn collect(dev: &DeviceInner, present: &HashSet<usize>) -> Blocks {
+    /// The registered blocks with an output among `needed` (the values below the loss that a
+    /// gradient flows through; a block off that path needs no recomputation).
+    pub fn collect(dev: &DeviceInner, needed: &HashSet<usize>) -> Blocks {
         let regions: Vec<Arc<RematRegion>> = lock(&dev.remat).clone();
         let mut blocks = Blocks {
             of: HashMap::default(),
@@ -166,7 +167,7 @@ impl Blocks {
                 .outputs
                 .iter()
                 .filter_map(|o| o.upgrade().map(Value::Node))
-                .filter(|v| present.contains(&key(v)))
+                .filter(|v| needed.contains(&key(v)))
                 .collect();
             if outputs.is_empty() {
                 continue;
@@ -285,37 +286,19 @@ fn detached(dev: &Arc<DeviceInner>, v: &Value) -> Tensor {
 /// The nodes below `outputs` that depend on a value of `inputs`, operands before users
 /// (the walk stops at the inputs).
 fn interior(outputs: &[Value], inputs: &HashSet<usize>) -> Vec<Value> {
-    let mut order = Vec::new();
     let mut inside: HashSet<usize> = HashSet::default();
-    let mut seen: HashSet<usize> = HashSet::default();
-    for root in outputs {
-        if inputs.contains(&key(root)) || !seen.insert(key(root)) {
-            continue;
-        }
-        let mut stack: Vec<(Value, usize)> = vec![(root.clone(), 0)];
-        while let Some((v, i)) = stack.last_mut() {
-            let operands: &[Value] = match v {
-                Value::Node(n) => &n.operands,
-                Value::Data(_) => &[],
-            };
-            if let Some(c) = operands.get(*i).cloned() {
-                *i += 1;
-                if !inputs.contains(&key(&c)) && seen.insert(key(&c)) {
-                    stack.push((c, 0));
-                }
-            } else if let Some((v, _)) = stack.pop() {
-                if let Value::Node(n) = &v {
-                    let depends = n.operands.iter().any(|o| {
-                        let k = key(o);
-                        inputs.contains(&k) || inside.contains(&k)
-                    });
-                    if depends {
-                        inside.insert(key(&v));
-                        order.push(v);
-                    }
-                }
+    super::post_order(outputs, inputs)
+        .into_iter()
+        .filter(|v| {
+            let Value::Node(n) = v else { return false };
+            let depends = n.operands.iter().any(|o| {
+                let k = key(o);
+                inputs.contains(&k) || inside.contains(&k)
+            });
+            if depends {
+                inside.insert(key(v));
             }
-        }
-    }
-    order
+            depends
+        })
+        .collect()
 }
