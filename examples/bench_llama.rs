@@ -33,8 +33,9 @@
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Parser;
+use neuron_pc::amp::Precision;
 use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LlamaSharding};
 use neuron_pc::nn::{HostRng, Module, Remat, VarBuilder};
 use neuron_pc::optim::AdamW;
@@ -86,10 +87,10 @@ struct Args {
     rounds: usize,
     /// Activation checkpointing of every decoder layer: none, full or dots.
     #[arg(long, default_value = "none")]
-    remat: String,
+    remat: Remat,
     /// f32, or bf16: matrix products in bfloat16 (autocast) over float32 master weights.
     #[arg(long, default_value = "f32")]
-    precision: String,
+    precision: Precision,
     /// Compute the head and the loss this many tokens at a time; 0: all at once.
     #[arg(long, default_value_t = 0)]
     loss_chunk: usize,
@@ -110,15 +111,7 @@ fn peak_rss_mib() -> Option<f64> {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let remat: Remat = args
-        .remat
-        .parse()
-        .with_context(|| format!("--remat {}", args.remat))?;
-    let autocast = match args.precision.as_str() {
-        "f32" | "float32" => None,
-        "bf16" | "bfloat16" => Some(DType::BF16),
-        other => bail!("--precision {other:?}: use f32 or bf16"),
-    };
+    let autocast = args.precision.autocast();
     if args.steps == 0 {
         bail!("--steps 0: time at least one step");
     }
@@ -150,7 +143,7 @@ fn main() -> anyhow::Result<()> {
     });
     let mut model =
         LlamaForCausalLM::from_vb(&VarBuilder::random(&device, 0).with_sharding(plan), &config)?;
-    model.set_remat(remat);
+    model.set_remat(args.remat);
     model.loss_chunk = (args.loss_chunk > 0).then_some(args.loss_chunk);
     let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
     let mut opt = AdamW::new(&device, &params, 0.01)?;

@@ -29,6 +29,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use neuron_pc::amp::Precision;
 use neuron_pc::checkpoint::StateDict;
 use neuron_pc::data::{DeviceLoader, LastBatch, LengthBuckets};
 use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LlamaSharding};
@@ -145,11 +146,11 @@ struct Args {
     /// (keep each layer's input, recompute the rest in the backward pass) or dots (keep the
     /// projections, recompute the attention and the elementwise work).
     #[arg(long, default_value = "none")]
-    remat: String,
+    remat: Remat,
     /// f32, or bf16: matrix products in bfloat16 (autocast) with float32 master weights,
     /// gradients and AdamW state; norms, softmax and the loss in float32.
     #[arg(long, default_value = "f32")]
-    precision: String,
+    precision: Precision,
     /// Compute the head and the loss this many tokens at a time (no more than one chunk's
     /// logits at once); 0: all at once.
     #[arg(long, default_value_t = 0)]
@@ -344,15 +345,7 @@ fn main() -> anyhow::Result<()> {
         "bf16" | "bfloat16" => DType::BF16,
         other => bail!("--save-dtype {other:?}: use f32 or bf16"),
     };
-    let remat: Remat = args
-        .remat
-        .parse()
-        .with_context(|| format!("--remat {}", args.remat))?;
-    let autocast = match args.precision.as_str() {
-        "f32" | "float32" => None,
-        "bf16" | "bfloat16" => Some(DType::BF16),
-        other => bail!("--precision {other:?}: use f32 or bf16"),
-    };
+    let autocast = args.precision.autocast();
     let extracting = device.is_extracting();
     let not_real = if extracting {
         "  (extract mode: not real)"
@@ -375,7 +368,7 @@ fn main() -> anyhow::Result<()> {
         }
     };
     let mut model = model;
-    model.set_remat(remat);
+    model.set_remat(args.remat);
     model.loss_chunk = (args.loss_chunk > 0).then_some(args.loss_chunk);
     let config = model.config.clone();
     let seq = args.seq_len;

@@ -27,7 +27,7 @@
 use neuron_pc_compiler::DType;
 
 use crate::device::LazyDevice;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 /// A dynamic loss scaler (PyTorch's defaults: scale 2^16, growth ×2 every 2000 clean steps,
@@ -104,5 +104,48 @@ impl GradScaler {
             self.clean_steps = 0;
         }
         Ok(true)
+    }
+}
+
+/// What a training step computes its matrix products in: float32, or bf16 over float32 master
+/// weights (`LazyDevice::autocast`; NxD's "standard mixed precision"). Parses from `f32` /
+/// `float32` and `bf16` / `bfloat16`, as a `--precision` flag takes it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Precision {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl Precision {
+    /// The dtype to autocast the products to (`None`: float32 throughout).
+    pub fn autocast(self) -> Option<DType> {
+        match self {
+            Precision::F32 => None,
+            Precision::Bf16 => Some(DType::BF16),
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        })
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Precision> {
+        match s {
+            "f32" | "float32" => Ok(Precision::F32),
+            "bf16" | "bfloat16" => Ok(Precision::Bf16),
+            other => Err(Error::Config(format!(
+                "precision {other:?}: use f32 or bf16"
+            ))),
+        }
     }
 }

@@ -358,7 +358,7 @@ fn bad_input_is_one_clear_error() {
         ),
         (
             vec!["--precision", "fp8"],
-            "--precision \"fp8\": use f32 or bf16",
+            "'--precision <PRECISION>': precision \"fp8\": use f32 or bf16",
         ),
         (
             vec!["--text", "/nonexistent/corpus.txt"],

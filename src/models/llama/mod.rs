@@ -528,15 +528,11 @@ impl LlamaForCausalLM {
                 .0);
         };
         let location = std::panic::Location::caller();
-        let (b, s) = (
-            input_ids.dims()[0],
-            input_ids.dims().get(1).copied().unwrap_or(0),
-        );
         let h = self.hidden_states(input_ids, None, attention_mask)?;
         shifted_labels_check(input_ids, labels, location)?;
+        let s = input_ids.dims()[1];
         let shifted = h.narrow(1, 0, s - 1)?;
         let targets = labels.narrow(1, 1, s - 1)?;
-        debug_assert_eq!(shifted.dims()[0], b);
         chunked_cross_entropy(
             &shifted,
             self.head_weight(),

@@ -1,0 +1,180 @@
+//! Opening a device: the plugin, the client and its devices, the mesh, the rank check.
+
+use rustc_hash::FxHashMap as HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use neuron_pc_compiler::pjrt::{find_plugin, Client, ClientOptions, Device, Plugin, Target};
+use neuron_pc_compiler::sharding::Mesh;
+
+use super::inflight::InFlight;
+use super::trace::Recorder;
+use super::{diagnose, rank_check, step, DeviceConfig, DeviceInner, LazyDevice, Metrics};
+use crate::compile::Compiler;
+use crate::error::{Error, Result};
+use crate::timeline::{Timeline, DEVICE_TRACK, HOST_TRACK};
+
+impl LazyDevice {
+    /// A device configured from the environment (see [`DeviceConfig::from_env`]).
+    pub fn from_env() -> Result<LazyDevice> {
+        LazyDevice::new(DeviceConfig::from_env()?)
+    }
+
+    /// A device with an explicit configuration.
+    pub fn new(config: DeviceConfig) -> Result<LazyDevice> {
+        crate::logging::init_default_with(config.debug_steps);
+        config.flags.warn_unused_neuron_flags();
+        let target = config.target();
+        if config.replicas == 0 {
+            return Err(Error::Config("a device needs at least one replica".into()));
+        }
+        let extracting = config.extract_dir.is_some();
+        let rank_check = rank_check::RankCheck::from_env(&config.topology, extracting)?;
+        // With the rank check, a refused launch is refused after it (`executables::obtain`).
+        let deferred = extracting || rank_check.is_some();
+        crate::topology::check_launch(&config.topology, target, deferred)?;
+        if extracting {
+            crate::trial::mark_trial_run();
+        }
+        let mesh_size: usize = config.mesh.iter().map(|(_, s)| s).product();
+        if !config.mesh.is_empty() {
+            if config.replicas != 1 {
+                return Err(Error::Config(format!(
+                    "a device mesh replaces replicas ({} asked for): split the batch over the \
+                     mesh's data axis instead",
+                    config.replicas
+                )));
+            }
+            // a trial run too: its programs would be laid over the processes' replicas
+            if config.topology.is_multi_process() {
+                return Err(Error::Config(
+                    "a device mesh spans this process's devices; a mesh across processes is \
+                     not supported yet"
+                        .into(),
+                ));
+            }
+        }
+        let count = if config.mesh.is_empty() {
+            config.replicas
+        } else {
+            mesh_size
+        };
+        let last = config.device_index + count;
+        // The cpu client makes as many devices as asked for, and sizes its thread pools as
+        // max(cores, devices): ask for the devices this run uses, never the plugin's default
+        // of 4 (4 pools' threads on 2 cores made every step 4-5% slower).
+        let cpu_device_count = match target {
+            Target::Cpu => Some(config.cpu_device_count.unwrap_or(0).max(last as i64)),
+            _ => None,
+        };
+        let mut options = ClientOptions {
+            cpu_device_count,
+            ..ClientOptions::default()
+        };
+        let multi_process = config.topology.is_multi_process() && !extracting;
+        if multi_process {
+            crate::distributed::prepare(&config.topology, target, config.replicas, &mut options)?;
+        }
+        // ranks under mocked NCCL share one GPU
+        let shared = multi_process && crate::distributed::mock_nccl_requested();
+        options
+            .named
+            .extend(crate::distributed::allocator_options(target, shared)?);
+        let plugin = Plugin::load(&find_plugin(target)?)?;
+        let client = Client::new(&plugin, &options)?;
+        if last > client.device_count() && !config.mesh.is_empty() {
+            let axes: Vec<String> = config
+                .mesh
+                .iter()
+                .map(|(n, s)| format!("{n} {s}"))
+                .collect();
+            return Err(Error::Config(format!(
+                "a mesh of ({}) needs {mesh_size} devices from device {}: the {target} client \
+                 has {}",
+                axes.join(", "),
+                config.device_index,
+                client.device_count()
+            )));
+        }
+        if last > client.device_count() {
+            return Err(Error::Config(if config.replicas == 1 {
+                format!(
+                    "device index {} out of range: the {target} client has {} devices",
+                    config.device_index,
+                    client.device_count()
+                )
+            } else {
+                format!(
+                    "{} replicas from device {} need {last} devices: the {target} client has {}",
+                    config.replicas,
+                    config.device_index,
+                    client.device_count()
+                )
+            }));
+        }
+        let devices: Vec<Device> = (config.device_index..last).map(Device).collect();
+        // Several processes (extract mode only, see `check_launch`): the program spans every
+        // process's replicas, numbered globally.
+        let topology = &config.topology;
+        let ids: Vec<usize> = if topology.is_multi_process() {
+            (0..topology.global_replicas(config.replicas)).collect()
+        } else {
+            devices.iter().map(|d| d.0).collect()
+        };
+        let mesh = if config.mesh.is_empty() {
+            None
+        } else {
+            let axes: Vec<(&str, usize)> =
+                config.mesh.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+            Some(Mesh::new(&axes, &ids).map_err(|e| Error::Config(e.to_string()))?)
+        };
+        let compiler = Compiler::for_job(client, config.flags.clone(), &config.cache)?;
+        let compiler = match &mesh {
+            Some(_) => compiler.with_partitions(&ids),
+            None => compiler.with_replicas(&ids),
+        };
+        if !deferred {
+            // a job that runs its steps: load last run's first executables while it builds
+            compiler.start_prefetch();
+        }
+        let metrics = Metrics {
+            cache_unavailable: compiler.cache_unavailable().map(str::to_string),
+            replicas: if mesh.is_some() { 1 } else { devices.len() },
+            partitions: compiler.partitions(),
+            global_replicas: compiler.replicas(),
+            rank: config.topology.rank,
+            world_size: config.topology.world_size,
+            ..Metrics::default()
+        };
+        Ok(LazyDevice {
+            inner: Arc::new(DeviceInner {
+                devices,
+                mesh,
+                compiler,
+                recorder: Mutex::new(Recorder::default()),
+                executables: Mutex::new(HashMap::default()),
+                metrics: Mutex::new(metrics),
+                sites: Mutex::new(diagnose::Sites::default()),
+                optimizer_state: Mutex::new(Vec::new()),
+                parameters: Mutex::new(Vec::new()),
+                gradients: Mutex::new(Vec::new()),
+                index_checks: Mutex::new(Vec::new()),
+                remat: Mutex::new(Vec::new()),
+                autocast: Mutex::new(None),
+                rank_check,
+                in_flight: InFlight::default(),
+                timeline: config.trace.as_ref().map(|p| {
+                    let t = Timeline::new(p);
+                    t.name_track(HOST_TRACK, "host: trace, step cut, compile, launch, wait");
+                    t.name_track(DEVICE_TRACK, "device: execution");
+                    t
+                }),
+                walks: Mutex::new((0, step::WalkSizes::default())),
+                last_step_end: Mutex::new(Instant::now()),
+                retired: Mutex::default(),
+                writes: Default::default(),
+                config,
+            }),
+        })
+    }
+}
