@@ -111,7 +111,12 @@ fn list_verify_repair_and_prune_a_cache_a_job_filled() {
     let exe = std::fs::read_dir(cache.join("entries").join(&big[..2]))
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|x| x == "exe"))
+        // the entry's own file: two entries may share the two-character directory
+        .find(|p| {
+            p.extension().is_some_and(|x| x == "exe")
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().contains(&big))
+        })
         .unwrap();
     let mut bytes = std::fs::read(&exe).unwrap();
     let mid = bytes.len() / 2;
