@@ -73,6 +73,12 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             let x = unary(op, operands)?;
             Ok(TensorType::new(*to, x.dims.clone()))
         }
+        Op::Scan {
+            body,
+            length,
+            output,
+            ..
+        } => super::scan::infer_scan(op, operands, body, *length, *output),
         Op::ReplicaId => {
             arity(op, operands, 0)?;
             Ok(TensorType::new(DType::U32, Vec::new()))

@@ -17,9 +17,11 @@
 mod graph;
 mod infer;
 mod op;
+pub mod scan;
 mod types;
 
 pub use graph::{Graph, Node, NodeId};
 pub use infer::{infer, shape_error};
 pub use op::{BinaryOp, CompareOp, DTypeClass, Op, ReduceOp, UnaryOp};
+pub use scan::{ScanBody, ScanOutput};
 pub use types::{Literal, TensorType};

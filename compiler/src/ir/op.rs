@@ -4,6 +4,9 @@ use std::fmt;
 
 use crate::dtype::DType;
 
+use std::sync::Arc;
+
+use super::scan::{ScanBody, ScanOutput};
 use super::types::Literal;
 
 /// Declares a fieldless op enum with `ALL`, every variant in declaration order, generated from
@@ -163,6 +166,15 @@ pub enum Op {
     /// No operands. Result `u32[]`: the index of the replica running the program (0 on one
     /// device).
     ReplicaId,
+    /// One result of a loop running `body` `length` times (see [`super::scan`]): operands are
+    /// the initial carries, the scanned operands (`[length, ..]`) and the invariants. With
+    /// `reverse`, iteration `t` reads `xs[length - 1 - t]`.
+    Scan {
+        body: Arc<ScanBody>,
+        length: usize,
+        reverse: bool,
+        output: ScanOutput,
+    },
 }
 
 impl Op {
@@ -174,6 +186,8 @@ impl Op {
             Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => false,
             Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => false,
             Op::ReplicaId => false,
+            // a whole loop is no constant to fold ahead of time
+            Op::Scan { .. } => false,
             // a layout the user asked for, kept where it was put
             Op::ShardingConstraint { .. } => false,
             Op::Unary(_)
@@ -238,6 +252,7 @@ impl Op {
             Op::AllGather { .. } => "all_gather",
             Op::ReduceScatter { .. } => "reduce_scatter",
             Op::ReplicaId => "replica_id",
+            Op::Scan { .. } => "scan",
         }
     }
 }
@@ -329,6 +344,19 @@ impl fmt::Display for Op {
                 op.name()
             ),
             Op::RandomBits { dims } => write!(f, "{n}{{dims={dims:?}}}"),
+            Op::Scan {
+                body,
+                length,
+                reverse,
+                output,
+            } => write!(
+                f,
+                "{n}{{length={length}{}, carries={}, xs={}, body={} nodes, output={output}}}",
+                if *reverse { ", reverse" } else { "" },
+                body.carries,
+                body.xs,
+                body.graph.len()
+            ),
             Op::AllReduce { op, replica_groups } => {
                 write!(
                     f,

@@ -19,6 +19,7 @@
 
 mod ops;
 mod random;
+mod scan;
 pub(crate) mod text;
 
 use std::fmt::Write;
@@ -101,11 +102,11 @@ fn lower(
             });
         }
     }
-    let mut e = Emitter {
-        out: String::with_capacity(256 + graph.len() * 120),
-        names: Vec::with_capacity(graph.len()),
-        partitioned: partitioning.is_some_and(|p| p.num_partitions > 1),
-    };
+    let mut e = Emitter::new(
+        String::new(),
+        graph.len(),
+        partitioning.is_some_and(|p| p.num_partitions > 1),
+    );
     let params = graph.parameter_types();
     let outputs = graph.output_types();
     match partitioning {
@@ -149,13 +150,8 @@ fn lower(
         let _ = write!(e.out, " -> ({})", tys.join(", "));
     }
     e.out.push_str(" {\n");
-    for (i, node) in graph.nodes().iter().enumerate() {
-        let name = match &node.op {
-            Op::Parameter { index } => format!("%arg{index}"),
-            _ => ops::emit(&mut e, graph, i, node)?,
-        };
-        e.names.push(name);
-    }
+    let args: Vec<String> = (0..params.len()).map(|i| format!("%arg{i}")).collect();
+    e.emit_nodes(graph, &args)?;
     if outputs.is_empty() {
         e.out.push_str("    return\n");
     } else {
@@ -180,6 +176,11 @@ fn lower(
 pub(crate) struct Emitter {
     pub(crate) out: String,
     pub(crate) names: Vec<String>,
+    /// Put before every value name: empty in `main`, `s5_` in the body of the loop of node 5
+    /// (`s5_s2_` in a loop inside that), so a loop body's names never shadow the outer ones.
+    pub(crate) prefix: String,
+    /// The loops emitted so far and the names of the results read from each.
+    pub(crate) scans: Vec<scan::Emitted>,
     /// A partitioned program: reductions take the bare combiner, since XLA's SPMD partitioner
     /// turns a reduction over a split dimension into an all-reduce with the same combiner,
     /// and the CPU backend's collectives accept nothing else (so there a float max/min
@@ -188,6 +189,28 @@ pub(crate) struct Emitter {
 }
 
 impl Emitter {
+    pub(crate) fn new(prefix: String, nodes: usize, partitioned: bool) -> Emitter {
+        Emitter {
+            out: String::with_capacity(256 + nodes * 120),
+            names: Vec::with_capacity(nodes),
+            prefix,
+            scans: Vec::new(),
+            partitioned,
+        }
+    }
+
+    /// Emits every node of `graph`, its parameters named `params`.
+    pub(crate) fn emit_nodes(&mut self, graph: &Graph, params: &[String]) -> Result<()> {
+        for (i, node) in graph.nodes().iter().enumerate() {
+            let name = match &node.op {
+                Op::Parameter { index } => params[*index].clone(),
+                _ => ops::emit(self, graph, i, node)?,
+            };
+            self.names.push(name);
+        }
+        Ok(())
+    }
+
     /// Appends one indented line of the function body.
     pub(crate) fn line(&mut self, s: &str) {
         self.out.push_str("    ");

@@ -9,7 +9,7 @@ use super::{random, Emitter};
 
 /// Emits node `i` and returns the SSA name holding its value.
 pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Result<String> {
-    let v = format!("%v{i}");
+    let v = format!("%{}v{i}", e.prefix);
     let ty = tensor(&node.ty);
     let args: Vec<String> = node.operands.iter().map(|o| e.names[o.0].clone()).collect();
     let arg_tys: Vec<String> = node
@@ -236,6 +236,7 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             )
         }
         Op::RandomBits { dims } => return Ok(random::emit(e, &v, &args[0], dims)),
+        Op::Scan { .. } => return super::scan::emit(e, graph, i, node),
         // only differentiation sees it: the value is the operand's
         Op::StopGradient => return Ok(args[0].clone()),
         // alone it orders nothing: the value is the operand's

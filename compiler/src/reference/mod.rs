@@ -20,7 +20,7 @@ mod structural;
 
 use crate::error::{Error, Result};
 use crate::host::HostTensor;
-use crate::ir::{Graph, Node, Op};
+use crate::ir::{Graph, Node, Op, ScanBody, ScanOutput};
 
 use data::{Data, Scalar, Value};
 pub use elementwise::erf;
@@ -31,10 +31,25 @@ pub use random::threefry2x32;
 pub fn evaluate(graph: &Graph, inputs: &[HostTensor]) -> Result<Vec<HostTensor>> {
     graph.validate()?;
     check_inputs(graph, inputs)?;
+    let values = node_values(graph, inputs.iter().map(Value::from_host).collect())?;
+    graph
+        .outputs()
+        .iter()
+        .map(|o| values[o.0].to_host())
+        .collect()
+}
+
+/// Every node's value, in node order, for parameters `inputs` (of the graph's types).
+fn node_values(graph: &Graph, inputs: Vec<Value>) -> Result<Vec<Value>> {
+    let mut inputs: Vec<Option<Value>> = inputs.into_iter().map(Some).collect();
     let mut values: Vec<Value> = Vec::with_capacity(graph.len());
     for node in graph.nodes() {
         let v = match &node.op {
-            Op::Parameter { index } => Value::from_host(&inputs[*index]),
+            Op::Parameter { index } => {
+                inputs[*index].take().ok_or_else(|| Error::InvalidGraph {
+                    message: format!("parameter {index} appears twice"),
+                })?
+            }
             _ => {
                 let args: Vec<&Value> = node.operands.iter().map(|o| &values[o.0]).collect();
                 Value {
@@ -45,11 +60,7 @@ pub fn evaluate(graph: &Graph, inputs: &[HostTensor]) -> Result<Vec<HostTensor>>
         };
         values.push(v);
     }
-    graph
-        .outputs()
-        .iter()
-        .map(|o| values[o.0].to_host())
-        .collect()
+    Ok(values)
 }
 
 /// Runs `graph` as `inputs.len()` replicas in lockstep (replica `r` takes `inputs[r]`), so
@@ -189,11 +200,63 @@ fn eval_node(node: &Node, a: &[&Value]) -> Result<Data> {
         Op::Gather => structural::gather(a[0], a[1], out),
         Op::ScatterAdd => structural::scatter_add(a[0], a[1], a[2]),
         Op::RandomBits { .. } => random::random_bits(a[0], out.element_count()),
+        Op::Scan {
+            body,
+            length,
+            reverse,
+            output,
+        } => scan(body, *length, *reverse, *output, a)?,
         Op::AllReduce { replica_groups, .. }
         | Op::AllGather { replica_groups, .. }
         | Op::ReduceScatter { replica_groups, .. } => {
             single_replica(&node.op, replica_groups)?;
             a[0].data.clone()
+        }
+    })
+}
+
+/// One result of a scan: the body run `length` times on the carries, each slice of the
+/// scanned operands and the invariants. (Each result runs the whole loop: the evaluator is
+/// the oracle, not a fast path.)
+fn scan(
+    body: &ScanBody,
+    length: usize,
+    reverse: bool,
+    output: ScanOutput,
+    a: &[&Value],
+) -> Result<Data> {
+    let (nc, nx) = (body.carries, body.xs);
+    let mut carries: Vec<Value> = a[..nc].iter().map(|&v| v.clone()).collect();
+    let mut stacked: Vec<Option<Data>> = vec![None; length];
+    for t in 0..length {
+        let i = if reverse { length - 1 - t } else { t };
+        let mut inputs = std::mem::take(&mut carries);
+        for x in &a[nc..nc + nx] {
+            let row = x.data.len() / length;
+            let dims = x.ty.dims[1..].to_vec();
+            let idx: Vec<usize> = (i * row..(i + 1) * row).collect();
+            inputs.push(Value {
+                ty: crate::ir::TensorType::new(x.ty.dtype, dims),
+                data: x.data.take(&idx),
+            });
+        }
+        inputs.extend(a[nc + nx..].iter().map(|&v| v.clone()));
+        let values = node_values(&body.graph, inputs)?;
+        if let ScanOutput::Stacked(n) = output {
+            stacked[i] = Some(values[n.0].data.clone());
+        }
+        carries = body
+            .graph
+            .outputs()
+            .iter()
+            .map(|o| values[o.0].clone())
+            .collect();
+    }
+    Ok(match output {
+        ScanOutput::Carry(k) => carries.swap_remove(k).data,
+        ScanOutput::Stacked(_) => {
+            let rows: Vec<&Data> = stacked.iter().flatten().collect();
+            Data::concat(&rows)
         }
     })
 }
