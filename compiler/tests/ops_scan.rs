@@ -7,7 +7,7 @@ mod ops_common;
 use std::sync::Arc;
 
 use neuron_pc_compiler::ir::{
-    BinaryOp, Graph, NodeId, Op, ScanBody, ScanOutput, TensorType, UnaryOp,
+    BinaryOp, Graph, NodeId, Op, Saved, ScanBody, ScanOutput, TensorType, UnaryOp,
 };
 use neuron_pc_compiler::{lower, reference, DType, HostTensor};
 use ops_common::{check_graph, random_tensor, ty, Domain, Rng};
@@ -49,6 +49,7 @@ fn layer() -> (ScanBody, NodeId) {
             graph: g,
             carries: 2,
             xs: 2,
+            saved: Saved::Everything,
         },
         t,
     )
@@ -165,6 +166,7 @@ fn a_scan_inside_a_scan_lowers_and_runs() {
         graph: inner,
         carries: 1,
         xs: 1,
+        saved: Saved::Everything,
     });
     let mut outer = Graph::new();
     let c = outer.parameter(ty(DType::F32, &[2]));
@@ -178,6 +180,7 @@ fn a_scan_inside_a_scan_lowers_and_runs() {
         graph: outer,
         carries: 1,
         xs: 1,
+        saved: Saved::Everything,
     });
     let mut g = Graph::new();
     let c = g.parameter(ty(DType::F32, &[2]));
@@ -257,6 +260,7 @@ fn bad_scans_are_one_error_naming_the_shapes() {
         graph: b,
         carries: 1,
         xs: 0,
+        saved: Saved::Everything,
     });
     let mut g = Graph::new();
     let c = g.parameter(TensorType::new(DType::F32, vec![2]));

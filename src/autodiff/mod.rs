@@ -14,6 +14,7 @@ mod linalg;
 mod pointwise;
 mod reduce;
 mod remat;
+mod scan;
 mod shape;
 mod window;
 
@@ -25,19 +26,13 @@ use neuron_pc_compiler::ir::{Op, TensorType};
 // graph, and SipHash with growth from empty was a tenth of tracing a Llama step (callgrind).
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use crate::device::trace::Value;
+use crate::device::trace::{post_order, value_key as key, Value};
 use crate::device::{lock, DeviceInner};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 pub use remat::{checkpoint, Remat};
-
-fn key(v: &Value) -> usize {
-    match v {
-        Value::Node(n) => Arc::as_ptr(n) as *const u8 as usize,
-        Value::Data(d) => Arc::as_ptr(d) as *const u8 as usize,
-    }
-}
+pub use scan::{scan, ScanOptions};
 
 /// Gradients of the scalar `loss` with respect to each tensor of `wrt` (zeros where `loss`
 /// does not depend on it). Recorded lazily.
@@ -73,20 +68,25 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
     // PyTorch's backward ignores the autocast state it is called in): a product's gradient
     // products take its operands' dtypes.
     let autocast = std::mem::take(&mut *lock(&dev.autocast));
-    let result = grad_of(&dev, loss, wrt, location);
+    let seed = loss
+        .constant_like(1.0)
+        .and_then(|one| one.reshape(loss.dims()));
+    let result = seed.and_then(|seed| grad_of(&dev, &[(loss, seed)], wrt, location));
     *lock(&dev.autocast) = autocast;
     result
 }
 
+/// The vector-Jacobian product: the gradients with respect to `wrt` of the sum of each root
+/// times its cotangent (`(loss, 1)` for [`grad`]). Runs with autocast off.
 fn grad_of(
     dev: &Arc<DeviceInner>,
-    loss: &Tensor,
+    seeds: &[(&Tensor, Tensor)],
     wrt: &[&Tensor],
     location: &'static Location<'static>,
 ) -> Result<Vec<Tensor>> {
     let dev = dev.clone();
-    let root = loss.value();
-    let order = topo_order(&root);
+    let roots: Vec<Value> = seeds.iter().map(|(r, _)| r.value()).collect();
+    let order = post_order(&roots, &HashSet::default());
 
     // Values that some `wrt` tensor flows into; only these need cotangents.
     let targets: HashSet<usize> = wrt.iter().map(|t| key(&t.value())).collect();
@@ -110,7 +110,13 @@ fn grad_of(
     // Cotangents by value identity; values are kept alive by `order`.
     let mut cot: HashMap<usize, Tensor> =
         HashMap::with_capacity_and_hasher(order.len(), Default::default());
-    cot.insert(key(&root), loss.constant_like(1.0)?.reshape(loss.dims())?);
+    for ((_, seed), root) in seeds.iter().zip(&roots) {
+        let sum = match cot.remove(&key(root)) {
+            Some(prev) => prev.add(seed)?,
+            None => seed.clone(),
+        };
+        cot.insert(key(root), sum);
+    }
     for v in order.iter().rev() {
         let Value::Node(node) = v else { continue };
         if !node.operands.iter().any(|o| needed.contains(&key(o))) {
@@ -168,40 +174,6 @@ fn value_type(dev: &DeviceInner, v: &Value) -> TensorType {
         Value::Node(n) => lock(&dev.recorder).interner.op_of(n.op_id).1.clone(),
         Value::Data(d) => d.ty(),
     }
-}
-
-/// Values below `root` in post-order (operands before users).
-fn topo_order(root: &Value) -> Vec<Value> {
-    post_order(std::slice::from_ref(root), &HashSet::default())
-}
-
-/// Values below `roots` in post-order (operands before users), not walking below the values
-/// of `stop` (nor listing them).
-fn post_order(roots: &[Value], stop: &HashSet<usize>) -> Vec<Value> {
-    let mut order = Vec::new();
-    let mut seen: HashSet<usize> = HashSet::default();
-    for root in roots {
-        if stop.contains(&key(root)) || !seen.insert(key(root)) {
-            continue;
-        }
-        // Iterative, so deep graphs (long training unrolls) cannot overflow the stack.
-        let mut stack: Vec<(Value, usize)> = vec![(root.clone(), 0)];
-        while let Some((v, i)) = stack.last_mut() {
-            let operands: &[Value] = match v {
-                Value::Node(n) => &n.operands,
-                Value::Data(_) => &[],
-            };
-            if let Some(c) = operands.get(*i).cloned() {
-                *i += 1;
-                if !stop.contains(&key(&c)) && seen.insert(key(&c)) {
-                    stack.push((c, 0));
-                }
-            } else if let Some((v, _)) = stack.pop() {
-                order.push(v);
-            }
-        }
-    }
-    order
 }
 
 fn non_diff(op: &Op, location: &'static Location<'static>) -> Error {
@@ -344,6 +316,8 @@ fn vjp(
             dim,
             replica_groups,
         } => collective::reduce_scatter(op, r, *dim, replica_groups, x, y, g, location),
+        // d scan: a scan the other way over the body's vector-Jacobian product
+        Op::Scan { .. } => scan::vjp(op, x, g),
     }
 }
 

@@ -12,6 +12,7 @@ mod open;
 pub mod rank_check;
 pub(crate) mod replay;
 mod step;
+pub(crate) mod subgraph;
 pub(crate) mod trace;
 mod transfer;
 

@@ -60,6 +60,43 @@ impl Value {
     }
 }
 
+/// A value's identity while it is alive: the address of its node or data.
+pub(crate) fn value_key(v: &Value) -> usize {
+    match v {
+        Value::Node(n) => Arc::as_ptr(n) as *const u8 as usize,
+        Value::Data(d) => Arc::as_ptr(d) as *const u8 as usize,
+    }
+}
+
+/// Values below `roots` in post-order (operands before users), not walking below the values
+/// of `stop` (nor listing them).
+pub(crate) fn post_order(roots: &[Value], stop: &rustc_hash::FxHashSet<usize>) -> Vec<Value> {
+    let mut order = Vec::new();
+    let mut seen: rustc_hash::FxHashSet<usize> = rustc_hash::FxHashSet::default();
+    for root in roots {
+        if stop.contains(&value_key(root)) || !seen.insert(value_key(root)) {
+            continue;
+        }
+        // Iterative, so deep graphs (long training unrolls) cannot overflow the stack.
+        let mut stack: Vec<(Value, usize)> = vec![(root.clone(), 0)];
+        while let Some((v, i)) = stack.last_mut() {
+            let operands: &[Value] = match v {
+                Value::Node(n) => &n.operands,
+                Value::Data(_) => &[],
+            };
+            if let Some(c) = operands.get(*i).cloned() {
+                *i += 1;
+                if !stop.contains(&value_key(&c)) && seen.insert(value_key(&c)) {
+                    stack.push((c, 0));
+                }
+            } else if let Some((v, _)) = stack.pop() {
+                order.push(v);
+            }
+        }
+    }
+    order
+}
+
 /// What a tensor handle shares: one per recorded op result or uploaded value.
 pub(crate) struct Cell {
     /// Creation order; pending outputs of a step are ordered by it.

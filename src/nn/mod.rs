@@ -15,7 +15,7 @@ mod loss;
 mod norm;
 mod var_builder;
 
-pub use crate::autodiff::{checkpoint, Remat};
+pub use crate::autodiff::{checkpoint, scan, Remat, ScanOptions};
 pub use attention::{
     apply_rotary_pos_emb, rotate_half, scaled_dot_product_attention, RotaryEmbedding,
 };

@@ -23,5 +23,5 @@ mod types;
 pub use graph::{Graph, Node, NodeId};
 pub use infer::{infer, shape_error};
 pub use op::{BinaryOp, CompareOp, DTypeClass, Op, ReduceOp, UnaryOp};
-pub use scan::{ScanBody, ScanOutput};
+pub use scan::{Saved, ScanBody, ScanOutput};
 pub use types::{Literal, TensorType};

@@ -29,6 +29,23 @@ pub struct ScanBody {
     pub carries: usize,
     /// The next `xs` parameters are the slices of the scanned operands.
     pub xs: usize,
+    /// What differentiation keeps of each iteration for the backward loop. The loop computes
+    /// the same values whatever this says.
+    pub saved: Saved,
+}
+
+/// What the backward pass of a scan reads from the forward loop, per iteration; the rest it
+/// recomputes from those (JAX's checkpoint policies inside `lax.scan`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Saved {
+    /// Every intermediate value the gradient rules read: no recomputation, the most memory.
+    #[default]
+    Everything,
+    /// Only each iteration's carries and slices (a layer's input): the body runs again in the
+    /// backward loop.
+    Inputs,
+    /// The inputs and the products without batch dimensions (the projections of a layer).
+    Dots,
 }
 
 impl ScanBody {

@@ -191,7 +191,7 @@ fn emit_loop(
     ));
     let at = |rank: usize| -> String {
         let mut s = vec![idx.clone()];
-        s.extend(std::iter::repeat(format!("{v}_zero")).take(rank - 1));
+        s.extend(std::iter::repeat_n(format!("{v}_zero"), rank - 1));
         s.join(", ")
     };
     let index_tys = |rank: usize| vec![counter.clone(); rank].join(", ");
