@@ -65,6 +65,22 @@ impl ShardingPlan for Fsdp {
     }
 }
 
+/// The spec `plan` gives tensor `name` of shape `dims`. A stacked tensor (`nn::ScannedLayers`,
+/// a `*` in its name) gets its rows' spec (asked for row 0, `layers.0.…`) with the stacking
+/// dimension whole: every device holds its block of every layer, as it would unstacked.
+pub fn spec_of(plan: &dyn ShardingPlan, name: &str, dims: &[usize], mesh: &Mesh) -> PartitionSpec {
+    if !crate::state::is_stacked(name) || dims.is_empty() {
+        return plan.spec(name, dims, mesh);
+    }
+    let row = plan.spec(&crate::state::stacked_row_name(name, 0), &dims[1..], mesh);
+    if row.0.is_empty() {
+        return row;
+    }
+    let mut spec = vec![Vec::new()];
+    spec.extend(row.0);
+    PartitionSpec(spec)
+}
+
 /// Lays out each named tensor (a model's `state_tensors()`) on its device's mesh as `plan`
 /// says, in place (each value passes through the host once). For a model built without a plan.
 pub fn reshard(named: &[(String, Tensor)], plan: &dyn ShardingPlan) -> Result<()> {
@@ -73,7 +89,7 @@ pub fn reshard(named: &[(String, Tensor)], plan: &dyn ShardingPlan) -> Result<()
         let Some(mesh) = device.mesh() else {
             return Ok(());
         };
-        t.reshard(&plan.spec(name, t.dims(), mesh))?;
+        t.reshard(&spec_of(plan, name, t.dims(), mesh))?;
     }
     Ok(())
 }

@@ -27,13 +27,19 @@
 //! # Ok(()) }
 //! ```
 //!
+//! A stacked parameter (`nn::ScannedLayers`: one `[layers, ..]` tensor for a stack of
+//! identical layers) is named with `*` for the layer index (`model.layers.*.mlp.up_proj.weight`)
+//! and stands in a state dict as one tensor per layer (`model.layers.0.mlp.up_proj.weight`,
+//! ...): split on the way out, stacked on the way in, so a checkpoint is the same whether the
+//! layers were scanned or not ([`STACKED`]).
+//!
 //! Loading checks every name, shape and dtype first and reports all mismatches at once
 //! ([`crate::checkpoint::CheckpointError::Mismatch`]); on any error nothing is loaded.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use neuron_pc_compiler::DType;
+use neuron_pc_compiler::{DType, HostTensor};
 
 use crate::checkpoint::{CheckpointError, StateDict};
 use crate::error::Result;
@@ -43,6 +49,55 @@ use crate::tensor::Tensor;
 
 /// Prefix of optimizer-state tensors in a training checkpoint.
 pub const OPTIMIZER_PREFIX: &str = "optimizer.";
+
+/// The name component standing for the leading index of a stacked tensor.
+pub const STACKED: &str = "*";
+
+/// Whether `name` is a stacked tensor's (has a [`STACKED`] component).
+pub fn is_stacked(name: &str) -> bool {
+    name.split('.').any(|c| c == STACKED)
+}
+
+/// `name` with its [`STACKED`] component replaced by `i`: the name of row `i`.
+pub fn stacked_row_name(name: &str, i: usize) -> String {
+    let parts: Vec<String> = name
+        .split('.')
+        .map(|c| match c {
+            STACKED => i.to_string(),
+            c => c.to_string(),
+        })
+        .collect();
+    parts.join(".")
+}
+
+/// The rows of `host` along its first dimension.
+pub(crate) fn host_rows(host: &HostTensor) -> Result<Vec<HostTensor>> {
+    let rows = host.dims().first().copied().unwrap_or(0);
+    let per_row = host.bytes().len() / rows.max(1);
+    host.bytes()
+        .chunks(per_row.max(1))
+        .take(rows)
+        .map(|b| {
+            Ok(HostTensor::from_bytes(
+                host.dtype(),
+                &host.dims()[1..],
+                b.to_vec(),
+            )?)
+        })
+        .collect()
+}
+
+/// `rows` (of one type) stacked along a new first dimension.
+pub(crate) fn stack_rows(rows: &[&HostTensor]) -> Result<HostTensor> {
+    let mut dims = vec![rows.len()];
+    dims.extend_from_slice(rows.first().map_or(&[][..], |r| r.dims()));
+    let dtype = rows.first().map_or(DType::F32, |r| r.dtype());
+    let mut bytes = Vec::with_capacity(rows.iter().map(|r| r.bytes().len()).sum());
+    for r in rows {
+        bytes.extend_from_slice(r.bytes());
+    }
+    Ok(HostTensor::from_bytes(dtype, &dims, bytes)?)
+}
 
 /// Metadata key holding the number of training steps taken.
 pub const STEP_KEY: &str = "step";
@@ -172,10 +227,19 @@ pub fn load_training<M: Module + ?Sized, O: OptimizerState + ?Sized>(
 }
 
 fn expected(named: &[(String, Tensor)], prefix: &str) -> BTreeMap<String, (DType, Vec<usize>)> {
-    named
-        .iter()
-        .map(|(n, t)| (format!("{prefix}{n}"), (t.dtype(), t.dims().to_vec())))
-        .collect()
+    let mut want = BTreeMap::new();
+    for (n, t) in named {
+        let name = format!("{prefix}{n}");
+        if is_stacked(&name) {
+            for i in 0..t.dims()[0] {
+                let row = (t.dtype(), t.dims()[1..].to_vec());
+                want.insert(stacked_row_name(&name, i), row);
+            }
+        } else {
+            want.insert(name, (t.dtype(), t.dims().to_vec()));
+        }
+    }
+    want
 }
 
 fn download(named: Vec<(String, Tensor)>, prefix: &str, sd: &mut StateDict) -> Result<()> {
@@ -184,7 +248,15 @@ fn download(named: Vec<(String, Tensor)>, prefix: &str, sd: &mut StateDict) -> R
         t.device()?.mark_step()?;
     }
     for (name, t) in named {
-        sd.tensors.insert(format!("{prefix}{name}"), t.to_host()?);
+        let name = format!("{prefix}{name}");
+        let host = t.to_host()?;
+        if is_stacked(&name) {
+            for (i, row) in host_rows(&host)?.into_iter().enumerate() {
+                sd.tensors.insert(stacked_row_name(&name, i), row);
+            }
+        } else {
+            sd.tensors.insert(name, host);
+        }
     }
     Ok(())
 }
@@ -215,12 +287,25 @@ fn stage<'a>(
         if target.name().is_none() {
             target.set_name(&name);
         }
-        let Some(host) = sd.tensors.get(&name) else {
-            return Err(CheckpointError::Mismatch {
+        let missing = |name: &str| -> crate::Error {
+            CheckpointError::Mismatch {
                 path: source.to_path_buf(),
                 problems: vec![format!("  missing: {name}")],
             }
-            .into());
+            .into()
+        };
+        let stacked;
+        let host = if is_stacked(&name) {
+            let rows = (0..target.dims()[0])
+                .map(|i| {
+                    let row = stacked_row_name(&name, i);
+                    sd.tensors.get(&row).ok_or_else(|| missing(&row))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            stacked = stack_rows(&rows)?;
+            &stacked
+        } else {
+            sd.tensors.get(&name).ok_or_else(|| missing(&name))?
         };
         // into the target's layout: a sharded parameter's blocks, never the whole on each device
         let value = match target.sharding() {

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use neuron_pc::checkpoint::StateDict;
-use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM};
+use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LoadOptions};
 use neuron_pc::nn::Module;
 use neuron_pc::optim::AdamW;
 use neuron_pc::{grad, DType, HostTensor, LazyDevice, Tensor};
@@ -85,7 +85,38 @@ fn adamw(dev: &LazyDevice, params: &[Tensor]) -> AdamW {
 #[test]
 fn logits_loss_gradients_and_one_adamw_step_match_transformers() {
     let fx = Fixture::load("llama");
-    let model = tiny(&fx);
+    check_one_step(&fx, &tiny(&fx));
+}
+
+/// The same with the layers stacked and run as one loop: each layer's row of a stacked
+/// gradient and parameter against transformers' per-layer ones.
+#[test]
+fn scanned_layers_match_transformers_as_well() {
+    let fx = Fixture::load("llama");
+    let options = LoadOptions {
+        scan_layers: true,
+        ..LoadOptions::default()
+    };
+    let model =
+        LlamaForCausalLM::from_pretrained_with(&fx.dev, &data("llama-tiny"), &options).unwrap();
+    assert!(model.model.layers.is_empty() && model.model.scanned_layers.is_some());
+    check_one_step(&fx, &model);
+}
+
+/// `(name, values)` of each parameter, a stacked one as its rows (`layers.0.…`, ...).
+fn rows(name: &str, values: Vec<f64>, dims: &[usize]) -> Vec<(String, Vec<f64>)> {
+    if !neuron_pc::state::is_stacked(name) {
+        return vec![(name.to_string(), values)];
+    }
+    let n = values.len() / dims[0];
+    values
+        .chunks(n)
+        .enumerate()
+        .map(|(i, v)| (neuron_pc::state::stacked_row_name(name, i), v.to_vec()))
+        .collect()
+}
+
+fn check_one_step(fx: &Fixture, model: &LlamaForCausalLM) {
     let (ids, mask, labels) = (
         fx.tensor("batch.input_ids"),
         fx.tensor("batch.attention_mask"),
@@ -95,8 +126,12 @@ fn logits_loss_gradients_and_one_adamw_step_match_transformers() {
         .forward_loss(&ids, None, Some(&mask), &labels)
         .unwrap();
     let named = model.parameters();
+    let per_layer: usize = named
+        .iter()
+        .map(|(n, t)| rows(n, vec![0.0; t.dims()[0]], t.dims()).len())
+        .sum();
     assert_eq!(
-        named.len(),
+        per_layer,
         2 + 2 * 9 + 1,
         "every parameter, lm_head included"
     );
@@ -121,11 +156,18 @@ fn logits_loss_gradients_and_one_adamw_step_match_transformers() {
     eprintln!("loss: {got} vs {want}");
     assert!(((got - want) / want).abs() < 1e-6, "loss {got} vs {want}");
     let (mut worst_grad, mut worst_param) = (0f64, 0f64);
+    let mut per_layer = Vec::new();
     for ((name, p), g) in named.iter().zip(&grads) {
+        let params = rows(name, values(p), p.dims());
+        let grads = rows(name, values(g), g.dims());
+        for ((name, p), (_, g)) in params.into_iter().zip(grads) {
+            per_layer.push((name, p, g));
+        }
+    }
+    for (name, got, got_grad) in per_layer {
         let want_grad = fx.host(&format!("grad.{name}")).to_f64_vec();
         let largest = want_grad.iter().fold(0f64, |m, v| m.max(v.abs()));
         assert!(largest > 0.0, "{name}: torch's gradient is zero");
-        let got_grad = values(g);
         let d = close(
             &format!("grad.{name}"),
             &got_grad,
@@ -138,7 +180,6 @@ fn logits_loss_gradients_and_one_adamw_step_match_transformers() {
         // near eps depends steeply on g (d/dg = lr eps / (|g| + eps)^2): the gradient
         // difference accepted above carries into such a weight, and its tolerance adds that.
         let want = fx.host(&format!("adamw.{name}")).to_f64_vec();
-        let got = values(p);
         assert_eq!(got.len(), want.len(), "adamw.{name}: length");
         let eps = opt.eps;
         for (k, (p, w)) in got.iter().zip(&want).enumerate() {

@@ -46,6 +46,9 @@ pub struct Metrics {
     /// Values the last executed graph produced (live pending tensors only; dropped ones are
     /// not computed).
     pub last_step_outputs: u64,
+    /// Ops in the last step graph as traced (before the compiler's passes): what grows with a
+    /// model's depth unless its layers are scanned.
+    pub last_step_ops: u64,
     /// Input buffers donated to outputs (in-place updates that needed no copy).
     pub donated_buffers: u64,
     /// Executions and their total wall time (launch to results ready).

@@ -549,6 +549,7 @@ impl DeviceInner {
             replaced.push(Self::store_output(cell, data));
         }
         diagnose::step_done(self, site);
+        lock(&self.metrics).last_step_ops = traced.op_count as u64;
         debug::log_step(
             self,
             &debug::StepCut {

@@ -13,6 +13,7 @@ mod attention;
 mod conv;
 mod loss;
 mod norm;
+mod scanned;
 mod var_builder;
 
 pub use crate::autodiff::{checkpoint, scan, Remat, ScanOptions};
@@ -24,6 +25,7 @@ pub use loss::{chunked_cross_entropy, cross_entropy_with, CrossEntropyOptions, I
 /// `#[derive(Module)]`: see the `neuron-pc-derive` crate for the field attributes.
 pub use neuron_pc_derive::Module;
 pub use norm::{BatchNorm, GroupNorm, RMSNorm};
+pub use scanned::{LayerBuilder, ScannedLayers};
 pub use var_builder::{Init, VarBuilder};
 
 /// A shape error at the user's call site unless `t` has rank `rank`; `layout` names the

@@ -84,7 +84,17 @@ enum Source {
         index: BTreeMap<String, Entry>,
     },
     Random(Mutex<HostRng>),
+    /// Tensors already on the device, by full name: `[rows, ..]` stacks of what a layer
+    /// asks for (`rows`), or exactly what it asks for (`None`). What `nn::ScannedLayers`
+    /// builds its layer from.
+    Device {
+        tensors: BTreeMap<String, Tensor>,
+        rows: Option<usize>,
+    },
 }
+
+/// Where a collecting builder puts what it reads (see [`VarBuilder::collecting`]).
+pub(crate) type Collected = Arc<Mutex<Vec<(String, HostTensor)>>>;
 
 struct Shared {
     device: LazyDevice,
@@ -102,6 +112,8 @@ pub struct VarBuilder {
     dtype: Option<DType>,
     /// On a mesh device: each parameter's layout (see [`VarBuilder::with_sharding`]).
     plan: Option<Arc<dyn ShardingPlan>>,
+    /// Parameters go here, on the host, instead of to the device.
+    collect: Option<Collected>,
 }
 
 impl std::fmt::Debug for VarBuilder {
@@ -110,6 +122,7 @@ impl std::fmt::Debug for VarBuilder {
             Source::Tensors { .. } => "state dict",
             Source::Files { .. } => "safetensors",
             Source::Random(_) => "random",
+            Source::Device { .. } => "device tensors",
         };
         write!(f, "VarBuilder({kind}, prefix {:?})", self.prefix)
     }
@@ -157,7 +170,43 @@ impl VarBuilder {
             prefix: String::new(),
             dtype: None,
             plan: None,
+            collect: None,
         }
+    }
+
+    /// Tensors already on `device`, by full name: each `[rows, ..]` (a stack of what a layer
+    /// asks for) or, with `rows` `None`, of the asked shape.
+    pub(crate) fn from_device_tensors(
+        device: &LazyDevice,
+        tensors: BTreeMap<String, Tensor>,
+        rows: Option<usize>,
+    ) -> VarBuilder {
+        VarBuilder::with_source(device, Source::Device { tensors, rows })
+    }
+
+    /// This builder, reading into `into` on the host (full name, value after any dtype
+    /// conversion) instead of uploading; `get` then returns a constant of zeros that is never
+    /// computed. The source is read in the same order as by an uploading builder.
+    pub(crate) fn collecting(&self, into: &Collected) -> VarBuilder {
+        VarBuilder {
+            collect: Some(into.clone()),
+            ..self.clone()
+        }
+    }
+
+    /// Uploads `host`, the stacked parameter `name` (`layers.*.…`), laid out by the builder's
+    /// plan on a mesh device (see [`crate::sharding::spec_of`]).
+    pub(crate) fn upload_stacked(&self, name: &str, host: &HostTensor) -> Result<Tensor> {
+        let device = &self.shared.device;
+        let t = match (&self.plan, device.mesh()) {
+            (Some(plan), Some(mesh)) => {
+                let spec = crate::sharding::spec_of(plan.as_ref(), name, host.dims(), mesh);
+                device.tensor_sharded(host, &spec)?
+            }
+            _ => device.tensor(host)?,
+        };
+        t.set_name(name);
+        Ok(t)
     }
 
     /// Tensors already on the host (a loaded [`StateDict`]); `origin` names them in errors.
@@ -246,6 +295,7 @@ impl VarBuilder {
             prefix: join(&self.prefix, name),
             dtype: self.dtype,
             plan: self.plan.clone(),
+            collect: self.collect.clone(),
         }
     }
 
@@ -284,6 +334,7 @@ impl VarBuilder {
         match &self.shared.source {
             Source::Tensors { tensors, .. } => tensors.contains_key(&full),
             Source::Files { index, .. } => index.contains_key(&full),
+            Source::Device { tensors, .. } => tensors.contains_key(&full),
             Source::Random(_) => false,
         }
     }
@@ -314,6 +365,16 @@ impl VarBuilder {
                     return Err(self.missing(&origin, &full, dims, index.keys()));
                 }
             },
+            Source::Device { tensors, rows } => {
+                let origin = Path::new("stacked layers");
+                let Some(t) = tensors.get(&full) else {
+                    return Err(self.missing(origin, &full, dims, tensors.keys()));
+                };
+                let want: Vec<usize> = rows.iter().copied().chain(dims.iter().copied()).collect();
+                self.check_shape(origin, &full, t.dtype(), t.dims(), &want)?;
+                lock(&self.shared.used).insert(full);
+                return Ok(t.clone());
+            }
         };
         let host = match self.dtype {
             Some(d) if d != host.dtype() => {
@@ -322,6 +383,12 @@ impl VarBuilder {
             _ => host,
         };
         let device = &self.shared.device;
+        if let Some(into) = &self.collect {
+            let zeros = device.zeros(host.dims(), host.dtype())?;
+            lock(into).push((full.clone(), host));
+            lock(&self.shared.used).insert(full);
+            return Ok(zeros);
+        }
         let t = match (&self.plan, device.mesh()) {
             (Some(plan), Some(mesh)) => device
                 .tensor_sharded(&host, &plan.spec(&full, host.dims(), mesh))
@@ -346,6 +413,7 @@ impl VarBuilder {
         let names: Vec<&String> = match &self.shared.source {
             Source::Tensors { tensors, .. } => tensors.keys().collect(),
             Source::Files { index, .. } => index.keys().collect(),
+            Source::Device { tensors, .. } => tensors.keys().collect(),
             Source::Random(_) => Vec::new(),
         };
         names

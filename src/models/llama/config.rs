@@ -31,6 +31,11 @@ pub struct LlamaConfig {
     pub max_position_embeddings: usize,
     /// The dtype the checkpoint is stored in (`dtype`, or `torch_dtype` in older configs).
     pub dtype: DType,
+    /// neuron-pc's own switch, not in `config.json`: the decoder layers are stacked and run as
+    /// one loop (`nn::ScannedLayers`), so the step graph, and the time to compile it, do not
+    /// grow with depth. The state-dict names and checkpoints are the same either way. Off by
+    /// default: see `docs/design.md` ("Scanned layers") for what it costs and when it pays.
+    pub scan_layers: bool,
 }
 
 impl LlamaConfig {
@@ -58,6 +63,7 @@ impl LlamaConfig {
             initializer_range: 0.02,
             max_position_embeddings: 2048,
             dtype: DType::F32,
+            scan_layers: false,
         };
         c.validate("LlamaConfig::new")?;
         Ok(c)
@@ -228,6 +234,7 @@ impl LlamaConfig {
             initializer_range: f64_key(&map, "initializer_range")?.unwrap_or(0.02),
             max_position_embeddings: usize_key("max_position_embeddings")?.unwrap_or(2048),
             dtype,
+            scan_layers: false,
         };
         config.validate(origin)?;
         Ok(config)

@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::nn::{
     apply_rotary_pos_emb, checkpoint, chunked_cross_entropy, cross_entropy,
     scaled_dot_product_attention, CrossEntropyOptions, Embedding, Init, Linear, Module, RMSNorm,
-    Remat, RotaryEmbedding, VarBuilder,
+    Remat, RotaryEmbedding, ScannedLayers, VarBuilder,
 };
 use crate::tensor::{shape_error, Tensor};
 
@@ -199,11 +199,27 @@ impl LlamaDecoderLayer {
     }
 }
 
+/// How [`LlamaForCausalLM::from_pretrained_with`] builds the model.
+#[derive(Clone, Default)]
+pub struct LoadOptions {
+    /// Convert the parameters to this dtype as they are read.
+    pub dtype: Option<DType>,
+    /// On a mesh device: each parameter read straight into its blocks (see [`LlamaSharding`]).
+    pub plan: Option<std::sync::Arc<dyn crate::sharding::ShardingPlan>>,
+    /// Stack the decoder layers and run them as one loop ([`LlamaConfig::scan_layers`]).
+    pub scan_layers: bool,
+}
+
 /// `model`: embeddings, decoder layers, the final norm and the rotary tables.
 #[derive(Module)]
 pub struct LlamaModel {
     pub embed_tokens: Embedding,
+    /// The decoder layers, one module each; empty when they are scanned.
     pub layers: Vec<LlamaDecoderLayer>,
+    /// The decoder layers stacked and run as one loop ([`LlamaConfig::scan_layers`]), their
+    /// parameters named `layers.*.…` (`layers.0.…`, ... in a state dict).
+    #[module(rename = "layers")]
+    pub scanned_layers: Option<ScannedLayers<LlamaDecoderLayer>>,
     pub norm: RMSNorm,
     #[module(skip)]
     pub rotary_emb: RotaryEmbedding,
@@ -241,9 +257,19 @@ impl LlamaForCausalLM {
                 },
             )?,
         };
-        let layers = (0..c.num_hidden_layers)
-            .map(|i| LlamaDecoderLayer::from_vb(&m.pp(&format!("layers.{i}")), c))
-            .collect::<Result<Vec<_>>>()?;
+        let (layers, scanned_layers) = if c.scan_layers {
+            let layer_config = c.clone();
+            let build = std::sync::Arc::new(move |vb: &VarBuilder| {
+                LlamaDecoderLayer::from_vb(vb, &layer_config)
+            });
+            let scanned = ScannedLayers::from_vb(&m.pp("layers"), c.num_hidden_layers, build)?;
+            (Vec::new(), Some(scanned))
+        } else {
+            let layers = (0..c.num_hidden_layers)
+                .map(|i| LlamaDecoderLayer::from_vb(&m.pp(&format!("layers.{i}")), c))
+                .collect::<Result<Vec<_>>>()?;
+            (layers, None)
+        };
         let norm = RMSNorm::from_vb(&m.pp("norm"), c.hidden_size, Some(c.rms_norm_eps))?;
         let lm_head = match c.tie_word_embeddings {
             true => None,
@@ -260,6 +286,7 @@ impl LlamaForCausalLM {
             model: LlamaModel {
                 embed_tokens,
                 layers,
+                scanned_layers,
                 norm,
                 rotary_emb: RotaryEmbedding::new(vb.device(), c.head_dim, c.rope_theta)?,
             },
@@ -273,6 +300,9 @@ impl LlamaForCausalLM {
         for layer in &mut self.model.layers {
             layer.remat = policy;
         }
+        if let Some(scanned) = &mut self.model.scanned_layers {
+            scanned.remat = policy;
+        }
     }
 
     /// A randomly initialised model (as `LlamaForCausalLM(config)` with a seed), float32.
@@ -285,7 +315,7 @@ impl LlamaForCausalLM {
     /// see [`LlamaForCausalLM::from_pretrained_as`] to convert them. Every tensor of the
     /// checkpoint must be used (a strict load), apart from a tied model's `lm_head.weight`.
     pub fn from_pretrained(device: &LazyDevice, dir: &Path) -> Result<LlamaForCausalLM> {
-        LlamaForCausalLM::load(device, dir, None, None)
+        LlamaForCausalLM::from_pretrained_with(device, dir, &LoadOptions::default())
     }
 
     /// As [`LlamaForCausalLM::from_pretrained`] (converted to `dtype` when given), each
@@ -297,7 +327,12 @@ impl LlamaForCausalLM {
         dtype: Option<DType>,
         plan: std::sync::Arc<dyn crate::sharding::ShardingPlan>,
     ) -> Result<LlamaForCausalLM> {
-        LlamaForCausalLM::load(device, dir, dtype, Some(plan))
+        let options = LoadOptions {
+            dtype,
+            plan: Some(plan),
+            ..LoadOptions::default()
+        };
+        LlamaForCausalLM::from_pretrained_with(device, dir, &options)
     }
 
     /// As [`LlamaForCausalLM::from_pretrained`], the parameters converted to `dtype` as they
@@ -307,16 +342,23 @@ impl LlamaForCausalLM {
         dir: &Path,
         dtype: DType,
     ) -> Result<LlamaForCausalLM> {
-        LlamaForCausalLM::load(device, dir, Some(dtype), None)
+        let options = LoadOptions {
+            dtype: Some(dtype),
+            ..LoadOptions::default()
+        };
+        LlamaForCausalLM::from_pretrained_with(device, dir, &options)
     }
 
-    fn load(
+    /// [`LlamaForCausalLM::from_pretrained`] as `options` say: converted, laid out over a
+    /// mesh, the layers scanned.
+    pub fn from_pretrained_with(
         device: &LazyDevice,
         dir: &Path,
-        dtype: Option<DType>,
-        plan: Option<std::sync::Arc<dyn crate::sharding::ShardingPlan>>,
+        options: &LoadOptions,
     ) -> Result<LlamaForCausalLM> {
-        let config = LlamaConfig::from_file(&dir.join("config.json"))?;
+        let mut config = LlamaConfig::from_file(&dir.join("config.json"))?;
+        config.scan_layers = options.scan_layers;
+        let (dtype, plan) = (options.dtype, options.plan.clone());
         let single = dir.join(pretrained::SINGLE);
         let index = dir.join(pretrained::INDEX);
         let vb = if single.exists() {
@@ -481,6 +523,18 @@ impl LlamaForCausalLM {
         let mut h = m.embed_tokens.forward(input_ids)?;
         for layer in &m.layers {
             h = layer.forward(&h, &cos, &sin, key_mask.as_ref())?;
+        }
+        if let Some(scanned) = &m.scanned_layers {
+            // what a layer keeps is the loop's to say (`ScannedLayers::remat`)
+            let out = scanned.forward(&[&h], |layer, h| {
+                Ok(vec![layer.forward_block(
+                    &h[0],
+                    &cos,
+                    &sin,
+                    key_mask.as_ref(),
+                )?])
+            })?;
+            h = out.into_iter().next().expect("one carry");
         }
         rms_norm(&m.norm, &h)
     }
