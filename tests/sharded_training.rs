@@ -66,9 +66,16 @@ struct Run {
 
 /// `steps` AdamW steps on `mesh` (none: one device, or `replicas` data-parallel replicas).
 fn train(mesh: &[(&str, usize)], replicas: usize, fsdp: bool, steps: usize) -> Run {
+    train_as(mesh, replicas, fsdp, steps, false)
+}
+
+/// [`train`], the layers scanned when `scan` says (parameters listed per layer).
+fn train_as(mesh: &[(&str, usize)], replicas: usize, fsdp: bool, steps: usize, scan: bool) -> Run {
     let dev = device(mesh, replicas);
     let vb = VarBuilder::random(&dev, 11).with_sharding(Arc::new(LlamaSharding { fsdp }));
-    let model = LlamaForCausalLM::from_vb(&vb, &config()).unwrap();
+    let mut c = config();
+    c.scan_layers = scan;
+    let model = LlamaForCausalLM::from_vb(&vb, &c).unwrap();
     let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
     let mut opt = AdamW::new(&dev, &params, 0.1).unwrap();
     let lr = dev.scalar(3e-3, DType::F32).unwrap();
@@ -90,11 +97,18 @@ fn train(mesh: &[(&str, usize)], replicas: usize, fsdp: bool, steps: usize) -> R
         dev.mark_step().unwrap();
         losses.push(loss.item().unwrap());
     }
-    let params = model
-        .parameters()
-        .into_iter()
-        .map(|(n, t)| (n, t.to_vec::<f32>().unwrap()))
-        .collect();
+    let mut params = Vec::new();
+    for (n, t) in model.parameters() {
+        let v = t.to_vec::<f32>().unwrap();
+        if neuron_pc::state::is_stacked(&n) {
+            for (i, row) in v.chunks(v.len() / t.dims()[0]).enumerate() {
+                params.push((neuron_pc::state::stacked_row_name(&n, i), row.to_vec()));
+            }
+        } else {
+            params.push((n, v));
+        }
+    }
+    params.sort_by(|a, b| a.0.cmp(&b.0));
     Run {
         losses,
         params,
@@ -168,6 +182,20 @@ fn a_tiny_llama_trains_the_same_on_one_device_fsdp_tp_and_both() {
     let ratio = held(&both.metrics) / whole;
     eprintln!("FSDP 2 x TP 2 holds {ratio:.3}");
     assert!(ratio <= 0.27, "FSDP 2 x TP 2 holds {ratio}");
+}
+
+/// Scanned layers on a mesh: the stacked parameters split as the plan splits each layer's (the
+/// stacking dimension whole), trained as on one device unrolled, holding a quarter as much.
+#[test]
+fn scanned_layers_train_the_same_with_fsdp_and_tp() {
+    const STEPS: usize = 8;
+    let one = train(&[], 1, false, STEPS);
+    let both = train_as(&[("data", 2), ("model", 2)], 1, true, STEPS, true);
+    assert_follows("scanned, FSDP 2 x TP 2", &both, &one);
+    let held = |m: &Metrics| (m.parameter_bytes + m.optimizer_state_bytes) as f64;
+    let ratio = held(&both.metrics) / held(&one.metrics);
+    eprintln!("scanned, FSDP 2 x TP 2 holds {ratio:.3}");
+    assert!(ratio <= 0.27, "scanned, FSDP 2 x TP 2 holds {ratio}");
 }
 
 /// True when `e` names this file at a line in `line..line + 4` (the call, however formatted).

@@ -59,24 +59,16 @@ impl<M: Module> ScannedLayers<M> {
                     .collect(),
             );
         }
-        let names: Vec<(String, Vec<usize>, String)> = per_layer
-            .iter()
-            .map(|l| {
-                l.iter()
-                    .map(|(n, t)| (n.clone(), t.dims().to_vec(), t.dtype().to_string()))
-                    .collect::<Vec<_>>()
-            })
-            .next()
-            .unwrap_or_default();
-        let mut tensors = BTreeMap::new();
         let shapes = |l: &[(String, HostTensor)]| -> Vec<(String, Vec<usize>, String)> {
             l.iter()
                 .map(|(n, t)| (n.clone(), t.dims().to_vec(), t.dtype().to_string()))
                 .collect()
         };
+        let names = shapes(&per_layer[0]);
         for (i, l) in per_layer.iter().enumerate() {
             check_same(vb.prefix(), 0, &names, i, &shapes(l))?;
         }
+        let mut tensors = BTreeMap::new();
         for (k, (name, _, _)) in names.iter().enumerate() {
             let rows: Vec<&HostTensor> = per_layer.iter().map(|l| &l[k].1).collect();
             let host = stack_rows(&rows)?;
