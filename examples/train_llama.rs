@@ -22,6 +22,8 @@
 //! `--remat full|dots` checkpoints every decoder layer, `--precision bf16` computes the matrix
 //! products in bfloat16 over float32 master weights, `--loss-chunk N` computes the head and
 //! the loss N tokens at a time: the three trade step time for memory at long context.
+//! `--scan-layers` stacks the decoder layers and runs them as one loop: the step graph, and its
+//! compile, stop growing with `--layers`; checkpoints and `--save` directories are unchanged.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -32,7 +34,7 @@ use clap::Parser;
 use neuron_pc::amp::Precision;
 use neuron_pc::checkpoint::StateDict;
 use neuron_pc::data::{DeviceLoader, LastBatch, LengthBuckets};
-use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LlamaSharding};
+use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LlamaSharding, LoadOptions};
 use neuron_pc::nn::{HostRng, Module, Remat, VarBuilder, IGNORE_INDEX};
 use neuron_pc::optim::{average_gradients, AdamW, GradAccumulator, WarmupCosine};
 use neuron_pc::sharding::{ShardingPlan, DATA_AXIS, MODEL_AXIS};
@@ -155,6 +157,10 @@ struct Args {
     /// logits at once); 0: all at once.
     #[arg(long, default_value_t = 0)]
     loss_chunk: usize,
+    /// Stack the decoder layers and run them as one loop (`LlamaConfig::scan_layers`): the step
+    /// graph and its compile time do not grow with depth.
+    #[arg(long)]
+    scan_layers: bool,
 }
 
 /// Where the training sequences come from; batch `i` is a pure function of `(seed, i)`, so a
@@ -354,17 +360,25 @@ fn main() -> anyhow::Result<()> {
     };
     let peak = measure_peak(&device, args.peak_matmul, args.seed)?;
 
-    let model = match (&args.init_from, &plan) {
-        (Some(dir), None) => LlamaForCausalLM::from_pretrained_as(&device, dir, DType::F32)
-            .with_context(|| format!("--init-from {}", dir.display()))?,
-        (Some(dir), Some(plan)) => {
-            LlamaForCausalLM::from_pretrained_sharded(&device, dir, Some(DType::F32), plan.clone())
+    let model = match &args.init_from {
+        Some(dir) => {
+            let options = LoadOptions {
+                dtype: Some(DType::F32),
+                plan: plan.clone(),
+                scan_layers: args.scan_layers,
+            };
+            LlamaForCausalLM::from_pretrained_with(&device, dir, &options)
                 .with_context(|| format!("--init-from {}", dir.display()))?
         }
-        (None, None) => LlamaForCausalLM::random(&device, &model_config(&args)?, args.seed)?,
-        (None, Some(plan)) => {
-            let vb = VarBuilder::random(&device, args.seed).with_sharding(plan.clone());
-            LlamaForCausalLM::from_vb(&vb, &model_config(&args)?)?
+        None => {
+            let vb = VarBuilder::random(&device, args.seed);
+            let vb = match &plan {
+                Some(plan) => vb.with_sharding(plan.clone()),
+                None => vb,
+            };
+            let mut config = model_config(&args)?;
+            config.scan_layers = args.scan_layers;
+            LlamaForCausalLM::from_vb(&vb, &config)?
         }
     };
     let mut model = model;
@@ -432,9 +446,10 @@ fn main() -> anyhow::Result<()> {
         }
     }
     println!(
-        "llama: {} parameters, {} layers, hidden {}, {} heads over {} kv heads, vocab {}",
+        "llama: {} parameters, {} layers{}, hidden {}, {} heads over {} kv heads, vocab {}",
         config.num_parameters(),
         config.num_hidden_layers,
+        if config.scan_layers { " (scanned)" } else { "" },
         config.hidden_size,
         config.num_attention_heads,
         config.num_key_value_heads,

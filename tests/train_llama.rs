@@ -162,6 +162,40 @@ fn after_neuron_pc_compile_a_real_run_compiles_nothing_and_matches_jit() {
     }
 }
 
+/// `--scan-layers`: precompiled by `neuron-pc compile`, the real run compiles nothing, and it
+/// trains as the unrolled model does (float32, 10 steps: the same losses within 1e-5).
+#[test]
+fn scanned_layers_precompile_and_train_as_the_unrolled_model() {
+    let cache = tmp("scan-cache");
+    let model = ["--layers", "4", "--peak-matmul", "0"];
+    let mut trial = model.to_vec();
+    trial.extend(["--steps", "3", "--scan-layers"]);
+    let report = precompile(&cache, &trial);
+    assert_eq!(report["compiled"], 1, "{report}");
+    let mut args = SMALL.to_vec();
+    args.extend(model);
+    args.extend(["--steps", "10", "--loss-log", "--json"]);
+    let mut scanned = args.clone();
+    scanned.push("--scan-layers");
+    let real = run(&cache, &scanned);
+    assert!(
+        real.stdout.contains("4 layers (scanned)"),
+        "{}",
+        real.stdout
+    );
+    assert_eq!(real.metrics["compiles"], 0, "{}", real.metrics);
+    assert_eq!(real.metrics["disk_hits"], 1, "{}", real.metrics);
+    let unrolled_cache = tmp("unrolled-cache");
+    let unrolled = run(&unrolled_cache, &args);
+    assert_eq!(real.losses.len(), 10);
+    for ((_, a), (_, b)) in real.losses.iter().zip(&unrolled.losses) {
+        assert!((a - b).abs() <= 1e-5 * b, "scanned {a} vs unrolled {b}");
+    }
+    for d in [cache, unrolled_cache] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
 #[test]
 fn starts_from_a_save_pretrained_directory_saves_one_and_resumes() {
     let cache = tmp("hf");
