@@ -28,6 +28,9 @@
 //! step); `--rounds 0` skips the pipelined rounds (`pipelined_ms=n/a`) and the extra step after
 //! them, for models whose step takes seconds.
 //!
+//! Depth (`scripts/bench depth`): `--scan-layers` stacks the decoder layers and runs them as one
+//! loop; the RESULT line gives `program_bytes`, the StableHLO text handed to the compiler.
+//!
 //! `cargo run --release --example bench_llama [-- --steps 20 --first-step]`
 
 use std::sync::Arc;
@@ -94,6 +97,9 @@ struct Args {
     /// Compute the head and the loss this many tokens at a time; 0: all at once.
     #[arg(long, default_value_t = 0)]
     loss_chunk: usize,
+    /// Stack the decoder layers and run them as one loop (`LlamaConfig::scan_layers`).
+    #[arg(long)]
+    scan_layers: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -137,6 +143,7 @@ fn main() -> anyhow::Result<()> {
         args.kv_heads,
     )?;
     config.rms_norm_eps = 1e-5;
+    config.scan_layers = args.scan_layers;
     config.max_position_embeddings = args.seq_len.max(config.max_position_embeddings);
     let plan = Arc::new(LlamaSharding {
         fsdp: args.fsdp > 1,
@@ -255,7 +262,7 @@ fn main() -> anyhow::Result<()> {
     println!(
         "RESULT neuron-pc synced_ms={:.3} pipelined_ms={pipelined} compile_ms={:.1} params={} \
          loss={last:.4} layout=fsdp{}_tp{} device_bytes={} temp_bytes={} remat={} precision={} \
-         loss_chunk={} peak_rss_mib={peak_rss}",
+         loss_chunk={} scan_layers={} program_bytes={} peak_rss_mib={peak_rss}",
         median(synced),
         compile_ms,
         config.num_parameters(),
@@ -266,6 +273,8 @@ fn main() -> anyhow::Result<()> {
         args.remat,
         args.precision,
         args.loss_chunk,
+        args.scan_layers,
+        m.last_program_bytes,
     );
     Ok(())
 }

@@ -203,3 +203,24 @@ fn integer_slices_take_no_gradient_and_the_table_gets_the_unrolled_one() {
     assert_close("table gradient", &values(&g[0]), &values(&want[0]));
     assert_close("h gradient", &values(&g[1]), &values(&want[1]));
 }
+
+/// A tensor computed inside the body and kept outside it has no value of its own: the step
+/// that would compute it is one error saying so, and the device goes on once it is dropped.
+#[test]
+fn a_tensor_kept_from_inside_the_body_is_one_error_at_the_step() {
+    let dev = device();
+    let c = case(&dev, 3);
+    let mut kept = None;
+    let (out, _) = scan(&[&c.h], &[&c.w], ScanOptions::default(), |h, w| {
+        let y = h[0].matmul(&w[0])?;
+        kept = Some(y.clone());
+        Ok((vec![y], vec![]))
+    })
+    .unwrap();
+    let e = dev.mark_step().unwrap_err().to_string();
+    assert!(e.contains("inside a loop body"), "{e}");
+    assert!(!e.contains('\n'), "one line: {e}");
+    drop(kept);
+    dev.mark_step().unwrap();
+    assert_eq!(out[0].dims(), &[3, 8]);
+}

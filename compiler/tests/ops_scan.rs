@@ -267,3 +267,37 @@ fn bad_scans_are_one_error_naming_the_shapes() {
     let m = message(g.push(scan(&grows, 2, false, ScanOutput::Carry(0)), &[c]));
     assert!(m.contains("changes carry 0 from f32[2] to f32[3,2]"), "{m}");
 }
+
+#[test]
+fn the_body_is_part_of_the_program_text_the_cache_key_hashes() {
+    let (a, _) = program(false);
+    // the same loop with one op of the body changed (tanh to sin)
+    let (layer, t) = layer();
+    let mut nodes = layer.graph.nodes().to_vec();
+    nodes[t.0].op = Op::Unary(UnaryOp::Sin);
+    let graph = Graph::from_nodes(nodes, layer.graph.outputs().to_vec()).unwrap();
+    let body = Arc::new(ScanBody { graph, ..layer });
+    let mut b = Graph::new();
+    let ops: Vec<NodeId> = a
+        .parameter_types()
+        .into_iter()
+        .map(|t| b.parameter(t))
+        .collect();
+    let h = b
+        .push(scan(&body, 3, false, ScanOutput::Carry(0)), &ops)
+        .unwrap();
+    let total = b
+        .push(scan(&body, 3, false, ScanOutput::Carry(1)), &ops)
+        .unwrap();
+    let ts = b
+        .push(scan(&body, 3, false, ScanOutput::Stacked(t)), &ops)
+        .unwrap();
+    b.set_outputs(&[h, total, ts]).unwrap();
+    assert_ne!(a, b);
+    let (ta, tb) = (
+        lower::to_stablehlo(&a).unwrap(),
+        lower::to_stablehlo(&b).unwrap(),
+    );
+    assert_ne!(ta, tb);
+    assert!(ta.contains("stablehlo.tanh") && tb.contains("stablehlo.sine"));
+}

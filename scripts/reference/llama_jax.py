@@ -38,6 +38,11 @@ on the first device, measured after the timed steps) and `temp_bytes` (XLA's scr
 the compiled step, `memory_analysis().temp_size_in_bytes`; per device when sharded; -1 when the
 backend does not report it).
 
+Depth (`scripts/bench depth`): `--scan-layers` stacks each layer weight to `[layers, ...]` and
+runs the blocks with `jax.lax.scan` (MaxText's `scan_layers`); the RESULT line also gives
+`lower_ms` (tracing and lowering the step, `jit(..).lower`) and `program_bytes` (the lowered
+StableHLO text).
+
 Memory (`scripts/bench memory`): `--remat full` wraps each decoder block in `jax.checkpoint` (keep
 its input, recompute the rest in the backward pass), `--remat dots` in `jax.checkpoint` with
 `policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable` (keep the projections), as
@@ -77,6 +82,8 @@ ap.add_argument("--plugin", metavar="PATH",
 ap.add_argument("--remat", choices=("none", "full", "dots"), default="none",
                 help="checkpoint each decoder block: none, full (jax.checkpoint) or dots "
                      "(policy dots_with_no_batch_dims_saveable)")
+ap.add_argument("--scan-layers", action="store_true",
+                help="stack the layers' weights and run the blocks with lax.scan")
 ap.add_argument("--rounds", type=int, default=3,
                 help="rounds of pipelined steps after the synced ones; 0: none")
 args = ap.parse_args()
@@ -101,6 +108,8 @@ elif N_DEVICES > 1:
     # before any backend is initialised
     jax.config.update("jax_num_cpu_devices", N_DEVICES)
 PLATFORM = "plugin" if args.plugin else "cpu"
+if args.scan_layers and N_DEVICES > 1:
+    raise SystemExit("--scan-layers is for one device here (its layouts are per layer)")
 
 if args.first_step and args.cache:
     jax.config.update("jax_compilation_cache_dir", args.cache)
@@ -125,6 +134,9 @@ def init(rng):
             "gate": normal(INTER, HIDDEN), "up": normal(INTER, HIDDEN),
             "down": normal(HIDDEN, INTER), "ln1": ones(), "ln2": ones(),
         }
+    if args.scan_layers:  # the same values, stacked [LAYERS, ...]
+        layers = [p.pop(f"l{i}") for i in range(LAYERS)]
+        p["layers"] = {k: np.stack([w[k] for w in layers]) for k in layers[0]}
     return p
 
 
@@ -164,8 +176,11 @@ def loss_fn(p, ids):
     emb = jnp.concatenate((freqs, freqs), -1)[:, None, :]  # [s, 1, d]: heads broadcast
     cos, sin = jnp.cos(emb), jnp.sin(emb)
     x = p["embed"][ids]
-    for i in range(LAYERS):
-        x = block(x, p[f"l{i}"], cos, sin)
+    if args.scan_layers:
+        x, _ = jax.lax.scan(lambda x, w: (block(x, w, cos, sin), None), x, p["layers"])
+    else:
+        for i in range(LAYERS):
+            x = block(x, p[f"l{i}"], cos, sin)
     logits = rms_norm(x, p["norm"]) @ p["lm_head"].T
     logp = jax.nn.log_softmax(logits[:, :-1], -1)
     return -jnp.mean(jnp.take_along_axis(logp, ids[:, 1:, None], -1))
@@ -181,6 +196,8 @@ def make_mesh():
 
 def param_spec(path, shape):
     """The PartitionSpec of one parameter: Megatron over "model", FSDP over "data"."""
+    if args.scan_layers:  # one device (see above): whole
+        return P()
     name = path[-1]
     if len(shape) == 1:  # rms norm weights
         return P("data") if args.fsdp > 1 and shape[0] % args.fsdp == 0 else P()
@@ -253,7 +270,10 @@ def main():
         float(loss)
         print(f"FIRST_STEP_EPOCH {time.time():.6f}", flush=True)
         return
+    c0 = time.perf_counter()
     lowered = jstep.lower(p, m, v, t, batches[0], lr)
+    lower_ms = (time.perf_counter() - c0) * 1e3
+    program_bytes = len(lowered.as_text())
     c0 = time.perf_counter()
     compiled = lowered.compile()
     compile_ms = (time.perf_counter() - c0) * 1e3
@@ -311,7 +331,8 @@ def main():
           f"tokens_per_s={tokens_per_s} "
           f"first_loss={first_loss:.7f} layout=fsdp{args.fsdp}_tp{args.tp} "
           f"device_bytes={device_bytes} temp_bytes={temp_bytes} remat={args.remat} "
-          f"peak_rss_mib={peak_rss_mib:.1f}", flush=True)
+          f"scan_layers={args.scan_layers} lower_ms={lower_ms:.1f} "
+          f"program_bytes={program_bytes} peak_rss_mib={peak_rss_mib:.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -185,6 +185,39 @@ where
     Ok((finals, stacked))
 }
 
+/// Ops the backward loop recomputes from their operands rather than reading back, whatever
+/// the policy: memory-bound work that XLA fuses into its readers (elementwise arithmetic,
+/// layout changes), so a stacked copy would cost more than it saves.
+fn cheap(op: &Op) -> bool {
+    use neuron_pc_compiler::ir::UnaryOp;
+    match op {
+        Op::Unary(u) => matches!(
+            u,
+            UnaryOp::Neg
+                | UnaryOp::Abs
+                | UnaryOp::Sign
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::Not
+        ),
+        Op::Binary(b) => !matches!(b, neuron_pc_compiler::ir::BinaryOp::Pow),
+        Op::Compare(_)
+        | Op::Select
+        | Op::Convert(_)
+        | Op::BroadcastInDim { .. }
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Slice { .. }
+        | Op::Concatenate { .. }
+        | Op::Pad { .. }
+        | Op::Constant(_)
+        | Op::Iota { .. }
+        | Op::StopGradient
+        | Op::ShardingConstraint { .. } => true,
+        _ => false,
+    }
+}
+
 fn value_type(dev: &DeviceInner, v: &Value) -> TensorType {
     super::value_type(dev, v)
 }
@@ -275,7 +308,7 @@ pub(super) fn vjp(op: &Op, x: &[Tensor], g: &Tensor) -> Result<Vec<Option<Tensor
     let keep = |n: usize| -> bool {
         let node = &fg.nodes()[n];
         match body.saved {
-            Saved::Everything => varies[n],
+            Saved::Everything => varies[n] && !cheap(&node.op),
             Saved::Inputs => false,
             Saved::Dots => {
                 varies[n]

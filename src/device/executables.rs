@@ -88,6 +88,7 @@ pub(crate) fn obtain(
     };
     let out_shardings = shardings.map(|s| s.outputs).unwrap_or_default();
     dev.phase("lower", lowering, Some(program.key.short()));
+    lock(&dev.metrics).last_program_bytes = program.text.len() as u64;
     if tracing::enabled!(tracing::Level::DEBUG) {
         tracing::debug!(
             key = %program.key,

@@ -49,6 +49,9 @@ pub struct Metrics {
     /// Ops in the last step graph as traced (before the compiler's passes): what grows with a
     /// model's depth unless its layers are scanned.
     pub last_step_ops: u64,
+    /// Bytes of StableHLO text of the last program lowered (after the graph passes): the
+    /// size of what the compiler is handed.
+    pub last_program_bytes: u64,
     /// Input buffers donated to outputs (in-place updates that needed no copy).
     pub donated_buffers: u64,
     /// Executions and their total wall time (launch to results ready).

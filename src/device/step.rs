@@ -222,6 +222,14 @@ impl Traced {
                 Entry::Param { ty_id, .. } => g.parameter(interner.type_of(*ty_id).clone()),
                 Entry::Op { op_id, at, count } => {
                     let (op, _) = interner.op_of(*op_id);
+                    if let Op::Parameter { .. } = op {
+                        return Err(crate::Error::Config(
+                            "a tensor computed inside a loop body (nn::scan, ScannedLayers) is \
+                             used outside it: return it from the body (as a carry or a stacked \
+                             output) instead"
+                                .into(),
+                        ));
+                    }
                     let operands = &self.identity[*at as usize..(at + count) as usize];
                     let args: Vec<NodeId> = operands.iter().map(|&p| ids[p as usize]).collect();
                     g.push(op.clone(), &args)?
