@@ -209,6 +209,51 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     result
 }
 
+/// The name component standing for the leading index of a stacked tensor.
+pub const STACKED: &str = "*";
+
+/// Whether `name` is a stacked tensor's (has a [`STACKED`] component).
+pub fn is_stacked(name: &str) -> bool {
+    name.split('.').any(|c| c == STACKED)
+}
+
+/// `name` with its [`STACKED`] component replaced by `i`: the name of row `i`.
+pub fn stacked_row_name(name: &str, i: usize) -> String {
+    let parts: Vec<String> = name
+        .split('.')
+        .map(|c| match c {
+            STACKED => i.to_string(),
+            c => c.to_string(),
+        })
+        .collect();
+    parts.join(".")
+}
+
+/// The rows of `host` along its first dimension.
+pub(crate) fn host_rows(host: &HostTensor) -> neuron_pc_compiler::Result<Vec<HostTensor>> {
+    let rows = host.dims().first().copied().unwrap_or(0);
+    let per_row = host.bytes().len() / rows.max(1);
+    host.bytes()
+        .chunks(per_row.max(1))
+        .take(rows)
+        .map(|b| HostTensor::from_bytes(host.dtype(), &host.dims()[1..], b.to_vec()))
+        .collect()
+}
+
+/// `rows` (of one type) stacked along a new first dimension.
+pub(crate) fn stack_rows(rows: &[&HostTensor]) -> neuron_pc_compiler::Result<HostTensor> {
+    let mut dims = vec![rows.len()];
+    dims.extend_from_slice(rows.first().map_or(&[][..], |r| r.dims()));
+    let dtype = rows
+        .first()
+        .map_or(neuron_pc_compiler::DType::F32, |r| r.dtype());
+    let mut bytes = Vec::with_capacity(rows.iter().map(|r| r.bytes().len()).sum());
+    for r in rows {
+        bytes.extend_from_slice(r.bytes());
+    }
+    HostTensor::from_bytes(dtype, &dims, bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -69,10 +69,14 @@ impl ShardingPlan for Fsdp {
 /// a `*` in its name) gets its rows' spec (asked for row 0, `layers.0.…`) with the stacking
 /// dimension whole: every device holds its block of every layer, as it would unstacked.
 pub fn spec_of(plan: &dyn ShardingPlan, name: &str, dims: &[usize], mesh: &Mesh) -> PartitionSpec {
-    if !crate::state::is_stacked(name) || dims.is_empty() {
+    if !crate::checkpoint::is_stacked(name) || dims.is_empty() {
         return plan.spec(name, dims, mesh);
     }
-    let row = plan.spec(&crate::state::stacked_row_name(name, 0), &dims[1..], mesh);
+    let row = plan.spec(
+        &crate::checkpoint::stacked_row_name(name, 0),
+        &dims[1..],
+        mesh,
+    );
     if row.0.is_empty() {
         return row;
     }

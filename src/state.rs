@@ -31,7 +31,7 @@
 //! identical layers) is named with `*` for the layer index (`model.layers.*.mlp.up_proj.weight`)
 //! and stands in a state dict as one tensor per layer (`model.layers.0.mlp.up_proj.weight`,
 //! ...): split on the way out, stacked on the way in, so a checkpoint is the same whether the
-//! layers were scanned or not ([`STACKED`]).
+//! layers were scanned or not ([`crate::checkpoint::STACKED`]).
 //!
 //! Loading checks every name, shape and dtype first and reports all mismatches at once
 //! ([`crate::checkpoint::CheckpointError::Mismatch`]); on any error nothing is loaded.
@@ -39,9 +39,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use neuron_pc_compiler::{DType, HostTensor};
+use neuron_pc_compiler::DType;
 
-use crate::checkpoint::{CheckpointError, StateDict};
+use crate::checkpoint::{
+    host_rows, is_stacked, stack_rows, stacked_row_name, CheckpointError, StateDict,
+};
 use crate::error::Result;
 use crate::nn::Module;
 use crate::optim::OptimizerState;
@@ -49,55 +51,6 @@ use crate::tensor::Tensor;
 
 /// Prefix of optimizer-state tensors in a training checkpoint.
 pub const OPTIMIZER_PREFIX: &str = "optimizer.";
-
-/// The name component standing for the leading index of a stacked tensor.
-pub const STACKED: &str = "*";
-
-/// Whether `name` is a stacked tensor's (has a [`STACKED`] component).
-pub fn is_stacked(name: &str) -> bool {
-    name.split('.').any(|c| c == STACKED)
-}
-
-/// `name` with its [`STACKED`] component replaced by `i`: the name of row `i`.
-pub fn stacked_row_name(name: &str, i: usize) -> String {
-    let parts: Vec<String> = name
-        .split('.')
-        .map(|c| match c {
-            STACKED => i.to_string(),
-            c => c.to_string(),
-        })
-        .collect();
-    parts.join(".")
-}
-
-/// The rows of `host` along its first dimension.
-pub(crate) fn host_rows(host: &HostTensor) -> Result<Vec<HostTensor>> {
-    let rows = host.dims().first().copied().unwrap_or(0);
-    let per_row = host.bytes().len() / rows.max(1);
-    host.bytes()
-        .chunks(per_row.max(1))
-        .take(rows)
-        .map(|b| {
-            Ok(HostTensor::from_bytes(
-                host.dtype(),
-                &host.dims()[1..],
-                b.to_vec(),
-            )?)
-        })
-        .collect()
-}
-
-/// `rows` (of one type) stacked along a new first dimension.
-pub(crate) fn stack_rows(rows: &[&HostTensor]) -> Result<HostTensor> {
-    let mut dims = vec![rows.len()];
-    dims.extend_from_slice(rows.first().map_or(&[][..], |r| r.dims()));
-    let dtype = rows.first().map_or(DType::F32, |r| r.dtype());
-    let mut bytes = Vec::with_capacity(rows.iter().map(|r| r.bytes().len()).sum());
-    for r in rows {
-        bytes.extend_from_slice(r.bytes());
-    }
-    Ok(HostTensor::from_bytes(dtype, &dims, bytes)?)
-}
 
 /// Metadata key holding the number of training steps taken.
 pub const STEP_KEY: &str = "step";

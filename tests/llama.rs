@@ -105,14 +105,14 @@ fn scanned_layers_match_transformers_as_well() {
 
 /// `(name, values)` of each parameter, a stacked one as its rows (`layers.0.…`, ...).
 fn rows(name: &str, values: Vec<f64>, dims: &[usize]) -> Vec<(String, Vec<f64>)> {
-    if !neuron_pc::state::is_stacked(name) {
+    if !neuron_pc::checkpoint::is_stacked(name) {
         return vec![(name.to_string(), values)];
     }
     let n = values.len() / dims[0];
     values
         .chunks(n)
         .enumerate()
-        .map(|(i, v)| (neuron_pc::state::stacked_row_name(name, i), v.to_vec()))
+        .map(|(i, v)| (neuron_pc::checkpoint::stacked_row_name(name, i), v.to_vec()))
         .collect()
 }
 

@@ -100,9 +100,9 @@ fn train_as(mesh: &[(&str, usize)], replicas: usize, fsdp: bool, steps: usize, s
     let mut params = Vec::new();
     for (n, t) in model.parameters() {
         let v = t.to_vec::<f32>().unwrap();
-        if neuron_pc::state::is_stacked(&n) {
+        if neuron_pc::checkpoint::is_stacked(&n) {
             for (i, row) in v.chunks(v.len() / t.dims()[0]).enumerate() {
-                params.push((neuron_pc::state::stacked_row_name(&n, i), row.to_vec()));
+                params.push((neuron_pc::checkpoint::stacked_row_name(&n, i), row.to_vec()));
             }
         } else {
             params.push((n, v));

@@ -187,9 +187,11 @@ where
 
 /// Ops the backward loop recomputes from their operands rather than reading back, whatever
 /// the policy: memory-bound work that XLA fuses into its readers (elementwise arithmetic,
-/// layout changes), so a stacked copy would cost more than it saves.
+/// layout changes), so a stacked copy would cost more than it saves. XLA then fuses and
+/// simplifies the backward program differently from the unrolled model's, so gradients agree
+/// with it to the last bits, not bit for bit (`tests/scan_layers.rs`).
 fn cheap(op: &Op) -> bool {
-    use neuron_pc_compiler::ir::UnaryOp;
+    use neuron_pc_compiler::ir::{BinaryOp, UnaryOp};
     match op {
         Op::Unary(u) => matches!(
             u,
@@ -200,7 +202,7 @@ fn cheap(op: &Op) -> bool {
                 | UnaryOp::Ceil
                 | UnaryOp::Not
         ),
-        Op::Binary(b) => !matches!(b, neuron_pc_compiler::ir::BinaryOp::Pow),
+        Op::Binary(b) => !matches!(b, BinaryOp::Pow),
         Op::Compare(_)
         | Op::Select
         | Op::Convert(_)

@@ -5,49 +5,8 @@ use std::fmt;
 use crate::error::{Error, Result};
 
 use super::infer::infer;
-use super::op::Op;
+use super::op::{Graph, Node, NodeId, Op};
 use super::types::TensorType;
-
-/// A node's position in its graph's arena. Operands always precede their users.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NodeId(pub usize);
-
-impl NodeId {
-    /// The position in the arena.
-    pub fn index(self) -> usize {
-        self.0
-    }
-}
-
-impl fmt::Display for NodeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "%{}", self.0)
-    }
-}
-
-/// One op applied to earlier nodes, with its inferred result type.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Node {
-    /// What the node computes.
-    pub op: Op,
-    /// Its operands, all earlier nodes.
-    pub operands: Vec<NodeId>,
-    /// Its result type, as inference gives it.
-    pub ty: TensorType,
-}
-
-/// A computation with static shapes: parameters (numbered `0..n` in creation order), ops in
-/// topological order, and an ordered list of outputs.
-///
-/// Built with [`Graph::parameter`] and [`Graph::push`], which check types as they go, so a
-/// built graph is valid by construction; graphs assembled from raw nodes go through
-/// [`Graph::from_nodes`], which runs [`Graph::validate`].
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Graph {
-    nodes: Vec<Node>,
-    params: Vec<NodeId>,
-    outputs: Vec<NodeId>,
-}
 
 impl Graph {
     /// An empty graph.

@@ -4,7 +4,7 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-use super::op::{DTypeClass, Op};
+use super::op::{DTypeClass, Op, ScanBody, ScanOutput};
 use super::types::TensorType;
 
 /// The result type of `op` applied to operands of types `operands`.
@@ -78,7 +78,7 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             length,
             output,
             ..
-        } => super::scan::infer_scan(op, operands, body, *length, *output),
+        } => infer_scan(op, operands, body, *length, *output),
         Op::ReplicaId => {
             arity(op, operands, 0)?;
             Ok(TensorType::new(DType::U32, Vec::new()))
@@ -668,4 +668,86 @@ fn group_size(op: &Op, operands: &[&TensorType], groups: &[Vec<usize>]) -> Resul
 
 fn is_permutation(perm: &[usize], rank: usize) -> bool {
     perm.len() == rank && (0..rank).all(|i| perm.contains(&i))
+}
+
+/// The result type of `scan` over operands of types `operands`.
+fn infer_scan(
+    op: &Op,
+    operands: &[&TensorType],
+    body: &ScanBody,
+    length: usize,
+    output: ScanOutput,
+) -> Result<TensorType> {
+    let e = |message: String| shape_error(op, operands, message);
+    let g = &body.graph;
+    let params = g.parameter_types();
+    if length == 0 {
+        return Err(e(
+            "a scan runs at least once (a trip count of 0)".to_string()
+        ));
+    }
+    if body.carries + body.xs > params.len() {
+        return Err(e(format!(
+            "the body has {} parameters, fewer than its {} carries and {} scanned slices",
+            params.len(),
+            body.carries,
+            body.xs
+        )));
+    }
+    if operands.len() != params.len() {
+        return Err(e(format!(
+            "the body takes {} parameters, the scan has {} operands",
+            params.len(),
+            operands.len()
+        )));
+    }
+    for (k, (o, p)) in operands.iter().zip(&params).enumerate() {
+        let want = if (body.carries..body.carries + body.xs).contains(&k) {
+            let mut dims = vec![length];
+            dims.extend_from_slice(&p.dims);
+            TensorType::new(p.dtype, dims)
+        } else {
+            p.clone()
+        };
+        if **o != want {
+            return Err(e(format!(
+                "operand {k} is {o}, the body's parameter {k} needs {want}{}",
+                if want == *p {
+                    String::new()
+                } else {
+                    format!(" ({length} slices of {p})")
+                }
+            )));
+        }
+    }
+    let outputs = g.output_types();
+    if outputs.len() != body.carries {
+        return Err(e(format!(
+            "the body returns {} values for {} carries",
+            outputs.len(),
+            body.carries
+        )));
+    }
+    for (k, (o, p)) in outputs.iter().zip(&params).enumerate() {
+        if o != p {
+            return Err(e(format!(
+                "the body changes carry {k} from {p} to {o}; a carry keeps its type"
+            )));
+        }
+    }
+    match output {
+        ScanOutput::Carry(k) => params
+            .get(k)
+            .filter(|_| k < body.carries)
+            .cloned()
+            .ok_or_else(|| e(format!("carry {k} of a scan with {} carries", body.carries))),
+        ScanOutput::Stacked(n) => match g.node(n) {
+            Some(node) => {
+                let mut dims = vec![length];
+                dims.extend_from_slice(&node.ty.dims);
+                Ok(TensorType::new(node.ty.dtype, dims))
+            }
+            None => Err(e(format!("stacked {n} of a body of {} nodes", g.len()))),
+        },
+    }
 }

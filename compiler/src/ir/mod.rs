@@ -17,11 +17,9 @@
 mod graph;
 mod infer;
 mod op;
-pub mod scan;
 mod types;
 
-pub use graph::{Graph, Node, NodeId};
 pub use infer::{infer, shape_error};
-pub use op::{BinaryOp, CompareOp, DTypeClass, Op, ReduceOp, UnaryOp};
-pub use scan::{Saved, ScanBody, ScanOutput};
+pub use op::{BinaryOp, CompareOp, DTypeClass, Op, ReduceOp, Saved, ScanBody, ScanOutput, UnaryOp};
+pub use op::{Graph, Node, NodeId};
 pub use types::{Literal, TensorType};

@@ -1,13 +1,13 @@
-//! The primitive ops and the facts each one carries (names, StableHLO spelling, dtypes).
+//! The primitive ops and the facts each one carries (names, StableHLO spelling, dtypes), and
+//! the types that hold them: a [`Node`], a [`Graph`] of nodes (its methods are in `graph.rs`),
+//! and a loop's [`ScanBody`]. They are one module because they are one recursive type: a
+//! loop is an op whose body is a graph of ops.
 
 use std::fmt;
-
-use crate::dtype::DType;
-
 use std::sync::Arc;
 
-use super::scan::{ScanBody, ScanOutput};
-use super::types::Literal;
+use super::types::{Literal, TensorType};
+use crate::dtype::DType;
 
 /// Declares a fieldless op enum with `ALL`, every variant in declaration order, generated from
 /// the declaration itself so that a new variant cannot be left out of it.
@@ -166,7 +166,7 @@ pub enum Op {
     /// No operands. Result `u32[]`: the index of the replica running the program (0 on one
     /// device).
     ReplicaId,
-    /// One result of a loop running `body` `length` times (see [`super::scan`]): operands are
+    /// One result of a loop running `body` `length` times (see [`ScanBody`]): operands are
     /// the initial carries, the scanned operands (`[length, ..]`) and the invariants. With
     /// `reverse`, iteration `t` reads `xs[length - 1 - t]`.
     Scan {
@@ -727,5 +727,116 @@ impl ReduceOp {
     /// The dtypes the op takes.
     pub fn dtypes(self) -> DTypeClass {
         DTypeClass::Numeric
+    }
+}
+
+/// A node's position in its graph's arena. Operands always precede their users.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub usize);
+
+impl NodeId {
+    /// The position in the arena.
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0)
+    }
+}
+
+/// One op applied to earlier nodes, with its inferred result type.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Node {
+    /// What the node computes.
+    pub op: Op,
+    /// Its operands, all earlier nodes.
+    pub operands: Vec<NodeId>,
+    /// Its result type, as inference gives it.
+    pub ty: TensorType,
+}
+
+/// A computation with static shapes: parameters (numbered `0..n` in creation order), ops in
+/// topological order, and an ordered list of outputs.
+///
+/// Built with [`Graph::parameter`] and [`Graph::push`], which check types as they go, so a
+/// built graph is valid by construction; graphs assembled from raw nodes go through
+/// [`Graph::from_nodes`], which runs [`Graph::validate`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Graph {
+    pub(super) nodes: Vec<Node>,
+    pub(super) params: Vec<NodeId>,
+    pub(super) outputs: Vec<NodeId>,
+}
+
+/// The graph a scan runs each iteration, and how its parameters split into carries, scanned
+/// slices and invariants (the rest).
+///
+/// The loop: [`Op::Scan`] runs one body graph a static number of times over stacked operands
+/// (JAX's `lax.scan`, PyTorch/XLA's `scan`), lowered to one `stablehlo.while`.
+///
+/// Operands are the initial carries, then the scanned operands (`xs`, each `[length, ..]`),
+/// then loop invariants. The body's parameters follow the same order: each carry, each
+/// scanned operand's slice for the iteration (`xs[i]`, the leading dimension dropped), each
+/// invariant. Its outputs are the next carries, of the carries' types.
+///
+/// A scan has several results, and a node of the IR has one type; so each result is a node
+/// of its own, `Op::Scan { output, .. }` over the same body and operands, and the lowering
+/// emits one loop for all the results of the same scan that a program reads. A result is a
+/// final carry, or any body node's value at every iteration stacked along a new leading
+/// dimension: the per-iteration outputs a user asks for and the residuals differentiation
+/// saves are both stacked nodes, read from the loop that computes the carry.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ScanBody {
+    pub graph: Graph,
+    /// The first `carries` parameters are carried; the body's outputs are their next values.
+    pub carries: usize,
+    /// The next `xs` parameters are the slices of the scanned operands.
+    pub xs: usize,
+    /// What differentiation keeps of each iteration for the backward loop. The loop computes
+    /// the same values whatever this says.
+    pub saved: Saved,
+}
+
+/// What the backward pass of a scan reads from the forward loop, per iteration; the rest it
+/// recomputes from those (JAX's checkpoint policies inside `lax.scan`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Saved {
+    /// Every intermediate value the gradient rules read, but for cheap ones (elementwise
+    /// arithmetic, layout changes) that the backward loop recomputes from their operands.
+    #[default]
+    Everything,
+    /// Only each iteration's carries and slices (a layer's input): the body runs again in the
+    /// backward loop.
+    Inputs,
+    /// The inputs and the products without batch dimensions (the projections of a layer).
+    Dots,
+}
+
+impl ScanBody {
+    /// The number of loop invariants (parameters after the carries and the slices).
+    pub fn invariants(&self) -> usize {
+        self.graph.parameters().len() - self.carries - self.xs
+    }
+}
+
+/// Which result of a scan a node is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ScanOutput {
+    /// Carry `k` after the last iteration.
+    Carry(usize),
+    /// Body node `n`'s value at every iteration, stacked: `[length, ..]`, row `i` from the
+    /// iteration that read `xs[i]` (so a reverse scan stacks in operand order, as JAX does).
+    Stacked(NodeId),
+}
+
+impl fmt::Display for ScanOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScanOutput::Carry(k) => write!(f, "carry {k}"),
+            ScanOutput::Stacked(n) => write!(f, "stacked {n}"),
+        }
     }
 }
