@@ -196,6 +196,34 @@ fn scanned_layers_precompile_and_train_as_the_unrolled_model() {
     }
 }
 
+/// `NEURON_CC_FLAGS=--auto-cast` does not enter loop bodies: with scanned layers the run says
+/// so, once; unrolled it has nothing to say.
+#[test]
+fn auto_cast_says_once_that_it_leaves_scanned_layers_alone() {
+    let cache = tmp("autocast-scan");
+    let stderr = |extra: &[&str]| -> String {
+        let mut args = SMALL.to_vec();
+        args.extend(["--layers", "2", "--steps", "3", "--peak-matmul", "0"]);
+        args.extend(extra);
+        let out = command(&cache, &args)
+            .env("NEURON_CC_FLAGS", "--auto-cast=matmult")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let warning = "--auto-cast does not reach inside loops";
+    let scanned = stderr(&["--scan-layers"]);
+    assert_eq!(scanned.matches(warning).count(), 1, "{scanned}");
+    let unrolled = stderr(&[]);
+    assert!(!unrolled.contains(warning), "{unrolled}");
+    std::fs::remove_dir_all(&cache).unwrap();
+}
+
 #[test]
 fn starts_from_a_save_pretrained_directory_saves_one_and_resumes() {
     let cache = tmp("hf");

@@ -31,7 +31,7 @@ pub use simplify::simplify;
 
 use crate::error::Result;
 use crate::flags::{is_neuron, AutoCast, CompilerFlags};
-use crate::ir::Graph;
+use crate::ir::{Graph, Op};
 use crate::optlevel::{plan, GraphPass, LevelPlan};
 use crate::pjrt::CompileOptions;
 
@@ -69,12 +69,27 @@ pub fn run_pipeline_report(graph: &Graph, flags: &CompilerFlags) -> Result<(Grap
     }
     if flags.auto_cast != AutoCast::None && !is_neuron(flags.target) {
         let (mode, to) = (flags.auto_cast, flags.auto_cast_type);
+        if g.nodes().iter().any(|n| matches!(n.op, Op::Scan { .. })) {
+            warn_loops_not_cast();
+        }
         g = timed(&mut runs, "auto-cast", &g, |g| auto_cast(g, mode, to))?;
         g = timed(&mut runs, "simplify", &g, simplify)?;
         g = timed(&mut runs, "cse", &g, cse)?;
         g = timed(&mut runs, "dce", &g, dce)?;
     }
     Ok((g, runs))
+}
+
+/// Said once per process: the passes see a loop as one op, so `--auto-cast` leaves the
+/// products inside a loop body (scanned layers) in float32 while it casts those outside.
+fn warn_loops_not_cast() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing::warn!(
+            "--auto-cast does not reach inside loops (nn::scan, scanned layers): their products \
+             stay float32; LazyDevice::autocast casts them (it acts as the step is traced)"
+        );
+    });
 }
 
 /// Applies one pass with the parameters of `level`.
