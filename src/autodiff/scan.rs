@@ -234,7 +234,9 @@ pub(super) fn vjp(op: &Op, x: &[Tensor], g: &Tensor) -> Result<Vec<Option<Tensor
         output,
     } = op
     else {
-        unreachable!("scan::vjp is called for scans")
+        return Err(crate::Error::Config(format!(
+            "scan's gradient rule given {op}"
+        )));
     };
     let dev = g.device_inner()?;
     let location = Location::caller();
@@ -413,10 +415,9 @@ pub(super) fn vjp(op: &Op, x: &[Tensor], g: &Tensor) -> Result<Vec<Option<Tensor
         });
     }
     for &n in &invariant {
-        let Op::Parameter { index } = fg.nodes()[n].op else {
-            unreachable!("invariants are parameters")
-        };
-        operands.push(x[index].clone());
+        if let Op::Parameter { index } = fg.nodes()[n].op {
+            operands.push(x[index].clone());
+        }
     }
     for v in sub.captured {
         let ty = value_type(&dev, &v);

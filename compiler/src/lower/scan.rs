@@ -50,7 +50,9 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
         output,
     } = &node.op
     else {
-        unreachable!("scan::emit is called for scans")
+        return Err(crate::error::Error::InvalidGraph {
+            message: format!("node {i} ({}) lowered as a scan", node.op.name()),
+        });
     };
     let same = |x: &Emitted| {
         x.length == *length
@@ -96,7 +98,9 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
     };
     let name = emitted.name_of(*output);
     e.scans.push(emitted);
-    Ok(name.expect("the loop writes every result of it the program reads"))
+    name.ok_or_else(|| crate::error::Error::InvalidGraph {
+        message: format!("node {i}: a scan result its loop does not write"),
+    })
 }
 
 #[allow(clippy::too_many_arguments)]
