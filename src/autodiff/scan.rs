@@ -19,7 +19,7 @@ use std::sync::Arc;
 use neuron_pc_compiler::ir::{Op, Saved, ScanBody, ScanOutput, TensorType};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use super::{grad_of, key, Remat};
+use super::{grad_of, key, value_type, Remat};
 use crate::device::subgraph::{extract, placeholder};
 use crate::device::trace::{post_order, Value};
 use crate::device::DeviceInner;
@@ -218,10 +218,6 @@ fn cheap(op: &Op) -> bool {
         | Op::ShardingConstraint { .. } => true,
         _ => false,
     }
-}
-
-fn value_type(dev: &DeviceInner, v: &Value) -> TensorType {
-    super::value_type(dev, v)
 }
 
 /// The gradient contributions of one scan result with cotangent `g` to the scan's operands

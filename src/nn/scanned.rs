@@ -59,11 +59,8 @@ impl<M: Module> ScannedLayers<M> {
                     .collect(),
             );
         }
-        let shapes = |l: &[(String, HostTensor)]| -> Vec<(String, Vec<usize>, String)> {
-            l.iter()
-                .map(|(n, t)| (n.clone(), t.dims().to_vec(), t.dtype().to_string()))
-                .collect()
-        };
+        let shapes =
+            |l: &[(String, HostTensor)]| signature(l.iter().map(|(n, t)| (n, t.dims(), t.dtype())));
         let names = shapes(&per_layer[0]);
         for (i, l) in per_layer.iter().enumerate() {
             check_same(vb.prefix(), 0, &names, i, &shapes(l))?;
@@ -95,11 +92,8 @@ impl<M: Module> ScannedLayers<M> {
             }
         };
         let params: Vec<Vec<(String, Tensor)>> = layers.iter().map(|l| l.parameters()).collect();
-        let shapes = |l: &[(String, Tensor)]| -> Vec<(String, Vec<usize>, String)> {
-            l.iter()
-                .map(|(n, t)| (n.clone(), t.dims().to_vec(), t.dtype().to_string()))
-                .collect()
-        };
+        let shapes =
+            |l: &[(String, Tensor)]| signature(l.iter().map(|(n, t)| (n, t.dims(), t.dtype())));
         let want = shapes(&params[0]);
         for (i, l) in params.iter().enumerate() {
             check_same("", 0, &want, i, &shapes(l))?;
@@ -182,6 +176,15 @@ impl<M: Module> ScannedLayers<M> {
         })?;
         Ok(out)
     }
+}
+
+/// A layer's parameters as `(name, shape, dtype)`, what two layers must share to be stacked.
+fn signature<'a>(
+    params: impl Iterator<Item = (&'a String, &'a [usize], neuron_pc_compiler::DType)>,
+) -> Vec<(String, Vec<usize>, String)> {
+    params
+        .map(|(n, d, t)| (n.clone(), d.to_vec(), t.to_string()))
+        .collect()
 }
 
 /// Layer `i`'s parameters (`got`) are those of layer `first` (`want`): names, shapes, dtypes.

@@ -4,7 +4,8 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 
-use super::op::{DTypeClass, Op, ScanBody, ScanOutput};
+use super::families::DTypeClass;
+use super::op::{Op, ScanBody, ScanOutput};
 use super::types::TensorType;
 
 /// The result type of `op` applied to operands of types `operands`.

@@ -14,12 +14,14 @@
 //!   ordered output list. A graph's identity for caching is the key of its lowered program
 //!   (see [`crate::key`]), not anything computed here.
 
+mod families;
 mod graph;
 mod infer;
 mod op;
 mod types;
 
+pub use families::{BinaryOp, CompareOp, DTypeClass, ReduceOp, UnaryOp};
 pub use infer::{infer, shape_error};
-pub use op::{BinaryOp, CompareOp, DTypeClass, Op, ReduceOp, Saved, ScanBody, ScanOutput, UnaryOp};
 pub use op::{Graph, Node, NodeId};
+pub use op::{Op, Saved, ScanBody, ScanOutput};
 pub use types::{Literal, TensorType};
