@@ -8,13 +8,13 @@ use neuron_pc_compiler::{DType, HostTensor};
 
 use crate::device::LazyDevice;
 use crate::error::Result;
-use crate::nn::softmax;
+use crate::nn::{softmax, RopeScaling};
 use crate::tensor::{shape_error, Tensor};
 
-/// Rotary position embeddings as Hugging Face's `LlamaRotaryEmbedding` computes them (default
-/// rope type): `inv_freq[i] = 1 / rope_theta^(2i / head_dim)` for `i < head_dim / 2`, the angle
-/// of position `p` is `p * inv_freq` repeated twice (`cat(freqs, freqs)`), and
-/// [`apply_rotary_pos_emb`] rotates with `rotate_half`.
+/// Rotary position embeddings as Hugging Face's `LlamaRotaryEmbedding` computes them:
+/// `inv_freq[i] = 1 / rope_theta^(2i / head_dim)` for `i < head_dim / 2` (or the table of a
+/// [`RopeScaling`]), the angle of position `p` is `p * inv_freq` repeated twice
+/// (`cat(freqs, freqs)`), and [`apply_rotary_pos_emb`] rotates with `rotate_half`.
 ///
 /// The position ids are a tensor input, not a constant of the graph: a window shifted along
 /// the sequence (the next chunk of a long document, a decoding step) feeds new ids to the same
@@ -26,25 +26,68 @@ pub struct RotaryEmbedding {
     pub inv_freq: Tensor,
     pub head_dim: usize,
     pub rope_theta: f64,
+    pub scaling: RopeScaling,
 }
 
 impl RotaryEmbedding {
     /// `head_dim` must be even; Llama 2 uses `rope_theta` 10000, Llama 3 500000.
     pub fn new(device: &LazyDevice, head_dim: usize, rope_theta: f64) -> Result<RotaryEmbedding> {
+        RotaryEmbedding::scaled(device, head_dim, rope_theta, RopeScaling::Default)
+    }
+
+    /// With the frequencies scaled as `scaling` says (`rope_parameters` of a long-context
+    /// checkpoint).
+    pub fn scaled(
+        device: &LazyDevice,
+        head_dim: usize,
+        rope_theta: f64,
+        scaling: RopeScaling,
+    ) -> Result<RotaryEmbedding> {
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(crate::Error::Config(format!(
                 "RotaryEmbedding: the head dimension must be even and positive, got {head_dim}"
             )));
         }
-        // float32 throughout, as torch computes `1.0 / base ** (arange(0, d, 2).float() / d)`
-        let inv: Vec<f32> = (0..head_dim / 2)
-            .map(|i| 1.0 / (rope_theta as f32).powf((2 * i) as f32 / head_dim as f32))
-            .collect();
+        let inv = scaling.inv_freq(head_dim, rope_theta);
         Ok(RotaryEmbedding {
             inv_freq: device.tensor(&HostTensor::from_slice(&inv, &[head_dim / 2])?)?,
             head_dim,
             rope_theta,
+            scaling,
         })
+    }
+
+    /// The inverse frequencies for `position_ids`: the fixed table, or for dynamic NTK scaling
+    /// the table of the rescaled base once the positions pass `max_position_embeddings`
+    /// (float32, as `_compute_dynamic_ntk_parameters` computes it).
+    fn frequencies(&self, position_ids: &Tensor) -> Result<Tensor> {
+        let RopeScaling::Dynamic {
+            factor,
+            max_position_embeddings: max,
+        } = self.scaling
+        else {
+            return Ok(self.inv_freq.clone());
+        };
+        let dims: Vec<isize> = (0..position_ids.rank() as isize).collect();
+        let seq = position_ids
+            .max(&dims, false)?
+            .to_dtype(DType::F32)?
+            .add_scalar(1.0)?;
+        let seq = seq.maximum(&seq.constant_like(max as f64)?)?;
+        let d = self.head_dim as f64;
+        let base = seq
+            .mul_scalar(factor)?
+            .mul_scalar(1.0 / max as f64)?
+            .add_scalar(-(factor - 1.0))?
+            .powf(d / (d - 2.0))?
+            .mul_scalar(self.rope_theta)?;
+        let exponents: Vec<f32> = (0..self.head_dim / 2)
+            .map(|i| (2 * i) as f32 / d as f32)
+            .collect();
+        let dev = position_ids.device()?;
+        let exponents = dev.tensor(&HostTensor::from_slice(&exponents, &[self.head_dim / 2])?)?;
+        let powers = base.broadcast_to(&[self.head_dim / 2])?.pow(&exponents)?;
+        powers.constant_like(1.0)?.div(&powers)
     }
 
     /// `position_ids` (integer, `[s]` or `[b, s]`) → `(cos, sin)`, each float32 of shape
@@ -64,7 +107,7 @@ impl RotaryEmbedding {
         let freqs = position_ids
             .to_dtype(DType::F32)?
             .unsqueeze(-1)?
-            .mul(&self.inv_freq)?;
+            .mul(&self.frequencies(position_ids)?)?;
         let emb = Tensor::cat(&[&freqs, &freqs], -1)?;
         // Each table times the identity, which leaves it bit for bit as it is (one product
         // of 1, the others of 0) but makes XLA compute it once: sine and cosine are cheap
@@ -74,9 +117,14 @@ impl RotaryEmbedding {
         let dev = position_ids.device()?;
         let idx = dev.arange(self.head_dim, DType::I32)?;
         let eye = idx.unsqueeze(-1)?.eq(&idx)?.to_dtype(DType::F32)?;
+        let scale = self.scaling.attention_scaling();
         // float32 under autocast too, as transformers computes the tables with it disabled
         dev.autocast(None, || {
-            Ok((emb.cos()?.matmul(&eye)?, emb.sin()?.matmul(&eye)?))
+            let (cos, sin) = (emb.cos()?.matmul(&eye)?, emb.sin()?.matmul(&eye)?);
+            if scale == 1.0 {
+                return Ok((cos, sin));
+            }
+            Ok((cos.mul_scalar(scale)?, sin.mul_scalar(scale)?))
         })
     }
 

@@ -13,6 +13,7 @@ mod attention;
 mod conv;
 mod loss;
 mod norm;
+mod rope;
 mod scanned;
 mod var_builder;
 
@@ -25,6 +26,7 @@ pub use loss::{chunked_cross_entropy, cross_entropy_with, CrossEntropyOptions, I
 /// `#[derive(Module)]`: see the `neuron-pc-derive` crate for the field attributes.
 pub use neuron_pc_derive::Module;
 pub use norm::{BatchNorm, GroupNorm, RMSNorm};
+pub use rope::RopeScaling;
 pub use scanned::{LayerBuilder, ScannedLayers};
 pub use var_builder::{Init, VarBuilder};
 

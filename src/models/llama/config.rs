@@ -6,10 +6,63 @@ use std::path::Path;
 use neuron_pc_compiler::DType;
 use serde_json::{json, Map, Value};
 
+use super::keys::Keys;
 use crate::error::{Error, Result};
+use crate::nn::RopeScaling;
 
-/// The settings of a Llama-family model (Llama 2/3, Mistral-style grouped-query attention)
-/// that change what the model computes, as `transformers`' `LlamaConfig` names them.
+/// The `transformers` architectures this decoder computes: what differs between them is
+/// configuration and a few switches (see `docs/design.md`, "Model families").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Family {
+    /// `LlamaForCausalLM` (Llama 2, 3, 3.1+, SmolLM, ...): `attention_bias` and `mlp_bias`.
+    #[default]
+    Llama,
+    /// `MistralForCausalLM`: no biases, a sliding window in every layer when `sliding_window`
+    /// is set.
+    Mistral,
+    /// `Qwen2ForCausalLM` (Qwen2, Qwen2.5): biases on q/k/v (never on o), sliding-window
+    /// layers as `layer_types` (or `use_sliding_window` and `max_window_layers`) say.
+    Qwen2,
+    /// `Qwen3ForCausalLM`: an RMSNorm over each head of q and of k before the rotation,
+    /// `attention_bias` on q/k/v/o, sliding-window layers as Qwen2's.
+    Qwen3,
+}
+
+impl Family {
+    /// Every family, in the order the README lists them.
+    pub const ALL: [Family; 4] = [Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3];
+
+    /// `config.json`'s `model_type`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Family::Llama => "llama",
+            Family::Mistral => "mistral",
+            Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
+        }
+    }
+
+    /// The `transformers` class `config.json`'s `architectures` names.
+    pub fn architecture(self) -> &'static str {
+        match self {
+            Family::Llama => "LlamaForCausalLM",
+            Family::Mistral => "MistralForCausalLM",
+            Family::Qwen2 => "Qwen2ForCausalLM",
+            Family::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+
+    /// The family of a `model_type`, if this crate computes it.
+    pub fn from_model_type(model_type: &str) -> Option<Family> {
+        Family::ALL
+            .into_iter()
+            .find(|f| f.model_type() == model_type)
+    }
+}
+
+/// The settings of a decoder of the Llama family (Llama 2/3, Mistral, Qwen2/2.5, Qwen3) that
+/// change what the model computes, as `transformers`' configs name them.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct LlamaConfig {
@@ -31,6 +84,21 @@ pub struct LlamaConfig {
     pub max_position_embeddings: usize,
     /// The dtype the checkpoint is stored in (`dtype`, or `torch_dtype` in older configs).
     pub dtype: DType,
+    /// `model_type`: which architecture, and so which switches below are read and written.
+    pub family: Family,
+    /// The rotary scaling of `rope_parameters` (or `rope_scaling`).
+    pub rope_scaling: RopeScaling,
+    /// `attention_bias` (Llama, Qwen3): biases on q, k, v and o. Qwen2 has biases on q, k and
+    /// v whatever this says ([`LlamaConfig::qkv_bias`]).
+    pub attention_bias: bool,
+    /// `mlp_bias` (Llama): biases on the gate, up and down projections.
+    pub mlp_bias: bool,
+    /// The window of sliding-window attention: a query attends to itself and the
+    /// `sliding_window - 1` positions before it. `None`: full causal attention everywhere.
+    pub sliding_window: Option<usize>,
+    /// Which layers use the window (Qwen's `layer_types`, `true` for `sliding_attention`);
+    /// empty: every layer (Mistral).
+    pub sliding_layers: Vec<bool>,
     /// neuron-pc's own switch, not in `config.json`: the decoder layers are stacked and run as
     /// one loop (`nn::ScannedLayers`), so the step graph, and the time to compile it, do not
     /// grow with depth. The state-dict names and checkpoints are the same either way. Off by
@@ -63,10 +131,39 @@ impl LlamaConfig {
             initializer_range: 0.02,
             max_position_embeddings: 2048,
             dtype: DType::F32,
+            family: Family::Llama,
+            rope_scaling: RopeScaling::Default,
+            attention_bias: false,
+            mlp_bias: false,
+            sliding_window: None,
+            sliding_layers: Vec::new(),
             scan_layers: false,
         };
         c.validate("LlamaConfig::new")?;
         Ok(c)
+    }
+
+    /// This config as `family`'s (its `model_type`; Qwen3's q/k norms and Qwen2's q/k/v biases
+    /// come with the family).
+    pub fn with_family(mut self, family: Family) -> LlamaConfig {
+        self.family = family;
+        self
+    }
+
+    /// Biases on q, k and v.
+    pub fn qkv_bias(&self) -> bool {
+        self.attention_bias || self.family == Family::Qwen2
+    }
+
+    /// An RMSNorm over each head of q and of k (Qwen3).
+    pub fn qk_norm(&self) -> bool {
+        self.family == Family::Qwen3
+    }
+
+    /// The attention window of layer `layer` (`None`: full causal attention).
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        let sliding = self.sliding_layers.get(layer).copied().unwrap_or(true);
+        self.sliding_window.filter(|_| sliding)
     }
 
     /// Reads a Hugging Face `config.json`.
@@ -76,141 +173,98 @@ impl LlamaConfig {
         LlamaConfig::from_json_str(&text, &path.display().to_string())
     }
 
-    /// Parses the text of a `config.json`; `origin` names it in errors. `rope_theta` may be
-    /// top-level (older configs) or under `rope_parameters` (what transformers 5 writes). A
-    /// setting this implementation does not compute (rope scaling, attention or MLP biases,
-    /// another activation, dropout) is an error naming the key, never silently ignored.
+    /// Parses the text of a `config.json`; `origin` names it in errors. `model_type` picks the
+    /// [`Family`] (none: Llama). `rope_theta` and the rotary scaling may be top-level and in
+    /// `rope_scaling` (transformers 4) or in `rope_parameters` (transformers 5). A setting
+    /// this implementation does not compute (another rope type, another activation, dropout,
+    /// a family's key it does not have) is an error naming the key, never silently ignored.
     pub fn from_json_str(text: &str, origin: &str) -> Result<LlamaConfig> {
-        let err = |key: &str, message: String| {
-            Error::Config(format!("{origin}: config key `{key}`: {message}"))
-        };
         let value: Value = serde_json::from_str(text)
             .map_err(|e| Error::Config(format!("{origin}: not valid JSON: {e}")))?;
         let Value::Object(map) = value else {
             return Err(Error::Config(format!("{origin}: not a JSON object")));
         };
-        let get = |key: &str| map.get(key).filter(|v| !v.is_null());
-        let usize_key = |key: &str| -> Result<Option<usize>> {
-            match get(key) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_u64()
-                    .filter(|n| *n > 0)
-                    .map(|n| Some(n as usize))
-                    .ok_or_else(|| err(key, format!("expected a positive integer, got {v}"))),
-            }
+        let keys = Keys { map: &map, origin };
+        let family = match keys.get("model_type") {
+            None => Family::Llama,
+            Some(t) => t
+                .as_str()
+                .and_then(Family::from_model_type)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = Family::ALL.iter().map(|f| f.model_type()).collect();
+                    keys.err(
+                        "model_type",
+                        format!(
+                            "{t} is not a supported family (one of {})",
+                            known.join(", ")
+                        ),
+                    )
+                })?,
         };
-        let required = |key: &str| -> Result<usize> {
-            usize_key(key)?.ok_or_else(|| err(key, "missing (a Llama config needs it)".into()))
-        };
-        let f64_key = |m: &Map<String, Value>, key: &str| -> Result<Option<f64>> {
-            match m.get(key).filter(|v| !v.is_null()) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_f64()
-                    .map(Some)
-                    .ok_or_else(|| err(key, format!("expected a number, got {v}"))),
-            }
-        };
-        let bool_key = |key: &str| -> Result<Option<bool>> {
-            match get(key) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_bool()
-                    .map(Some)
-                    .ok_or_else(|| err(key, format!("expected true or false, got {v}"))),
-            }
-        };
-
-        if let Some(t) = get("model_type") {
-            if !matches!(t.as_str(), Some("llama") | Some("mistral")) {
-                return Err(err(
-                    "model_type",
-                    format!("{t} is not a Llama-family model (expected \"llama\")"),
-                ));
-            }
-        }
-        if let Some(w) = get("sliding_window") {
-            return Err(err(
-                "sliding_window",
-                format!("sliding-window attention ({w}) is not supported"),
-            ));
-        }
-        if let Some(act) = get("hidden_act") {
+        if let Some(act) = keys.get("hidden_act") {
             if act.as_str() != Some("silu") {
-                return Err(err(
+                return Err(keys.err(
                     "hidden_act",
-                    format!("{act} is not supported (Llama's MLP uses \"silu\")"),
-                ));
-            }
-        }
-        for key in ["attention_bias", "mlp_bias"] {
-            if bool_key(key)? == Some(true) {
-                return Err(err(
-                    key,
-                    "biases in the projections are not supported".into(),
+                    format!("{act} is not supported (the MLP uses \"silu\")"),
                 ));
             }
         }
         for key in ["attention_dropout", "hidden_dropout"] {
-            if let Some(p) = f64_key(&map, key)? {
+            if let Some(p) = keys.f64(&map, key)? {
                 if p != 0.0 {
-                    return Err(err(key, format!("dropout {p} is not supported (use 0.0)")));
+                    return Err(keys.err(key, format!("dropout {p} is not supported (use 0.0)")));
                 }
             }
         }
-
-        // rope: `rope_scaling` (transformers 4) or `rope_parameters` (transformers 5)
-        let rope_type_ok = |key: &str, m: &Map<String, Value>| -> Result<()> {
-            let ty = m.get("rope_type").or_else(|| m.get("type"));
-            match ty.and_then(|t| t.as_str()) {
-                None | Some("default") => Ok(()),
-                Some(other) => Err(err(
-                    key,
-                    format!(
-                        "rope type {other:?} is not supported (only \"default\" rotary \
-                         embeddings)"
-                    ),
-                )),
-            }
+        // the keys each family has (transformers ignores the others; so does this)
+        let (attention_bias, mlp_bias) = match family {
+            Family::Llama => (
+                keys.bool("attention_bias")?.unwrap_or(false),
+                keys.bool("mlp_bias")?.unwrap_or(false),
+            ),
+            Family::Qwen3 => (keys.bool("attention_bias")?.unwrap_or(false), false),
+            Family::Mistral | Family::Qwen2 => (false, false),
         };
-        if let Some(s) = get("rope_scaling") {
-            match s {
-                Value::Object(m) => rope_type_ok("rope_scaling", m)?,
-                other => return Err(err("rope_scaling", format!("expected an object: {other}"))),
+        let num_hidden_layers = keys.required("num_hidden_layers")?;
+        let (sliding_window, sliding_layers) = match family {
+            Family::Llama => {
+                if let Some(w) = keys.get("sliding_window") {
+                    return Err(keys.err(
+                        "sliding_window",
+                        format!(
+                            "{w}: a Llama config has no sliding window (model_type \"mistral\" \
+                             or \"qwen2\" has)"
+                        ),
+                    ));
+                }
+                (None, Vec::new())
             }
-        }
-        let mut rope_theta = f64_key(&map, "rope_theta")?;
-        if let Some(p) = get("rope_parameters") {
-            let Value::Object(m) = p else {
-                return Err(err("rope_parameters", format!("expected an object: {p}")));
-            };
-            rope_type_ok("rope_parameters", m)?;
-            if let Some(t) = f64_key(m, "rope_theta")? {
-                rope_theta = Some(t);
-            }
-        }
-        let rope_theta = rope_theta.unwrap_or(10_000.0);
-        if rope_theta <= 0.0 {
-            return Err(err(
-                "rope_theta",
-                format!("must be positive, got {rope_theta}"),
-            ));
-        }
+            Family::Mistral => (keys.usize("sliding_window")?, Vec::new()),
+            Family::Qwen2 | Family::Qwen3 => keys.qwen_layers(num_hidden_layers)?,
+        };
 
-        let dtype = match get("dtype").or_else(|| get("torch_dtype")) {
+        let max_position_embeddings =
+            keys.usize("max_position_embeddings")?
+                .unwrap_or(match family {
+                    Family::Llama => 2048,
+                    Family::Mistral => 4096 * 32,
+                    Family::Qwen2 | Family::Qwen3 => 32768,
+                });
+        let (rope_theta, rope_scaling) = keys.rope(max_position_embeddings)?;
+
+        let dtype = match keys.get("dtype").or_else(|| keys.get("torch_dtype")) {
             None => DType::F32,
             Some(v) => match v.as_str() {
                 Some("float32") => DType::F32,
                 Some("bfloat16") => DType::BF16,
                 Some("float16") => DType::F16,
                 _ => {
-                    let key = if get("dtype").is_some() {
+                    let key = if keys.get("dtype").is_some() {
                         "dtype"
                     } else {
                         "torch_dtype"
                     };
-                    return Err(err(
+                    return Err(keys.err(
                         key,
                         format!("{v} is not supported (float32, bfloat16 or float16)"),
                     ));
@@ -218,22 +272,34 @@ impl LlamaConfig {
             },
         };
 
-        let hidden_size = required("hidden_size")?;
-        let num_attention_heads = required("num_attention_heads")?;
+        let hidden_size = keys.required("hidden_size")?;
+        let num_attention_heads = keys.required("num_attention_heads")?;
+        let default_head_dim = match family {
+            Family::Qwen3 => 128,
+            _ => hidden_size / num_attention_heads,
+        };
         let config = LlamaConfig {
-            vocab_size: required("vocab_size")?,
+            vocab_size: keys.required("vocab_size")?,
             hidden_size,
-            intermediate_size: required("intermediate_size")?,
-            num_hidden_layers: required("num_hidden_layers")?,
+            intermediate_size: keys.required("intermediate_size")?,
+            num_hidden_layers,
             num_attention_heads,
-            num_key_value_heads: usize_key("num_key_value_heads")?.unwrap_or(num_attention_heads),
-            head_dim: usize_key("head_dim")?.unwrap_or(hidden_size / num_attention_heads),
-            rms_norm_eps: f64_key(&map, "rms_norm_eps")?.unwrap_or(1e-6),
+            num_key_value_heads: keys
+                .usize("num_key_value_heads")?
+                .unwrap_or(num_attention_heads),
+            head_dim: keys.usize("head_dim")?.unwrap_or(default_head_dim),
+            rms_norm_eps: keys.f64(&map, "rms_norm_eps")?.unwrap_or(1e-6),
             rope_theta,
-            tie_word_embeddings: bool_key("tie_word_embeddings")?.unwrap_or(false),
-            initializer_range: f64_key(&map, "initializer_range")?.unwrap_or(0.02),
-            max_position_embeddings: usize_key("max_position_embeddings")?.unwrap_or(2048),
+            tie_word_embeddings: keys.bool("tie_word_embeddings")?.unwrap_or(false),
+            initializer_range: keys.f64(&map, "initializer_range")?.unwrap_or(0.02),
+            max_position_embeddings,
             dtype,
+            family,
+            rope_scaling,
+            attention_bias,
+            mlp_bias,
+            sliding_window,
+            sliding_layers,
             scan_layers: false,
         };
         config.validate(origin)?;
@@ -286,21 +352,112 @@ impl LlamaConfig {
                 format!("must be positive, got {}", self.rms_norm_eps),
             );
         }
+        if self.sliding_window == Some(0) {
+            return err("sliding_window", "must be positive".into());
+        }
+        if !self.sliding_layers.is_empty() && self.sliding_layers.len() != self.num_hidden_layers {
+            return err(
+                "layer_types",
+                format!(
+                    "{} entries for {} layers",
+                    self.sliding_layers.len(),
+                    self.num_hidden_layers
+                ),
+            );
+        }
+        if matches!(self.rope_scaling, RopeScaling::Dynamic { .. }) && self.head_dim <= 2 {
+            return err(
+                "head_dim",
+                format!("{}: dynamic rope scaling needs more than 2", self.head_dim),
+            );
+        }
+        let misplaced = match self.family {
+            Family::Llama => self.sliding_window.map(|_| "sliding_window"),
+            Family::Mistral | Family::Qwen2 => match (self.attention_bias, self.mlp_bias) {
+                (true, _) => Some("attention_bias"),
+                (_, true) => Some("mlp_bias"),
+                _ => None,
+            },
+            Family::Qwen3 => self.mlp_bias.then_some("mlp_bias"),
+        };
+        if let Some(key) = misplaced {
+            return err(
+                key,
+                format!(
+                    "model_type {:?} has no such setting",
+                    self.family.model_type()
+                ),
+            );
+        }
         Ok(())
     }
 
     /// The `config.json` `save_pretrained` would write for this model (transformers 5
-    /// layout: `rope_parameters`, `dtype`), loadable by `LlamaForCausalLM.from_pretrained`.
+    /// layout: `rope_parameters`, `dtype`), loadable by the family's
+    /// `*ForCausalLM.from_pretrained` (and `AutoModelForCausalLM`).
     pub fn to_json(&self, dtype: DType) -> Value {
         let dtype = match dtype {
             DType::BF16 => "bfloat16",
             DType::F16 => "float16",
             _ => "float32",
         };
-        json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "attention_bias": false,
+        let mut rope = Map::new();
+        rope.insert("rope_type".into(), json!(self.rope_scaling.rope_type()));
+        rope.insert("rope_theta".into(), json!(self.rope_theta));
+        let mut put = |key: &str, value: Value| {
+            rope.insert(key.into(), value);
+        };
+        match self.rope_scaling {
+            RopeScaling::Linear { factor } | RopeScaling::Dynamic { factor, .. } => {
+                put("factor", json!(factor))
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                put("factor", json!(factor));
+                put("low_freq_factor", json!(low_freq_factor));
+                put("high_freq_factor", json!(high_freq_factor));
+                put(
+                    "original_max_position_embeddings",
+                    json!(original_max_position_embeddings),
+                );
+            }
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                attention_factor,
+                mscale,
+                mscale_all_dim,
+                beta_fast,
+                beta_slow,
+                truncate,
+            } => {
+                put("factor", json!(factor));
+                put(
+                    "original_max_position_embeddings",
+                    json!(original_max_position_embeddings),
+                );
+                for (key, v) in [
+                    ("attention_factor", attention_factor),
+                    ("mscale", mscale),
+                    ("mscale_all_dim", mscale_all_dim),
+                ] {
+                    if let Some(v) = v {
+                        put(key, json!(v));
+                    }
+                }
+                put("beta_fast", json!(beta_fast));
+                put("beta_slow", json!(beta_slow));
+                put("truncate", json!(truncate));
+            }
+            _ => {}
+        }
+        let mut config = json!({
+            "architectures": [self.family.architecture()],
+            "model_type": self.family.model_type(),
             "attention_dropout": 0.0,
             "bos_token_id": null,
             "eos_token_id": null,
@@ -312,16 +469,51 @@ impl LlamaConfig {
             "initializer_range": self.initializer_range,
             "intermediate_size": self.intermediate_size,
             "max_position_embeddings": self.max_position_embeddings,
-            "mlp_bias": false,
             "num_attention_heads": self.num_attention_heads,
             "num_hidden_layers": self.num_hidden_layers,
             "num_key_value_heads": self.num_key_value_heads,
             "rms_norm_eps": self.rms_norm_eps,
-            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "rope_parameters": rope,
             "tie_word_embeddings": self.tie_word_embeddings,
             "use_cache": true,
             "vocab_size": self.vocab_size,
-        })
+        });
+        let map = config.as_object_mut().expect("an object");
+        let sliding = (0..self.num_hidden_layers).map(|l| self.window(l).is_some());
+        match self.family {
+            Family::Llama => {
+                map.insert("attention_bias".into(), json!(self.attention_bias));
+                map.insert("mlp_bias".into(), json!(self.mlp_bias));
+            }
+            Family::Mistral => {
+                map.insert("sliding_window".into(), json!(self.sliding_window));
+            }
+            Family::Qwen2 | Family::Qwen3 => {
+                let types: Vec<&str> = sliding
+                    .map(|s| match s {
+                        true => "sliding_attention",
+                        false => "full_attention",
+                    })
+                    .collect();
+                let any = types.contains(&"sliding_attention");
+                map.insert("use_sliding_window".into(), json!(any));
+                map.insert(
+                    "sliding_window".into(),
+                    json!(self.sliding_window.filter(|_| any)),
+                );
+                // layer_types says it all; this is the value transformers would infer
+                let first = types
+                    .iter()
+                    .position(|t| *t == "sliding_attention")
+                    .unwrap_or(self.num_hidden_layers);
+                map.insert("max_window_layers".into(), json!(first));
+                map.insert("layer_types".into(), json!(types));
+                if self.family == Family::Qwen3 {
+                    map.insert("attention_bias".into(), json!(self.attention_bias));
+                }
+            }
+        }
+        config
     }
 
     /// Parameters of the model (embeddings counted once when tied).
@@ -329,7 +521,19 @@ impl LlamaConfig {
         let (h, i) = (self.hidden_size, self.intermediate_size);
         let q = self.num_attention_heads * self.head_dim;
         let kv = self.num_key_value_heads * self.head_dim;
-        let layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h;
+        let mut layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h;
+        if self.qkv_bias() {
+            layer += q + 2 * kv;
+        }
+        if self.attention_bias {
+            layer += h; // o_proj
+        }
+        if self.mlp_bias {
+            layer += 2 * i + h;
+        }
+        if self.qk_norm() {
+            layer += 2 * self.head_dim;
+        }
         let head = if self.tie_word_embeddings {
             0
         } else {

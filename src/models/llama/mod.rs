@@ -12,13 +12,16 @@
 //! ```
 
 mod config;
+mod keys;
 mod pretrained;
+mod sharding;
 
 use std::path::Path;
 
 use neuron_pc_compiler::{DType, HostTensor};
 
-pub use config::LlamaConfig;
+pub use config::{Family, LlamaConfig};
+pub use sharding::LlamaSharding;
 
 use crate::checkpoint::CheckpointError;
 use crate::device::LazyDevice;
@@ -30,14 +33,22 @@ use crate::nn::{
 };
 use crate::tensor::{shape_error, Tensor};
 
-/// A bias-free projection initialised as `transformers` does (normal, std
-/// `initializer_range`).
-fn proj(vb: &VarBuilder, name: &str, inputs: usize, outputs: usize, std: f64) -> Result<Linear> {
+/// A projection initialised as `transformers` does (weight normal with std
+/// `initializer_range`, bias zero).
+fn proj(
+    vb: &VarBuilder,
+    name: &str,
+    (inputs, outputs): (usize, usize),
+    std: f64,
+    bias: bool,
+) -> Result<Linear> {
+    let vb = vb.pp(name);
     Ok(Linear {
-        weight: vb
-            .pp(name)
-            .get(&[outputs, inputs], "weight", Init::Normal { std })?,
-        bias: None,
+        weight: vb.get(&[outputs, inputs], "weight", Init::Normal { std })?,
+        bias: match bias {
+            true => Some(vb.get(&[outputs], "bias", Init::Const(0.0))?),
+            false => None,
+        },
     })
 }
 
@@ -59,6 +70,13 @@ pub struct LlamaAttention {
     pub k_proj: Linear,
     pub v_proj: Linear,
     pub o_proj: Linear,
+    /// Qwen3's RMSNorm over each head of q (`[head_dim]`), before the rotation.
+    pub q_norm: Option<RMSNorm>,
+    /// Qwen3's RMSNorm over each head of k.
+    pub k_norm: Option<RMSNorm>,
+    /// This layer's attention window ([`LlamaConfig::window`]); `None`: full causal attention.
+    #[module(skip)]
+    pub sliding_window: Option<usize>,
     #[module(skip)]
     pub num_heads: usize,
     #[module(skip)]
@@ -70,11 +88,29 @@ pub struct LlamaAttention {
 impl LlamaAttention {
     pub fn from_vb(vb: &VarBuilder, c: &LlamaConfig) -> Result<LlamaAttention> {
         let (h, d, std) = (c.hidden_size, c.head_dim, c.initializer_range);
+        let (q, kv, qkv_bias) = (
+            c.num_attention_heads * d,
+            c.num_key_value_heads * d,
+            c.qkv_bias(),
+        );
+        let norm = |name: &str| -> Result<Option<RMSNorm>> {
+            match c.qk_norm() {
+                true => Ok(Some(RMSNorm::from_vb(
+                    &vb.pp(name),
+                    d,
+                    Some(c.rms_norm_eps),
+                )?)),
+                false => Ok(None),
+            }
+        };
         Ok(LlamaAttention {
-            q_proj: proj(vb, "q_proj", h, c.num_attention_heads * d, std)?,
-            k_proj: proj(vb, "k_proj", h, c.num_key_value_heads * d, std)?,
-            v_proj: proj(vb, "v_proj", h, c.num_key_value_heads * d, std)?,
-            o_proj: proj(vb, "o_proj", c.num_attention_heads * d, h, std)?,
+            q_proj: proj(vb, "q_proj", (h, q), std, qkv_bias)?,
+            k_proj: proj(vb, "k_proj", (h, kv), std, qkv_bias)?,
+            v_proj: proj(vb, "v_proj", (h, kv), std, qkv_bias)?,
+            o_proj: proj(vb, "o_proj", (q, h), std, c.attention_bias)?,
+            q_norm: norm("q_norm")?,
+            k_norm: norm("k_norm")?,
+            sliding_window: None,
             num_heads: c.num_attention_heads,
             num_kv_heads: c.num_key_value_heads,
             head_dim: d,
@@ -90,10 +126,13 @@ impl LlamaAttention {
         key_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
         let (b, s) = (x.dims()[0], x.dims()[1]);
-        let heads = |p: &Linear, n: usize| -> Result<Tensor> {
-            p.forward(x)?
-                .reshape(&[b, s, n, self.head_dim])?
-                .permute(&[0, 2, 1, 3]) // [b, n, s, head_dim]
+        let heads = |p: &Linear, n: usize, norm: Option<&RMSNorm>| -> Result<Tensor> {
+            let t = p.forward(x)?.reshape(&[b, s, n, self.head_dim])?;
+            let t = match norm {
+                Some(norm) => rms_norm(norm, &t)?,
+                None => t,
+            };
+            t.permute(&[0, 2, 1, 3]) // [b, n, s, head_dim]
         };
         // Under autocast the projections come out in the lower precision; the rotation runs in
         // the hidden states' dtype and the attention in the autocast dtype, as in transformers
@@ -103,9 +142,13 @@ impl LlamaAttention {
         let rotated = |t: Tensor| -> Result<Tensor> {
             apply_rotary_pos_emb(&t.to_dtype(x.dtype())?, cos, sin)?.to_dtype(compute)
         };
-        let q = rotated(heads(&self.q_proj, self.num_heads)?)?;
-        let k = rotated(heads(&self.k_proj, self.num_kv_heads)?)?;
-        let v = heads(&self.v_proj, self.num_kv_heads)?.to_dtype(compute)?;
+        let q = rotated(heads(&self.q_proj, self.num_heads, self.q_norm.as_ref())?)?;
+        let k = rotated(heads(
+            &self.k_proj,
+            self.num_kv_heads,
+            self.k_norm.as_ref(),
+        )?)?;
+        let v = heads(&self.v_proj, self.num_kv_heads, None)?.to_dtype(compute)?;
         let ctx = scaled_dot_product_attention(&q, &k, &v, key_mask, true, None)?
             .permute(&[0, 2, 1, 3])?
             .reshape(&[b, s, self.num_heads * self.head_dim])?;
@@ -123,11 +166,16 @@ pub struct LlamaMlp {
 
 impl LlamaMlp {
     pub fn from_vb(vb: &VarBuilder, c: &LlamaConfig) -> Result<LlamaMlp> {
-        let (h, i, std) = (c.hidden_size, c.intermediate_size, c.initializer_range);
+        let (h, i, std, bias) = (
+            c.hidden_size,
+            c.intermediate_size,
+            c.initializer_range,
+            c.mlp_bias,
+        );
         Ok(LlamaMlp {
-            gate_proj: proj(vb, "gate_proj", h, i, std)?,
-            up_proj: proj(vb, "up_proj", h, i, std)?,
-            down_proj: proj(vb, "down_proj", i, h, std)?,
+            gate_proj: proj(vb, "gate_proj", (h, i), std, bias)?,
+            up_proj: proj(vb, "up_proj", (h, i), std, bias)?,
+            down_proj: proj(vb, "down_proj", (i, h), std, bias)?,
         })
     }
 
@@ -258,15 +306,30 @@ impl LlamaForCausalLM {
             )?,
         };
         let (layers, scanned_layers) = if c.scan_layers {
+            // one loop body for every layer: they must attend alike
+            let window = c.window(0);
+            if let Some(l) = (1..c.num_hidden_layers).find(|&l| c.window(l) != window) {
+                return Err(Error::Config(format!(
+                    "scan_layers: layer {l} attends through a window of {:?}, layer 0 {window:?}; \
+                     scanned layers must all be alike (leave the layers unrolled)",
+                    c.window(l)
+                )));
+            }
             let layer_config = c.clone();
             let build = std::sync::Arc::new(move |vb: &VarBuilder| {
-                LlamaDecoderLayer::from_vb(vb, &layer_config)
+                let mut layer = LlamaDecoderLayer::from_vb(vb, &layer_config)?;
+                layer.self_attn.sliding_window = window;
+                Ok(layer)
             });
             let scanned = ScannedLayers::from_vb(&m.pp("layers"), c.num_hidden_layers, build)?;
             (Vec::new(), Some(scanned))
         } else {
             let layers = (0..c.num_hidden_layers)
-                .map(|i| LlamaDecoderLayer::from_vb(&m.pp(&format!("layers.{i}")), c))
+                .map(|i| {
+                    let mut layer = LlamaDecoderLayer::from_vb(&m.pp(&format!("layers.{i}")), c)?;
+                    layer.self_attn.sliding_window = c.window(i);
+                    Ok(layer)
+                })
                 .collect::<Result<Vec<_>>>()?;
             (layers, None)
         };
@@ -276,9 +339,9 @@ impl LlamaForCausalLM {
             false => Some(proj(
                 vb,
                 "lm_head",
-                c.hidden_size,
-                c.vocab_size,
+                (c.hidden_size, c.vocab_size),
                 c.initializer_range,
+                false,
             )?),
         };
         Ok(LlamaForCausalLM {
@@ -288,7 +351,12 @@ impl LlamaForCausalLM {
                 layers,
                 scanned_layers,
                 norm,
-                rotary_emb: RotaryEmbedding::new(vb.device(), c.head_dim, c.rope_theta)?,
+                rotary_emb: RotaryEmbedding::scaled(
+                    vb.device(),
+                    c.head_dim,
+                    c.rope_theta,
+                    c.rope_scaling.clone(),
+                )?,
             },
             lm_head,
             loss_chunk: None,
@@ -482,6 +550,13 @@ impl LlamaForCausalLM {
             ));
         }
         let (b, s) = (input_ids.dims()[0], input_ids.dims()[1]);
+        let dtype = self.model.embed_tokens.weight.dtype();
+        let lowest = match dtype {
+            DType::BF16 => 3.389_531_389_251_535_5e38,
+            DType::F16 => 65_504.0,
+            DType::F64 => f64::MAX,
+            _ => f64::from(f32::MAX),
+        };
         let key_mask = match attention_mask {
             None => None,
             Some(m) => {
@@ -495,13 +570,6 @@ impl LlamaForCausalLM {
                 // it: a query whose keys are all padding (left padding) then gets finite
                 // scores; a -inf mask would give it NaN, which reaches the real tokens in the
                 // next layer (its values are weighted by 0, and 0 * NaN is NaN)
-                let dtype = self.model.embed_tokens.weight.dtype();
-                let lowest = match dtype {
-                    DType::BF16 => 3.389_531_389_251_535_5e38,
-                    DType::F16 => 65_504.0,
-                    DType::F64 => f64::MAX,
-                    _ => f64::from(f32::MAX),
-                };
                 let keep = m.ne(&m.zeros_like()?)?.to_dtype(dtype)?;
                 Some(
                     keep.add_scalar(-1.0)?
@@ -519,20 +587,47 @@ impl LlamaForCausalLM {
             }
         };
         let m = &self.model;
+        // each window's band `query - window < key` (on top of the causal mask), added to the
+        // key mask; a window as long as the sequence changes nothing and adds nothing
+        let mut windows: Vec<usize> = m
+            .layers
+            .iter()
+            .filter_map(|l| l.self_attn.sliding_window)
+            .collect();
+        // a scanned body's window is the config's (`from_vb` checks they are all alike)
+        windows.extend(self.config.sliding_window);
+        windows.retain(|&w| w < s);
+        let mut banded = std::collections::BTreeMap::new();
+        for w in windows {
+            if banded.contains_key(&w) {
+                continue;
+            }
+            let dev = input_ids.device()?;
+            let rows = dev.arange(s, DType::I32)?.unsqueeze(1)?; // [s, 1]
+            let keep = dev.arange(s, DType::I32)?.add_scalar(w as f64)?.gt(&rows)?;
+            let open = dev.full(0.0, &[s, s], dtype)?;
+            let band = Tensor::where_cond(&keep, &open, &open.constant_like(-lowest)?)?
+                .reshape(&[1, 1, s, s])?;
+            let mask = match &key_mask {
+                Some(k) => k.add(&band)?,
+                None => band,
+            };
+            banded.insert(w, mask);
+        }
+        let mask_of = |window: Option<usize>| match window.and_then(|w| banded.get(&w)) {
+            Some(mask) => Some(mask),
+            None => key_mask.as_ref(),
+        };
         let (cos, sin) = m.rotary_emb.cos_sin(positions)?;
         let mut h = m.embed_tokens.forward(input_ids)?;
         for layer in &m.layers {
-            h = layer.forward(&h, &cos, &sin, key_mask.as_ref())?;
+            h = layer.forward(&h, &cos, &sin, mask_of(layer.self_attn.sliding_window))?;
         }
         if let Some(scanned) = &m.scanned_layers {
             // what a layer keeps is the loop's to say (`ScannedLayers::remat`)
             let out = scanned.forward(&[&h], |layer, h| {
-                Ok(vec![layer.forward_block(
-                    &h[0],
-                    &cos,
-                    &sin,
-                    key_mask.as_ref(),
-                )?])
+                let mask = mask_of(layer.self_attn.sliding_window);
+                Ok(vec![layer.forward_block(&h[0], &cos, &sin, mask)?])
             })?;
             h = out.into_iter().next().expect("one carry");
         }
@@ -617,46 +712,4 @@ fn shifted_labels_check(
         ));
     }
     Ok(())
-}
-
-/// The Llama sharding plan over a mesh's `model` axis (tensor parallelism, the Megatron layout
-/// NeuronX Distributed uses) and, with `fsdp`, its `data` axis (FSDP): q/k/v and gate/up
-/// split by output features over `model`, o and down by input features, the embedding and
-/// `lm_head` by vocabulary; FSDP splits each weight's other dimension over `data`, and the
-/// norms over `data`. A dimension an axis does not divide stays whole; an axis the mesh lacks
-/// (or of size 1) splits nothing.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LlamaSharding {
-    pub fsdp: bool,
-}
-
-impl crate::sharding::ShardingPlan for LlamaSharding {
-    fn spec(
-        &self,
-        name: &str,
-        dims: &[usize],
-        mesh: &neuron_pc_compiler::sharding::Mesh,
-    ) -> neuron_pc_compiler::sharding::PartitionSpec {
-        use crate::sharding::{split_if_divisible, DATA_AXIS, MODEL_AXIS};
-        let column = ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"];
-        let vocab = ["embed_tokens", "lm_head"];
-        let layer = name.strip_suffix(".weight").unwrap_or(name);
-        let layer = layer.rsplit('.').next().unwrap_or(layer);
-        // (dimension split over `model`, dimension split over `data`)
-        let (tp, dp) = if column.contains(&layer) || vocab.contains(&layer) {
-            (Some(0), 1)
-        } else if layer == "o_proj" || layer == "down_proj" {
-            (Some(1), 0)
-        } else {
-            (None, 0)
-        };
-        let mut splits = Vec::new();
-        if let Some(d) = tp {
-            splits.push((d, MODEL_AXIS));
-        }
-        if self.fsdp {
-            splits.push((dp, DATA_AXIS));
-        }
-        split_if_divisible(dims, &splits, mesh)
-    }
 }
