@@ -1,17 +1,20 @@
-//! Trains a small Llama (`models::llama`) on the lazy device: a synthetic sequence-reversal task
-//! by default, or byte-level tokens of a text file.
+//! Trains a small decoder of the Llama family (`models::llama`: Llama 2/3, Mistral, Qwen2/2.5,
+//! Qwen3) on the lazy device: a synthetic sequence-reversal task by default, or byte-level
+//! tokens of a text file.
 //!
 //! ```sh
 //! cargo run --release --example train_llama -- --steps 300
 //! cargo run --release --example train_llama -- --text README.md --steps 500 --save out/llama
 //! cargo run --release --example train_llama -- --init-from tests/data/llama-tiny --steps 50
+//! cargo run --release --example train_llama -- --init-from tests/data/families/qwen2 --steps 50
 //! neuron-pc compile -- target/release/examples/train_llama --steps 3
 //! CPU_NUM_DEVICES=4 cargo run --release --example train_llama -- --fsdp 2 --tp 2
 //! ```
 //!
 //! The model comes from `--init-from DIR` (a `save_pretrained` directory: its config and
-//! weights), `--config config.json` (a Hugging Face config, random weights), or the size flags.
-//! `--save DIR` writes a directory `transformers`' `LlamaForCausalLM.from_pretrained` loads.
+//! weights, the family from its `model_type`), `--config config.json` (a Hugging Face config,
+//! random weights), or the size flags (`--family` picks the architecture). `--save DIR` writes
+//! a directory `transformers`' `AutoModelForCausalLM.from_pretrained` loads as the same family.
 //! One step graph holds forward, backward, the gradient all-reduce (`--devices N`) and the
 //! AdamW update, so the run compiles it once (plus the matmul that measures the peak).
 //! `--buckets 16,32,64` trains on rows of random length padded to length buckets (one graph per
@@ -34,7 +37,7 @@ use clap::Parser;
 use neuron_pc::amp::Precision;
 use neuron_pc::checkpoint::StateDict;
 use neuron_pc::data::{DeviceLoader, LastBatch, LengthBuckets};
-use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LlamaSharding, LoadOptions};
+use neuron_pc::models::llama::{Family, LlamaConfig, LlamaForCausalLM, LlamaSharding, LoadOptions};
 use neuron_pc::nn::{HostRng, Module, Remat, VarBuilder, IGNORE_INDEX};
 use neuron_pc::optim::{average_gradients, AdamW, GradAccumulator, WarmupCosine};
 use neuron_pc::sharding::{ShardingPlan, DATA_AXIS, MODEL_AXIS};
@@ -84,6 +87,10 @@ struct Args {
     vocab: usize,
     #[arg(long, default_value_t = 10_000.0, conflicts_with_all = MODEL_GIVEN)]
     rope_theta: f64,
+    /// The architecture of a model built from the size flags: llama, mistral, qwen2 or qwen3
+    /// (`config.json`'s `model_type`).
+    #[arg(long, default_value = "llama", conflicts_with_all = MODEL_GIVEN)]
+    family: String,
     /// Tie `lm_head` to the token embeddings.
     #[arg(long, conflicts_with_all = MODEL_GIVEN)]
     tie_embeddings: bool,
@@ -265,6 +272,14 @@ fn model_config(args: &Args) -> anyhow::Result<LlamaConfig> {
     if let Some(path) = &args.config {
         return Ok(LlamaConfig::from_file(path)?);
     }
+    let Some(family) = Family::from_model_type(&args.family) else {
+        let known: Vec<&str> = Family::ALL.iter().map(|f| f.model_type()).collect();
+        bail!(
+            "--family {}: not a supported family (one of {})",
+            args.family,
+            known.join(", ")
+        );
+    };
     let mut c = LlamaConfig::new(
         args.vocab,
         args.hidden,
@@ -272,7 +287,8 @@ fn model_config(args: &Args) -> anyhow::Result<LlamaConfig> {
         args.layers,
         args.heads,
         args.kv_heads,
-    )?;
+    )?
+    .with_family(family);
     c.rope_theta = args.rope_theta;
     c.rms_norm_eps = 1e-5;
     c.tie_word_embeddings = args.tie_embeddings;
@@ -446,7 +462,8 @@ fn main() -> anyhow::Result<()> {
         }
     }
     println!(
-        "llama: {} parameters, {} layers{}, hidden {}, {} heads over {} kv heads, vocab {}",
+        "{}: {} parameters, {} layers{}, hidden {}, {} heads over {} kv heads, vocab {}",
+        config.family.model_type(),
         config.num_parameters(),
         config.num_hidden_layers,
         if config.scan_layers { " (scanned)" } else { "" },

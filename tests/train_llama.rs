@@ -501,6 +501,70 @@ fn a_config_json_gives_a_random_model_of_its_size() {
     std::fs::remove_dir_all(&cache).unwrap();
 }
 
+/// Each family's `save_pretrained` directory (tests/families.rs checks them against
+/// transformers) trains here by its `model_type` and is saved as the same family; `--family`
+/// builds a random one from the size flags.
+#[test]
+fn every_family_trains_from_its_directory_and_saves_as_itself() {
+    let cache = tmp("families");
+    let out = tmp("families-out");
+    let dev = LazyDevice::new(DeviceConfig {
+        cache: neuron_pc::compile::CacheConfig::disabled(),
+        ..DeviceConfig::default()
+    })
+    .unwrap();
+    for (case, family) in [
+        ("llama3", "llama"),
+        ("mistral", "mistral"),
+        ("qwen2", "qwen2"),
+        ("qwen3", "qwen3"),
+    ] {
+        let dir = root().join("tests/data/families").join(case);
+        let saved = out.join(case);
+        let r = run(
+            &cache,
+            &[
+                "--init-from",
+                dir.to_str().unwrap(),
+                "--steps",
+                "6",
+                "--batch-size",
+                "8",
+                "--loss-log",
+                "--peak-matmul",
+                "0",
+                "--save",
+                saved.to_str().unwrap(),
+            ],
+        );
+        // the parameters transformers stored (a tied head stores none)
+        let stored = StateDict::load(&dir.join("model.safetensors")).unwrap();
+        let count: usize = stored.tensors.values().map(|t| t.to_f64_vec().len()).sum();
+        let banner = format!("{family}: {count} parameters");
+        assert!(r.stdout.contains(&banner), "{case}: {}", r.stdout);
+        assert_eq!(r.losses.len(), 6);
+        assert!(
+            (r.losses[0].1 - 128f64.ln()).abs() < 0.5,
+            "{case}: {:?}",
+            r.losses
+        );
+        let model = LlamaForCausalLM::from_pretrained(&dev, &saved).unwrap();
+        let want = LlamaConfig::from_file(&dir.join("config.json")).unwrap();
+        assert_eq!(model.config, want, "{case}");
+        let text = std::fs::read_to_string(saved.join("config.json")).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(json["model_type"], family, "{case}");
+    }
+    let mut args = SMALL.to_vec();
+    args.extend(["--family", "qwen3", "--steps", "2", "--peak-matmul", "0"]);
+    let r = run(&cache, &args);
+    assert!(r.stdout.contains("qwen3: "), "{}", r.stdout);
+    fails_with(&cache, &["--family", "gemma2"], "--family gemma2");
+    for d in [cache, out] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
 #[test]
 fn accumulation_zero1_and_buckets_train_as_the_plain_run_and_compile_ahead() {
     let cache = tmp("levers");
