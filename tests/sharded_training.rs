@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use neuron_pc::compile::CacheConfig;
-use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LlamaSharding};
+use neuron_pc::models::llama::{Family, LlamaConfig, LlamaForCausalLM, LlamaSharding};
 use neuron_pc::nn::{Module, VarBuilder};
 use neuron_pc::optim::{average_gradients, AdamW, GradAccumulator};
 use neuron_pc::tensor::Reduction;
@@ -71,11 +71,22 @@ fn train(mesh: &[(&str, usize)], replicas: usize, fsdp: bool, steps: usize) -> R
 
 /// [`train`], the layers scanned when `scan` says (parameters listed per layer).
 fn train_as(mesh: &[(&str, usize)], replicas: usize, fsdp: bool, steps: usize, scan: bool) -> Run {
-    let dev = device(mesh, replicas);
-    let vb = VarBuilder::random(&dev, 11).with_sharding(Arc::new(LlamaSharding { fsdp }));
     let mut c = config();
     c.scan_layers = scan;
-    let model = LlamaForCausalLM::from_vb(&vb, &c).unwrap();
+    train_config(mesh, replicas, fsdp, steps, &c)
+}
+
+/// [`train`] for the model `c` describes.
+fn train_config(
+    mesh: &[(&str, usize)],
+    replicas: usize,
+    fsdp: bool,
+    steps: usize,
+    c: &LlamaConfig,
+) -> Run {
+    let dev = device(mesh, replicas);
+    let vb = VarBuilder::random(&dev, 11).with_sharding(Arc::new(LlamaSharding { fsdp }));
+    let model = LlamaForCausalLM::from_vb(&vb, c).unwrap();
     let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
     let mut opt = AdamW::new(&dev, &params, 0.1).unwrap();
     let lr = dev.scalar(3e-3, DType::F32).unwrap();
@@ -199,6 +210,27 @@ fn scanned_layers_train_the_same_with_fsdp_and_tp() {
 }
 
 /// True when `e` names this file at a line in `line..line + 4` (the call, however formatted).
+/// The families' switches on a mesh: Qwen2's q/k/v biases (split with their outputs over
+/// `model`) and a windowed layer, Qwen3's per-head q/k norms (whole) with biases on q/k/v/o.
+#[test]
+fn qwen_biases_norms_and_windows_train_the_same_with_fsdp_and_tp() {
+    const STEPS: usize = 8;
+    let mut qwen2 = config().with_family(Family::Qwen2);
+    (qwen2.sliding_window, qwen2.sliding_layers) = (Some(5), vec![false, true]);
+    let mut qwen3 = config().with_family(Family::Qwen3);
+    qwen3.attention_bias = true;
+    for (name, c) in [("qwen2", qwen2), ("qwen3", qwen3)] {
+        let one = train_config(&[], 1, false, STEPS, &c);
+        let both = train_config(&[("data", 2), ("model", 2)], 1, true, STEPS, &c);
+        assert_follows(&format!("{name}, FSDP 2 x TP 2"), &both, &one);
+        assert!(
+            one.losses[STEPS - 1] < one.losses[0],
+            "{name}: {:?}",
+            one.losses
+        );
+    }
+}
+
 fn names_line(e: &str, line: u32) -> bool {
     let Some((_, rest)) = e.split_once("sharded_training.rs:") else {
         return false;
@@ -359,6 +391,15 @@ fn the_llama_plan_is_the_megatron_layout_with_fsdp_on_the_other_dimension() {
     for name in ["model.embed_tokens.weight", "lm_head.weight"] {
         assert_eq!(spec(true, name, &[128, 32]), "P('model', 'data')", "{name}");
     }
+    // a bias is split as its weight's outputs; Qwen3's per-head norms only by FSDP
+    let bias = format!("{l}.self_attn.q_proj.bias");
+    assert_eq!(spec(true, &bias, &[64]), "P('model',)");
+    let bias = format!("{l}.self_attn.o_proj.bias");
+    assert_eq!(spec(true, &bias, &[32]), "P('data',)");
+    assert_eq!(
+        spec(false, &format!("{l}.self_attn.q_norm.weight"), &[16]),
+        "P()"
+    );
     let norm = format!("{l}.input_layernorm.weight");
     assert_eq!(spec(false, &norm, &[32]), "P()");
     assert_eq!(spec(true, &norm, &[32]), "P('data',)");
