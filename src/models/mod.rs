@@ -4,6 +4,9 @@
 //! matching `torch.nn.Module` (see `scripts/fixtures/text_encoder.py`).
 
 pub mod llama;
+pub mod mistral;
+pub mod qwen2;
+pub mod qwen3;
 
 use neuron_pc_compiler::{DType, HostTensor};
 

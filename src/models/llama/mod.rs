@@ -1,7 +1,10 @@
-//! The Llama family of decoder-only language models (Llama 2/3, and Mistral-style
-//! grouped-query configs without a sliding window), with `transformers`' `LlamaForCausalLM`
-//! parameter names, so the directory `save_pretrained` writes loads here and the one
-//! [`LlamaForCausalLM::save_pretrained`] writes loads there.
+//! The Llama family of decoder-only language models: Llama 2, 3 and 3.1+ (with their rotary
+//! scalings), Mistral (sliding-window attention), Qwen2/2.5 (q/k/v biases) and Qwen3 (q/k
+//! norms) are one decoder whose [`LlamaConfig`] switches what differs ([`Family`], read from
+//! `config.json`'s `model_type`; see [`crate::models::mistral`], [`crate::models::qwen2`],
+//! [`crate::models::qwen3`]). Parameter names are `transformers`', so the directory
+//! `save_pretrained` writes loads here and the one [`LlamaForCausalLM::save_pretrained`]
+//! writes loads there as the same family.
 //!
 //! ```no_run
 //! use neuron_pc::models::llama::LlamaForCausalLM;

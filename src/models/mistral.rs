@@ -1,0 +1,42 @@
+//! Mistral (`model_type: "mistral"`, `MistralForCausalLM`): the Llama decoder with
+//! sliding-window attention in every layer when `sliding_window` is set (Mistral 7B v0.1:
+//! 4096; later versions `null`), never biases. The window is a band on top of the causal mask
+//! (a query sees itself and the `sliding_window - 1` positions before it), built once per
+//! step graph from the sequence length: every step has the same graph, and a window at least
+//! as long as the sequence adds nothing.
+//!
+//! Keys read besides Llama's sizes: `sliding_window`, `head_dim`, `rope_parameters` /
+//! `rope_scaling` (see [`crate::nn::RopeScaling`]). Defaults as `MistralConfig`'s
+//! (`max_position_embeddings` 131072).
+//!
+//! There is no copy of the decoder here: [`MistralForCausalLM`] is
+//! [`LlamaForCausalLM`], whose [`LlamaConfig::family`] switches the parts above on, so
+//! [`LlamaForCausalLM::from_pretrained`] reads a Mistral directory by its `model_type` and
+//! [`LlamaForCausalLM::save_pretrained`] writes one back that `transformers` loads as
+//! `MistralForCausalLM`.
+
+use crate::error::Result;
+use crate::models::llama::{Family, LlamaConfig, LlamaForCausalLM};
+
+/// `transformers`' `MistralForCausalLM`: the shared decoder, configured as Mistral.
+pub type MistralForCausalLM = LlamaForCausalLM;
+
+/// A Mistral config from explicit sizes (the defaults of [`LlamaConfig::new`] for the rest).
+pub fn config(
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: usize,
+) -> Result<LlamaConfig> {
+    Ok(LlamaConfig::new(
+        vocab_size,
+        hidden_size,
+        intermediate_size,
+        num_hidden_layers,
+        num_attention_heads,
+        num_key_value_heads,
+    )?
+    .with_family(Family::Mistral))
+}

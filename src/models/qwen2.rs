@@ -1,0 +1,41 @@
+//! Qwen2 and Qwen2.5 (`model_type: "qwen2"`, `Qwen2ForCausalLM`): the Llama decoder with
+//! biases on the q, k and v projections (none on o or the MLP), tied or untied embeddings,
+//! and sliding-window attention in the layers `layer_types` marks `sliding_attention` (or,
+//! without `layer_types`, the layers from `max_window_layers` on) when `use_sliding_window`
+//! is true. Qwen2.5's long-context checkpoints scale the rotary frequencies with YaRN.
+//!
+//! Keys read besides Llama's sizes: `use_sliding_window`, `sliding_window`,
+//! `max_window_layers`, `layer_types`, `rope_parameters` / `rope_scaling`. Defaults as
+//! `Qwen2Config`'s (`max_position_embeddings` 32768, `sliding_window` 4096).
+//!
+//! There is no copy of the decoder here: [`Qwen2ForCausalLM`] is
+//! [`LlamaForCausalLM`], whose [`LlamaConfig::family`] switches the parts above on, so
+//! [`LlamaForCausalLM::from_pretrained`] reads a Qwen2 directory by its `model_type` and
+//! [`LlamaForCausalLM::save_pretrained`] writes one back that `transformers` loads as
+//! `Qwen2ForCausalLM`.
+
+use crate::error::Result;
+use crate::models::llama::{Family, LlamaConfig, LlamaForCausalLM};
+
+/// `transformers`' `Qwen2ForCausalLM`: the shared decoder, configured as Qwen2.
+pub type Qwen2ForCausalLM = LlamaForCausalLM;
+
+/// A Qwen2 config from explicit sizes (the defaults of [`LlamaConfig::new`] for the rest).
+pub fn config(
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: usize,
+) -> Result<LlamaConfig> {
+    Ok(LlamaConfig::new(
+        vocab_size,
+        hidden_size,
+        intermediate_size,
+        num_hidden_layers,
+        num_attention_heads,
+        num_key_value_heads,
+    )?
+    .with_family(Family::Qwen2))
+}

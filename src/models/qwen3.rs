@@ -1,0 +1,40 @@
+//! Qwen3 (`model_type: "qwen3"`, `Qwen3ForCausalLM`): the Llama decoder with an RMSNorm
+//! over each head of q and of k (`q_norm`, `k_norm`, weights `[head_dim]`) after the
+//! projection and before the rotation, biases on q/k/v/o only with `attention_bias`, and
+//! sliding-window layers as Qwen2's.
+//!
+//! Keys read besides Llama's sizes: `attention_bias`, `head_dim` (default 128, as
+//! `Qwen3Config`'s, not `hidden_size / num_attention_heads`), `use_sliding_window`,
+//! `sliding_window`, `max_window_layers`, `layer_types`, `rope_parameters` / `rope_scaling`.
+//!
+//! There is no copy of the decoder here: [`Qwen3ForCausalLM`] is
+//! [`LlamaForCausalLM`], whose [`LlamaConfig::family`] switches the parts above on, so
+//! [`LlamaForCausalLM::from_pretrained`] reads a Qwen3 directory by its `model_type` and
+//! [`LlamaForCausalLM::save_pretrained`] writes one back that `transformers` loads as
+//! `Qwen3ForCausalLM`.
+
+use crate::error::Result;
+use crate::models::llama::{Family, LlamaConfig, LlamaForCausalLM};
+
+/// `transformers`' `Qwen3ForCausalLM`: the shared decoder, configured as Qwen3.
+pub type Qwen3ForCausalLM = LlamaForCausalLM;
+
+/// A Qwen3 config from explicit sizes (the defaults of [`LlamaConfig::new`] for the rest).
+pub fn config(
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: usize,
+) -> Result<LlamaConfig> {
+    Ok(LlamaConfig::new(
+        vocab_size,
+        hidden_size,
+        intermediate_size,
+        num_hidden_layers,
+        num_attention_heads,
+        num_key_value_heads,
+    )?
+    .with_family(Family::Qwen3))
+}
