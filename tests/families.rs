@@ -13,7 +13,7 @@
 mod llm_check;
 mod torch_fixture;
 
-use llm_check::{check_one_step, close, data, thirty_steps, values, TempDir};
+use llm_check::{check_one_step, close, data, save_round_trip, thirty_steps, values};
 use neuron_pc::checkpoint::StateDict;
 use neuron_pc::models::llama::{Family, LlamaConfig, LlamaForCausalLM, LoadOptions};
 use neuron_pc::nn::RopeScaling;
@@ -52,23 +52,7 @@ fn thirty(case: &str) {
     let fx = fixture(case);
     let model = load(&fx, case, false);
     thirty_steps(&fx, &model);
-    let dir = TempDir::new(case);
-    let ids = fx.tensor("batch.input_ids");
-    let mask = fx.tensor("batch.attention_mask");
-    let before = model.forward(&ids, None, Some(&mask)).unwrap();
-    model.save_pretrained(dir.path(), DType::F32).unwrap();
-    let loaded = LlamaForCausalLM::from_pretrained(&fx.dev, dir.path()).unwrap();
-    assert_eq!(
-        loaded.config, model.config,
-        "the config reads back as written"
-    );
-    let after = loaded.forward(&ids, None, Some(&mask)).unwrap();
-    fx.dev.mark_step().unwrap();
-    assert_eq!(
-        values(&before),
-        values(&after),
-        "a float32 round trip is exact"
-    );
+    save_round_trip(&fx, &model, case);
     if std::env::var_os("NEURON_PC_REGEN_FIXTURES").is_some() {
         let saved = data(&format!("families/{case}-saved-by-rust"));
         model.save_pretrained(&saved, DType::F32).unwrap();

@@ -17,7 +17,7 @@ mod torch_fixture;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use llm_check::{check_one_step, close, data, thirty_steps, values, TempDir};
+use llm_check::{check_one_step, close, data, save_round_trip, thirty_steps, values, TempDir};
 use neuron_pc::checkpoint::StateDict;
 use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LoadOptions};
 use neuron_pc::nn::Module;
@@ -55,20 +55,7 @@ fn thirty_training_steps_follow_transformers() {
     let model = tiny(&fx);
     thirty_steps(&fx, &model);
 
-    // the trained model, saved as transformers reads it (fp32 and bf16), loads back here
-    let dir = TempDir::new("1");
-    let ids = fx.tensor("batch.input_ids");
-    let mask = fx.tensor("batch.attention_mask");
-    let before = model.forward(&ids, None, Some(&mask)).unwrap();
-    model.save_pretrained(dir.path(), DType::F32).unwrap();
-    let loaded = LlamaForCausalLM::from_pretrained(&fx.dev, dir.path()).unwrap();
-    let after = loaded.forward(&ids, None, Some(&mask)).unwrap();
-    fx.dev.mark_step().unwrap();
-    assert_eq!(
-        values(&before),
-        values(&after),
-        "a float32 round trip is exact"
-    );
+    save_round_trip(&fx, &model, "llama");
     if std::env::var_os("NEURON_PC_REGEN_FIXTURES").is_some() {
         // inputs of `scripts/fixtures/llama.py --check`
         model

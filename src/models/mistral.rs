@@ -9,34 +9,16 @@
 //! `rope_scaling` (see [`crate::nn::RopeScaling`]). Defaults as `MistralConfig`'s
 //! (`max_position_embeddings` 131072).
 //!
-//! There is no copy of the decoder here: [`MistralForCausalLM`] is
-//! [`LlamaForCausalLM`], whose [`LlamaConfig::family`] switches the parts above on, so
+//! There is no copy of the decoder here: [`MistralForCausalLM`] is [`LlamaForCausalLM`], whose
+//! [`LlamaConfig::family`] switches the parts above on, so
 //! [`LlamaForCausalLM::from_pretrained`] reads a Mistral directory by its `model_type` and
 //! [`LlamaForCausalLM::save_pretrained`] writes one back that `transformers` loads as
-//! `MistralForCausalLM`.
+//! `MistralForCausalLM`. A random one of given sizes:
+//! `LlamaConfig::new(..)?.with_family(Family::Mistral)`.
 
-use crate::error::Result;
-use crate::models::llama::{Family, LlamaConfig, LlamaForCausalLM};
+use crate::models::llama::LlamaForCausalLM;
+#[cfg(doc)]
+use crate::models::llama::LlamaConfig;
 
 /// `transformers`' `MistralForCausalLM`: the shared decoder, configured as Mistral.
 pub type MistralForCausalLM = LlamaForCausalLM;
-
-/// A Mistral config from explicit sizes (the defaults of [`LlamaConfig::new`] for the rest).
-pub fn config(
-    vocab_size: usize,
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    num_key_value_heads: usize,
-) -> Result<LlamaConfig> {
-    Ok(LlamaConfig::new(
-        vocab_size,
-        hidden_size,
-        intermediate_size,
-        num_hidden_layers,
-        num_attention_heads,
-        num_key_value_heads,
-    )?
-    .with_family(Family::Mistral))
-}

@@ -8,34 +8,16 @@
 //! `max_window_layers`, `layer_types`, `rope_parameters` / `rope_scaling`. Defaults as
 //! `Qwen2Config`'s (`max_position_embeddings` 32768, `sliding_window` 4096).
 //!
-//! There is no copy of the decoder here: [`Qwen2ForCausalLM`] is
-//! [`LlamaForCausalLM`], whose [`LlamaConfig::family`] switches the parts above on, so
+//! There is no copy of the decoder here: [`Qwen2ForCausalLM`] is [`LlamaForCausalLM`], whose
+//! [`LlamaConfig::family`] switches the parts above on, so
 //! [`LlamaForCausalLM::from_pretrained`] reads a Qwen2 directory by its `model_type` and
 //! [`LlamaForCausalLM::save_pretrained`] writes one back that `transformers` loads as
-//! `Qwen2ForCausalLM`.
+//! `Qwen2ForCausalLM`. A random one of given sizes:
+//! `LlamaConfig::new(..)?.with_family(Family::Qwen2)`.
 
-use crate::error::Result;
-use crate::models::llama::{Family, LlamaConfig, LlamaForCausalLM};
+use crate::models::llama::LlamaForCausalLM;
+#[cfg(doc)]
+use crate::models::llama::LlamaConfig;
 
 /// `transformers`' `Qwen2ForCausalLM`: the shared decoder, configured as Qwen2.
 pub type Qwen2ForCausalLM = LlamaForCausalLM;
-
-/// A Qwen2 config from explicit sizes (the defaults of [`LlamaConfig::new`] for the rest).
-pub fn config(
-    vocab_size: usize,
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    num_key_value_heads: usize,
-) -> Result<LlamaConfig> {
-    Ok(LlamaConfig::new(
-        vocab_size,
-        hidden_size,
-        intermediate_size,
-        num_hidden_layers,
-        num_attention_heads,
-        num_key_value_heads,
-    )?
-    .with_family(Family::Qwen2))
-}

@@ -7,34 +7,16 @@
 //! `Qwen3Config`'s, not `hidden_size / num_attention_heads`), `use_sliding_window`,
 //! `sliding_window`, `max_window_layers`, `layer_types`, `rope_parameters` / `rope_scaling`.
 //!
-//! There is no copy of the decoder here: [`Qwen3ForCausalLM`] is
-//! [`LlamaForCausalLM`], whose [`LlamaConfig::family`] switches the parts above on, so
+//! There is no copy of the decoder here: [`Qwen3ForCausalLM`] is [`LlamaForCausalLM`], whose
+//! [`LlamaConfig::family`] switches the parts above on, so
 //! [`LlamaForCausalLM::from_pretrained`] reads a Qwen3 directory by its `model_type` and
 //! [`LlamaForCausalLM::save_pretrained`] writes one back that `transformers` loads as
-//! `Qwen3ForCausalLM`.
+//! `Qwen3ForCausalLM`. A random one of given sizes:
+//! `LlamaConfig::new(..)?.with_family(Family::Qwen3)`.
 
-use crate::error::Result;
-use crate::models::llama::{Family, LlamaConfig, LlamaForCausalLM};
+use crate::models::llama::LlamaForCausalLM;
+#[cfg(doc)]
+use crate::models::llama::LlamaConfig;
 
 /// `transformers`' `Qwen3ForCausalLM`: the shared decoder, configured as Qwen3.
 pub type Qwen3ForCausalLM = LlamaForCausalLM;
-
-/// A Qwen3 config from explicit sizes (the defaults of [`LlamaConfig::new`] for the rest).
-pub fn config(
-    vocab_size: usize,
-    hidden_size: usize,
-    intermediate_size: usize,
-    num_hidden_layers: usize,
-    num_attention_heads: usize,
-    num_key_value_heads: usize,
-) -> Result<LlamaConfig> {
-    Ok(LlamaConfig::new(
-        vocab_size,
-        hidden_size,
-        intermediate_size,
-        num_hidden_layers,
-        num_attention_heads,
-        num_key_value_heads,
-    )?
-    .with_family(Family::Qwen3))
-}

@@ -202,3 +202,25 @@ pub fn thirty_steps(fx: &Fixture, model: &LlamaForCausalLM) -> Vec<f64> {
     assert!(got[29] < got[0] - 1.0, "the model learns the sequences");
     got
 }
+
+/// The model saved as `transformers` reads it (float32) loads back here with the same config
+/// and exactly the same logits on the fixture batch.
+pub fn save_round_trip(fx: &Fixture, model: &LlamaForCausalLM, tag: &str) {
+    let dir = TempDir::new(tag);
+    let ids = fx.tensor("batch.input_ids");
+    let mask = fx.tensor("batch.attention_mask");
+    let before = model.forward(&ids, None, Some(&mask)).unwrap();
+    model.save_pretrained(dir.path(), DType::F32).unwrap();
+    let loaded = LlamaForCausalLM::from_pretrained(&fx.dev, dir.path()).unwrap();
+    assert_eq!(
+        loaded.config, model.config,
+        "the config reads back as written"
+    );
+    let after = loaded.forward(&ids, None, Some(&mask)).unwrap();
+    fx.dev.mark_step().unwrap();
+    assert_eq!(
+        values(&before),
+        values(&after),
+        "a float32 round trip is exact"
+    );
+}
