@@ -307,3 +307,78 @@ fn a_window_longer_than_the_sequence_changes_nothing() {
         "a window of 5 over 12 tokens changes the logits ({d})"
     );
 }
+
+/// The `config.json` files of checkpoints users bring, as published (transformers 4 layout:
+/// `rope_scaling`, top-level `rope_theta`, `torch_dtype`), read with the published parameter
+/// counts (Llama 3.2 1B: 1.24B; Qwen2.5 0.5B: 494M; Qwen3 0.6B: 596M, 440M without the
+/// embeddings; Mistral 7B: 7.24B).
+#[test]
+fn published_configs_read_with_their_parameter_counts() {
+    let llama_3_2_1b = r#"{"architectures": ["LlamaForCausalLM"], "attention_bias": false,
+        "attention_dropout": 0.0, "bos_token_id": 128000, "eos_token_id": 128001,
+        "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+        "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": false,
+        "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16,
+        "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+        "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256}"#;
+    let qwen2_5_0_5b = r#"{"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu",
+        "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+        "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2",
+        "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+        "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+        "transformers_version": "4.40.1", "use_cache": true, "use_sliding_window": false,
+        "vocab_size": 151936}"#;
+    let qwen3_0_6b = r#"{"architectures": ["Qwen3ForCausalLM"], "attention_bias": false,
+        "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
+        "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02,
+        "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28,
+        "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null,
+        "rope_theta": 1000000, "sliding_window": null, "tie_word_embeddings": true,
+        "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+        "use_sliding_window": false, "vocab_size": 151936}"#;
+    let mistral_7b = r#"{"architectures": ["MistralForCausalLM"], "bos_token_id": 1,
+        "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096,
+        "initializer_range": 0.02, "intermediate_size": 14336,
+        "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+        "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0", "use_cache": true,
+        "vocab_size": 32000}"#;
+    let read = |text: &str| LlamaConfig::from_json_str(text, "config.json").unwrap();
+
+    let llama = read(llama_3_2_1b);
+    assert_eq!(llama.num_parameters(), 1_235_814_400);
+    assert_eq!((llama.rope_theta, llama.dtype), (500_000.0, DType::BF16));
+    assert!(matches!(
+        llama.rope_scaling,
+        RopeScaling::Llama3 { factor, original_max_position_embeddings: 8192, .. } if factor == 32.0
+    ));
+    let qwen2 = read(qwen2_5_0_5b);
+    assert_eq!(qwen2.num_parameters(), 494_032_768);
+    assert_eq!(qwen2.window(23), None, "use_sliding_window is false");
+    let qwen3 = read(qwen3_0_6b);
+    assert_eq!(qwen3.num_parameters(), 596_049_920);
+    let embeddings = qwen3.vocab_size * qwen3.hidden_size;
+    assert_eq!(qwen3.num_parameters() - embeddings, 440_467_456);
+    let mistral = read(mistral_7b);
+    assert_eq!(mistral.num_parameters(), 7_241_732_096);
+    assert_eq!(
+        (mistral.window(0), mistral.window(31)),
+        (Some(4096), Some(4096))
+    );
+    // Qwen2.5's long-context recipe: YaRN in the old layout
+    let yarn = qwen2_5_0_5b.replace(
+        r#""rope_theta": 1000000.0,"#,
+        r#""rope_theta": 1000000.0, "rope_scaling": {"factor": 4.0,
+            "original_max_position_embeddings": 32768, "type": "yarn"},"#,
+    );
+    let yarn = read(&yarn).rope_scaling;
+    assert!(matches!(yarn, RopeScaling::Yarn { factor, .. } if factor == 4.0));
+    assert!((yarn.attention_scaling() - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
+}

@@ -16,9 +16,9 @@
 //! `MistralForCausalLM`. A random one of given sizes:
 //! `LlamaConfig::new(..)?.with_family(Family::Mistral)`.
 
-use crate::models::llama::LlamaForCausalLM;
 #[cfg(doc)]
 use crate::models::llama::LlamaConfig;
+use crate::models::llama::LlamaForCausalLM;
 
 /// `transformers`' `MistralForCausalLM`: the shared decoder, configured as Mistral.
 pub type MistralForCausalLM = LlamaForCausalLM;

@@ -15,9 +15,9 @@
 //! `Qwen2ForCausalLM`. A random one of given sizes:
 //! `LlamaConfig::new(..)?.with_family(Family::Qwen2)`.
 
-use crate::models::llama::LlamaForCausalLM;
 #[cfg(doc)]
 use crate::models::llama::LlamaConfig;
+use crate::models::llama::LlamaForCausalLM;
 
 /// `transformers`' `Qwen2ForCausalLM`: the shared decoder, configured as Qwen2.
 pub type Qwen2ForCausalLM = LlamaForCausalLM;

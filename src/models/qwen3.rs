@@ -14,9 +14,9 @@
 //! `Qwen3ForCausalLM`. A random one of given sizes:
 //! `LlamaConfig::new(..)?.with_family(Family::Qwen3)`.
 
-use crate::models::llama::LlamaForCausalLM;
 #[cfg(doc)]
 use crate::models::llama::LlamaConfig;
+use crate::models::llama::LlamaForCausalLM;
 
 /// `transformers`' `Qwen3ForCausalLM`: the shared decoder, configured as Qwen3.
 pub type Qwen3ForCausalLM = LlamaForCausalLM;
