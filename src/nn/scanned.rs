@@ -128,6 +128,29 @@ impl<M: Module> ScannedLayers<M> {
         })
     }
 
+    /// The layers one by one, each parameter a row of its stacked one (a recorded slice,
+    /// computed in the graph that uses it): for code that runs the layers unrolled, such as
+    /// generation with a cache per layer.
+    pub fn unstacked(&self) -> Result<Vec<M>> {
+        let params = self.stacked.parameters();
+        let Some((_, first)) = params.first() else {
+            return Err(Error::Config(
+                "ScannedLayers: a layer without parameters".into(),
+            ));
+        };
+        let device = first.device()?;
+        (0..self.len)
+            .map(|i| {
+                let mut rows = BTreeMap::new();
+                for (name, t) in &params {
+                    let row = t.narrow(0, i, 1)?.reshape(&t.dims()[1..])?;
+                    rows.insert(name.clone(), row);
+                }
+                (self.build)(&VarBuilder::from_device_tensors(&device, rows, None))
+            })
+            .collect()
+    }
+
     /// The number of layers.
     pub fn len(&self) -> usize {
         self.len

@@ -15,6 +15,7 @@
 //! ```
 
 mod config;
+mod generate;
 mod keys;
 mod pretrained;
 mod sharding;
@@ -24,6 +25,7 @@ use std::path::Path;
 use neuron_pc_compiler::{DType, HostTensor};
 
 pub use config::{Family, LlamaConfig};
+pub use generate::{GenerateOptions, Sampling};
 pub use sharding::LlamaSharding;
 
 use crate::checkpoint::CheckpointError;
@@ -64,6 +66,17 @@ fn rms_norm(norm: &RMSNorm, x: &Tensor) -> Result<Tensor> {
     let eps = norm.eps.unwrap_or(1e-6);
     let normed = x32.mul(&var.add_scalar(eps)?.rsqrt()?)?.to_dtype(dtype)?;
     normed.mul(&norm.weight)
+}
+
+/// The magnitude of `dtype`'s lowest finite value: what an additive mask adds where a key is
+/// masked, as transformers builds its masks (a row with every key masked stays finite).
+fn lowest(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 3.389_531_389_251_535_5e38,
+        DType::F16 => 65_504.0,
+        DType::F64 => f64::MAX,
+        _ => f64::from(f32::MAX),
+    }
 }
 
 /// `self_attn`: the q/k/v/o projections with grouped-query heads.
@@ -120,13 +133,17 @@ impl LlamaAttention {
         })
     }
 
-    /// `x [b, s, hidden]`, the rotary tables and a key mask → `[b, s, hidden]`.
+    /// `x [b, s, hidden]`, the rotary tables and a key mask → `[b, s, hidden]`. With a
+    /// `cache` (generation), this step's keys and values are written into it at its index
+    /// and the queries attend over the whole cache, as `key_mask` (then `[b, 1, s, cache]`,
+    /// causal order included) says.
     fn forward(
         &self,
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
         key_mask: Option<&Tensor>,
+        cache: Option<&mut generate::LayerCache>,
     ) -> Result<Tensor> {
         let (b, s) = (x.dims()[0], x.dims()[1]);
         let heads = |p: &Linear, n: usize, norm: Option<&RMSNorm>| -> Result<Tensor> {
@@ -152,7 +169,14 @@ impl LlamaAttention {
             self.k_norm.as_ref(),
         )?)?;
         let v = heads(&self.v_proj, self.num_kv_heads, None)?.to_dtype(compute)?;
-        let ctx = scaled_dot_product_attention(&q, &k, &v, key_mask, true, None)?
+        let (k, v, causal) = match cache {
+            None => (k, v, true),
+            Some(cache) => {
+                cache.write(&k, &v)?;
+                (cache.k.clone(), cache.v.clone(), false)
+            }
+        };
+        let ctx = scaled_dot_product_attention(&q, &k, &v, key_mask, causal, None)?
             .permute(&[0, 2, 1, 3])?
             .reshape(&[b, s, self.num_heads * self.head_dim])?;
         self.o_proj.forward(&ctx)
@@ -227,7 +251,7 @@ impl LlamaDecoderLayer {
         key_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
         let out = checkpoint(self.remat, &[x], |xs| {
-            Ok(vec![self.forward_block(&xs[0], cos, sin, key_mask)?])
+            Ok(vec![self.forward_block(&xs[0], cos, sin, key_mask, None)?])
         })?;
         Ok(out.into_iter().next().expect("one output"))
     }
@@ -238,10 +262,10 @@ impl LlamaDecoderLayer {
         cos: &Tensor,
         sin: &Tensor,
         key_mask: Option<&Tensor>,
+        cache: Option<&mut generate::LayerCache>,
     ) -> Result<Tensor> {
-        let attn =
-            self.self_attn
-                .forward(&rms_norm(&self.input_layernorm, x)?, cos, sin, key_mask)?;
+        let normed = rms_norm(&self.input_layernorm, x)?;
+        let attn = self.self_attn.forward(&normed, cos, sin, key_mask, cache)?;
         let h = x.add(&attn)?;
         let mlp = self
             .mlp
@@ -554,12 +578,7 @@ impl LlamaForCausalLM {
         }
         let (b, s) = (input_ids.dims()[0], input_ids.dims()[1]);
         let dtype = self.model.embed_tokens.weight.dtype();
-        let lowest = match dtype {
-            DType::BF16 => 3.389_531_389_251_535_5e38,
-            DType::F16 => 65_504.0,
-            DType::F64 => f64::MAX,
-            _ => f64::from(f32::MAX),
-        };
+        let lowest = lowest(dtype);
         let key_mask = match attention_mask {
             None => None,
             Some(m) => {
@@ -630,7 +649,7 @@ impl LlamaForCausalLM {
             // what a layer keeps is the loop's to say (`ScannedLayers::remat`)
             let out = scanned.forward(&[&h], |layer, h| {
                 let mask = mask_of(layer.self_attn.sliding_window);
-                Ok(vec![layer.forward_block(&h[0], &cos, &sin, mask)?])
+                Ok(vec![layer.forward_block(&h[0], &cos, &sin, mask, None)?])
             })?;
             h = out.into_iter().next().expect("one carry");
         }
