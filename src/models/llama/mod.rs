@@ -68,6 +68,44 @@ fn rms_norm(norm: &RMSNorm, x: &Tensor) -> Result<Tensor> {
     normed.mul(&norm.weight)
 }
 
+/// The additive mask `[b or 1, 1, s, s]` that keeps each query inside its document, the
+/// documents of a row being the runs of `position_ids` (`[s]` or `[b, s]`) that step by 1
+/// (transformers' `find_packed_sequence_indices`). One run per row adds nothing.
+fn document_mask(position_ids: &Tensor, dtype: DType) -> Result<Tensor> {
+    let dev = position_ids.device()?;
+    let s = *position_ids.dims().last().unwrap_or(&0);
+    if s < 2 {
+        return dev.zeros(&[1, 1, s, s], dtype);
+    }
+    let p = position_ids.reshape(&[
+        position_ids.dims()[..position_ids.rank() - 1]
+            .iter()
+            .product(),
+        s,
+    ])?;
+    // a document starts where the id is not the previous one + 1 (the first always does)
+    let previous = Tensor::cat(
+        &[
+            &p.narrow(1, 0, 1)?.add_scalar(-1.0)?,
+            &p.narrow(1, 0, s - 1)?,
+        ],
+        1,
+    )?;
+    let starts = p
+        .sub(&previous)?
+        .ne(&p.constant_like(1.0)?)?
+        .to_dtype(DType::F32)?;
+    // its running count, the document index: starts times the upper triangle of ones
+    let idx = dev.arange(s, DType::I32)?;
+    let upper = idx.unsqueeze(1)?.le(&idx)?.to_dtype(DType::F32)?;
+    // exact in float32 (counts up to 2^24); autocast would round them in bfloat16
+    let document = dev.autocast(None, || starts.matmul(&upper))?; // [b, s]
+    let same = document.unsqueeze(2)?.eq(&document.unsqueeze(1)?)?; // [b, s, s]
+    let open = dev.zeros(&[s, s], dtype)?;
+    let shut = open.constant_like(-lowest(dtype))?;
+    Tensor::where_cond(&same, &open, &shut)?.unsqueeze(1)
+}
+
 /// The magnitude of `dtype`'s lowest finite value: what an additive mask adds where a key is
 /// masked, as transformers builds its masks (a row with every key masked stays finite).
 fn lowest(dtype: DType) -> f64 {
@@ -541,7 +579,10 @@ impl LlamaForCausalLM {
     /// `input_ids [b, s]` (integer) → logits `[b, s, vocab]`. `position_ids` (`[s]` or
     /// `[b, s]`) default to `0..s`; `attention_mask [b, s]` (1 = token, 0 = padding, any dtype)
     /// masks padded keys, on top of the causal mask. Padding may be on either side; the logits
-    /// of padded positions are finite and meaningless.
+    /// of padded positions are finite and meaningless. `position_ids` without an
+    /// `attention_mask` may pack several documents in a row: where the ids do not step by 1 a
+    /// new document starts, and no query attends across (transformers' training forward with
+    /// `use_cache=False` does the same).
     #[track_caller]
     pub fn forward(
         &self,
@@ -607,6 +648,12 @@ impl LlamaForCausalLM {
                 default_positions = input_ids.device()?.arange(s, DType::I32)?;
                 &default_positions
             }
+        };
+        // packed documents, as transformers reads them: position ids without an attention
+        // mask, each restart (a step other than +1) beginning a document no query sees past
+        let key_mask = match (key_mask, position_ids) {
+            (None, Some(p)) => Some(document_mask(p, dtype)?),
+            (mask, _) => mask,
         };
         let m = &self.model;
         // each window's band `query - window < key` (on top of the causal mask), added to the
