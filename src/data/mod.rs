@@ -10,8 +10,10 @@
 //! Variable-length token data goes through [`LengthBuckets`] ([`DeviceLoader::for_tokens`]).
 
 mod buckets;
+mod tokenizer;
 
 pub use buckets::{BucketedBatches, LengthBuckets, PaddedTokens, TokenRow};
+pub use tokenizer::Tokenizer;
 
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread::JoinHandle;

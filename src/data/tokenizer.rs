@@ -1,0 +1,102 @@
+//! [`Tokenizer`]: a model directory's own tokenizer (`tokenizer.json`, as `save_pretrained`
+//! writes it), through Hugging Face's Rust `tokenizers` crate, the implementation the Python
+//! package wraps: the same ids as `AutoTokenizer(text)["input_ids"]`.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// A `tokenizer.json` with the end token of its `tokenizer_config.json`.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    eos: Option<i32>,
+}
+
+impl Tokenizer {
+    /// The tokenizer of a `save_pretrained` directory: `tokenizer.json`, and the end token named
+    /// by `tokenizer_config.json`'s `eos_token` (or `config.json`'s `eos_token_id`) when there
+    /// is one. A directory without `tokenizer.json` is one error naming the file.
+    pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
+        let path = dir.join("tokenizer.json");
+        if !path.exists() {
+            return Err(Error::Config(format!(
+                "{}: no tokenizer.json (a save_pretrained directory with a fast tokenizer is \
+                 expected; tokenizer.model alone is not read)",
+                dir.display()
+            )));
+        }
+        let mut t = Tokenizer::from_file(&path)?;
+        let read = |name: &str| -> Option<serde_json::Value> {
+            let text = std::fs::read_to_string(dir.join(name)).ok()?;
+            serde_json::from_str(&text).ok()
+        };
+        let by_name = read("tokenizer_config.json").and_then(|c| {
+            let token = match &c["eos_token"] {
+                serde_json::Value::String(s) => Some(s.clone()),
+                // older files: {"content": "</s>", ...}
+                serde_json::Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
+                _ => None,
+            }?;
+            t.inner.token_to_id(&token).map(|id| id as i32)
+        });
+        let by_id = read("config.json").and_then(|c| match &c["eos_token_id"] {
+            serde_json::Value::Number(n) => n.as_i64().map(|n| n as i32),
+            serde_json::Value::Array(a) => a.first()?.as_i64().map(|n| n as i32),
+            _ => None,
+        });
+        t.eos = by_name.or(by_id);
+        Ok(t)
+    }
+
+    /// A `tokenizer.json` file (no end token known).
+    pub fn from_file(path: &Path) -> Result<Tokenizer> {
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| Error::Config(format!("{}: not a tokenizer: {e}", path.display())))?;
+        Ok(Tokenizer { inner, eos: None })
+    }
+
+    /// The ids of `text`, special tokens added as the tokenizer's post-processor says (a
+    /// beginning-of-text token for Llama 3), special tokens written in the text recognised.
+    pub fn encode(&self, text: &str) -> Result<Vec<i32>> {
+        let encoding = self
+            .inner
+            .encode(text, true)
+            .map_err(|e| Error::Config(format!("tokenizer: {e}")))?;
+        Ok(encoding.get_ids().iter().map(|&i| i as i32).collect())
+    }
+
+    /// [`Tokenizer::encode`] of each text, on every core.
+    pub fn encode_batch(&self, texts: &[&str]) -> Result<Vec<Vec<i32>>> {
+        let encodings = self
+            .inner
+            .encode_batch(texts.to_vec(), true)
+            .map_err(|e| Error::Config(format!("tokenizer: {e}")))?;
+        Ok(encodings
+            .iter()
+            .map(|e| e.get_ids().iter().map(|&i| i as i32).collect())
+            .collect())
+    }
+
+    /// The text of `ids` (special tokens kept unless `skip_special`), as `decode` in Python.
+    pub fn decode(&self, ids: &[i32], skip_special: bool) -> Result<String> {
+        let ids: Vec<u32> = ids.iter().map(|&i| i.max(0) as u32).collect();
+        self.inner
+            .decode(&ids, skip_special)
+            .map_err(|e| Error::Config(format!("tokenizer: {e}")))
+    }
+
+    /// The end-of-text token, when the directory names one.
+    pub fn eos_token_id(&self) -> Option<i32> {
+        self.eos
+    }
+
+    /// The id of a token written as text (`<|end_of_text|>`), if the vocabulary has it.
+    pub fn token_to_id(&self, token: &str) -> Option<i32> {
+        self.inner.token_to_id(token).map(|i| i as i32)
+    }
+
+    /// Pieces in the vocabulary, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}
