@@ -10,9 +10,11 @@
 //! Variable-length token data goes through [`LengthBuckets`] ([`DeviceLoader::for_tokens`]).
 
 mod buckets;
+mod text;
 mod tokenizer;
 
 pub use buckets::{BucketedBatches, LengthBuckets, PaddedTokens, TokenRow};
+pub use text::{pack, read_documents, tokenize, Document, PackedRows, TokenizedDocument};
 pub use tokenizer::Tokenizer;
 
 use std::sync::mpsc::{sync_channel, Receiver};

@@ -65,6 +65,15 @@ impl Tokenizer {
         Ok(encoding.get_ids().iter().map(|&i| i as i32).collect())
     }
 
+    /// The ids of `text` alone: no special tokens added (a completion after its prompt).
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<i32>> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| Error::Config(format!("tokenizer: {e}")))?;
+        Ok(encoding.get_ids().iter().map(|&i| i as i32).collect())
+    }
+
     /// [`Tokenizer::encode`] of each text, on every core.
     pub fn encode_batch(&self, texts: &[&str]) -> Result<Vec<Vec<i32>>> {
         let encodings = self

@@ -1,0 +1,196 @@
+//! Text data for language models: documents read from JSON lines or plain text, tokenized with
+//! the model's [`Tokenizer`], and packed into rows of one length (one step graph).
+//!
+//! - **JSON lines** (`.jsonl`, `.json`): one object per line, with a `text` field, or `prompt`
+//!   and `completion` (the prompt's tokens are context, not predicted: label -100).
+//! - **Plain text** (any other file): one document per paragraph (blank-line separated), as
+//!   `datasets`' `text` loader with `sample_by="paragraph"`.
+//!
+//! [`pack`] lays the tokenized documents end to end (each followed by the tokenizer's end
+//! token) and cuts rows of `len` tokens. With document masks, position ids restart at each
+//! document (and at each row for a document cut across rows), which
+//! [`crate::models::llama::LlamaForCausalLM`] reads as a block-diagonal causal mask, and no
+//! document's first token is predicted from the one before it.
+
+use std::path::Path;
+
+use neuron_pc_compiler::HostTensor;
+
+use super::Tokenizer;
+use crate::error::{Error, Result};
+
+/// The label of a token that is not predicted (PyTorch's `ignore_index`).
+const IGNORE: i32 = -100;
+
+/// One training document.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Document {
+    /// Every token is predicted.
+    Text(String),
+    /// Only the completion is predicted; the prompt is its context.
+    Pair { prompt: String, completion: String },
+}
+
+/// Reads the documents of `path` (see the module documentation for the formats). Bad input is
+/// one error naming the file and line.
+pub fn read_documents(path: &Path) -> Result<Vec<Document>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("{}: cannot read: {e}", path.display())))?;
+    let jsonl = matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("jsonl") | Some("json")
+    );
+    if !jsonl {
+        let paragraphs = text
+            .split("\n\n")
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|p| Document::Text(p.to_string()))
+            .collect();
+        return Ok(paragraphs);
+    }
+    let mut docs = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = || format!("{}:{}", path.display(), n + 1);
+        let value: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| Error::Config(format!("{}: not JSON: {e}", at())))?;
+        let field = |key: &str| value.get(key).and_then(serde_json::Value::as_str);
+        let doc = match (field("text"), field("prompt"), field("completion")) {
+            (Some(t), _, _) => Document::Text(t.to_string()),
+            (None, Some(p), Some(c)) => Document::Pair {
+                prompt: p.to_string(),
+                completion: c.to_string(),
+            },
+            _ => {
+                return Err(Error::Config(format!(
+                    "{}: expected a string \"text\", or \"prompt\" and \"completion\"",
+                    at()
+                )))
+            }
+        };
+        docs.push(doc);
+    }
+    Ok(docs)
+}
+
+/// A tokenized document: its ids and the first one that is predicted.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenizedDocument {
+    pub ids: Vec<i32>,
+    /// Tokens before this index are context (a pair's prompt).
+    pub predict_from: usize,
+}
+
+/// Tokenizes `docs` on every core: a text with the tokenizer's special tokens (as
+/// `tokenizer(text)`), a pair as its prompt so, then the completion without them; each
+/// followed by the tokenizer's end token when it has one.
+pub fn tokenize(tokenizer: &Tokenizer, docs: &[Document]) -> Result<Vec<TokenizedDocument>> {
+    let firsts: Vec<&str> = docs
+        .iter()
+        .map(|d| match d {
+            Document::Text(t) => t.as_str(),
+            Document::Pair { prompt, .. } => prompt.as_str(),
+        })
+        .collect();
+    let encoded = tokenizer.encode_batch(&firsts)?;
+    let eos = tokenizer.eos_token_id();
+    docs.iter()
+        .zip(encoded)
+        .map(|(doc, mut ids)| {
+            let predict_from = match doc {
+                Document::Text(_) => 0,
+                Document::Pair { completion, .. } => {
+                    let context = ids.len();
+                    ids.extend(tokenizer.encode_plain(completion)?);
+                    context
+                }
+            };
+            ids.extend(eos);
+            Ok(TokenizedDocument { ids, predict_from })
+        })
+        .collect()
+}
+
+/// Rows of one length cut from documents laid end to end: `input_ids`, `position_ids` and
+/// `labels`, each `rows x len` int32 in row order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackedRows {
+    pub len: usize,
+    pub input_ids: Vec<i32>,
+    pub position_ids: Vec<i32>,
+    pub labels: Vec<i32>,
+}
+
+impl PackedRows {
+    /// The number of rows.
+    pub fn rows(&self) -> usize {
+        self.input_ids.len() / self.len.max(1)
+    }
+
+    /// Rows `start..start + n` (wrapping around the end) as `[input_ids, position_ids,
+    /// labels]`, int32 `[n, len]`.
+    pub fn batch(&self, start: usize, n: usize) -> Vec<HostTensor> {
+        let rows = self.rows();
+        let take = |v: &[i32]| {
+            let mut out = Vec::with_capacity(n * self.len);
+            for r in 0..n {
+                let at = (start + r) % rows * self.len;
+                out.extend_from_slice(&v[at..at + self.len]);
+            }
+            HostTensor::from_slice(&out, &[n, self.len]).expect("sizes agree")
+        };
+        vec![
+            take(&self.input_ids),
+            take(&self.position_ids),
+            take(&self.labels),
+        ]
+    }
+}
+
+/// Packs `docs` into rows of `len` tokens (the tokens left over at the end, fewer than a row,
+/// are dropped). With `document_masks`, position ids restart at each document and at each row
+/// (the rest of a document cut across rows starts again at 0), and a document's first token
+/// in a row is not predicted; without, positions run `0..len` in every row and every token
+/// after the row's first is predicted (pretraining on a stream). A pair's prompt is never
+/// predicted. No documents, or fewer tokens than one row, is an error.
+pub fn pack(docs: &[TokenizedDocument], len: usize, document_masks: bool) -> Result<PackedRows> {
+    let total: usize = docs.iter().map(|d| d.ids.len()).sum();
+    if len < 2 || total < len {
+        return Err(Error::Config(format!(
+            "pack: {total} tokens in {} documents, fewer than one row of {len} (at least 2)",
+            docs.len()
+        )));
+    }
+    let rows = total / len;
+    let mut packed = PackedRows {
+        len,
+        input_ids: Vec::with_capacity(rows * len),
+        position_ids: Vec::with_capacity(rows * len),
+        labels: Vec::with_capacity(rows * len),
+    };
+    'docs: for doc in docs {
+        let mut position = 0;
+        for (i, &id) in doc.ids.iter().enumerate() {
+            if packed.input_ids.len() == rows * len {
+                break 'docs;
+            }
+            let column = packed.input_ids.len() % len;
+            if column == 0 && document_masks {
+                position = 0;
+            }
+            let predicted = i >= doc.predict_from && !(document_masks && position == 0);
+            packed.input_ids.push(id);
+            packed.position_ids.push(if document_masks {
+                position
+            } else {
+                column as i32
+            });
+            packed.labels.push(if predicted { id } else { IGNORE });
+            position += 1;
+        }
+    }
+    Ok(packed)
+}
