@@ -16,7 +16,8 @@ use std::collections::BTreeMap;
 
 use neuron_pc_compiler::DType;
 
-use super::{lowest, rms_norm, LlamaDecoderLayer, LlamaForCausalLM};
+use super::masks::lowest;
+use super::{rms_norm, LlamaDecoderLayer, LlamaForCausalLM};
 use crate::error::{Error, Result};
 use crate::nn::HostRng;
 use crate::tensor::Tensor;

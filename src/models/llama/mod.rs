@@ -17,6 +17,7 @@
 mod config;
 mod generate;
 mod keys;
+mod masks;
 mod pretrained;
 mod sharding;
 
@@ -66,55 +67,6 @@ fn rms_norm(norm: &RMSNorm, x: &Tensor) -> Result<Tensor> {
     let eps = norm.eps.unwrap_or(1e-6);
     let normed = x32.mul(&var.add_scalar(eps)?.rsqrt()?)?.to_dtype(dtype)?;
     normed.mul(&norm.weight)
-}
-
-/// The additive mask `[b or 1, 1, s, s]` that keeps each query inside its document, the
-/// documents of a row being the runs of `position_ids` (`[s]` or `[b, s]`) that step by 1
-/// (transformers' `find_packed_sequence_indices`). One run per row adds nothing.
-fn document_mask(position_ids: &Tensor, dtype: DType) -> Result<Tensor> {
-    let dev = position_ids.device()?;
-    let s = *position_ids.dims().last().unwrap_or(&0);
-    if s < 2 {
-        return dev.zeros(&[1, 1, s, s], dtype);
-    }
-    let p = position_ids.reshape(&[
-        position_ids.dims()[..position_ids.rank() - 1]
-            .iter()
-            .product(),
-        s,
-    ])?;
-    // a document starts where the id is not the previous one + 1 (the first always does)
-    let previous = Tensor::cat(
-        &[
-            &p.narrow(1, 0, 1)?.add_scalar(-1.0)?,
-            &p.narrow(1, 0, s - 1)?,
-        ],
-        1,
-    )?;
-    let starts = p
-        .sub(&previous)?
-        .ne(&p.constant_like(1.0)?)?
-        .to_dtype(DType::F32)?;
-    // its running count, the document index: starts times the upper triangle of ones
-    let idx = dev.arange(s, DType::I32)?;
-    let upper = idx.unsqueeze(1)?.le(&idx)?.to_dtype(DType::F32)?;
-    // exact in float32 (counts up to 2^24); autocast would round them in bfloat16
-    let document = dev.autocast(None, || starts.matmul(&upper))?; // [b, s]
-    let same = document.unsqueeze(2)?.eq(&document.unsqueeze(1)?)?; // [b, s, s]
-    let open = dev.zeros(&[s, s], dtype)?;
-    let shut = open.constant_like(-lowest(dtype))?;
-    Tensor::where_cond(&same, &open, &shut)?.unsqueeze(1)
-}
-
-/// The magnitude of `dtype`'s lowest finite value: what an additive mask adds where a key is
-/// masked, as transformers builds its masks (a row with every key masked stays finite).
-fn lowest(dtype: DType) -> f64 {
-    match dtype {
-        DType::BF16 => 3.389_531_389_251_535_5e38,
-        DType::F16 => 65_504.0,
-        DType::F64 => f64::MAX,
-        _ => f64::from(f32::MAX),
-    }
 }
 
 /// `self_attn`: the q/k/v/o projections with grouped-query heads.
@@ -619,7 +571,7 @@ impl LlamaForCausalLM {
         }
         let (b, s) = (input_ids.dims()[0], input_ids.dims()[1]);
         let dtype = self.model.embed_tokens.weight.dtype();
-        let lowest = lowest(dtype);
+        let lowest = masks::lowest(dtype);
         let key_mask = match attention_mask {
             None => None,
             Some(m) => {
@@ -652,7 +604,7 @@ impl LlamaForCausalLM {
         // packed documents, as transformers reads them: position ids without an attention
         // mask, each restart (a step other than +1) beginning a document no query sees past
         let key_mask = match (key_mask, position_ids) {
-            (None, Some(p)) => Some(document_mask(p, dtype)?),
+            (None, Some(p)) => Some(masks::document_mask(p, dtype)?),
             (mask, _) => mask,
         };
         let m = &self.model;
@@ -671,12 +623,7 @@ impl LlamaForCausalLM {
             if banded.contains_key(&w) {
                 continue;
             }
-            let dev = input_ids.device()?;
-            let rows = dev.arange(s, DType::I32)?.unsqueeze(1)?; // [s, 1]
-            let keep = dev.arange(s, DType::I32)?.add_scalar(w as f64)?.gt(&rows)?;
-            let open = dev.full(0.0, &[s, s], dtype)?;
-            let band = Tensor::where_cond(&keep, &open, &open.constant_like(-lowest)?)?
-                .reshape(&[1, 1, s, s])?;
+            let band = masks::band(&input_ids.device()?, s, w, dtype)?;
             let mask = match &key_mask {
                 Some(k) => k.add(&band)?,
                 None => band,
@@ -740,13 +687,36 @@ impl LlamaForCausalLM {
         attention_mask: Option<&Tensor>,
         labels: &Tensor,
     ) -> Result<Tensor> {
+        self.loss_at(input_ids, None, attention_mask, labels)
+    }
+
+    /// [`LlamaForCausalLM::loss`] of packed rows (`data::pack`): documents told apart by
+    /// `position_ids` that restart (see [`LlamaForCausalLM::forward`]).
+    #[track_caller]
+    pub fn loss_packed(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        labels: &Tensor,
+    ) -> Result<Tensor> {
+        self.loss_at(input_ids, Some(position_ids), None, labels)
+    }
+
+    #[track_caller]
+    fn loss_at(
+        &self,
+        input_ids: &Tensor,
+        position_ids: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+        labels: &Tensor,
+    ) -> Result<Tensor> {
         let Some(chunk) = self.loss_chunk else {
             return Ok(self
-                .forward_loss(input_ids, None, attention_mask, labels)?
+                .forward_loss(input_ids, position_ids, attention_mask, labels)?
                 .0);
         };
         let location = std::panic::Location::caller();
-        let h = self.hidden_states(input_ids, None, attention_mask)?;
+        let h = self.hidden_states(input_ids, position_ids, attention_mask)?;
         shifted_labels_check(input_ids, labels, location)?;
         let s = input_ids.dims()[1];
         let shifted = h.narrow(1, 0, s - 1)?;
