@@ -25,6 +25,11 @@
 //! `--remat full|dots` checkpoints every decoder layer, `--precision bf16` computes the matrix
 //! products in bfloat16 over float32 master weights, `--loss-chunk N` computes the head and
 //! the loss N tokens at a time: the three trade step time for memory at long context.
+//! `--data corpus.jsonl` trains on documents (JSON lines with `text`, or `prompt` and
+//! `completion`; other files: paragraphs) tokenized with the model directory's `tokenizer.json`
+//! and packed into rows of `--seq-len` (`--document-masks`: no attention across documents);
+//! `--val-data val.jsonl` reports the validation loss and perplexity every `--val-every` steps
+//! and after the last.
 //! `--scan-layers` stacks the decoder layers and runs them as one loop: the step graph, and its
 //! compile, stop growing with `--layers`; checkpoints and `--save` directories are unchanged.
 
@@ -36,7 +41,7 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use neuron_pc::amp::Precision;
 use neuron_pc::checkpoint::StateDict;
-use neuron_pc::data::{DeviceLoader, LastBatch, LengthBuckets};
+use neuron_pc::data::{load_packed, DeviceLoader, LastBatch, LengthBuckets, PackedRows, Tokenizer};
 use neuron_pc::models::llama::{Family, LlamaConfig, LlamaForCausalLM, LlamaSharding, LoadOptions};
 use neuron_pc::nn::{HostRng, Module, Remat, VarBuilder, IGNORE_INDEX};
 use neuron_pc::optim::{average_gradients, AdamW, GradAccumulator, WarmupCosine};
@@ -97,6 +102,23 @@ struct Args {
     /// Train on the bytes of this file (one token per byte) instead of the synthetic task.
     #[arg(long)]
     text: Option<PathBuf>,
+    /// Train on the documents of this file (JSON lines with "text", or "prompt" and
+    /// "completion"; other files: paragraphs), tokenized with the model directory's
+    /// tokenizer.json and packed into rows of --seq-len.
+    #[arg(long, conflicts_with_all = ["text", "buckets"])]
+    data: Option<PathBuf>,
+    /// Held-out documents (as --data): validation loss and perplexity every --val-every steps
+    /// and after the last.
+    #[arg(long, requires = "data")]
+    val_data: Option<PathBuf>,
+    #[arg(long, default_value_t = 0, requires = "val_data")]
+    val_every: u64,
+    /// Keep attention inside each packed document (position ids restart per document).
+    #[arg(long, requires = "data")]
+    document_masks: bool,
+    /// The directory whose tokenizer.json tokenizes --data (default: --init-from's).
+    #[arg(long, requires = "data")]
+    tokenizer: Option<PathBuf>,
     /// Symbols of the synthetic reversal task (tokens 2 .. 2 + alphabet).
     #[arg(long, default_value_t = 16)]
     alphabet: usize,
@@ -179,6 +201,9 @@ enum Task {
     Reverse { alphabet: usize },
     /// Windows of a byte string; every next byte is scored.
     Bytes(std::sync::Arc<[u8]>),
+    /// Packed rows of tokenized documents, batch `i` the rows from `i * batch` on (wrapping):
+    /// `[input_ids, position_ids, labels]`.
+    Packed(Arc<PackedRows>),
 }
 
 impl Task {
@@ -215,6 +240,11 @@ impl Task {
                         .collect();
                     (ids, labels)
                 }
+                // --data conflicts with --buckets
+                Task::Packed(rows) => {
+                    let row = rows.batch(rng.next_u64() as usize % rows.rows(), 1);
+                    (row[0].to_vec().expect("i32"), row[2].to_vec().expect("i32"))
+                }
                 Task::Bytes(bytes) => {
                     let len = 2 + (rng.next_u64() % (seq - 1) as u64) as usize;
                     let start = (rng.next_u64() % (bytes.len() - len + 1) as u64) as usize;
@@ -228,8 +258,12 @@ impl Task {
             .collect()
     }
 
-    /// `input_ids` and `labels`, int32 `[batch, seq]`.
+    /// `input_ids` and `labels`, int32 `[batch, seq]` (and the position ids between them for
+    /// packed rows).
     fn batch(&self, seed: u64, index: u64, batch: usize, seq: usize) -> Vec<HostTensor> {
+        if let Task::Packed(rows) = self {
+            return rows.batch(index as usize * batch, batch);
+        }
         let mut rng = HostRng::new(seed.wrapping_mul(0x9E37_79B9).wrapping_add(index));
         let mut ids = Vec::with_capacity(batch * seq);
         let mut labels = Vec::with_capacity(batch * seq);
@@ -253,6 +287,7 @@ impl Task {
                     }
                     ids.extend(row);
                 }
+                Task::Packed(_) => unreachable!("returned above"),
                 Task::Bytes(bytes) => {
                     let start = (rng.next_u64() % (bytes.len() - seq + 1) as u64) as usize;
                     let row = bytes[start..start + seq].iter().map(|b| i32::from(*b));
@@ -402,8 +437,42 @@ fn main() -> anyhow::Result<()> {
     model.loss_chunk = (args.loss_chunk > 0).then_some(args.loss_chunk);
     let config = model.config.clone();
     let seq = args.seq_len;
-    let task = match &args.text {
-        Some(path) => {
+    let tokenizer = match (
+        &args.data,
+        args.tokenizer.as_ref().or(args.init_from.as_ref()),
+    ) {
+        (None, _) => None,
+        (Some(_), None) => bail!("--data needs a tokenizer: --init-from DIR or --tokenizer DIR"),
+        (Some(_), Some(dir)) => {
+            let t = Tokenizer::from_dir(dir)?;
+            if t.vocab_size() > config.vocab_size {
+                bail!(
+                    "{}: a tokenizer of {} pieces for a model of {}",
+                    dir.display(),
+                    t.vocab_size(),
+                    config.vocab_size
+                );
+            }
+            Some(t)
+        }
+    };
+    let packed = |path: &Path| -> anyhow::Result<PackedRows> {
+        let t = tokenizer.as_ref().expect("--data gave a tokenizer");
+        let started = Instant::now();
+        let rows = load_packed(path, t, seq, args.document_masks)?;
+        let tokens = rows.rows() * seq;
+        println!(
+            "{}: {} rows of {seq} tokens, tokenized and packed at {:.0} tokens/s",
+            path.display(),
+            rows.rows(),
+            tokens as f64 / started.elapsed().as_secs_f64()
+        );
+        Ok(rows)
+    };
+    let val_rows = args.val_data.as_deref().map(packed).transpose()?;
+    let task = match (&args.data, &args.text) {
+        (Some(path), _) => Task::Packed(Arc::new(packed(path)?)),
+        (None, Some(path)) => {
             let bytes =
                 std::fs::read(path).with_context(|| format!("--text {}", path.display()))?;
             if bytes.len() < seq {
@@ -421,7 +490,7 @@ fn main() -> anyhow::Result<()> {
             }
             Task::Bytes(bytes.into())
         }
-        None => {
+        (None, None) => {
             if seq < 4 {
                 bail!("--seq-len {seq}: the reversal task needs at least 4 tokens");
             }
@@ -523,12 +592,20 @@ fn main() -> anyhow::Result<()> {
             [ids, mask, labels] => (ids, Some(mask), labels),
             _ => bail!("a batch has two or three tensors"),
         };
+        // packed rows: the middle tensor is the position ids
+        let (mask, positions) = match &task {
+            Task::Packed(_) => (None, mask),
+            _ => (mask, None),
+        };
         real_tokens += batch.tokens.unwrap_or(ids.elem_count() * replicas);
         // each replica's mean over its shard's scored tokens; the reversal task scores the same
         // number of tokens in every row, so averaging the replicas' gradients gives the global
         // batch's (with ragged -100 labels, as with --buckets, it weights each micro-batch
         // and replica equally rather than each token)
-        let loss = device.autocast(autocast, || model.loss(ids, mask, labels))?;
+        let loss = device.autocast(autocast, || match positions {
+            Some(p) => model.loss_packed(ids, p, labels),
+            None => model.loss(ids, mask, labels),
+        })?;
         let refs: Vec<&Tensor> = params.iter().collect();
         let grads = grad(&loss, &refs)?;
         let loss = loss.all_reduce(Reduction::Mean)?;
@@ -588,6 +665,20 @@ fn main() -> anyhow::Result<()> {
             println!("step {:>5}  loss {loss_value:.4}{not_real}", step + 1);
             last_loss = loss_value;
         }
+        if let Some(rows) = &val_rows {
+            let due = args.val_every > 0 && (step + 1).is_multiple_of(args.val_every);
+            if due || step + 1 == args.steps {
+                let loss = model.eval_loss(rows, batch_size)?;
+                println!(
+                    "step {:>5}  val loss {loss:.4}  perplexity {:.2}{not_real}",
+                    step + 1,
+                    loss.exp()
+                );
+                if args.loss_log {
+                    println!("{{\"val_step\": {}, \"val_loss\": {loss:.9e}}}", step + 1);
+                }
+            }
+        }
         let ckpt_due = args.ckpt_every > 0 && (step + 1).is_multiple_of(args.ckpt_every);
         if let (true, Some(path)) = (ckpt_due || step + 1 == args.steps, &ckpt_path) {
             state::training_state(&model, &opt, step + 1)?
@@ -599,6 +690,11 @@ fn main() -> anyhow::Result<()> {
         model
             .save_pretrained(dir, save_dtype)
             .with_context(|| format!("--save {}", dir.display()))?;
+        // the tokenizer beside the weights, as transformers' Trainer saves it
+        if let Some(t) = &tokenizer {
+            t.save_pretrained(dir)
+                .with_context(|| format!("--save {}", dir.display()))?;
+        }
         if !extracting {
             println!("saved {} ({})", dir.display(), args.save_dtype);
         }

@@ -565,6 +565,148 @@ fn every_family_trains_from_its_directory_and_saves_as_itself() {
     }
 }
 
+/// The fine-tuning recipe of the README: a model directory with its tokenizer, JSON-lines
+/// training and validation documents, packed with document masks, precompiled by
+/// `neuron-pc compile` (the real run compiles nothing), saved with its tokenizer, and
+/// `generate` on the result (precompiled too) printing decoded text.
+#[test]
+fn fine_tuning_on_json_lines_then_generate_compile_ahead_and_print_text() {
+    let cache = tmp("finetune");
+    let out = tmp("finetune-out");
+    let docs = [
+        r#"{"text": "The lazy device records every operation and compiles the step graph."}"#,
+        r#"{"prompt": "Q: where do tensors stay?", "completion": " On the accelerator."}"#,
+        r#"{"text": "A training loop marks a step; the cache keeps the executable."}"#,
+    ];
+    let train = out.join("train.jsonl");
+    std::fs::write(&train, docs.repeat(8).join("\n")).unwrap();
+    let val = out.join("val.jsonl");
+    std::fs::write(&val, docs[..2].join("\n")).unwrap();
+    let saved = out.join("tuned");
+    let dir = root().join("tests/data/llama-tok");
+    let args = |steps: &str| -> Vec<String> {
+        [
+            "--init-from",
+            dir.to_str().unwrap(),
+            "--data",
+            train.to_str().unwrap(),
+            "--val-data",
+            val.to_str().unwrap(),
+            "--val-every",
+            "10",
+            "--document-masks",
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "4",
+            "--peak-matmul",
+            "0",
+            "--loss-log",
+            "--json",
+            "--steps",
+            steps,
+            "--save",
+            saved.to_str().unwrap(),
+        ]
+        .map(str::to_string)
+        .to_vec()
+    };
+    let compile = |program: &Path, args: &[String]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_neuron-pc"))
+            .args(["compile", "--json", "--"])
+            .arg(program)
+            .args(args)
+            .env("NEURON_COMPILE_CACHE_URL", &cache)
+            .env_remove("NEURON_CC_FLAGS")
+            .env_remove("NEURON_PC_DEVICES")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    // the training step and the validation loss
+    let report = compile(&job(), &args("2"));
+    assert_eq!(report["compiled"], 2, "{report}");
+    assert!(
+        !saved.exists(),
+        "a trial run writes no model and no tokenizer"
+    );
+    let a = args("30");
+    let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+    let r = run(&cache, &refs);
+    assert_eq!(r.metrics["compiles"], 0, "{}", r.metrics);
+    let val: Vec<f64> = r
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("{\"val_step\": "))
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(&format!("{{\"s\": {l}")).unwrap();
+            v["val_loss"].as_f64().unwrap()
+        })
+        .collect();
+    assert_eq!(val.len(), 3, "steps 10, 20, 30: {}", r.stdout);
+    assert!(val[2] < val[0] - 1.0, "the validation loss falls: {val:?}");
+    assert!(r.stdout.contains("perplexity"), "{}", r.stdout);
+    for file in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        assert!(saved.join(file).exists(), "{file}");
+    }
+
+    let generate = job().with_file_name("generate");
+    let gen_args: Vec<String> = [
+        saved.to_str().unwrap(),
+        "--prompt",
+        "The lazy device",
+        "--max-new-tokens",
+        "12",
+        "--buckets",
+        "16",
+        "--json",
+    ]
+    .map(str::to_string)
+    .to_vec();
+    let report = compile(&generate, &gen_args);
+    assert_eq!(
+        report["compiled"], 2,
+        "a prefill and a decode graph: {report}"
+    );
+    let done = Command::new(&generate)
+        .args(&gen_args)
+        .env("NEURON_COMPILE_CACHE_URL", &cache)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&done.stdout);
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let metrics: serde_json::Value =
+        serde_json::from_str(&stdout[stdout.find("\n{").unwrap()..]).unwrap();
+    assert_eq!(metrics["compiles"], 0, "{metrics}");
+    // the decoded continuation is the tokenizer's text of the printed tokens
+    let first = stdout.lines().next().unwrap();
+    let tokens = stdout.lines().nth(1).unwrap();
+    let ids: Vec<i32> = tokens[tokens.find('[').unwrap() + 1..tokens.find(']').unwrap()]
+        .split(", ")
+        .map(|t| t.parse().unwrap())
+        .collect();
+    let tok = neuron_pc::data::Tokenizer::from_dir(&saved).unwrap();
+    assert_eq!(
+        first,
+        format!("The lazy device{}", tok.decode(&ids, true).unwrap())
+    );
+    assert!(first.len() > "The lazy device".len() + 5, "{first}");
+    for d in [cache, out] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
 #[test]
 fn accumulation_zero1_and_buckets_train_as_the_plain_run_and_compile_ahead() {
     let cache = tmp("levers");

@@ -14,7 +14,9 @@ mod text;
 mod tokenizer;
 
 pub use buckets::{BucketedBatches, LengthBuckets, PaddedTokens, TokenRow};
-pub use text::{pack, read_documents, tokenize, Document, PackedRows, TokenizedDocument};
+pub use text::{
+    load_packed, pack, read_documents, tokenize, Document, PackedRows, TokenizedDocument,
+};
 pub use tokenizer::Tokenizer;
 
 use std::sync::mpsc::{sync_channel, Receiver};

@@ -194,3 +194,17 @@ pub fn pack(docs: &[TokenizedDocument], len: usize, document_masks: bool) -> Res
     }
     Ok(packed)
 }
+
+/// [`read_documents`], [`tokenize`] and [`pack`] of one file: the rows a language model
+/// trains or is evaluated on.
+pub fn load_packed(
+    path: &Path,
+    tokenizer: &Tokenizer,
+    len: usize,
+    document_masks: bool,
+) -> Result<PackedRows> {
+    let docs = read_documents(path)?;
+    let tokens = tokenize(tokenizer, &docs)?;
+    pack(&tokens, len, document_masks)
+        .map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+}

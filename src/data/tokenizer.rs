@@ -2,14 +2,25 @@
 //! writes it), through Hugging Face's Rust `tokenizers` crate, the implementation the Python
 //! package wraps: the same ids as `AutoTokenizer(text)["input_ids"]`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+
+/// The files of a tokenizer in a `save_pretrained` directory, copied by
+/// [`Tokenizer::save_pretrained`].
+const FILES: [&str; 4] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+];
 
 /// A `tokenizer.json` with the end token of its `tokenizer_config.json`.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     eos: Option<i32>,
+    /// The directory it was read from.
+    dir: Option<PathBuf>,
 }
 
 impl Tokenizer {
@@ -45,6 +56,7 @@ impl Tokenizer {
             _ => None,
         });
         t.eos = by_name.or(by_id);
+        t.dir = Some(dir.to_path_buf());
         Ok(t)
     }
 
@@ -52,7 +64,11 @@ impl Tokenizer {
     pub fn from_file(path: &Path) -> Result<Tokenizer> {
         let inner = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| Error::Config(format!("{}: not a tokenizer: {e}", path.display())))?;
-        Ok(Tokenizer { inner, eos: None })
+        Ok(Tokenizer {
+            inner,
+            eos: None,
+            dir: None,
+        })
     }
 
     /// The ids of `text`, special tokens added as the tokenizer's post-processor says (a
@@ -92,6 +108,35 @@ impl Tokenizer {
         self.inner
             .decode(&ids, skip_special)
             .map_err(|e| Error::Config(format!("tokenizer: {e}")))
+    }
+
+    /// Writes the tokenizer into `dir` beside a model's `save_pretrained` files: the files of
+    /// the directory it was read from, byte for byte (or `tokenizer.json` alone for one read
+    /// from a file), each atomically. In a trial run (`neuron-pc compile`) nothing is written.
+    pub fn save_pretrained(&self, dir: &Path) -> Result<()> {
+        if crate::trial::skip_write("tokenizer", dir) {
+            return Ok(());
+        }
+        std::fs::create_dir_all(dir).map_err(|e| Error::io_at(dir, e))?;
+        let Some(source) = &self.dir else {
+            let text = self
+                .inner
+                .to_string(false)
+                .map_err(|e| Error::Config(format!("tokenizer: {e}")))?;
+            let path = dir.join(FILES[0]);
+            return crate::checkpoint::write_atomic(&path, text.as_bytes())
+                .map_err(|e| Error::io_at(&path, e));
+        };
+        for name in FILES {
+            let from = source.join(name);
+            if !from.exists() {
+                continue;
+            }
+            let bytes = std::fs::read(&from).map_err(|e| Error::io_at(&from, e))?;
+            let to = dir.join(name);
+            crate::checkpoint::write_atomic(&to, &bytes).map_err(|e| Error::io_at(&to, e))?;
+        }
+        Ok(())
     }
 
     /// The end-of-text token, when the directory names one.

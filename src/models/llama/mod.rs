@@ -15,6 +15,7 @@
 //! ```
 
 mod config;
+mod eval;
 mod generate;
 mod keys;
 mod masks;
