@@ -707,6 +707,70 @@ fn fine_tuning_on_json_lines_then_generate_compile_ahead_and_print_text() {
     }
 }
 
+/// The data position of a `--data` run is its step: a run killed after a checkpoint and resumed
+/// on another device count reads exactly the rows the uninterrupted run read (stream packing:
+/// every row scores the same number of tokens, so the replicas' mean is the batch's mean).
+#[test]
+fn a_data_run_resumed_on_two_devices_continues_with_the_next_rows() {
+    let cache = tmp("data-resume");
+    let out = tmp("data-resume-out");
+    let train = out.join("train.txt");
+    let paragraphs = [
+        "The lazy device records every operation and compiles the step graph.",
+        "A training loop marks a step; the cache keeps the executable.",
+        "Tensors stay on the accelerator until the host asks for a value.",
+    ];
+    std::fs::write(&train, paragraphs.repeat(10).join("\n\n")).unwrap();
+    let dir = root().join("tests/data/llama-tok");
+    let ckpt = out.join("ckpt");
+    let args = |extra: &[&str]| -> Vec<String> {
+        let base = [
+            "--init-from",
+            dir.to_str().unwrap(),
+            "--data",
+            train.to_str().unwrap(),
+            "--seq-len",
+            "24",
+            "--batch-size",
+            "4",
+            "--peak-matmul",
+            "0",
+            "--loss-log",
+        ];
+        base.iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    let go = |extra: &[&str]| {
+        let a = args(extra);
+        let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+        run(&cache, &refs)
+    };
+    let straight = go(&["--steps", "8"]);
+    let c = ckpt.to_str().unwrap();
+    let first = go(&["--steps", "4", "--ckpt-dir", c, "--ckpt-every", "2"]);
+    assert_eq!(first.losses, straight.losses[..4]);
+    let resumed = go(&[
+        "--steps",
+        "8",
+        "--ckpt-dir",
+        c,
+        "--resume",
+        "--devices",
+        "2",
+    ]);
+    assert!(
+        resumed.stdout.contains("resumed from"),
+        "{}",
+        resumed.stdout
+    );
+    assert_eq!(resumed.losses.len(), 4);
+    for ((s, a), (_, b)) in resumed.losses.iter().zip(&straight.losses[4..]) {
+        assert!((a - b).abs() <= 1e-4 * b.abs(), "step {s}: {a} vs {b}");
+    }
+    for d in [cache, out] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
 #[test]
 fn accumulation_zero1_and_buckets_train_as_the_plain_run_and_compile_ahead() {
     let cache = tmp("levers");
