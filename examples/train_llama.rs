@@ -41,7 +41,9 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use neuron_pc::amp::Precision;
 use neuron_pc::checkpoint::StateDict;
-use neuron_pc::data::{load_packed, DeviceLoader, LastBatch, LengthBuckets, PackedRows, Tokenizer};
+use neuron_pc::data::{
+    load_packed, DeviceLoader, LastBatch, LengthBuckets, PackedRows, TokenShard, Tokenizer,
+};
 use neuron_pc::models::llama::{Family, LlamaConfig, LlamaForCausalLM, LlamaSharding, LoadOptions};
 use neuron_pc::nn::{HostRng, Module, Remat, VarBuilder, IGNORE_INDEX};
 use neuron_pc::optim::{average_gradients, AdamW, GradAccumulator, WarmupCosine};
@@ -104,7 +106,8 @@ struct Args {
     text: Option<PathBuf>,
     /// Train on the documents of this file (JSON lines with "text", or "prompt" and
     /// "completion"; other files: paragraphs), tokenized with the model directory's
-    /// tokenizer.json and packed into rows of --seq-len.
+    /// tokenizer.json and packed into rows of --seq-len; or on a pre-tokenized llm.c shard
+    /// (`.bin`, uint16 or uint32 tokens, memory-mapped) cut into rows.
     #[arg(long, conflicts_with_all = ["text", "buckets"])]
     data: Option<PathBuf>,
     /// Held-out documents (as --data): validation loss and perplexity every --val-every steps
@@ -204,6 +207,8 @@ enum Task {
     /// Packed rows of tokenized documents, batch `i` the rows from `i * batch` on (wrapping):
     /// `[input_ids, position_ids, labels]`.
     Packed(Arc<PackedRows>),
+    /// Rows of a pre-tokenized llm.c shard (`--data x.bin`), as `Packed`.
+    Shard(Arc<TokenShard>),
 }
 
 impl Task {
@@ -241,10 +246,7 @@ impl Task {
                     (ids, labels)
                 }
                 // --data conflicts with --buckets
-                Task::Packed(rows) => {
-                    let row = rows.batch(rng.next_u64() as usize % rows.rows(), 1);
-                    (row[0].to_vec().expect("i32"), row[2].to_vec().expect("i32"))
-                }
+                Task::Packed(_) | Task::Shard(_) => unreachable!("--data conflicts with --buckets"),
                 Task::Bytes(bytes) => {
                     let len = 2 + (rng.next_u64() % (seq - 1) as u64) as usize;
                     let start = (rng.next_u64() % (bytes.len() - len + 1) as u64) as usize;
@@ -261,8 +263,14 @@ impl Task {
     /// `input_ids` and `labels`, int32 `[batch, seq]` (and the position ids between them for
     /// packed rows).
     fn batch(&self, seed: u64, index: u64, batch: usize, seq: usize) -> Vec<HostTensor> {
-        if let Task::Packed(rows) = self {
-            return rows.batch(index as usize * batch, batch);
+        match self {
+            Task::Packed(rows) => return rows.batch(index as usize * batch, batch),
+            Task::Shard(shard) => {
+                return shard
+                    .batch(index as usize * batch, batch, seq)
+                    .expect("checked at start: the shard holds a row")
+            }
+            _ => {}
         }
         let mut rng = HostRng::new(seed.wrapping_mul(0x9E37_79B9).wrapping_add(index));
         let mut ids = Vec::with_capacity(batch * seq);
@@ -287,7 +295,7 @@ impl Task {
                     }
                     ids.extend(row);
                 }
-                Task::Packed(_) => unreachable!("returned above"),
+                Task::Packed(_) | Task::Shard(_) => unreachable!("returned above"),
                 Task::Bytes(bytes) => {
                     let start = (rng.next_u64() % (bytes.len() - seq + 1) as u64) as usize;
                     let row = bytes[start..start + seq].iter().map(|b| i32::from(*b));
@@ -437,11 +445,17 @@ fn main() -> anyhow::Result<()> {
     model.loss_chunk = (args.loss_chunk > 0).then_some(args.loss_chunk);
     let config = model.config.clone();
     let seq = args.seq_len;
+    let shard = args
+        .data
+        .as_deref()
+        .filter(|p| p.extension().is_some_and(|e| e == "bin"));
     let tokenizer = match (
         &args.data,
         args.tokenizer.as_ref().or(args.init_from.as_ref()),
     ) {
         (None, _) => None,
+        // pre-tokenized: no tokenizer
+        _ if shard.is_some() => None,
         (Some(_), None) => bail!("--data needs a tokenizer: --init-from DIR or --tokenizer DIR"),
         (Some(_), Some(dir)) => {
             let t = Tokenizer::from_dir(dir)?;
@@ -469,8 +483,40 @@ fn main() -> anyhow::Result<()> {
         );
         Ok(rows)
     };
-    let val_rows = args.val_data.as_deref().map(packed).transpose()?;
+    let val_rows = match args.val_data.as_deref() {
+        Some(path) if path.extension().is_some_and(|e| e == "bin") => {
+            Some(TokenShard::open(path)?.to_rows(seq))
+        }
+        Some(path) if shard.is_some() => bail!(
+            "--val-data {}: with a pre-tokenized --data, give a pre-tokenized (.bin) one too",
+            path.display()
+        ),
+        Some(path) => Some(packed(path)?),
+        None => None,
+    };
     let task = match (&args.data, &args.text) {
+        (Some(path), _) if shard.is_some() => {
+            let shard = TokenShard::open(path)?;
+            if shard.rows(seq) == 0 {
+                bail!("--data {}: fewer than {seq} tokens", path.display());
+            }
+            // an id past the vocabulary would be clamped by the gather, silently
+            let largest = shard.tokens(0, shard.len()).into_iter().max().unwrap_or(0);
+            if largest as usize >= config.vocab_size {
+                bail!(
+                    "--data {}: token {largest} is outside the model's vocabulary of {}",
+                    path.display(),
+                    config.vocab_size
+                );
+            }
+            println!(
+                "{}: {} tokens, {} rows of {seq}",
+                path.display(),
+                shard.len(),
+                shard.rows(seq)
+            );
+            Task::Shard(Arc::new(shard))
+        }
         (Some(path), _) => Task::Packed(Arc::new(packed(path)?)),
         (None, Some(path)) => {
             let bytes =
@@ -594,7 +640,7 @@ fn main() -> anyhow::Result<()> {
         };
         // packed rows: the middle tensor is the position ids
         let (mask, positions) = match &task {
-            Task::Packed(_) => (None, mask),
+            Task::Packed(_) | Task::Shard(_) => (None, mask),
             _ => (mask, None),
         };
         real_tokens += batch.tokens.unwrap_or(ids.elem_count() * replicas);

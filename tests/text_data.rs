@@ -161,3 +161,62 @@ fn packed_documents_compute_what_each_computes_alone() {
         at += n;
     }
 }
+
+/// llm.c's shards (written by NumPy: `scripts/fixtures/token_shards.py`), uint16 and uint32,
+/// read in place; a bad header or size is one error naming the file.
+#[test]
+fn llm_c_token_shards_read_as_numpy_wrote_them() {
+    let expected =
+        neuron_pc::checkpoint::StateDict::load(&data("shards/expected.safetensors")).unwrap();
+    for name in ["gpt2", "llama3"] {
+        let shard =
+            neuron_pc::data::TokenShard::open(&data(&format!("shards/{name}.bin"))).unwrap();
+        let want: Vec<i32> = expected.tensors[name]
+            .to_f64_vec()
+            .iter()
+            .map(|v| *v as i32)
+            .collect();
+        assert_eq!(shard.len(), want.len());
+        assert_eq!(shard.tokens(0, want.len()), want, "{name}");
+        // rows of 64: 15 of them; batch 14 wraps to row 0
+        assert_eq!(shard.rows(64), 15);
+        let b = shard.batch(14, 2, 64).unwrap();
+        let ids: Vec<i32> = b[0].to_vec().unwrap();
+        assert_eq!(ids[..64], want[14 * 64..15 * 64]);
+        assert_eq!(ids[64..], want[..64]);
+        let positions: Vec<i32> = b[1].to_vec().unwrap();
+        assert_eq!(positions[..3], [0, 1, 2]);
+        assert_eq!(
+            b[2].to_vec::<i32>().unwrap(),
+            ids,
+            "every token is predicted"
+        );
+    }
+    let bytes = std::fs::read(data("shards/gpt2.bin")).unwrap();
+    for (name, contents, needle) in [
+        (
+            "short.bin",
+            bytes[..100].to_vec(),
+            "shorter than the 1024-byte header",
+        ),
+        (
+            "cut.bin",
+            bytes[..bytes.len() - 2].to_vec(),
+            "the header counts 1000 tokens",
+        ),
+        (
+            "magic.bin",
+            [&[1u8, 0, 0, 0][..], &bytes[4..]].concat(),
+            "magic 1 version 1",
+        ),
+    ] {
+        let path = write(name, "");
+        std::fs::write(&path, contents).unwrap();
+        let e = neuron_pc::data::TokenShard::open(&path)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains(name) && e.contains(needle), "{e}");
+        assert_eq!(e.lines().count(), 1);
+    }
+}

@@ -771,6 +771,69 @@ fn a_data_run_resumed_on_two_devices_continues_with_the_next_rows() {
     }
 }
 
+/// A pre-tokenized llm.c shard trains as rows of the stream (here one written in the tiny
+/// tokenizer's range), validates on another, and a token past the model's vocabulary is one
+/// error before any step.
+#[test]
+fn an_llm_c_shard_trains_and_validates_and_out_of_vocabulary_ids_are_refused() {
+    let cache = tmp("shard");
+    let out = tmp("shard-out");
+    let shard = |name: &str, tokens: &[u16]| -> PathBuf {
+        let mut header = vec![0i32; 256];
+        (header[0], header[1], header[2]) = (20240520, 1, tokens.len() as i32);
+        let mut bytes: Vec<u8> = header.iter().flat_map(|w| w.to_le_bytes()).collect();
+        bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
+        let path = out.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    };
+    let stream: Vec<u16> = (0..2400).map(|i| 40 + (i % 60) as u16).collect();
+    let train = shard("train.bin", &stream);
+    let val = shard("val.bin", &stream[..320]);
+    let dir = root().join("tests/data/llama-tok");
+    let r = run(
+        &cache,
+        &[
+            "--init-from",
+            dir.to_str().unwrap(),
+            "--data",
+            train.to_str().unwrap(),
+            "--val-data",
+            val.to_str().unwrap(),
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "4",
+            "--steps",
+            "30",
+            "--peak-matmul",
+            "0",
+            "--loss-log",
+        ],
+    );
+    assert!(
+        r.stdout.contains("2400 tokens, 75 rows of 32"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.losses[29].1 < r.losses[0].1 - 2.0, "{:?}", r.losses);
+    assert!(r.stdout.contains("val loss"), "{}", r.stdout);
+    let gpt2 = root().join("tests/data/shards/gpt2.bin");
+    fails_with(
+        &cache,
+        &[
+            "--init-from",
+            dir.to_str().unwrap(),
+            "--data",
+            gpt2.to_str().unwrap(),
+        ],
+        "outside the model's vocabulary of 384",
+    );
+    for d in [cache, out] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
 #[test]
 fn accumulation_zero1_and_buckets_train_as_the_plain_run_and_compile_ahead() {
     let cache = tmp("levers");

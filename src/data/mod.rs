@@ -10,10 +10,12 @@
 //! Variable-length token data goes through [`LengthBuckets`] ([`DeviceLoader::for_tokens`]).
 
 mod buckets;
+mod shards;
 mod text;
 mod tokenizer;
 
 pub use buckets::{BucketedBatches, LengthBuckets, PaddedTokens, TokenRow};
+pub use shards::TokenShard;
 pub use text::{
     load_packed, pack, read_documents, tokenize, Document, PackedRows, TokenizedDocument,
 };
