@@ -636,6 +636,9 @@ fn fine_tuning_on_json_lines_then_generate_compile_ahead_and_print_text() {
     let refs: Vec<&str> = a.iter().map(String::as_str).collect();
     let r = run(&cache, &refs);
     assert_eq!(r.metrics["compiles"], 0, "{}", r.metrics);
+    // each step's batch came from the loader, its wait counted
+    assert_eq!(r.metrics["batches_loaded"], 30, "{}", r.metrics);
+    assert!(r.metrics["batch_wait_ms"].as_f64().unwrap() >= 0.0);
     let val: Vec<f64> = r
         .stdout
         .lines()

@@ -75,6 +75,8 @@ impl DeviceBatch {
 pub struct DeviceLoader {
     rx: Receiver<Result<DeviceBatch>>,
     worker: Option<JoinHandle<()>>,
+    /// Where the time waited for each batch is counted ([`crate::Metrics::batch_wait_ms`]).
+    device: LazyDevice,
 }
 
 impl DeviceLoader {
@@ -137,6 +139,7 @@ impl DeviceLoader {
             + 'static,
     {
         let (tx, rx) = sync_channel(prefetch.max(1));
+        let device_for_metrics = device.clone();
         let device = device.clone();
         let replicas = device.replicas();
         // In a multi-process run this process's replicas take their rows of the global batch.
@@ -183,6 +186,7 @@ impl DeviceLoader {
         DeviceLoader {
             rx,
             worker: Some(worker),
+            device: device_for_metrics,
         }
     }
 }
@@ -191,8 +195,13 @@ impl Iterator for DeviceLoader {
     type Item = Result<DeviceBatch>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        let waiting = std::time::Instant::now();
         match self.rx.recv() {
-            Ok(batch) => Some(batch),
+            Ok(batch) => {
+                let ms = waiting.elapsed().as_secs_f64() * 1e3;
+                self.device.record_batch_wait(ms);
+                Some(batch)
+            }
             // The stream ended, or the batch iterator panicked on the loader thread: say so
             // instead of ending the epoch early without a word.
             Err(_) => match self.worker.take().map(JoinHandle::join) {

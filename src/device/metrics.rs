@@ -57,6 +57,12 @@ pub struct Metrics {
     /// Executions and their total wall time (launch to results ready).
     pub executions: u64,
     pub execute_ms: f64,
+    /// Batches a [`crate::data::DeviceLoader`] handed to the training loop, and the time the
+    /// loop waited for them (what the loader's background thread did not hide).
+    #[serde(default)]
+    pub batches_loaded: u64,
+    #[serde(default)]
+    pub batch_wait_ms: f64,
     /// The most steps a device left in flight when `mark_step` returned, and the most bytes per
     /// device their outputs held (see `DeviceConfig::max_bytes_in_flight`).
     #[serde(default)]
@@ -201,6 +207,15 @@ impl Metrics {
             "executions",
             format!("{} in {:.1} ms", self.executions, self.execute_ms),
         );
+        if self.batches_loaded > 0 {
+            line(
+                "batch wait",
+                format!(
+                    "{:.1} ms over {} batches from the loader",
+                    self.batch_wait_ms, self.batches_loaded
+                ),
+            );
+        }
         if self.peak_steps_in_flight > 0 {
             line(
                 "in flight (peak)",

@@ -235,6 +235,13 @@ impl LazyDevice {
         self.inner.config.extract_dir.is_some()
     }
 
+    /// Counts a batch the loader handed over after `ms` of waiting.
+    pub(crate) fn record_batch_wait(&self, ms: f64) {
+        let mut m = lock(&self.inner.metrics);
+        m.batches_loaded += 1;
+        m.batch_wait_ms += ms;
+    }
+
     /// A snapshot of the counters (steps still running are not in `execute_ms` yet).
     pub fn metrics(&self) -> Metrics {
         let done = self.inner.in_flight.retire_finished();
