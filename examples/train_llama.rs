@@ -501,7 +501,7 @@ fn main() -> anyhow::Result<()> {
                 bail!("--data {}: fewer than {seq} tokens", path.display());
             }
             // an id past the vocabulary would be clamped by the gather, silently
-            let largest = shard.tokens(0, shard.len()).into_iter().max().unwrap_or(0);
+            let largest = shard.max_token().unwrap_or(0);
             if largest as usize >= config.vocab_size {
                 bail!(
                     "--data {}: token {largest} is outside the model's vocabulary of {}",

@@ -178,6 +178,7 @@ fn llm_c_token_shards_read_as_numpy_wrote_them() {
             .collect();
         assert_eq!(shard.len(), want.len());
         assert_eq!(shard.tokens(0, want.len()), want, "{name}");
+        assert_eq!(shard.max_token(), want.iter().max().copied(), "{name}");
         // rows of 64: 15 of them; batch 14 wraps to row 0
         assert_eq!(shard.rows(64), 15);
         let b = shard.batch(14, 2, 64).unwrap();

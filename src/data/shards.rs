@@ -78,19 +78,24 @@ impl TokenShard {
         &self.path
     }
 
+    /// Tokens `start..start + n`, in order, read from the map as they are iterated.
+    fn iter(&self, start: usize, n: usize) -> impl Iterator<Item = i32> + '_ {
+        let bytes = &self.map[HEADER_BYTES + start * self.width..][..n * self.width];
+        bytes.chunks_exact(self.width).map(|b| match b {
+            [lo, hi] => i32::from(u16::from_le_bytes([*lo, *hi])),
+            _ => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i32,
+        })
+    }
+
     /// Tokens `start..start + n`.
     pub fn tokens(&self, start: usize, n: usize) -> Vec<i32> {
-        let bytes = &self.map[HEADER_BYTES + start * self.width..][..n * self.width];
-        match self.width {
-            2 => bytes
-                .chunks_exact(2)
-                .map(|b| i32::from(u16::from_le_bytes([b[0], b[1]])))
-                .collect(),
-            _ => bytes
-                .chunks_exact(4)
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i32)
-                .collect(),
-        }
+        self.iter(start, n).collect()
+    }
+
+    /// The largest token of the shard (to check it against a vocabulary), one pass over the
+    /// map with nothing copied.
+    pub fn max_token(&self) -> Option<i32> {
+        self.iter(0, self.tokens).max()
     }
 
     /// Rows of `len` tokens the shard holds (the stream cut in order; the rest dropped).

@@ -74,20 +74,20 @@ impl Tokenizer {
     /// The ids of `text`, special tokens added as the tokenizer's post-processor says (a
     /// beginning-of-text token for Llama 3), special tokens written in the text recognised.
     pub fn encode(&self, text: &str) -> Result<Vec<i32>> {
+        self.ids(text, true)
+    }
+
+    fn ids(&self, text: &str, special: bool) -> Result<Vec<i32>> {
         let encoding = self
             .inner
-            .encode(text, true)
+            .encode(text, special)
             .map_err(|e| Error::Config(format!("tokenizer: {e}")))?;
         Ok(encoding.get_ids().iter().map(|&i| i as i32).collect())
     }
 
     /// The ids of `text` alone: no special tokens added (a completion after its prompt).
     pub fn encode_plain(&self, text: &str) -> Result<Vec<i32>> {
-        let encoding = self
-            .inner
-            .encode(text, false)
-            .map_err(|e| Error::Config(format!("tokenizer: {e}")))?;
-        Ok(encoding.get_ids().iter().map(|&i| i as i32).collect())
+        self.ids(text, false)
     }
 
     /// [`Tokenizer::encode`] of each text, on every core.
