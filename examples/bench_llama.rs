@@ -23,8 +23,8 @@
 //! The memory figures (`scripts/bench memory`): `--remat none|full|dots` checkpoints every decoder
 //! layer, `--precision bf16` computes the matrix products in bfloat16 over float32 master weights
 //! (autocast) and `--loss-chunk N` computes the head and the loss N tokens at a time, as
-//! `examples/train_llama.rs` applies them. The RESULT line ends with them and with the process's
-//! peak resident memory (`peak_rss_mib`, `VmHWM` of /proc/self/status, read after the last
+//! `examples/train_llama/main.rs` applies them. The RESULT line ends with them and with the
+//! process's peak resident memory (`peak_rss_mib`, `VmHWM` of /proc/self/status, read after the last
 //! step); `--rounds 0` skips the pipelined rounds (`pipelined_ms=n/a`) and the extra step after
 //! them, for models whose step takes seconds.
 //!

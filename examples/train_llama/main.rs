@@ -45,12 +45,16 @@ use neuron_pc::data::{
     load_packed, DeviceLoader, LastBatch, LengthBuckets, PackedRows, TokenShard, Tokenizer,
 };
 use neuron_pc::models::llama::{Family, LlamaConfig, LlamaForCausalLM, LlamaSharding, LoadOptions};
-use neuron_pc::nn::{HostRng, Module, Remat, VarBuilder, IGNORE_INDEX};
+use neuron_pc::nn::{HostRng, Module, Remat, VarBuilder};
 use neuron_pc::optim::{average_gradients, AdamW, GradAccumulator, WarmupCosine};
 use neuron_pc::sharding::{ShardingPlan, DATA_AXIS, MODEL_AXIS};
 use neuron_pc::state;
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
+
+mod task;
+
+use task::Task;
 
 /// The flags that give the whole model, which the size flags would contradict.
 const MODEL_GIVEN: [&str; 2] = ["init_from", "config"];
@@ -193,122 +197,6 @@ struct Args {
     /// graph and its compile time do not grow with depth.
     #[arg(long)]
     scan_layers: bool,
-}
-
-/// Where the training sequences come from; batch `i` is a pure function of `(seed, i)`, so a
-/// resumed run sees the same data.
-#[derive(Clone)]
-enum Task {
-    /// `[0, a_1 .. a_k, 1, a_k .. a_1]`: the model learns to reverse; only the reversed half
-    /// is scored (the rest of the labels are -100).
-    Reverse { alphabet: usize },
-    /// Windows of a byte string; every next byte is scored.
-    Bytes(std::sync::Arc<[u8]>),
-    /// Packed rows of tokenized documents, batch `i` the rows from `i * batch` on (wrapping):
-    /// `[input_ids, position_ids, labels]`.
-    Packed(Arc<PackedRows>),
-    /// Rows of a pre-tokenized llm.c shard (`--data x.bin`), as `Packed`.
-    Shard(Arc<TokenShard>),
-}
-
-impl Task {
-    /// Rows of random lengths up to `seq` (reversal: `2k + 2` tokens for a random `k`; bytes: a
-    /// random window), each with its labels, for length buckets.
-    fn ragged_rows(
-        &self,
-        seed: u64,
-        index: u64,
-        batch: usize,
-        seq: usize,
-    ) -> Vec<(Vec<i32>, Vec<i32>)> {
-        let mut rng = HostRng::new(seed.wrapping_mul(0x9E37_79B9).wrapping_add(index) ^ 0x5bd1);
-        (0..batch)
-            .map(|_| match self {
-                Task::Reverse { alphabet } => {
-                    let k = 1 + (rng.next_u64() % (seq / 2 - 1) as u64) as usize;
-                    let a: Vec<i32> = (0..k)
-                        .map(|_| 2 + (rng.next_u64() % *alphabet as u64) as i32)
-                        .collect();
-                    let ids: Vec<i32> = std::iter::once(0)
-                        .chain(a.iter().copied())
-                        .chain(std::iter::once(1))
-                        .chain(a.iter().rev().copied())
-                        .collect();
-                    let labels = (0..ids.len())
-                        .map(|t| {
-                            if t >= k + 2 {
-                                ids[t]
-                            } else {
-                                IGNORE_INDEX as i32
-                            }
-                        })
-                        .collect();
-                    (ids, labels)
-                }
-                // --data conflicts with --buckets
-                Task::Packed(_) | Task::Shard(_) => unreachable!("--data conflicts with --buckets"),
-                Task::Bytes(bytes) => {
-                    let len = 2 + (rng.next_u64() % (seq - 1) as u64) as usize;
-                    let start = (rng.next_u64() % (bytes.len() - len + 1) as u64) as usize;
-                    let ids: Vec<i32> = bytes[start..start + len]
-                        .iter()
-                        .map(|b| i32::from(*b))
-                        .collect();
-                    (ids.clone(), ids)
-                }
-            })
-            .collect()
-    }
-
-    /// `input_ids` and `labels`, int32 `[batch, seq]` (and the position ids between them for
-    /// packed rows).
-    fn batch(&self, seed: u64, index: u64, batch: usize, seq: usize) -> Vec<HostTensor> {
-        match self {
-            Task::Packed(rows) => return rows.batch(index as usize * batch, batch),
-            Task::Shard(shard) => {
-                return shard
-                    .batch(index as usize * batch, batch, seq)
-                    .expect("checked at start: the shard holds a row")
-            }
-            _ => {}
-        }
-        let mut rng = HostRng::new(seed.wrapping_mul(0x9E37_79B9).wrapping_add(index));
-        let mut ids = Vec::with_capacity(batch * seq);
-        let mut labels = Vec::with_capacity(batch * seq);
-        for _ in 0..batch {
-            match self {
-                Task::Reverse { alphabet } => {
-                    let k = seq / 2 - 1;
-                    let a: Vec<i32> = (0..k)
-                        .map(|_| 2 + (rng.next_u64() % *alphabet as u64) as i32)
-                        .collect();
-                    let row: Vec<i32> = std::iter::once(0)
-                        .chain(a.iter().copied())
-                        .chain(std::iter::once(1))
-                        .chain(a.iter().rev().copied())
-                        .chain(std::iter::repeat(0))
-                        .take(seq)
-                        .collect();
-                    for (t, &tok) in row.iter().enumerate() {
-                        let scored = t >= k + 2 && t < 2 * k + 2;
-                        labels.push(if scored { tok } else { IGNORE_INDEX as i32 });
-                    }
-                    ids.extend(row);
-                }
-                Task::Packed(_) | Task::Shard(_) => unreachable!("returned above"),
-                Task::Bytes(bytes) => {
-                    let start = (rng.next_u64() % (bytes.len() - seq + 1) as u64) as usize;
-                    let row = bytes[start..start + seq].iter().map(|b| i32::from(*b));
-                    ids.extend(row.clone());
-                    labels.extend(row);
-                }
-            }
-        }
-        vec![
-            HostTensor::from_slice(&ids, &[batch, seq]).expect("sizes agree"),
-            HostTensor::from_slice(&labels, &[batch, seq]).expect("sizes agree"),
-        ]
-    }
 }
 
 fn model_config(args: &Args) -> anyhow::Result<LlamaConfig> {

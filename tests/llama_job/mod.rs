@@ -1,0 +1,106 @@
+//! Running the LLM example (`examples/train_llama`) as a user does, for `tests/train_llama.rs`
+//! and `tests/train_llama_data.rs`.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A model and batch small enough for debug builds.
+pub const SMALL: &[&str] = &[
+    "--hidden",
+    "32",
+    "--intermediate",
+    "64",
+    "--batch-size",
+    "16",
+];
+
+pub fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn job() -> PathBuf {
+    neuron_pc_test_support::paths::example_binary(env!("CARGO_BIN_EXE_neuron-pc"), "train_llama")
+}
+
+pub fn tmp(tag: &str) -> PathBuf {
+    neuron_pc_test_support::paths::fresh_dir("npc-llama-job", tag)
+}
+
+pub fn command(cache: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(job());
+    c.args(args)
+        .env("NEURON_COMPILE_CACHE_URL", cache)
+        .env_remove("NEURON_CC_FLAGS")
+        .env_remove("NEURON_PC_DEVICES")
+        .env_remove("NEURON_PC_EXTRACT_DIR");
+    c
+}
+
+/// What one run printed: its stdout, `(step, loss)` pairs and the `--json` metrics.
+pub struct Run {
+    pub stdout: String,
+    pub losses: Vec<(u64, f64)>,
+    pub metrics: serde_json::Value,
+}
+
+pub fn run(cache: &Path, args: &[&str]) -> Run {
+    let out = command(cache, args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metrics = match stdout.find("\n{\n") {
+        Some(at) => serde_json::from_str(&stdout[at..]).unwrap(),
+        None => serde_json::Value::Null,
+    };
+    let losses = stdout
+        .lines()
+        .filter(|l| l.starts_with("{\"step\""))
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap())
+        })
+        .collect();
+    Run {
+        stdout,
+        losses,
+        metrics,
+    }
+}
+
+pub fn mean(losses: &[(u64, f64)]) -> f64 {
+    losses.iter().map(|l| l.1).sum::<f64>() / losses.len() as f64
+}
+
+/// `neuron-pc compile --json -- train_llama SMALL.. args..` into `cache`: its report.
+pub fn precompile(cache: &Path, args: &[&str]) -> serde_json::Value {
+    let job = job();
+    let mut trial: Vec<&str> = vec!["compile", "--json", "--", job.to_str().unwrap()];
+    trial.extend(SMALL);
+    trial.extend(args);
+    let out = Command::new(env!("CARGO_BIN_EXE_neuron-pc"))
+        .args(&trial)
+        .env("NEURON_COMPILE_CACHE_URL", cache)
+        .env_remove("NEURON_CC_FLAGS")
+        .env_remove("NEURON_PC_DEVICES")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Fails with one line on stderr naming `needle`.
+pub fn fails_with(cache: &Path, args: &[&str], needle: &str) {
+    let out = command(cache, args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
