@@ -24,8 +24,8 @@
 //! layer, `--precision bf16` computes the matrix products in bfloat16 over float32 master weights
 //! (autocast) and `--loss-chunk N` computes the head and the loss N tokens at a time, as
 //! `examples/train_llama/main.rs` applies them. The RESULT line ends with them and with the
-//! process's peak resident memory (`peak_rss_mib`, `VmHWM` of /proc/self/status, read after the last
-//! step); `--rounds 0` skips the pipelined rounds (`pipelined_ms=n/a`) and the extra step after
+//! process's peak resident memory (`peak_rss_mib`, `VmHWM` of /proc/self/status, read after the
+//! last step); `--rounds 0` skips the pipelined rounds (`pipelined_ms=n/a`) and the extra step after
 //! them, for models whose step takes seconds.
 //!
 //! Depth (`scripts/bench depth`): `--scan-layers` stacks the decoder layers and runs them as one
