@@ -25,8 +25,8 @@
 //! (autocast) and `--loss-chunk N` computes the head and the loss N tokens at a time, as
 //! `examples/train_llama/main.rs` applies them. The RESULT line ends with them and with the
 //! process's peak resident memory (`peak_rss_mib`, `VmHWM` of /proc/self/status, read after the
-//! last step); `--rounds 0` skips the pipelined rounds (`pipelined_ms=n/a`) and the extra step after
-//! them, for models whose step takes seconds.
+//! last step); `--rounds 0` skips the pipelined rounds (`pipelined_ms=n/a`) and the extra step
+//! after them, for models whose step takes seconds.
 //!
 //! Depth (`scripts/bench depth`): `--scan-layers` stacks the decoder layers and runs them as one
 //! loop; the RESULT line gives `program_bytes`, the StableHLO text handed to the compiler.
