@@ -348,3 +348,56 @@ fn an_llm_c_shard_trains_and_validates_and_out_of_vocabulary_ids_are_refused() {
         std::fs::remove_dir_all(d).unwrap();
     }
 }
+
+/// `--data` reads the files `datasets` and `pyarrow` wrote (scripts/fixtures/datasets_formats.py):
+/// a `save_to_disk` directory, a Parquet file and the same documents as JSON lines train to the
+/// same losses, and validate on Parquet.
+#[test]
+fn save_to_disk_parquet_and_json_lines_of_the_same_documents_train_alike() {
+    let cache = tmp("datasets");
+    let out = tmp("datasets-out");
+    let fixtures = root().join("tests/data/datasets");
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures.join("expected.json")).unwrap())
+            .unwrap();
+    let jsonl = out.join("docs.jsonl");
+    let lines: Vec<String> = expected["text"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| serde_json::json!({ "text": t }).to_string())
+        .collect();
+    std::fs::write(&jsonl, lines.join("\n")).unwrap();
+    let dir = root().join("tests/data/llama-tok");
+    let val = fixtures.join("hub");
+    let train = |data: &Path| {
+        let args = [
+            "--init-from",
+            dir.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--val-data",
+            val.to_str().unwrap(),
+            "--seq-len",
+            "24",
+            "--batch-size",
+            "4",
+            "--steps",
+            "3",
+            "--peak-matmul",
+            "0",
+            "--loss-log",
+        ];
+        run(&cache, &args)
+    };
+    let json = train(&jsonl);
+    assert_eq!(json.losses.len(), 3, "{}", json.stdout);
+    assert!(json.stdout.contains("val_loss"), "{}", json.stdout);
+    for data in [fixtures.join("text-arrow"), fixtures.join("text.parquet")] {
+        let r = train(&data);
+        assert_eq!(r.losses, json.losses, "{}", data.display());
+    }
+    for d in [cache, out] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}

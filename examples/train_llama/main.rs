@@ -26,7 +26,8 @@
 //! products in bfloat16 over float32 master weights, `--loss-chunk N` computes the head and
 //! the loss N tokens at a time: the three trade step time for memory at long context.
 //! `--data corpus.jsonl` trains on documents (JSON lines with `text`, or `prompt` and
-//! `completion`; other files: paragraphs) tokenized with the model directory's `tokenizer.json`
+//! `completion`; a `datasets.save_to_disk` directory, `.arrow` or `.parquet` files with those
+//! columns; other files: paragraphs) tokenized with the model directory's `tokenizer.json`
 //! and packed into rows of `--seq-len` (`--document-masks`: no attention across documents);
 //! `--val-data val.jsonl` reports the validation loss and perplexity every `--val-every` steps
 //! and after the last.
@@ -109,7 +110,8 @@ struct Args {
     #[arg(long)]
     text: Option<PathBuf>,
     /// Train on the documents of this file (JSON lines with "text", or "prompt" and
-    /// "completion"; other files: paragraphs), tokenized with the model directory's
+    /// "completion"; a `datasets.save_to_disk` directory, .arrow or .parquet files with those
+    /// columns; other files: paragraphs), tokenized with the model directory's
     /// tokenizer.json and packed into rows of --seq-len; or on a pre-tokenized llm.c shard
     /// (`.bin`, uint16 or uint32 tokens, memory-mapped) cut into rows.
     #[arg(long, conflicts_with_all = ["text", "buckets"])]

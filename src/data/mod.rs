@@ -10,6 +10,7 @@
 //! Variable-length token data goes through [`LengthBuckets`] ([`DeviceLoader::for_tokens`]).
 
 mod buckets;
+mod datasets;
 mod shards;
 mod text;
 mod tokenizer;

@@ -5,6 +5,8 @@
 //!   and `completion` (the prompt's tokens are context, not predicted: label -100).
 //! - **Plain text** (any other file): one document per paragraph (blank-line separated), as
 //!   `datasets`' `text` loader with `sample_by="paragraph"`.
+//! - **Hugging Face datasets** (a `save_to_disk` directory, `.arrow`, `.parquet`, or a
+//!   directory of Parquet files): a `text` column, or `prompt` and `completion`.
 //!
 //! [`pack`] lays the tokenized documents end to end (each followed by the tokenizer's end
 //! token) and cuts rows of `len` tokens. With document masks, position ids restart at each
@@ -32,8 +34,11 @@ pub enum Document {
 }
 
 /// Reads the documents of `path` (see the module documentation for the formats). Bad input is
-/// one error naming the file and line.
+/// one error naming the file and line (or row).
 pub fn read_documents(path: &Path) -> Result<Vec<Document>> {
+    if super::datasets::is_dataset(path) {
+        return super::datasets::read(path);
+    }
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::Config(format!("{}: cannot read: {e}", path.display())))?;
     let jsonl = matches!(
