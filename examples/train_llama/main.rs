@@ -493,6 +493,17 @@ fn main() -> anyhow::Result<()> {
     let stream = task.clone();
     let micro_batches = (start_step..args.steps).flat_map(move |i| (0..k).map(move |m| (i, m)));
     let loader = match &args.buckets {
+        // packed text and token shards: this process builds only its rows of each micro-batch
+        None if matches!(task, Task::Packed(_) | Task::Shard(_)) => {
+            let mine = device.local_rows(micro)?;
+            let batches = micro_batches.map(move |(i, m)| {
+                let start = i as usize * batch_size + m * micro + mine.start;
+                stream
+                    .rows(start, mine.len(), seq)
+                    .expect("a packed or shard task")
+            });
+            DeviceLoader::for_local_rows(&device, batches, micro, 2)
+        }
         None => {
             let batches = micro_batches.map(move |(i, m)| {
                 let whole = stream.batch(seed, i, batch_size, seq);

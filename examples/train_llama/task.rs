@@ -72,17 +72,25 @@ impl Task {
             .collect()
     }
 
+    /// Rows `start..start + n` of the stream (wrapping) of a packed or shard task, built from
+    /// those rows alone: a process of a multi-process run reads only its share.
+    pub fn rows(&self, start: usize, n: usize, seq: usize) -> Option<Vec<HostTensor>> {
+        match self {
+            Task::Packed(rows) => Some(rows.batch(start, n)),
+            Task::Shard(shard) => Some(
+                shard
+                    .batch(start, n, seq)
+                    .expect("checked at start: the shard holds a row"),
+            ),
+            _ => None,
+        }
+    }
+
     /// `input_ids` and `labels`, int32 `[batch, seq]` (and the position ids between them for
     /// packed rows).
     pub fn batch(&self, seed: u64, index: u64, batch: usize, seq: usize) -> Vec<HostTensor> {
-        match self {
-            Task::Packed(rows) => return rows.batch(index as usize * batch, batch),
-            Task::Shard(shard) => {
-                return shard
-                    .batch(index as usize * batch, batch, seq)
-                    .expect("checked at start: the shard holds a row")
-            }
-            _ => {}
+        if let Some(rows) = self.rows(index as usize * batch, batch, seq) {
+            return rows;
         }
         let mut rng = HostRng::new(seed.wrapping_mul(0x9E37_79B9).wrapping_add(index));
         let mut ids = Vec::with_capacity(batch * seq);

@@ -95,7 +95,26 @@ impl DeviceLoader {
         I::IntoIter: Send + 'static,
     {
         let items = batches.into_iter().map(|b| Ok((b, None, None)));
-        DeviceLoader::start(device, items, batch_size, last, prefetch)
+        DeviceLoader::start(device, items, batch_size, last, prefetch, false)
+    }
+
+    /// Starts loading batches of which this process builds and reads only its share: for each
+    /// global batch of `batch_size` rows, `batches` yields the rows
+    /// [`LazyDevice::local_rows`]`(batch_size)` names (every row in a one-process run), placed
+    /// as [`DeviceLoader::new`] places the whole batch. Every batch is full: a source whose rows
+    /// wrap around (packed text, token shards) never runs short.
+    pub fn for_local_rows<I>(
+        device: &LazyDevice,
+        batches: I,
+        batch_size: usize,
+        prefetch: usize,
+    ) -> DeviceLoader
+    where
+        I: IntoIterator<Item = Vec<HostTensor>>,
+        I::IntoIter: Send + 'static,
+    {
+        let items = batches.into_iter().map(|b| Ok((b, None, None)));
+        DeviceLoader::start(device, items, batch_size, LastBatch::Drop, prefetch, true)
     }
 
     /// Starts loading token batches padded to length buckets ([`LengthBuckets::batches`]):
@@ -123,7 +142,7 @@ impl DeviceLoader {
             };
             Ok((b.into_tensors(), tokens, Some(rows)))
         });
-        DeviceLoader::start(device, items, batch_size, last, prefetch)
+        DeviceLoader::start(device, items, batch_size, last, prefetch, false)
     }
 
     fn start<I>(
@@ -132,6 +151,8 @@ impl DeviceLoader {
         batch_size: usize,
         last: LastBatch,
         prefetch: usize,
+        // the items hold this process's rows only (`for_local_rows`)
+        local: bool,
     ) -> DeviceLoader
     where
         // (host tensors, real tokens, real rows when the rows were padded already)
@@ -156,14 +177,24 @@ impl DeviceLoader {
                     return;
                 }
                 let shard = batch_size / global;
+                let mine = device.local_rows(batch_size).map_or(0, |r| r.len()); // checked above
                 for (index, item) in batches.enumerate() {
                     let prepared = match item.and_then(|(b, tokens, rows)| {
+                        if local {
+                            return local_batch(b, mine).map(|b| Some(((b, batch_size), tokens)));
+                        }
                         Ok(fix_shape(b, batch_size, last)?
                             .map(|(host, valid)| ((host, rows.unwrap_or(valid)), tokens)))
                     }) {
                         Ok(Some(((host, valid), tokens))) => host
                             .iter()
-                            .map(|h| device.shard(h))
+                            .map(|h| {
+                                if local {
+                                    device.shard_local(h)
+                                } else {
+                                    device.shard(h)
+                                }
+                            })
                             .collect::<Result<Vec<_>>>()
                             .map(|tensors| DeviceBatch {
                                 tensors,
@@ -234,6 +265,17 @@ impl Drop for DeviceLoader {
 }
 
 /// Checks and pads (or drops) one batch. `None` means "skip this batch".
+/// A batch of this process's rows ([`DeviceLoader::for_local_rows`]), checked to hold `rows`.
+fn local_batch(batch: Vec<HostTensor>, rows: usize) -> Result<Vec<HostTensor>> {
+    match fix_shape(batch, rows, LastBatch::Drop)? {
+        Some((batch, _)) => Ok(batch),
+        None => Err(Error::Config(format!(
+            "a batch short of this process's {rows} rows: a source for local rows must fill \
+             every batch"
+        ))),
+    }
+}
+
 pub fn fix_shape(
     batch: Vec<HostTensor>,
     batch_size: usize,

@@ -16,6 +16,18 @@ use crate::error::{Error, Result};
 pub const DATA_AXIS: &str = "data";
 
 /// `host` cut along its first dimension into `n` equal blocks (`n` divides it).
+/// The rows `local_rows` names: replicas `offset .. offset + replicas` of `global`, each
+/// `batch / global` rows.
+pub(crate) fn local_share(
+    batch: usize,
+    global: usize,
+    offset: usize,
+    replicas: usize,
+) -> std::ops::Range<usize> {
+    let b = batch / global.max(1);
+    offset * b..(offset + replicas) * b
+}
+
 pub(crate) fn split_rows(host: &HostTensor, n: usize) -> Result<Vec<HostTensor>> {
     let rows = host.dims()[0];
     let block = rows / n;
@@ -147,6 +159,54 @@ impl LazyDevice {
         let mut blocks = split_rows(host, n)?;
         let mine = self.replica_offset()..self.replica_offset() + self.replicas();
         self.from_replicas(&blocks.drain(mine).collect::<Vec<_>>())
+    }
+
+    /// The rows of a global batch of `batch` rows that [`LazyDevice::shard`] leaves on this
+    /// process: every row in a one-process run (and on a mesh); in a multi-process run its
+    /// replicas' blocks, `offset * b .. (offset + replicas) * b` with `b = batch / global
+    /// replicas`. A data source builds only these rows for [`LazyDevice::shard_local`]. A
+    /// batch that does not split over the replicas is an error.
+    pub fn local_rows(&self, batch: usize) -> Result<std::ops::Range<usize>> {
+        if self.mesh().is_some() {
+            return Ok(0..batch);
+        }
+        let global = self.global_replicas();
+        if !batch.is_multiple_of(global) {
+            return Err(Error::Config(format!(
+                "a global batch of {batch} rows does not split over {global} replicas: make \
+                 the batch size a multiple of the replica count"
+            )));
+        }
+        Ok(local_share(
+            batch,
+            global,
+            self.replica_offset(),
+            self.replicas(),
+        ))
+    }
+
+    /// [`LazyDevice::shard`] of a global batch of which `host` holds only this process's rows
+    /// ([`LazyDevice::local_rows`]): the same tensor, without building or reading the other
+    /// processes' rows.
+    #[track_caller]
+    pub fn shard_local(&self, host: &HostTensor) -> Result<Tensor> {
+        let n = self.replicas();
+        if self.mesh().is_some() || self.global_replicas() == n {
+            return self.shard(host);
+        }
+        let rows = host.dims().first().copied().unwrap_or(0);
+        if host.dims().is_empty() || !rows.is_multiple_of(n) {
+            return Err(Error::Placement {
+                location: Location::caller(),
+                message: format!(
+                    "cannot shard {}{:?} over this process's {n} replicas: the first dimension \
+                     must divide by the replica count",
+                    host.dtype(),
+                    host.dims()
+                ),
+            });
+        }
+        self.from_replicas(&split_rows(host, n)?)
     }
 
     /// One value per replica (`hosts[r]` on replica `r`), all of one shape and dtype: a
