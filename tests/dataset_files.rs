@@ -38,7 +38,7 @@ fn error(path: &Path) -> String {
 }
 
 #[test]
-fn save_to_disk_directories_read_their_arrow_streams_in_order() {
+fn save_to_disk_directories_and_arrow_files_read_their_documents_in_order() {
     let (texts, pairs) = expected();
     assert_eq!(texts.len(), 10);
     // Two shards: the order of state.json's data files is the dataset's order.
@@ -55,6 +55,9 @@ fn save_to_disk_directories_read_their_arrow_streams_in_order() {
     assert_eq!(read_documents(&second).unwrap(), texts[5..]);
     let test = read_documents(&fixtures().join("splits/test")).unwrap();
     assert_eq!(test, texts[..3]);
+    // The Arrow IPC file format (`ARROW1` magic), which pyarrow also writes.
+    let file = fixtures().join("text-file.arrow");
+    assert_eq!(read_documents(&file).unwrap(), texts);
 }
 
 #[test]

@@ -165,14 +165,12 @@ fn data_files(dir: &Path) -> Result<Vec<PathBuf>> {
 /// An Arrow IPC stream (what `save_to_disk` writes), or an Arrow IPC file (`ARROW1` magic).
 fn read_arrow(path: &Path) -> Result<Vec<Document>> {
     let bad = |e: &dyn std::fmt::Display| Error::Config(format!("{}: {e}", path.display()));
-    let file = std::fs::File::open(path).map_err(|e| bad(&format!("cannot read: {e}")))?;
+    use std::io::{Read, Seek};
+    let mut file = std::fs::File::open(path).map_err(|e| bad(&format!("cannot read: {e}")))?;
     let mut magic = [0u8; 6];
-    let is_file_format = {
-        use std::io::Read;
-        let mut f = &file;
-        f.read_exact(&mut magic).is_ok() && &magic == b"ARROW1"
-    };
-    let file = std::fs::File::open(path).map_err(|e| bad(&format!("cannot read: {e}")))?;
+    let is_file_format = file.read_exact(&mut magic).is_ok() && &magic == b"ARROW1";
+    file.rewind()
+        .map_err(|e| bad(&format!("cannot read: {e}")))?;
     let batches: Box<dyn Iterator<Item = std::result::Result<RecordBatch, _>>> = if is_file_format {
         Box::new(
             arrow_ipc::reader::FileReader::try_new_buffered(file, None)
