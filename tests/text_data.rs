@@ -107,15 +107,21 @@ fn packing_cuts_rows_restarts_positions_and_masks_labels() {
     // 13 tokens: two rows of 5, three left over
     let p = pack(&docs, 5, true).unwrap();
     assert_eq!(p.rows(), 2);
-    assert_eq!(p.input_ids, [10, 11, 12, 20, 21, 22, 23, 24, 25, 30]);
+    assert_eq!(p.input_ids(), [10, 11, 12, 20, 21, 22, 23, 24, 25, 30]);
     // document 2 is cut across the rows: its rest starts again at 0
-    assert_eq!(p.position_ids, [0, 1, 2, 0, 1, 0, 1, 2, 3, 0]);
+    assert_eq!(p.position_ids(), [0, 1, 2, 0, 1, 0, 1, 2, 3, 0]);
     // no first token of a document in a row is predicted, nor the pair's prompt (20, 21)
-    assert_eq!(p.labels, [-100, 11, 12, -100, -100, -100, 23, 24, 25, -100]);
+    assert_eq!(
+        p.labels(),
+        [-100, 11, 12, -100, -100, -100, 23, 24, 25, -100]
+    );
     let stream = pack(&docs, 5, false).unwrap();
-    assert_eq!(stream.input_ids, p.input_ids);
-    assert_eq!(stream.position_ids, [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]);
-    assert_eq!(stream.labels, [10, 11, 12, -100, -100, 22, 23, 24, 25, 30]);
+    assert_eq!(stream.input_ids(), p.input_ids());
+    assert_eq!(stream.position_ids(), [0, 1, 2, 3, 4, 0, 1, 2, 3, 4]);
+    assert_eq!(
+        stream.labels(),
+        [10, 11, 12, -100, -100, 22, 23, 24, 25, 30]
+    );
     // batches wrap around the rows
     let b = p.batch(1, 2);
     assert_eq!(b[0].dims(), [2, 5]);

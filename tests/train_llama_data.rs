@@ -129,6 +129,7 @@ fn fine_tuning_on_json_lines_then_generate_compile_ahead_and_print_text() {
             .arg(program)
             .args(args)
             .env("NEURON_COMPILE_CACHE_URL", &cache)
+            .env(neuron_pc::data::DATA_CACHE_ENV, cache.join("packed"))
             .env_remove("NEURON_CC_FLAGS")
             .env_remove("NEURON_PC_DEVICES")
             .output()
@@ -148,6 +149,13 @@ fn fine_tuning_on_json_lines_then_generate_compile_ahead_and_print_text() {
     let refs: Vec<&str> = a.iter().map(String::as_str).collect();
     let r = run(&cache, &refs);
     assert_eq!(r.metrics["compiles"], 0, "{}", r.metrics);
+    // the trial run tokenized both files; the real run maps what it stored
+    assert_eq!(
+        r.stdout.matches("read from the packed-rows cache").count(),
+        2,
+        "{}",
+        r.stdout
+    );
     // each step's batch came from the loader, its wait counted
     assert_eq!(r.metrics["batches_loaded"], 30, "{}", r.metrics);
     assert!(r.metrics["batch_wait_ms"].as_f64().unwrap() >= 0.0);

@@ -43,7 +43,8 @@ use clap::Parser;
 use neuron_pc::amp::Precision;
 use neuron_pc::checkpoint::StateDict;
 use neuron_pc::data::{
-    load_packed, DeviceLoader, LastBatch, LengthBuckets, PackedRows, TokenShard, Tokenizer,
+    load_packed, CacheOutcome, DeviceLoader, LastBatch, LengthBuckets, PackedCache, PackedRows,
+    TokenShard, Tokenizer,
 };
 use neuron_pc::models::llama::{Family, LlamaConfig, LlamaForCausalLM, LlamaSharding, LoadOptions};
 use neuron_pc::nn::{HostRng, Module, Remat, VarBuilder};
@@ -125,6 +126,11 @@ struct Args {
     /// Keep attention inside each packed document (position ids restart per document).
     #[arg(long, requires = "data")]
     document_masks: bool,
+    /// Where the tokenized and packed rows of --data and --val-data are kept, so a corpus is
+    /// tokenized once per machine and each process maps the rows (default: NEURON_PC_DATA_CACHE,
+    /// else ~/.cache/neuron-pc/packed); `off` tokenizes on every run.
+    #[arg(long, requires = "data")]
+    data_cache: Option<PathBuf>,
     /// The directory whose tokenizer.json tokenizes --data (default: --init-from's).
     #[arg(long, requires = "data")]
     tokenizer: Option<PathBuf>,
@@ -360,17 +366,36 @@ fn main() -> anyhow::Result<()> {
             Some(t)
         }
     };
+    let cache = match args.data_cache.as_deref() {
+        Some(p) if p == Path::new("off") => None,
+        Some(p) => Some(PackedCache::new(p)),
+        None => Some(PackedCache::from_env()),
+    };
     let packed = |path: &Path| -> anyhow::Result<PackedRows> {
         let t = tokenizer.as_ref().expect("--data gave a tokenizer");
         let started = Instant::now();
-        let rows = load_packed(path, t, seq, args.document_masks)?;
-        let tokens = rows.rows() * seq;
-        println!(
-            "{}: {} rows of {seq} tokens, tokenized and packed at {:.0} tokens/s",
-            path.display(),
-            rows.rows(),
-            tokens as f64 / started.elapsed().as_secs_f64()
-        );
+        let (rows, outcome) = match &cache {
+            Some(cache) => {
+                let (rows, outcome) = cache.load(path, t, seq, args.document_masks)?;
+                (rows, Some(outcome))
+            }
+            None => (load_packed(path, t, seq, args.document_masks)?, None),
+        };
+        let what = format!("{}: {} rows of {seq} tokens", path.display(), rows.rows());
+        let rate = rows.rows() as f64 * seq as f64 / started.elapsed().as_secs_f64();
+        match outcome {
+            Some(CacheOutcome::Hit(entry)) => {
+                println!(
+                    "{what}, read from the packed-rows cache {}",
+                    entry.display()
+                )
+            }
+            Some(CacheOutcome::Built(entry)) => println!(
+                "{what}, tokenized and packed at {rate:.0} tokens/s (cached in {})",
+                entry.display()
+            ),
+            None => println!("{what}, tokenized and packed at {rate:.0} tokens/s"),
+        }
         Ok(rows)
     };
     let val_rows = match args.val_data.as_deref() {

@@ -11,11 +11,13 @@
 
 mod buckets;
 mod datasets;
+mod packed_cache;
 mod shards;
 mod text;
 mod tokenizer;
 
 pub use buckets::{BucketedBatches, LengthBuckets, PaddedTokens, TokenRow};
+pub use packed_cache::{CacheOutcome, PackedCache, DATA_CACHE_ENV};
 pub use shards::TokenShard;
 pub use text::{
     load_packed, pack, read_documents, tokenize, Document, PackedRows, TokenizedDocument,

@@ -108,12 +108,8 @@ impl TokenShard {
     pub fn to_rows(&self, len: usize) -> PackedRows {
         let rows = self.rows(len);
         let ids = self.tokens(0, rows * len);
-        PackedRows {
-            len,
-            position_ids: (0..rows).flat_map(|_| 0..len as i32).collect(),
-            labels: ids.clone(),
-            input_ids: ids,
-        }
+        let positions = (0..rows).flat_map(|_| 0..len as i32).collect();
+        PackedRows::new(len, ids.clone(), positions, ids).expect("whole rows")
     }
 
     /// Rows `start..start + n` (wrapping) of `len` tokens as `[input_ids, position_ids,

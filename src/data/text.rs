@@ -15,6 +15,7 @@
 //! document's first token is predicted from the one before it.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use neuron_pc_compiler::HostTensor;
 
@@ -120,19 +121,101 @@ pub fn tokenize(tokenizer: &Tokenizer, docs: &[Document]) -> Result<Vec<Tokenize
 }
 
 /// Rows of one length cut from documents laid end to end: `input_ids`, `position_ids` and
-/// `labels`, each `rows x len` int32 in row order.
-#[derive(Clone, Debug, PartialEq)]
+/// `labels`, each `rows x len` int32 in row order, held in memory or memory-mapped from a
+/// [`super::PackedCache`] file (where a batch reads only its rows).
+#[derive(Clone, Debug)]
 pub struct PackedRows {
-    pub len: usize,
-    pub input_ids: Vec<i32>,
-    pub position_ids: Vec<i32>,
-    pub labels: Vec<i32>,
+    len: usize,
+    data: Rows,
+}
+
+#[derive(Clone, Debug)]
+enum Rows {
+    Owned([Vec<i32>; 3]),
+    /// The three arrays' byte ranges in a mapped file.
+    Mapped(Arc<memmap2::Mmap>, [std::ops::Range<usize>; 3]),
+}
+
+impl PartialEq for PackedRows {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && (0..3).all(|i| self.array(i) == other.array(i))
+    }
 }
 
 impl PackedRows {
+    /// Rows of `len` from the three arrays (`input_ids`, `position_ids`, `labels`), each
+    /// `rows x len`; arrays of other lengths are an error.
+    pub fn new(
+        len: usize,
+        input_ids: Vec<i32>,
+        position_ids: Vec<i32>,
+        labels: Vec<i32>,
+    ) -> Result<PackedRows> {
+        let n = input_ids.len();
+        if len == 0 || !n.is_multiple_of(len) || position_ids.len() != n || labels.len() != n {
+            return Err(Error::Config(format!(
+                "packed rows of {len}: arrays of {n}, {} and {} tokens",
+                position_ids.len(),
+                labels.len()
+            )));
+        }
+        Ok(PackedRows {
+            len,
+            data: Rows::Owned([input_ids, position_ids, labels]),
+        })
+    }
+
+    /// Rows over the three byte ranges of a mapped file (checked by the caller: whole rows of
+    /// aligned little-endian int32).
+    pub(super) fn mapped(
+        len: usize,
+        map: Arc<memmap2::Mmap>,
+        ranges: [std::ops::Range<usize>; 3],
+    ) -> Result<PackedRows> {
+        let rows = PackedRows {
+            len,
+            data: Rows::Mapped(map, ranges),
+        };
+        let n = rows.array(0).len();
+        if len == 0 || !n.is_multiple_of(len) || (1..3).any(|i| rows.array(i).len() != n) {
+            return Err(Error::Config("packed rows of unequal arrays".into()));
+        }
+        Ok(rows)
+    }
+
+    fn array(&self, i: usize) -> &[i32] {
+        match &self.data {
+            Rows::Owned(arrays) => &arrays[i],
+            Rows::Mapped(map, ranges) => {
+                use zerocopy::FromBytes;
+                <[i32]>::ref_from_bytes(&map[ranges[i].clone()]).unwrap_or(&[])
+            }
+        }
+    }
+
+    /// Tokens per row.
+    pub fn row_len(&self) -> usize {
+        self.len
+    }
+
+    /// Every row's token ids, row after row.
+    pub fn input_ids(&self) -> &[i32] {
+        self.array(0)
+    }
+
+    /// Every row's position ids.
+    pub fn position_ids(&self) -> &[i32] {
+        self.array(1)
+    }
+
+    /// Every row's labels (-100: not predicted).
+    pub fn labels(&self) -> &[i32] {
+        self.array(2)
+    }
+
     /// The number of rows.
     pub fn rows(&self) -> usize {
-        self.input_ids.len() / self.len.max(1)
+        self.input_ids().len() / self.len.max(1)
     }
 
     /// Rows `start..start + n` (wrapping around the end) as `[input_ids, position_ids,
@@ -147,11 +230,7 @@ impl PackedRows {
             }
             HostTensor::from_slice(&out, &[n, self.len]).expect("sizes agree")
         };
-        vec![
-            take(&self.input_ids),
-            take(&self.position_ids),
-            take(&self.labels),
-        ]
+        (0..3).map(|i| take(self.array(i))).collect()
     }
 }
 
@@ -170,34 +249,31 @@ pub fn pack(docs: &[TokenizedDocument], len: usize, document_masks: bool) -> Res
         )));
     }
     let rows = total / len;
-    let mut packed = PackedRows {
-        len,
-        input_ids: Vec::with_capacity(rows * len),
-        position_ids: Vec::with_capacity(rows * len),
-        labels: Vec::with_capacity(rows * len),
-    };
+    let mut input_ids = Vec::with_capacity(rows * len);
+    let mut position_ids = Vec::with_capacity(rows * len);
+    let mut labels = Vec::with_capacity(rows * len);
     'docs: for doc in docs {
         let mut position = 0;
         for (i, &id) in doc.ids.iter().enumerate() {
-            if packed.input_ids.len() == rows * len {
+            if input_ids.len() == rows * len {
                 break 'docs;
             }
-            let column = packed.input_ids.len() % len;
+            let column = input_ids.len() % len;
             if column == 0 && document_masks {
                 position = 0;
             }
             let predicted = i >= doc.predict_from && !(document_masks && position == 0);
-            packed.input_ids.push(id);
-            packed.position_ids.push(if document_masks {
+            input_ids.push(id);
+            position_ids.push(if document_masks {
                 position
             } else {
                 column as i32
             });
-            packed.labels.push(if predicted { id } else { IGNORE });
+            labels.push(if predicted { id } else { IGNORE });
             position += 1;
         }
     }
-    Ok(packed)
+    PackedRows::new(len, input_ids, position_ids, labels)
 }
 
 /// [`read_documents`], [`tokenize`] and [`pack`] of one file: the rows a language model

@@ -71,6 +71,17 @@ impl Tokenizer {
         })
     }
 
+    /// A digest of everything that decides the ids: the tokenizer serialized and its end
+    /// token (a [`super::PackedCache`] key).
+    pub fn fingerprint(&self) -> String {
+        use sha2::Digest;
+        let json = self.inner.to_string(false).unwrap_or_default();
+        let mut h = sha2::Sha256::new();
+        h.update(json.as_bytes());
+        h.update(format!("eos {:?}", self.eos).as_bytes());
+        hex::encode(h.finalize())
+    }
+
     /// The ids of `text`, special tokens added as the tokenizer's post-processor says (a
     /// beginning-of-text token for Llama 3), special tokens written in the text recognised.
     pub fn encode(&self, text: &str) -> Result<Vec<i32>> {

@@ -31,6 +31,8 @@ pub fn command(cache: &Path, args: &[&str]) -> Command {
     let mut c = Command::new(job());
     c.args(args)
         .env("NEURON_COMPILE_CACHE_URL", cache)
+        // tokenized rows beside the compile cache, not in the user's ~/.cache
+        .env(neuron_pc::data::DATA_CACHE_ENV, cache.join("packed"))
         .env_remove("NEURON_CC_FLAGS")
         .env_remove("NEURON_PC_DEVICES")
         .env_remove("NEURON_PC_EXTRACT_DIR");
