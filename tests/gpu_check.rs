@@ -1,7 +1,7 @@
 //! The GPU acceptance kit (`scripts/gpu-check`), tested here on the cpu plugin: the bundle
-//! (of dev-profile binaries) builds and fits in 60 MiB; unpacked, its runner prints one table whose rows all pass on the
-//! cpu target, and whose cuda rows, on a machine without a usable cuda plugin, are each a FAIL or
-//! a skip with a one-line reason, with a non-zero exit.
+//! (of dev-profile binaries) builds and fits in 60 MiB; unpacked, its runner prints one table
+//! whose rows all pass on the cpu target, and whose cuda rows, on a machine without a usable
+//! cuda plugin, are each a FAIL or a skip with a one-line reason, with a non-zero exit.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
