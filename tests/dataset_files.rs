@@ -87,6 +87,9 @@ fn bad_dataset_files_are_one_error_naming_the_file() {
     );
     let e = error(&fixtures().join("nulls.parquet"));
     assert!(e.contains("row 2: \"text\" is null"), "{e}");
+    let e = error(&fixtures().join("gzip.parquet"));
+    assert!(e.contains("gzip.parquet: compressed with gzip"), "{e}");
+    assert!(e.contains("compression=\"zstd\""), "{e}");
     let e = error(&fixtures().join("splits"));
     assert!(e.contains("DatasetDict of splits (train, test)"), "{e}");
     assert!(e.contains("splits/train"), "{e}");

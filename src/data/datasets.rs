@@ -251,10 +251,24 @@ fn read_parquet(path: &Path) -> Result<Vec<Document>> {
         )
         .build()
         .map_err(|e| bad(&e))?;
-    let rows = reader.get_row_iter(Some(projection)).map_err(|e| bad(&e))?;
+    // A codec this build leaves out: say which ones it reads, and what to do.
+    let codec = |e: parquet::errors::ParquetError| match e.to_string() {
+        m if m.contains("Disabled feature at compile time") => bad(&format!(
+            "compressed with {}, which neuron-pc does not read (snappy and zstd, the defaults of \
+             pyarrow and polars, it does): rewrite it, e.g. \
+             pyarrow.parquet.write_table(table, path, compression=\"zstd\")",
+            match m.rsplit(": ").next() {
+                Some("flate2") => "gzip",
+                Some(feature) => feature,
+                None => "a codec",
+            }
+        )),
+        m => bad(&m),
+    };
+    let rows = reader.get_row_iter(Some(projection)).map_err(codec)?;
     let mut docs = Vec::new();
     for (n, row) in rows.enumerate() {
-        let row = row.map_err(|e| bad(&e))?;
+        let row = row.map_err(codec)?;
         let mut values = Vec::with_capacity(2);
         for name in columns.names() {
             let field = row
