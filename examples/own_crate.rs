@@ -1,4 +1,4 @@
-//! A job as a user writes it in their own crate (the README's "Use it in your own crate"
+//! A job as a user writes it in their own crate (the guide's "Use it in your own crate"
 //! quotes this file): a small 1-D convolutional classifier as a `Module`, trained with AdamW on
 //! a synthetic task, one step graph per step.
 //!

@@ -338,12 +338,12 @@ fn bad_input_is_one_clear_error() {
 }
 
 #[test]
-fn the_readme_fine_tuning_example_is_quoted_verbatim_and_runs() {
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+fn the_guide_fine_tuning_example_is_quoted_verbatim_and_runs() {
+    let guide = std::fs::read_to_string(root().join("docs/guide/llms.md")).unwrap();
     let example = std::fs::read_to_string(root().join("examples/llama_finetune.rs")).unwrap();
     assert!(
-        readme.contains(&format!("```rust\n{example}```\n")),
-        "README.md must quote examples/llama_finetune.rs verbatim in a rust block"
+        guide.contains(&format!("```rust\n{example}```\n")),
+        "docs/guide/llms.md must quote examples/llama_finetune.rs verbatim in a rust block"
     );
     let bin = job().with_file_name("llama_finetune");
     assert!(bin.exists(), "run `cargo build --examples` first");

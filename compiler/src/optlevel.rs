@@ -2,7 +2,7 @@
 //! to XLA backend options. Everything else (the pass pipeline, the compile options) reads it.
 //!
 //! Measured on the XLA CPU plugin (xla-cpu-pjrt 0.0.1, 2 shared cores; `examples/optlevels.rs`
-//! on the example model's 540-op training step, figures in the README's opt-level section):
+//! on the example model's 540-op training step, figures in `docs/guide/compiler-flags.md`):
 //! - `xla_backend_optimization_level=0` is the one backend option that clearly moves compile
 //!   time: 35-50% less, for a step 3x slower (LLVM leaves kernels unvectorized). That is O1: a
 //!   real choice for quick iteration, short runs and graphs that run a few times, and the wrong

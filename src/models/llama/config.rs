@@ -30,7 +30,7 @@ pub enum Family {
 }
 
 impl Family {
-    /// Every family, in the order the README lists them.
+    /// Every family, in the order the guide (`docs/guide/llms.md`) lists them.
     pub const ALL: [Family; 4] = [Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3];
 
     /// `config.json`'s `model_type`.
