@@ -191,7 +191,8 @@ fn zero1_splits_the_moments() -> Result<()> {
 #[rustfmt::skip]
 fn fsdp_and_tensor_parallel_on_a_mesh() -> Result<()> {
     let llama_config = LlamaConfig::from_file(&llama_dir().join("config.json"))?;
-    let host_ids = HostTensor::from_slice(&(0..32).map(|i| i % 50).collect::<Vec<i32>>(), &[2, 16])?;
+    let tokens: Vec<i32> = (0..32).map(|i| i % 50).collect();
+    let host_ids = HostTensor::from_slice(&tokens, &[2, 16])?;
     // guide: mesh
     let config = DeviceConfig::from_env()?.with_mesh(&[("data", 2), ("model", 2)]);
     let device = LazyDevice::new(config)?;
