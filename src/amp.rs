@@ -35,17 +35,22 @@ use crate::tensor::Tensor;
 pub struct GradScaler {
     device: LazyDevice,
     scale: f64,
+    /// What the scale is multiplied by after `growth_interval` clean steps (default 2).
     pub growth_factor: f64,
+    /// What the scale is multiplied by when a step's gradients overflow (default 0.5).
     pub backoff_factor: f64,
+    /// Clean steps (no inf/NaN gradient) in a row before the scale grows (default 2000).
     pub growth_interval: u64,
     clean_steps: u64,
 }
 
 impl GradScaler {
+    /// A scaler on `device` with PyTorch's initial scale, 2^16 (`init_scale=65536.0`).
     pub fn new(device: &LazyDevice) -> GradScaler {
         GradScaler::with_scale(device, 65536.0)
     }
 
+    /// A scaler on `device` starting from `scale`, with the default growth and backoff.
     pub fn with_scale(device: &LazyDevice, scale: f64) -> GradScaler {
         GradScaler {
             device: device.clone(),
@@ -112,8 +117,10 @@ impl GradScaler {
 /// `float32` and `bf16` / `bfloat16`, as a `--precision` flag takes it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Precision {
+    /// Float32 throughout (the default).
     #[default]
     F32,
+    /// Matrix products autocast to bfloat16, the parameters kept in float32.
     Bf16,
 }
 

@@ -5,6 +5,27 @@
 //! The mesh, partition specs and shardings themselves are the compiler's
 //! ([`neuron_pc_compiler::sharding`]); a device takes a mesh from
 //! [`crate::DeviceConfig::with_mesh`].
+//!
+//! A plan is a [`ShardingPlan`]: [`Fsdp`], the Llama layout
+//! ([`crate::models::llama::LlamaSharding`]), or any closure of name, shape and mesh:
+//!
+//! ```
+//! use neuron_pc::sharding::{split_if_divisible, Fsdp, ShardingPlan, MODEL_AXIS};
+//! use neuron_pc::{Mesh, PartitionSpec};
+//! # fn main() -> neuron_pc::Result<()> {
+//! let mesh = Mesh::new(&[("data", 2), ("model", 2)], &[0, 1, 2, 3])?;
+//! // FSDP: the first dimension the `data` axis divides
+//! let spec = Fsdp.spec("mlp.0.weight", &[512, 128], &mesh);
+//! assert_eq!(spec, PartitionSpec::new(&[&["data"]]));
+//! // the projections split by output features over `model`, the rest whole
+//! let plan = |name: &str, dims: &[usize], mesh: &Mesh| match name.ends_with("proj.weight") {
+//!     true => split_if_divisible(dims, &[(0, MODEL_AXIS)], mesh),
+//!     false => PartitionSpec::replicated(),
+//! };
+//! assert_eq!(plan.spec("proj.weight", &[63, 256], &mesh), PartitionSpec::replicated());
+//! assert_eq!(plan.spec("proj.weight", &[64, 256], &mesh).to_string(), "P('model',)");
+//! # Ok(()) }
+//! ```
 
 use neuron_pc_compiler::sharding::{Mesh, PartitionSpec};
 

@@ -2,6 +2,30 @@
 //! in the Amazon Search case study (token embedding, masked mean pooling, an MLP with GELU, a
 //! projection to classes), with PyTorch's parameter names so its state dict loads into the
 //! matching `torch.nn.Module` (see `scripts/fixtures/text_encoder.py`).
+//!
+//! [`llama`] holds the decoder-only language models (Llama, and as configurations of the same
+//! decoder [`mistral`], [`qwen2`] and [`qwen3`]), loaded from and saved to `transformers`'
+//! `save_pretrained` directories.
+//!
+//! ```no_run
+//! use neuron_pc::models::{accuracy, SyntheticTask, TextEncoder, TextEncoderConfig};
+//! use neuron_pc::LazyDevice;
+//! # fn main() -> neuron_pc::Result<()> {
+//! let device = LazyDevice::from_env()?;
+//! let config = TextEncoderConfig::default();
+//! let model = TextEncoder::new(&device, config.clone(), 0)?;
+//! let task = SyntheticTask::new(config, 0);
+//! // batch 0 of split 1 (validation), 32 examples: ids, mask, labels
+//! let batch = task.batch(1, 0, 32);
+//! let [ids, mask, labels] = [&batch[0], &batch[1], &batch[2]].map(|t| device.tensor(t));
+//! let (ids, mask, labels) = (ids?, mask?, labels?);
+//! let logits = model.forward(&ids, &mask)?; // [32, classes]
+//! let loss = model.loss(&ids, &mask, &labels)?;
+//! let acc = accuracy(&logits, &labels)?;
+//! device.mark_step()?;
+//! println!("loss {:.3}, accuracy {:.3}", loss.item()?, acc.item()?);
+//! # Ok(()) }
+//! ```
 
 pub mod llama;
 pub mod mistral;
@@ -18,11 +42,15 @@ use crate::tensor::Tensor;
 /// Sizes of a [`TextEncoder`]; the default is the configuration peers are measured on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TextEncoderConfig {
+    /// Token vocabulary size: ids are in `0..vocab` (default 8192).
     pub vocab: usize,
+    /// Width of the token embeddings (default 128).
     pub embed: usize,
+    /// Tokens per example, padding included (default 32).
     pub seq_len: usize,
     /// Widths of the MLP's layers after the embedding (each followed by GELU).
     pub mlp: Vec<usize>,
+    /// Number of classes: the width of the logits (default 64).
     pub classes: usize,
 }
 
@@ -41,12 +69,15 @@ impl Default for TextEncoderConfig {
 /// `embedding → masked mean → (Linear → GELU)* → proj`.
 #[derive(Module)]
 pub struct TextEncoder {
+    /// The sizes the model was built with (not a parameter).
     #[module(skip)]
     pub config: TextEncoderConfig,
+    /// Token embeddings, `embedding.weight [vocab, embed]`.
     pub embedding: Embedding,
     /// `mlp.0`, `mlp.2`, ... in PyTorch's `nn.Sequential` numbering (GELUs in between).
     #[module(index_step = 2)]
     pub mlp: Vec<Linear>,
+    /// The last layer: the MLP's output (or the pooled embedding) to `classes` logits.
     pub proj: Linear,
 }
 
@@ -93,7 +124,9 @@ impl TextEncoder {
 /// Batches are a pure function of `(seed, index)`, so a resumed run sees the same data.
 #[derive(Clone, Debug)]
 pub struct SyntheticTask {
+    /// The sizes of the batches (`vocab`, `seq_len`, `classes`; the model's config).
     pub config: TextEncoderConfig,
+    /// Seeds the class signatures and every batch.
     pub seed: u64,
     signatures: Vec<Vec<i32>>,
 }
@@ -102,6 +135,7 @@ pub struct SyntheticTask {
 pub type HostBatch = Vec<HostTensor>;
 
 impl SyntheticTask {
+    /// The task for `config`'s sizes, its signature tokens drawn from `seed`.
     pub fn new(config: TextEncoderConfig, seed: u64) -> SyntheticTask {
         let mut rng = HostRng::new(seed ^ 0x005E_ED0F_7A5C);
         let signatures = (0..config.classes)

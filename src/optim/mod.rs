@@ -1,6 +1,41 @@
 //! Optimizers whose state lives on the device and is updated inside the step graph. Values that
 //! change every step (learning rate, step count) are device scalars, never graph constants, so a
 //! whole training run uses one step graph.
+//!
+//! ```no_run
+//! use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
+//! use neuron_pc::nn::Module;
+//! use neuron_pc::optim::{clip_grad_norm, AdamW, WarmupCosine};
+//! use neuron_pc::{grad, DType, LazyDevice, Tensor};
+//! # fn main() -> neuron_pc::Result<()> {
+//! let device = LazyDevice::from_env()?;
+//! let config = TextEncoderConfig::default();
+//! let model = TextEncoder::new(&device, config.clone(), 0)?;
+//! let task = SyntheticTask::new(config, 0);
+//! let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
+//! let mut opt = AdamW::new(&device, &params, 0.01)?; // weight decay 0.01
+//! let schedule = WarmupCosine {
+//!     base_lr: 1e-3,
+//!     min_lr: 1e-5,
+//!     warmup_steps: 100,
+//!     total_steps: 1000,
+//! };
+//! for step in 0..1000 {
+//!     let batch = task.batch(0, step, 32);
+//!     let [ids, mask, labels] = [&batch[0], &batch[1], &batch[2]].map(|t| device.tensor(t));
+//!     let loss = model.loss(&ids?, &mask?, &labels?)?;
+//!     let mut grads = grad(&loss, &params.iter().collect::<Vec<_>>())?;
+//!     clip_grad_norm(&mut grads, 1.0)?;
+//!     // a new rate every step, as data: the same graph
+//!     let lr = device.scalar(schedule.lr(step), DType::F32)?;
+//!     opt.step(&params, &grads, &lr)?;
+//!     device.mark_step()?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! On a data-parallel device, average the gradients over the replicas first
+//! ([`average_gradients`]), or let ZeRO-1 ([`AdamW::zero1`]) reduce them inside its step.
 
 use std::panic::Location;
 
@@ -19,9 +54,13 @@ use zero1::Zero1;
 /// Learning rate with linear warm-up then cosine decay to `min_lr` at `total_steps`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct WarmupCosine {
+    /// The peak rate, reached at the end of the warm-up.
     pub base_lr: f64,
+    /// The rate at `total_steps` and after.
     pub min_lr: f64,
+    /// Steps of linear warm-up: step `i < warmup_steps` gets `base_lr * (i + 1) / warmup_steps`.
     pub warmup_steps: u64,
+    /// The step the cosine reaches `min_lr`, counted from 0 (warm-up included).
     pub total_steps: u64,
 }
 
@@ -232,12 +271,17 @@ fn assign_by_name<O: OptimizerState + ?Sized>(
 
 /// AdamW as in `torch.optim.AdamW` (decoupled weight decay, bias-corrected moments).
 pub struct AdamW {
+    /// Decay of the first moment (`betas[0]`, default 0.9).
     pub beta1: f64,
+    /// Decay of the second moment (`betas[1]`, default 0.999).
     pub beta2: f64,
+    /// Added to the denominator, the root of the bias-corrected second moment (default 1e-8).
     pub eps: f64,
+    /// Decoupled weight decay: each step multiplies the parameters by `1 - lr * weight_decay`.
     pub weight_decay: f64,
-    /// `exp_avg` and `exp_avg_sq` per parameter, on the device.
+    /// `exp_avg` per parameter (the first moment), on the device.
     pub exp_avg: Vec<Tensor>,
+    /// `exp_avg_sq` per parameter (the second moment), on the device.
     pub exp_avg_sq: Vec<Tensor>,
     /// Steps taken so far (a device scalar, f32).
     pub step: Tensor,
@@ -393,7 +437,9 @@ impl OptimizerState for AdamW {
 
 /// SGD with momentum and (coupled) weight decay, as `torch.optim.SGD` with dampening 0.
 pub struct Sgd {
+    /// The momentum factor (0: plain SGD, no buffer updated).
     pub momentum: f64,
+    /// L2 penalty added to the gradient (`g + weight_decay * p`), before the momentum.
     pub weight_decay: f64,
     /// Per parameter; with ZeRO-1 ([`Sgd::zero1`]) each replica's block of it.
     pub momentum_buffer: Vec<Tensor>,
@@ -401,6 +447,8 @@ pub struct Sgd {
 }
 
 impl Sgd {
+    /// Zero momentum buffers for `params` (`torch.optim.SGD(params, momentum=..,
+    /// weight_decay=..)`, no dampening, no Nesterov).
     pub fn new(
         device: &LazyDevice,
         params: &[Tensor],

@@ -66,21 +66,31 @@ impl Family {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct LlamaConfig {
+    /// Tokens in the vocabulary: the rows of the embeddings and of `lm_head`.
     pub vocab_size: usize,
+    /// Width of the hidden states (the embeddings, the residual stream).
     pub hidden_size: usize,
+    /// Width of the MLP's gate and up projections.
     pub intermediate_size: usize,
+    /// Decoder layers.
     pub num_hidden_layers: usize,
+    /// Query heads.
     pub num_attention_heads: usize,
     /// Key/value heads (grouped-query attention); equal to the query heads for plain MHA.
     pub num_key_value_heads: usize,
     /// `hidden_size / num_attention_heads` unless the config gives `head_dim`.
     pub head_dim: usize,
+    /// The epsilon of every RMSNorm (default 1e-6).
     pub rms_norm_eps: f64,
+    /// The base of the rotary frequencies (default 10000; Llama 3: 500000).
     pub rope_theta: f64,
     /// `lm_head` shares `model.embed_tokens.weight` (then no `lm_head.weight` is stored).
     pub tie_word_embeddings: bool,
     /// The standard deviation of the random initialisation (weights only; norms are 1).
     pub initializer_range: f64,
+    /// The context length of `config.json` (default 2048; read without the key: 131072 for
+    /// Mistral, 32768 for Qwen). When a config is read, [`LlamaConfig::rope_scaling`] takes
+    /// its lengths from it; nothing else uses it, and longer sequences are not refused.
     pub max_position_embeddings: usize,
     /// The dtype the checkpoint is stored in (`dtype`, or `torch_dtype` in older configs).
     pub dtype: DType,

@@ -32,9 +32,15 @@ pub enum Sampling {
     /// over the fewest of those whose probability reaches `top_p` (transformers' warpers, in
     /// that order), with a generator seeded by `seed`: the same seed, the same tokens.
     Sample {
+        /// Divides the logits before the softmax; positive (below 1 sharpens, above 1
+        /// flattens).
         temperature: f64,
+        /// Keep only the `top_k` most likely tokens; `None`: all of them.
         top_k: Option<usize>,
+        /// Keep only the fewest most likely tokens whose probabilities sum to at least
+        /// `top_p`, in `(0, 1]` (nucleus sampling); `None`: all of them.
         top_p: Option<f64>,
+        /// Seeds the host generator the tokens are drawn with.
         seed: u64,
     },
 }
@@ -45,6 +51,7 @@ pub enum Sampling {
 pub struct GenerateOptions {
     /// New tokens per prompt (fewer for a row that emits an end token).
     pub max_new_tokens: usize,
+    /// How each token is picked from the logits (greedy, or sampled).
     pub sampling: Sampling,
     /// Prompt lengths the prefill graph is compiled for: the prompts are left-padded to the
     /// smallest that holds the longest. The cache holds the largest plus `max_new_tokens`.

@@ -13,6 +13,27 @@
 //! let model = LlamaForCausalLM::from_pretrained(&device, "save_pretrained_dir".as_ref())?;
 //! # Ok(()) }
 //! ```
+//!
+//! A random model of given sizes, its next-token loss (the labels are the inputs: the shift
+//! is inside) and a greedy continuation, then saved for `transformers`:
+//!
+//! ```no_run
+//! use neuron_pc::models::llama::{Family, GenerateOptions, LlamaConfig, LlamaForCausalLM};
+//! use neuron_pc::{DType, HostTensor, LazyDevice};
+//! # fn main() -> neuron_pc::Result<()> {
+//! let device = LazyDevice::from_env()?;
+//! // vocabulary 256, hidden 64, MLP 128, 2 layers, 4 query heads, 2 key/value heads
+//! let config = LlamaConfig::new(256, 64, 128, 2, 4, 2)?.with_family(Family::Qwen2);
+//! let model = LlamaForCausalLM::random(&device, &config, 0)?;
+//! let ids = device.tensor(&HostTensor::from_slice(&[1i32, 5, 9, 2, 7, 3], &[1, 6])?)?;
+//! let loss = model.loss(&ids, None, &ids)?;
+//! device.mark_step()?;
+//! println!("loss {:.3}", loss.item()?);
+//! let new_tokens = model.generate(&[vec![1, 5, 9]], &GenerateOptions::greedy(8))?;
+//! println!("{:?}", new_tokens[0]);
+//! model.save_pretrained("qwen2_dir".as_ref(), DType::BF16)?;
+//! # Ok(()) }
+//! ```
 
 mod config;
 mod eval;
@@ -73,9 +94,13 @@ fn rms_norm(norm: &RMSNorm, x: &Tensor) -> Result<Tensor> {
 /// `self_attn`: the q/k/v/o projections with grouped-query heads.
 #[derive(Module)]
 pub struct LlamaAttention {
+    /// Queries: `[num_heads * head_dim, hidden]`.
     pub q_proj: Linear,
+    /// Keys: `[num_kv_heads * head_dim, hidden]`.
     pub k_proj: Linear,
+    /// Values: `[num_kv_heads * head_dim, hidden]`.
     pub v_proj: Linear,
+    /// The heads' outputs back to the hidden size: `[hidden, num_heads * head_dim]`.
     pub o_proj: Linear,
     /// Qwen3's RMSNorm over each head of q (`[head_dim]`), before the rotation.
     pub q_norm: Option<RMSNorm>,
@@ -84,15 +109,22 @@ pub struct LlamaAttention {
     /// This layer's attention window ([`LlamaConfig::window`]); `None`: full causal attention.
     #[module(skip)]
     pub sliding_window: Option<usize>,
+    /// Query heads ([`LlamaConfig::num_attention_heads`]).
     #[module(skip)]
     pub num_heads: usize,
+    /// Key/value heads ([`LlamaConfig::num_key_value_heads`]), each shared by
+    /// `num_heads / num_kv_heads` query heads.
     #[module(skip)]
     pub num_kv_heads: usize,
+    /// Width of each head ([`LlamaConfig::head_dim`]).
     #[module(skip)]
     pub head_dim: usize,
 }
 
 impl LlamaAttention {
+    /// The projections (and Qwen3's q/k norms) of `c`'s sizes, read or initialised from `vb`
+    /// (`q_proj.weight`, ...). The window is left `None`: the caller sets
+    /// [`LlamaAttention::sliding_window`] for its layer.
     pub fn from_vb(vb: &VarBuilder, c: &LlamaConfig) -> Result<LlamaAttention> {
         let (h, d, std) = (c.hidden_size, c.head_dim, c.initializer_range);
         let (q, kv, qkv_bias) = (
@@ -177,12 +209,17 @@ impl LlamaAttention {
 /// `mlp`: SwiGLU, `down(silu(gate(x)) * up(x))`.
 #[derive(Module)]
 pub struct LlamaMlp {
+    /// `[intermediate, hidden]`, its output through SiLU.
     pub gate_proj: Linear,
+    /// `[intermediate, hidden]`, multiplied by the gate.
     pub up_proj: Linear,
+    /// `[hidden, intermediate]`, back to the hidden size.
     pub down_proj: Linear,
 }
 
 impl LlamaMlp {
+    /// The three projections of `c`'s sizes (biases with [`LlamaConfig::mlp_bias`]), read or
+    /// initialised from `vb`.
     pub fn from_vb(vb: &VarBuilder, c: &LlamaConfig) -> Result<LlamaMlp> {
         let (h, i, std, bias) = (
             c.hidden_size,
@@ -197,6 +234,7 @@ impl LlamaMlp {
         })
     }
 
+    /// `x [.., hidden]` → `[.., hidden]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let gated = self.gate_proj.forward(x)?.silu()?;
         self.down_proj
@@ -207,9 +245,13 @@ impl LlamaMlp {
 /// `model.layers.N`: pre-norm attention and MLP blocks, each with a residual connection.
 #[derive(Module)]
 pub struct LlamaDecoderLayer {
+    /// The attention block.
     pub self_attn: LlamaAttention,
+    /// The MLP block.
     pub mlp: LlamaMlp,
+    /// The RMSNorm before the attention.
     pub input_layernorm: RMSNorm,
+    /// The RMSNorm before the MLP.
     pub post_attention_layernorm: RMSNorm,
     /// What the layer keeps for the backward pass: everything ([`Remat::None`], the
     /// default), its input alone ([`Remat::Full`]) or its projections ([`Remat::Dots`]); see
@@ -219,6 +261,9 @@ pub struct LlamaDecoderLayer {
 }
 
 impl LlamaDecoderLayer {
+    /// One layer of `c`'s sizes, read or initialised from `vb` (`self_attn.…`, `mlp.…`, the
+    /// norms), keeping everything for the backward pass; its window is left `None` as
+    /// [`LlamaAttention::from_vb`] leaves it.
     pub fn from_vb(vb: &VarBuilder, c: &LlamaConfig) -> Result<LlamaDecoderLayer> {
         let eps = Some(c.rms_norm_eps);
         Ok(LlamaDecoderLayer {
@@ -279,6 +324,7 @@ pub struct LoadOptions {
 /// `model`: embeddings, decoder layers, the final norm and the rotary tables.
 #[derive(Module)]
 pub struct LlamaModel {
+    /// Token embeddings `[vocab, hidden]` (also the head when the embeddings are tied).
     pub embed_tokens: Embedding,
     /// The decoder layers, one module each; empty when they are scanned.
     pub layers: Vec<LlamaDecoderLayer>,
@@ -286,7 +332,10 @@ pub struct LlamaModel {
     /// parameters named `layers.*.…` (`layers.0.…`, ... in a state dict).
     #[module(rename = "layers")]
     pub scanned_layers: Option<ScannedLayers<LlamaDecoderLayer>>,
+    /// The RMSNorm after the last layer.
     pub norm: RMSNorm,
+    /// The rotary frequencies of [`LlamaConfig::rope_theta`] and
+    /// [`LlamaConfig::rope_scaling`]; not a parameter and not in the state dict.
     #[module(skip)]
     pub rotary_emb: RotaryEmbedding,
 }
@@ -295,8 +344,10 @@ pub struct LlamaModel {
 /// embeddings when `tie_word_embeddings`).
 #[derive(Module)]
 pub struct LlamaForCausalLM {
+    /// The configuration the model was built from (written back by `save_pretrained`).
     #[module(skip)]
     pub config: LlamaConfig,
+    /// The decoder: parameters under `model.`.
     pub model: LlamaModel,
     /// `None` when the head is tied to `model.embed_tokens.weight`.
     pub lm_head: Option<Linear>,

@@ -9,6 +9,8 @@
 /// not divide stays whole; an axis the mesh lacks (or of size 1) splits nothing.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LlamaSharding {
+    /// Also split over the `data` axis (FSDP): each weight's dimension that `model` does not
+    /// split, and the norms. `false` (the default): tensor parallelism alone.
     pub fsdp: bool,
 }
 
