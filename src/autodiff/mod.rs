@@ -7,6 +7,28 @@
 //! non-differentiable one returns an error naming it. The arms dispatch to one file per op
 //! family (`pointwise`, `shape`, `reduce`, `linalg`, `window`, `index`, `collective`), which
 //! hold the math; a new primitive's rule goes in its family's file.
+//!
+//! [`checkpoint`] trades memory for time (a block's activations recomputed backward), and
+//! [`scan`] records a stack of identical layers as one loop; both differentiate as usual.
+//!
+//! ```no_run
+//! use neuron_pc::autodiff::{checkpoint, grad, scan, Remat, ScanOptions};
+//! use neuron_pc::{DType, LazyDevice};
+//! # fn main() -> neuron_pc::Result<()> {
+//! let device = LazyDevice::from_env()?;
+//! let w = device.from_slice(&[0.5f32, -1.0, 2.0, 0.1], &[2, 2])?;
+//! let layers = device.from_slice(&[0.1f32; 3 * 2 * 2], &[3, 2, 2])?; // 3 layers of [2, 2]
+//! let x = device.ones(&[4, 2], DType::F32)?;
+//! let h = checkpoint(Remat::Full, &[&x], |xs| Ok(vec![xs[0].matmul(&w)?.tanh()?]))?;
+//! let (h, _) = scan(&[&h[0]], &[&layers], ScanOptions::default(), |h, l| {
+//!     Ok((vec![h[0].matmul(&l[0])?.tanh()?], vec![]))
+//! })?;
+//! let loss = h[0].mul(&h[0])?.mean_all()?;
+//! let g = grad(&loss, &[&w, &layers])?; // f32 [2, 2] and [3, 2, 2]
+//! device.mark_step()?; // forward and backward: one step graph
+//! println!("{:?}", g[0].to_vec::<f32>()?);
+//! # Ok(()) }
+//! ```
 
 mod collective;
 mod index;

@@ -47,8 +47,10 @@ pub enum Remat {
 }
 
 impl Remat {
+    /// The names the policies parse from, as a phrase for messages and help texts.
     pub const NAMES: &'static str = "none, full or dots";
 
+    /// The policy's name (`none`, `full` or `dots`), as it parses and displays.
     pub fn name(self) -> &'static str {
         match self {
             Remat::None => "none",

@@ -170,7 +170,9 @@ impl PaddedTokens {
 /// One sequence of a token batch: its ids, and optionally labels of its own (the same length;
 /// -100 where a token is not scored, such as a prompt). Without labels, every token is scored.
 pub trait TokenRow {
+    /// The sequence's token ids.
     fn ids(&self) -> &[i32];
+    /// Its labels, one per id, or `None` to score every token (the labels are then the ids).
     fn labels(&self) -> Option<&[i32]>;
 }
 

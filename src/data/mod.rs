@@ -8,6 +8,39 @@
 //! process).
 //!
 //! Variable-length token data goes through [`LengthBuckets`] ([`DeviceLoader::for_tokens`]).
+//!
+//! For a language model, [`read_documents`] reads a corpus, [`tokenize`] runs the model's
+//! [`Tokenizer`] over it and [`pack`] cuts rows of one length; [`PackedCache`] does all three
+//! once per machine and maps the result after. Each process then builds only its rows of each
+//! global batch, and [`DeviceLoader::for_local_rows`] puts them on the device:
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use neuron_pc::data::{pack, read_documents, tokenize, DeviceLoader, PackedCache, Tokenizer};
+//! use neuron_pc::data::TokenShard;
+//! use neuron_pc::LazyDevice;
+//! # fn main() -> neuron_pc::Result<()> {
+//! let device = LazyDevice::from_env()?;
+//! let (batch, len) = (8, 512); // global batch size, tokens per row
+//! let tokenizer = Tokenizer::from_dir(Path::new("models/llama"))?;
+//! let data = Path::new("data/train.jsonl");
+//! let rows = pack(&tokenize(&tokenizer, &read_documents(data)?)?, len, true)?;
+//! let (cached, _) = PackedCache::from_env().load(data, &tokenizer, len, true)?;
+//! assert_eq!(rows, cached); // the same rows, tokenized once per machine
+//!
+//! let mine = device.local_rows(batch)?; // every row in a one-process run
+//! let batches = (0..1000).map(move |i| cached.batch(i * batch + mine.start, mine.len()));
+//! for b in DeviceLoader::for_local_rows(&device, batches, batch, 2) {
+//!     let b = b?;
+//!     let (input_ids, position_ids, labels) = (&b.tensors[0], &b.tensors[1], &b.tensors[2]);
+//!     // ... the step: forward, loss, grad, optimizer, `device.mark_step()?`
+//! }
+//!
+//! // Pre-tokenized llm.c shards give the same three tensors.
+//! let shard = TokenShard::open(Path::new("data/fineweb_train_000001.bin"))?;
+//! let first = shard.batch(0, batch, len)?; // [input_ids, position_ids, labels], i32 [8, 512]
+//! # Ok(()) }
+//! ```
 
 mod buckets;
 mod datasets;
@@ -266,7 +299,6 @@ impl Drop for DeviceLoader {
     }
 }
 
-/// Checks and pads (or drops) one batch. `None` means "skip this batch".
 /// A batch of this process's rows ([`DeviceLoader::for_local_rows`]), checked to hold `rows`.
 fn local_batch(batch: Vec<HostTensor>, rows: usize) -> Result<Vec<HostTensor>> {
     match fix_shape(batch, rows, LastBatch::Drop)? {
@@ -278,6 +310,10 @@ fn local_batch(batch: Vec<HostTensor>, rows: usize) -> Result<Vec<HostTensor>> {
     }
 }
 
+/// Checks and pads (or drops) one batch of host tensors to `batch_size` rows: `Some((batch,
+/// real rows))`, or `None` for "skip this batch" (a short batch under [`LastBatch::Drop`];
+/// [`LastBatch::Pad`] appends zero rows). Tensors that disagree on their first dimension, or
+/// more rows than `batch_size`, are an error.
 pub fn fix_shape(
     batch: Vec<HostTensor>,
     batch_size: usize,

@@ -69,6 +69,7 @@ impl TokenShard {
         self.tokens
     }
 
+    /// True when the shard holds no tokens.
     pub fn is_empty(&self) -> bool {
         self.tokens == 0
     }

@@ -31,7 +31,12 @@ pub enum Document {
     /// Every token is predicted.
     Text(String),
     /// Only the completion is predicted; the prompt is its context.
-    Pair { prompt: String, completion: String },
+    Pair {
+        /// The context the completion follows (labels -100).
+        prompt: String,
+        /// The text the model learns to produce.
+        completion: String,
+    },
 }
 
 /// Reads the documents of `path` (see the module documentation for the formats). Bad input is
@@ -85,6 +90,7 @@ pub fn read_documents(path: &Path) -> Result<Vec<Document>> {
 /// A tokenized document: its ids and the first one that is predicted.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenizedDocument {
+    /// The token ids, ending with the tokenizer's end token when it has one.
     pub ids: Vec<i32>,
     /// Tokens before this index are context (a pair's prompt).
     pub predict_from: usize,

@@ -24,8 +24,11 @@ pub struct RotaryEmbedding {
     /// `[head_dim / 2]` float32, uploaded once; like Hugging Face's non-persistent buffer, not a
     /// parameter and not in the state dict.
     pub inv_freq: Tensor,
+    /// The dimension of one attention head (even).
     pub head_dim: usize,
+    /// The base `theta` of the frequencies (`rope_theta` in `config.json`).
     pub rope_theta: f64,
+    /// How the frequencies are scaled ([`RopeScaling::Default`]: not at all).
     pub scaling: RopeScaling,
 }
 

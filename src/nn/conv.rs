@@ -11,13 +11,22 @@ use crate::tensor::Tensor;
 /// Geometry shared by [`Conv1d`] and [`Conv2d`] (per spatial dimension for the 2-d layer).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConvConfig<const K: usize> {
+    /// Channels of the input.
     pub in_channels: usize,
+    /// Channels of the output (the number of filters).
     pub out_channels: usize,
+    /// Kernel size.
     pub kernel: [usize; K],
+    /// Step between windows (default 1).
     pub stride: [usize; K],
+    /// Zeros added at both ends of the input (default 0).
     pub padding: [usize; K],
+    /// Spacing between kernel elements (default 1).
     pub dilation: [usize; K],
+    /// Blocked connections: each group of `in_channels / groups` input channels feeds
+    /// `out_channels / groups` outputs (default 1; both must divide).
     pub groups: usize,
+    /// Whether the layer has a bias `[out_channels]` (default true).
     pub bias: bool,
 }
 
@@ -77,8 +86,11 @@ fn init<const K: usize>(
 /// A convolution layer over `K` spatial dimensions; use the [`Conv1d`] and [`Conv2d`] names.
 #[derive(Module)]
 pub struct ConvLayer<const K: usize> {
+    /// `[out_channels, in_channels / groups, kernel..]`.
     pub weight: Tensor,
+    /// `[out_channels]`, or `None` when the config has no bias.
     pub bias: Option<Tensor>,
+    /// The geometry the layer was built with.
     #[module(skip)]
     pub config: ConvConfig<K>,
 }
@@ -89,6 +101,8 @@ pub type Conv1d = ConvLayer<1>;
 pub type Conv2d = ConvLayer<2>;
 
 impl<const K: usize> ConvLayer<K> {
+    /// A layer with PyTorch's initialisation (weight and bias uniform in ±1/sqrt(fan_in)),
+    /// drawn from `rng`; groups that do not divide the channels are an error.
     pub fn new(device: &LazyDevice, rng: &mut HostRng, config: ConvConfig<K>) -> Result<Self> {
         let (weight, bias) = init(device, rng, &config)?;
         Ok(ConvLayer {
@@ -117,6 +131,8 @@ impl<const K: usize> ConvLayer<K> {
 }
 
 impl Conv1d {
+    /// `x [n, in_channels, l]` → `[n, out_channels, l_out]`
+    /// (`torch.nn.functional.conv1d`).
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let c = &self.config;
@@ -132,6 +148,8 @@ impl Conv1d {
 }
 
 impl Conv2d {
+    /// `x [n, in_channels, h, w]` → `[n, out_channels, h_out, w_out]`
+    /// (`torch.nn.functional.conv2d`).
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let c = &self.config;

@@ -1,5 +1,41 @@
 //! Layers, activations and losses built from tensor primitives (no IR ops of their own), with
 //! PyTorch's parameter names and default initialisation so state dicts move between the two.
+//!
+//! A model is a struct of layers with `#[derive(Module)]`, which names its parameters by field
+//! path; layers take a [`HostRng`] for PyTorch's initialisation, or read a checkpoint by name
+//! through a [`VarBuilder`] (`from_vb`).
+//!
+//! ```no_run
+//! use neuron_pc::nn::{self, Conv1d, ConvConfig, HostRng, Linear, Module, RMSNorm};
+//! use neuron_pc::{grad, LazyDevice, Tensor};
+//!
+//! #[derive(Module)]
+//! struct Net {
+//!     conv: Conv1d,
+//!     norm: RMSNorm,
+//!     head: Linear,
+//! }
+//!
+//! # fn main() -> neuron_pc::Result<()> {
+//! let device = LazyDevice::from_env()?;
+//! let mut rng = HostRng::new(0);
+//! let net = Net {
+//!     conv: Conv1d::new(&device, &mut rng, ConvConfig::new(4, 8, [3]))?,
+//!     norm: RMSNorm::new(&device, 8)?,
+//!     head: Linear::new(&device, &mut rng, 8, 10, true)?,
+//! };
+//! let x = device.from_slice(&vec![0.5f32; 2 * 4 * 16], &[2, 4, 16])?; // [n, channels, length]
+//! let labels = device.from_slice(&[3i32, 7], &[2])?;
+//! let h = net.conv.forward(&x)?.mean(&[-1], false)?; // [2, 8]
+//! let logits = net.head.forward(&nn::gelu(&net.norm.forward(&h)?)?)?; // [2, 10]
+//! let loss = nn::cross_entropy(&logits, &labels)?;
+//! // conv.weight, conv.bias, norm.weight, head.weight, head.bias
+//! let params: Vec<Tensor> = net.parameters().into_iter().map(|(_, p)| p).collect();
+//! let grads = grad(&loss, &params.iter().collect::<Vec<_>>())?;
+//! device.mark_step()?;
+//! println!("loss {}, {} gradients", loss.item()?, grads.len());
+//! # Ok(()) }
+//! ```
 
 use neuron_pc_compiler::ir::Op;
 use neuron_pc_compiler::rng::SplitMix64;
@@ -71,10 +107,12 @@ fn check_last_dim(op: &'static str, x: &Tensor, weight: &Tensor) -> Result<()> {
 pub struct HostRng(SplitMix64);
 
 impl HostRng {
+    /// A generator seeded with `seed`: the same seed draws the same parameters.
     pub fn new(seed: u64) -> HostRng {
         HostRng(SplitMix64::new(seed))
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0.next_u64()
     }
@@ -172,11 +210,15 @@ fn join(prefix: &str, name: &str) -> String {
 /// (uniform in ±1/sqrt(in) for both weight and bias).
 #[derive(Module)]
 pub struct Linear {
+    /// `[outputs, inputs]`.
     pub weight: Tensor,
+    /// `[outputs]`, or `None` for a layer without a bias.
     pub bias: Option<Tensor>,
 }
 
 impl Linear {
+    /// `torch.nn.Linear(inputs, outputs, bias)`: weight `[outputs, inputs]` and bias
+    /// `[outputs]` uniform in ±1/sqrt(inputs), drawn from `rng` in float32.
     pub fn new(
         device: &LazyDevice,
         rng: &mut HostRng,
@@ -218,6 +260,7 @@ impl Linear {
         })
     }
 
+    /// `x [.., inputs]` → `[.., outputs]`.
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.linear(&self.weight, self.bias.as_ref())
@@ -227,10 +270,13 @@ impl Linear {
 /// A lookup table `[num, dim]`, initialised like `torch.nn.Embedding` (standard normal).
 #[derive(Module)]
 pub struct Embedding {
+    /// `[num, dim]`: row `i` is the vector of id `i`.
     pub weight: Tensor,
 }
 
 impl Embedding {
+    /// `torch.nn.Embedding(num, dim)`: `num` rows of `dim` values, standard normal, drawn
+    /// from `rng` in float32.
     pub fn new(
         device: &LazyDevice,
         rng: &mut HostRng,
@@ -263,8 +309,11 @@ impl Embedding {
 /// Layer normalisation over the last dimension, like `torch.nn.LayerNorm` (weight 1, bias 0).
 #[derive(Module)]
 pub struct LayerNorm {
+    /// `[dim]`, the per-feature scale.
     pub weight: Tensor,
+    /// `[dim]`, the per-feature shift.
     pub bias: Tensor,
+    /// Added to the variance before the square root (PyTorch's default 1e-5).
     #[module(skip)]
     pub eps: f64,
 }
@@ -293,6 +342,8 @@ impl LayerNorm {
         })
     }
 
+    /// `x [.., dim]` normalised over its last dimension (biased variance), then scaled by
+    /// `weight` and shifted by `bias`; the same shape.
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         check_last_dim("layer_norm", x, &self.weight)?;
@@ -409,9 +460,13 @@ pub fn dropout(x: &Tensor, p: f64, key: &Tensor) -> Result<Tensor> {
 /// (`in_proj_weight [3E, E]`, `in_proj_bias [3E]`, `out_proj.weight`, `out_proj.bias`).
 #[derive(Module)]
 pub struct MultiHeadAttention {
+    /// `[3E, E]`: the query, key and value projections stacked in that order.
     pub in_proj_weight: Tensor,
+    /// `[3E]`: the three projections' biases.
     pub in_proj_bias: Tensor,
+    /// The output projection, `[E, E]` with a bias.
     pub out_proj: Linear,
+    /// Number of heads; each head has `E / heads` dimensions.
     #[module(skip)]
     pub heads: usize,
 }

@@ -30,18 +30,24 @@ fn per_channel(t: &Tensor, rank: usize) -> Result<Tensor> {
 /// `state::load_module` save and load with the parameters, as PyTorch's `state_dict()` does.
 #[derive(Module)]
 pub struct BatchNorm {
+    /// `[c]`, the per-channel scale.
     pub weight: Tensor,
+    /// `[c]`, the per-channel shift.
     pub bias: Tensor,
-    /// `running_mean`, `running_var`, `num_batches_tracked`: buffers, as PyTorch names them.
+    /// The running mean `[c]` (initially 0). `running_mean`, `running_var`,
+    /// `num_batches_tracked`: buffers, as PyTorch names them.
     #[module(buffer)]
     pub running_mean: Tensor,
+    /// The running (unbiased) variance `[c]` (initially 1).
     #[module(buffer)]
     pub running_var: Tensor,
     /// Training steps taken (i64 scalar, PyTorch's `num_batches_tracked`).
     #[module(buffer)]
     pub num_batches_tracked: Tensor,
+    /// Added to the variance before the square root (default 1e-5).
     #[module(skip)]
     pub eps: f64,
+    /// Weight of the batch's statistics in each running-statistics update (default 0.1).
     #[module(skip)]
     pub momentum: f64,
     /// `model.train()` / `model.eval()`.
@@ -126,15 +132,21 @@ impl BatchNorm {
 /// then a per-channel affine transform (weight 1, bias 0).
 #[derive(Module)]
 pub struct GroupNorm {
+    /// Number of groups the channels are split into.
     #[module(skip)]
     pub groups: usize,
+    /// `[c]`, the per-channel scale.
     pub weight: Tensor,
+    /// `[c]`, the per-channel shift.
     pub bias: Tensor,
+    /// Added to the variance before the square root (default 1e-5).
     #[module(skip)]
     pub eps: f64,
 }
 
 impl GroupNorm {
+    /// `torch.nn.GroupNorm(groups, channels)`: weight 1, bias 0, `eps = 1e-5`; `groups` must
+    /// divide `channels`.
     pub fn new(device: &LazyDevice, groups: usize, channels: usize) -> Result<GroupNorm> {
         if groups == 0 || !channels.is_multiple_of(groups) {
             return Err(crate::Error::Config(format!(
@@ -149,6 +161,7 @@ impl GroupNorm {
         })
     }
 
+    /// Normalises `x [n, c, ..]` group by group; the same shape.
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let location = std::panic::Location::caller();
@@ -180,7 +193,9 @@ impl GroupNorm {
 /// epsilon of the input's dtype; `eps: None` does the same.
 #[derive(Module)]
 pub struct RMSNorm {
+    /// `[dim]`, the per-feature scale.
     pub weight: Tensor,
+    /// Added to the mean square; `None` takes the machine epsilon of the input's dtype.
     #[module(skip)]
     pub eps: Option<f64>,
 }
@@ -210,6 +225,8 @@ impl RMSNorm {
         })
     }
 
+    /// `x [.., dim]` normalised over its last dimension and scaled by `weight`; the same
+    /// shape.
     #[track_caller]
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         super::check_last_dim("rms_norm", x, &self.weight)?;

@@ -15,7 +15,10 @@ pub enum RopeScaling {
     #[default]
     Default,
     /// `linear` (position interpolation): the default frequencies divided by `factor`.
-    Linear { factor: f64 },
+    Linear {
+        /// The divisor of the frequencies (how many times longer the new context is).
+        factor: f64,
+    },
     /// `dynamic` (NTK-aware): for sequences past `max_position_embeddings` the base becomes
     /// `theta ((factor L / max) - (factor - 1))^(d / (d - 2))`, `L` the largest position + 1.
     /// `transformers` caches the frequencies of the longest sequence seen so far (until one
@@ -23,16 +26,22 @@ pub enum RopeScaling {
     /// positions' frequencies, which is the same whenever sequence lengths do not shrink
     /// while staying past `max_position_embeddings` (a fixed training length, for one).
     Dynamic {
+        /// The scaling factor of the base's formula.
         factor: f64,
+        /// The trained context length: sequences up to it keep the default frequencies.
         max_position_embeddings: usize,
     },
     /// `llama3` (Llama 3.1+): wavelengths longer than `original / low_freq_factor` are
     /// divided by `factor`, shorter than `original / high_freq_factor` kept, the band in
     /// between blended smoothly.
     Llama3 {
+        /// The divisor of the long wavelengths' frequencies (8 for Llama 3.1).
         factor: f64,
+        /// Wavelengths longer than `original / low_freq_factor` are scaled (1 for Llama 3.1).
         low_freq_factor: f64,
+        /// Wavelengths shorter than `original / high_freq_factor` are kept (4 for Llama 3.1).
         high_freq_factor: f64,
+        /// `original`: the context length of pretraining (8192 for Llama 3.1).
         original_max_position_embeddings: usize,
     },
     /// `yarn`: interpolated and extrapolated frequencies blended by a ramp between the
@@ -40,13 +49,28 @@ pub enum RopeScaling {
     /// `cos`/`sin` multiplied by the attention factor (given, or `0.1 ln(factor) + 1` with
     /// `mscale`/`mscale_all_dim` as `transformers` reads them).
     Yarn {
+        /// The divisor of the interpolated frequencies (a config without one gives
+        /// `max_position_embeddings / original_max_position_embeddings`).
         factor: f64,
+        /// The context length of pretraining.
         original_max_position_embeddings: usize,
+        /// The factor `cos` and `sin` are multiplied by; `None` derives it from `factor`
+        /// (see [`RopeScaling::attention_scaling`]).
         attention_factor: Option<f64>,
+        /// With `mscale_all_dim` (both non-zero) and no `attention_factor`, the attention
+        /// factor is `(0.1 mscale ln(factor) + 1) / (0.1 mscale_all_dim ln(factor) + 1)` for a
+        /// `factor` above 1 (DeepSeek's configs).
         mscale: Option<f64>,
+        /// See `mscale`.
         mscale_all_dim: Option<f64>,
+        /// Dimensions that rotate at least this many times over the original length keep
+        /// their frequencies (`transformers`' default 32).
         beta_fast: f64,
+        /// Dimensions that rotate at most this many times over the original length are
+        /// interpolated (`transformers`' default 1).
         beta_slow: f64,
+        /// Rounds the ends of the blending ramp to whole dimensions (`transformers`' default
+        /// true).
         truncate: bool,
     },
 }

@@ -32,9 +32,15 @@ pub enum Init {
     /// Every element `value` (norm weights 1, biases 0).
     Const(f64),
     /// Uniform in `[-bound, bound)` (`nn.Linear`: `1 / sqrt(in)`).
-    Uniform { bound: f64 },
+    Uniform {
+        /// The interval's half-width.
+        bound: f64,
+    },
     /// Normal with mean 0 (`nn.Embedding`: std 1).
-    Normal { std: f64 },
+    Normal {
+        /// The standard deviation.
+        std: f64,
+    },
 }
 
 impl Init {

@@ -25,10 +25,13 @@ use crate::error::{Error, Result};
 /// How [`Tensor::all_reduce`] and [`Tensor::reduce_scatter`] combine the replicas' values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reduction {
+    /// The sum of the replicas' values.
     Sum,
     /// The sum divided by the group size (float tensors).
     Mean,
+    /// The largest of the replicas' values, elementwise.
     Max,
+    /// The smallest of the replicas' values, elementwise.
     Min,
 }
 

@@ -1,5 +1,27 @@
 //! Lazy tensors. Every op records a node (its shape and dtype checked at the call site) and
 //! returns at once; values are computed at the next `mark_step`, or when read.
+//!
+//! ```no_run
+//! use neuron_pc::tensor::Reduction;
+//! use neuron_pc::{DType, LazyDevice, Tensor};
+//! # fn main() -> neuron_pc::Result<()> {
+//! let device = LazyDevice::from_env()?;
+//! let x = device.from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])?;
+//! let w = device.ones(&[3, 2], DType::F32)?;
+//! let y = x.matmul(&w)?.relu()?; // recorded, not run: f32 [2, 2]
+//! let total = y.sum(&[0, 1], false)?; // a reduction: f32 []
+//! let mean = total.all_reduce(Reduction::Mean)?; // over the replicas (one device: itself)
+//! device.mark_step()?; // compiled (or found in the cache) and run
+//! println!("{:?} {}", y.dims(), mean.item()?);
+//!
+//! // A step function: traced on its first two calls, replayed without tracing after.
+//! let mut step = device.step_fn(|args: &[Tensor]| Ok(vec![args[0].mul(&args[0])?.sum_all()?]));
+//! for i in 0..3 {
+//!     let v = device.from_slice(&[i as f32; 4], &[4])?;
+//!     println!("{}", step.call(&[v])?[0].item()?);
+//! }
+//! # Ok(()) }
+//! ```
 #![doc = include_str!("op_index.md")]
 
 mod collective;

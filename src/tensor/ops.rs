@@ -33,25 +33,32 @@ unary_methods! {
     abs => Abs,
     /// -1, 0 or 1
     sign => Sign,
+    /// `e^x`
     exp => Exp,
     /// Natural logarithm.
     log => Log,
     /// `log(1 + x)`, accurate near 0.
     log1p => Log1p,
+    /// Hyperbolic tangent.
     tanh => Tanh,
     /// `1 / (1 + exp(-x))`
     sigmoid => Logistic,
+    /// Square root.
     sqrt => Sqrt,
     /// `1 / sqrt(x)`
     rsqrt => Rsqrt,
+    /// Sine (of radians).
     sin => Sin,
+    /// Cosine (of radians).
     cos => Cos,
     /// The error function.
     erf => Erf,
     /// The complementary error function, `1 - erf(x)` (`torch.special.erfc`), accurate where
     /// erf is close to 1.
     erfc => Erfc,
+    /// Rounds down to a whole number (the dtype is kept).
     floor => Floor,
+    /// Rounds up to a whole number (the dtype is kept).
     ceil => Ceil,
     /// Logical (pred) or bitwise (integer) not.
     logical_not => Not,
@@ -74,22 +81,37 @@ macro_rules! binary_methods {
 binary_methods! {
     /// Elementwise sum, with NumPy broadcasting (as every binary op here).
     add => Binary(BinaryOp::Add),
+    /// Elementwise difference, `self - rhs`.
     sub => Binary(BinaryOp::Sub),
+    /// Elementwise product.
     mul => Binary(BinaryOp::Mul),
+    /// Elementwise quotient, `self / rhs`; integer division truncates toward zero.
     div => Binary(BinaryOp::Div),
     /// Remainder with the sign of the dividend (C `fmod`).
     rem => Binary(BinaryOp::Rem),
+    /// `self` to the power `rhs`, elementwise (`torch.pow`).
     pow => Binary(BinaryOp::Pow),
+    /// Elementwise maximum (`torch.maximum`); a NaN in either operand gives NaN.
     maximum => Binary(BinaryOp::Max),
+    /// Elementwise minimum (`torch.minimum`); a NaN in either operand gives NaN.
     minimum => Binary(BinaryOp::Min),
+    /// Logical (pred) or bitwise (integer) and.
     logical_and => Binary(BinaryOp::And),
+    /// Logical (pred) or bitwise (integer) or.
     logical_or => Binary(BinaryOp::Or),
+    /// Logical (pred) or bitwise (integer) exclusive or.
     logical_xor => Binary(BinaryOp::Xor),
+    /// `self == rhs`, elementwise, as a pred (boolean) tensor.
     eq => Compare(CompareOp::Eq),
+    /// `self != rhs`, elementwise, as a pred tensor.
     ne => Compare(CompareOp::Ne),
+    /// `self < rhs`, elementwise, as a pred tensor.
     lt => Compare(CompareOp::Lt),
+    /// `self <= rhs`, elementwise, as a pred tensor.
     le => Compare(CompareOp::Le),
+    /// `self > rhs`, elementwise, as a pred tensor.
     gt => Compare(CompareOp::Gt),
+    /// `self >= rhs`, elementwise, as a pred tensor.
     ge => Compare(CompareOp::Ge),
 }
 
