@@ -97,8 +97,8 @@ pub struct TokenizedDocument {
 }
 
 /// Tokenizes `docs` on every core: a text with the tokenizer's special tokens (as
-/// `tokenizer(text)`), a pair as its prompt so, then the completion without them; each
-/// followed by the tokenizer's end token when it has one.
+/// `tokenizer(text)`); a pair's prompt the same way, followed by its completion without
+/// special tokens. Each document ends with the tokenizer's end token when it has one.
 pub fn tokenize(tokenizer: &Tokenizer, docs: &[Document]) -> Result<Vec<TokenizedDocument>> {
     let firsts: Vec<&str> = docs
         .iter()
