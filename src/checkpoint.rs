@@ -10,6 +10,28 @@
 //! Saving is atomic: the bytes go to a temporary file in the same directory, are fsynced and
 //! renamed over the target, and the directory is fsynced, so a crash leaves the old checkpoint
 //! or the new one, never half of one.
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use neuron_pc::checkpoint::StateDict;
+//! use neuron_pc::{DType, HostTensor};
+//! # fn main() -> neuron_pc::Result<()> {
+//! let mut sd = StateDict::default();
+//! let w = HostTensor::from_slice(&[0.5f32, -1.0, 2.0, 0.0], &[2, 2])?;
+//! sd.tensors.insert("mlp.0.weight".into(), w);
+//! sd.metadata.insert("step".into(), "100".into());
+//! let dir = std::env::temp_dir().join(format!("neuron-pc-doc-{}", std::process::id()));
+//! let path = dir.join("last.safetensors");
+//! sd.save(&path)?; // what `safetensors.torch.load_file(path)` reads
+//!
+//! let back = StateDict::load(&path)?;
+//! assert_eq!(back, sd);
+//! // Check names, dtypes and shapes against the model's; optimizer state is optional.
+//! let expected = BTreeMap::from([("mlp.0.weight".to_string(), (DType::F32, vec![2, 2]))]);
+//! back.check_against(&path, &expected, Some("optimizer."))?;
+//! # std::fs::remove_dir_all(&dir)?;
+//! # Ok(()) }
+//! ```
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -22,43 +44,65 @@ use safetensors::{Dtype, SafeTensors};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckpointError {
+    /// Reading or writing the file failed.
     #[error("checkpoint {path}: {source}")]
     Io {
+        /// The checkpoint file.
         path: PathBuf,
+        /// The I/O error.
         source: std::io::Error,
     },
+    /// The file is not valid safetensors (or could not be serialized as such).
     #[error("checkpoint {path}: not a valid safetensors file: {message}")]
-    Format { path: PathBuf, message: String },
+    Format {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// The safetensors library's error.
+        message: String,
+    },
+    /// A tensor of the file has a dtype with no [`DType`] (such as `F8_E4M3` or `I16`).
     #[error(
         "checkpoint {path}: tensor {name} has dtype {dtype}, which neuron-pc does not support"
     )]
     UnsupportedDType {
+        /// The checkpoint file.
         path: PathBuf,
+        /// The tensor's name in the file.
         name: String,
+        /// The file's dtype, as safetensors names it.
         dtype: String,
     },
     /// Names, shapes or dtypes that do not match what the model expects; one line per problem.
     #[error("checkpoint {path} does not match the model:\n{}", problems.join("\n"))]
     Mismatch {
+        /// The checkpoint file.
         path: PathBuf,
+        /// One line per missing, unexpected or mismatched tensor.
         problems: Vec<String>,
     },
     /// A metadata entry (such as the step) that cannot be read.
     #[error("checkpoint {path}: metadata {key} = {value:?} is not valid: {message}")]
     Metadata {
+        /// The checkpoint file.
         path: PathBuf,
+        /// The metadata key (`step`).
         key: String,
+        /// Its value in the file.
         value: String,
+        /// Why it is not valid (the parser's error).
         message: String,
     },
 }
 
+/// The `Result` of saving and loading checkpoints.
 pub type Result<T> = std::result::Result<T, CheckpointError>;
 
 /// A state dict: tensors by name, plus string metadata (step, config).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StateDict {
+    /// The tensors, by PyTorch parameter name (`mlp.0.weight`); sorted by name.
     pub tensors: BTreeMap<String, HostTensor>,
+    /// The file's string metadata (`step`, config values).
     pub metadata: BTreeMap<String, String>,
 }
 
@@ -144,7 +188,7 @@ impl StateDict {
     }
 
     /// Checks that `self` has exactly the tensors in `expected` (name → dtype and shape), and
-    /// lists every missing, unexpected or mismatched tensor. Tensors under `ignore_prefix`
+    /// lists every missing, unexpected or mismatched tensor. Tensors under `optional_prefix`
     /// (for example optimizer state when loading a model-only file) are not required.
     pub fn check_against(
         &self,

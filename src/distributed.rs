@@ -14,6 +14,28 @@
 //! assignment (`device/mod.rs`) and feeds its own devices. None of this has run on a GPU or a
 //! Trainium here (no such machine); the functions are unit-tested, and `check_launch` lets a
 //! multi-process cuda run start only with a store to hand the callbacks.
+//!
+//! ```
+//! use neuron_pc::distributed::{cuda_client_options, neuron_process_env};
+//! use neuron_pc::topology::Topology;
+//! # fn main() -> neuron_pc::Result<()> {
+//! // Rank 3 of 4, the second of two processes on its machine (as torchrun says).
+//! let vars = [("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")];
+//! let t = Topology::from_vars(|name| {
+//!     vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+//! })?;
+//!
+//! // On Trainium, with 2 NeuronCores per process: this process drives cores 2 and 3.
+//! let env = neuron_process_env(&t, 2);
+//! assert!(env.contains(&("NEURON_PJRT_PROCESS_INDEX", "3".to_string())));
+//! assert!(env.contains(&("NEURON_PJRT_PROCESSES_NUM_DEVICES", "2,2,2,2".to_string())));
+//! assert!(env.contains(&("NEURON_RT_VISIBLE_CORES", "2-3".to_string())));
+//!
+//! // On cuda, with 2 GPUs per process: `node_id` 3 of 4 processes, GPUs 2 and 3 of the machine.
+//! let names: Vec<String> = cuda_client_options(&t, 2).into_iter().map(|(k, _)| k).collect();
+//! assert_eq!(names, ["node_id", "num_nodes", "visible_devices"]);
+//! # Ok(()) }
+//! ```
 
 use std::sync::Arc;
 use std::time::Duration;

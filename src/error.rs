@@ -15,7 +15,9 @@ use std::panic::Location;
 pub enum Error {
     /// An op was called with operands it cannot take; `location` is the user's call site.
     Op {
+        /// The user's line that called the op.
         location: &'static Location<'static>,
+        /// The compiler's error (the operand shapes or dtypes it refused).
         source: neuron_pc_compiler::Error,
     },
 
@@ -24,7 +26,9 @@ pub enum Error {
 
     /// An op mixed tensors of two devices.
     DeviceMismatch {
+        /// The user's line that called the op.
         location: &'static Location<'static>,
+        /// The op's name.
         op: &'static str,
     },
 
@@ -39,14 +43,19 @@ pub enum Error {
 
     /// A compilation failed (now or, recorded in the cache, earlier).
     CompileFailed {
+        /// The graph's cache key (64 hex characters).
         key: String,
+        /// The compiler's error, or the failure the cache recorded.
         source: CompileError,
     },
 
     /// `grad` met an op on a float path from a parameter to the loss that has no gradient.
     NotDifferentiable {
+        /// The user's line that recorded the op.
         location: &'static Location<'static>,
+        /// The op's name.
         op: &'static str,
+        /// Why it has no gradient.
         reason: &'static str,
     },
 
@@ -54,8 +63,11 @@ pub enum Error {
     /// read of one of its values, a later step using them, the bound on steps in flight, or
     /// the device's drop).
     StepFailed {
+        /// The `mark_step` (or read) in the user's code that cut the step.
         site: &'static Location<'static>,
+        /// The device's `mark_step` count when the step was launched.
         step: u64,
+        /// The runtime's error.
         message: String,
     },
 
@@ -65,18 +77,25 @@ pub enum Error {
     /// A value that differs between replicas was used where one value is needed (read as one
     /// host tensor, or assigned to a replicated tensor such as a parameter).
     Placement {
+        /// The user's line that read or assigned the value.
         location: &'static Location<'static>,
+        /// What is wrong with the value's placement.
         message: String,
     },
 
+    /// Saving or loading a checkpoint failed (see [`crate::checkpoint`]).
     Checkpoint(crate::checkpoint::CheckpointError),
 
     /// With index checks on (`NEURON_PC_CHECK_INDICES=1`), an op met a class label, embedding
     /// row or gather index outside its range; `site` is the op's call in the user's code.
     IndexOutOfRange {
+        /// The op's call in the user's code.
         site: &'static Location<'static>,
+        /// The op's name.
         op: &'static str,
+        /// The step the op was recorded in (the count of `mark_step` calls before it).
         step: u64,
+        /// How many values were outside the valid range, the range, the smallest and largest.
         message: String,
     },
 
@@ -90,14 +109,18 @@ pub enum Error {
     /// A file or stream failed. `?` on a `std::io::Error` gives `path: None`;
     /// [`Error::io_at`] names the file.
     Io {
+        /// The file, when known.
         path: Option<std::path::PathBuf>,
+        /// The I/O error.
         source: std::io::Error,
     },
 
     /// A JSON document (a model's `config.json`, a job's own settings) did not parse; `?` on a
     /// `serde_json::Error` gives `path: None`, [`Error::json_at`] names the file.
     Json {
+        /// The file, when known.
         path: Option<std::path::PathBuf>,
+        /// The parser's error (line and column included).
         source: serde_json::Error,
     },
 }

@@ -2,6 +2,13 @@
 //! that installs no subscriber of its own still gets them on stderr: the first device installs
 //! a default one, filtered by `NEURON_PC_LOG` (default `warn`). A job with its own subscriber
 //! keeps it.
+//!
+//! ```
+//! // Before any device, to have the default subscriber from the start: `NEURON_PC_LOG=info`
+//! // shows more. A job that sets its own subscriber first keeps it; calling again is a no-op.
+//! neuron_pc::logging::init_default();
+//! neuron_pc::logging::init_default();
+//! ```
 
 /// The `tracing` target of the step debug mode's lines (`NEURON_PC_DEBUG_STEPS`), let through
 /// at info level by the default subscriber whenever that mode is on.

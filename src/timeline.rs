@@ -7,6 +7,25 @@
 //!
 //! Timestamps are microseconds since the Unix epoch, so files of several processes merge into
 //! one timeline.
+//!
+//! ```
+//! use std::time::Instant;
+//! use neuron_pc::timeline::{self, Timeline, HOST_TRACK};
+//! # fn main() -> std::io::Result<()> {
+//! let path = std::env::temp_dir().join(format!("timeline-{}.json", std::process::id()));
+//! let t = Timeline::new(&path);
+//! t.name_track(HOST_TRACK, "host");
+//! let start = Instant::now();
+//! // ... load a batch ...
+//! t.span(HOST_TRACK, "load batch", start, Instant::now(), &[("step", 3.into())]);
+//! t.write()?; // open it in Perfetto (ui.perfetto.dev) or chrome://tracing
+//!
+//! let events = timeline::read(&path)?;
+//! assert_eq!(events.len(), 2);
+//! assert!(events.iter().any(|e| e.name == "load batch" && e.ph == "X"));
+//! # std::fs::remove_file(&path)?;
+//! # Ok(()) }
+//! ```
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -23,9 +42,12 @@ pub const DEVICE_TRACK: u64 = 2;
 /// One trace event (complete events and track-name metadata).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TraceEvent {
+    /// The phase (`trace`, `execute`, ...), or `thread_name` for a track's name.
     pub name: String,
+    /// The category: `neuron-pc` for phases, empty for metadata.
     #[serde(default)]
     pub cat: String,
+    /// The event type: `X` (a complete event) or `M` (metadata).
     pub ph: String,
     /// Start, µs since the Unix epoch.
     #[serde(default)]
@@ -33,8 +55,11 @@ pub struct TraceEvent {
     /// Duration in µs (complete events).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dur: Option<f64>,
+    /// The process that recorded it (its OS process id).
     pub pid: u64,
+    /// The track within the process ([`HOST_TRACK`], [`DEVICE_TRACK`], ...).
     pub tid: u64,
+    /// Details viewers show on the event (the graph, the step); a track's `name`.
     #[serde(default)]
     pub args: serde_json::Map<String, serde_json::Value>,
 }

@@ -12,6 +12,22 @@
 //! PJRT plugins implement only in-process collectives, so a multi-process run on cpu is refused
 //! with one line ([`check_launch`]) unless it only extracts graphs (`neuron-pc compile`), which
 //! needs no collective at all.
+//!
+//! ```
+//! use neuron_pc::topology::{Launcher, Topology};
+//! # fn main() -> neuron_pc::Result<()> {
+//! // What torchrun sets for the second process of the second of two nodes (2 per node);
+//! // a job calls `Topology::from_env()`.
+//! let vars = [("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")];
+//! let t = Topology::from_vars(|name| {
+//!     vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+//! })?;
+//! assert_eq!((t.launcher, t.node_rank, t.num_nodes), (Launcher::Torchrun, 1, 2));
+//! // With 8 replicas per process, this one drives replicas 24..32 of 32.
+//! assert_eq!((t.global_replica_offset(8), t.global_replicas(8)), (24, 32));
+//! println!("{t}"); // rank 3/4 (node 1/2, local 1/2) via torchrun
+//! # Ok(()) }
+//! ```
 
 use std::fmt;
 
@@ -52,16 +68,21 @@ impl Launcher {
 pub struct Topology {
     /// Global process index, `0..world_size`.
     pub rank: usize,
+    /// Processes in the run (torchrun's `WORLD_SIZE`).
     pub world_size: usize,
     /// Index among the processes of this node.
     pub local_rank: usize,
+    /// Processes on this node (torchrun's `LOCAL_WORLD_SIZE`).
     pub local_world_size: usize,
     /// Index of this node, `0..num_nodes`.
     pub node_rank: usize,
+    /// Nodes (machines) in the run.
     pub num_nodes: usize,
     /// Where rank 0 (the rendezvous) listens, when the launcher says.
     pub master_addr: Option<String>,
+    /// The port at [`Topology::master_addr`] (`MASTER_PORT`), when set.
     pub master_port: Option<u16>,
+    /// The launcher whose variables these are.
     pub launcher: Launcher,
 }
 

@@ -10,6 +10,16 @@
 //! Reading is allowed: a trial run's `--resume` loads the real checkpoint, so it traces the
 //! graphs the real resumed run will use. A job's own outputs (metrics files, logs, uploads)
 //! should ask [`crate::LazyDevice::is_extracting`] or [`is_trial_run`] the same way.
+//!
+//! ```
+//! # fn main() -> neuron_pc::Result<()> {
+//! let path = std::env::temp_dir().join(format!("metrics-{}.json", std::process::id()));
+//! if !neuron_pc::trial::is_trial_run() {
+//!     std::fs::write(&path, "{}")?; // a trial run's numbers would be zeros
+//! }
+//! # let _ = std::fs::remove_file(&path);
+//! # Ok(()) }
+//! ```
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

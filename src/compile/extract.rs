@@ -21,7 +21,10 @@ use crate::error::{Error, Result};
 /// What the `<key>.json` record of an extracted graph holds.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GraphRecord {
+    /// The graph's cache key (64 hex characters); also the file names' stem.
     pub key: String,
+    /// The named components the key was computed from (`flag.*`, `compiler.*`, ...): what
+    /// `neuron-pc analyze` compares to say why two keys differ.
     #[serde(default)]
     pub components: BTreeMap<String, String>,
     /// Ops in the graph (parameters excluded).
@@ -33,6 +36,7 @@ pub struct GraphRecord {
     /// The name of each parameter's tensor (`mlp.0.weight`, `ids`), `""` when unnamed.
     #[serde(default)]
     pub param_names: Vec<String>,
+    /// Output types, like `f32[64,32]`.
     #[serde(default)]
     pub outputs: Vec<String>,
     /// The user's source line of the mark_step (or read) that produced it.
@@ -113,15 +117,20 @@ pub(crate) fn write_graph(
 /// One line of the graph log: a graph this run needed, and the step it first appeared at.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GraphLogLine {
+    /// The graph's cache key (64 hex characters).
     pub key: String,
+    /// The step it first appeared at: the device's `mark_step` count then.
     pub step: u64,
+    /// Ops in the graph (parameters excluded).
     #[serde(default)]
     pub nodes: usize,
+    /// Parameter types, like `f32[64,32]`.
     #[serde(default)]
     pub params: Vec<String>,
     /// As in [`GraphRecord::param_names`].
     #[serde(default)]
     pub param_names: Vec<String>,
+    /// The user's source line of the mark_step (or read) that produced it.
     #[serde(default)]
     pub site: String,
 }

@@ -6,6 +6,26 @@
 //! graph and [`Compiler::get_or_compile`] on the program; the worker processes of
 //! `neuron-pc compile` call the same `get_or_compile` on the programs a trial run extracted,
 //! so keys, entries, failure records and leases agree between the two by construction.
+//!
+//! A job picks its cache through [`CacheConfig`] (or `NEURON_COMPILE_CACHE_URL`), and its
+//! metrics say where each executable came from:
+//!
+//! ```no_run
+//! use neuron_pc::compile::CacheConfig;
+//! use neuron_pc::{DeviceConfig, LazyDevice};
+//! # fn main() -> neuron_pc::Result<()> {
+//! let device = LazyDevice::new(DeviceConfig {
+//!     cache: CacheConfig::at("s3://my-bucket/neuron-pc-cache"),
+//!     ..DeviceConfig::from_env()?
+//! })?;
+//! // ... train: every new step graph is looked up in the cache, compiled once if missing ...
+//! let m = device.metrics();
+//! println!(
+//!     "{} compiled here, {} from disk, {} from S3, {} compiled by other processes",
+//!     m.compiles, m.disk_hits, m.remote_hits, m.waited_for_others
+//! );
+//! # Ok(()) }
+//! ```
 
 mod cache_config;
 pub mod extract;
@@ -67,7 +87,9 @@ impl std::fmt::Display for Key {
 /// A StableHLO program ready to compile: its text, key and signature.
 #[derive(Clone, Debug)]
 pub struct Program {
+    /// The StableHLO module, as text.
     pub text: String,
+    /// The cache key of compiling `text` with `options` (see [`Compiler::key_of`]).
     pub key: Key,
     /// Parameter and result types (from the IR for traced graphs, read from the text for
     /// programs of other frontends); every launch checks its arguments against it.
@@ -119,8 +141,11 @@ impl From<PutOutcome> for Stored {
 /// A loaded executable and how it was obtained.
 #[derive(Debug)]
 pub struct Obtained {
+    /// The executable, loaded on the compiler's client.
     pub executable: LoadedExecutable,
+    /// Where it came from.
     pub source: Source,
+    /// Whether a fresh compilation was written to the cache.
     pub stored: Stored,
     /// Wall time of compiling here (0 unless compiled).
     pub compile_ms: f64,
@@ -229,14 +254,18 @@ impl Compiler {
         &self.options
     }
 
+    /// The PJRT client of the target, which compiles and loads every executable.
     pub fn client(&self) -> &Client {
         &self.client
     }
 
+    /// The compiler flags (`NEURON_CC_FLAGS`) programs are lowered and compiled under.
     pub fn flags(&self) -> &CompilerFlags {
         &self.flags
     }
 
+    /// Who compiles (platform and version, plugin fingerprint, `XLA_FLAGS`); it enters every
+    /// cache key.
     pub fn identity(&self) -> &CompilerIdentity {
         &self.identity
     }

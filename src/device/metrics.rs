@@ -9,8 +9,10 @@ use super::trace::{Cell, Value};
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct Metrics {
-    /// `mark_step` calls, and syncs caused by reading a pending value (`to_vec`, `item`).
+    /// `mark_step` calls (a step function's calls included).
     pub steps: u64,
+    /// Syncs caused by reading a pending value (`to_vec`, `item`): steps cut outside
+    /// `mark_step`.
     pub implicit_syncs: u64,
     /// Of the steps, those a step function (`LazyDevice::step_fn`) replayed without tracing.
     #[serde(default)]
@@ -21,8 +23,9 @@ pub struct Metrics {
     pub graphs_seen: u64,
     /// Executables found in this process's memory.
     pub memory_hits: u64,
-    /// Executables loaded from the persistent cache, by tier.
+    /// Executables loaded from the persistent cache's local tier (a directory).
     pub disk_hits: u64,
+    /// Executables loaded from the persistent cache's remote tier (S3).
     pub remote_hits: u64,
     /// Of the disk hits, executables loaded ahead on a thread while the job initialised,
     /// named by the hint of the program's previous run (`src/compile/prefetch.rs`).
@@ -30,16 +33,18 @@ pub struct Metrics {
     pub prefetched: u64,
     /// Executables another process compiled while this one waited for its lock.
     pub waited_for_others: u64,
-    /// Requests to the shared (S3) cache made while waiting on other processes' leases, and
-    /// the same per waiter per minute of waiting (what a fleet of waiters costs the store).
+    /// Requests to the shared (S3) cache made while waiting on other processes' leases.
     #[serde(default)]
     pub lease_wait_requests: u64,
+    /// [`Metrics::lease_wait_requests`] per waiter per minute of waiting (what a fleet of
+    /// waiters costs the store).
     #[serde(default)]
     pub lease_requests_per_waiter_minute: f64,
-    /// Compilations done here (JIT), and their total wall time.
+    /// Compilations done here (JIT).
     pub compiles: u64,
+    /// Total wall time of [`Metrics::compiles`], in ms.
     pub compile_ms: f64,
-    /// Time spent loading serialized executables.
+    /// Time spent loading serialized executables, in ms.
     pub load_ms: f64,
     /// Graphs whose compilation failed.
     pub compile_failures: u64,
@@ -54,46 +59,54 @@ pub struct Metrics {
     pub last_program_bytes: u64,
     /// Input buffers donated to outputs (in-place updates that needed no copy).
     pub donated_buffers: u64,
-    /// Executions and their total wall time (launch to results ready).
+    /// Executions (steps launched).
     pub executions: u64,
+    /// Total wall time of the finished executions (launch to results ready), in ms.
     pub execute_ms: f64,
-    /// Batches a [`crate::data::DeviceLoader`] handed to the training loop, and the time the
-    /// loop waited for them (what the loader's background thread did not hide).
+    /// Batches a [`crate::data::DeviceLoader`] handed to the training loop.
     #[serde(default)]
     pub batches_loaded: u64,
+    /// The time the loop waited for those batches, in ms (what the loader's background thread
+    /// did not hide).
     #[serde(default)]
     pub batch_wait_ms: f64,
-    /// The most steps a device left in flight when `mark_step` returned, and the most bytes per
-    /// device their outputs held (see `DeviceConfig::max_bytes_in_flight`).
+    /// The most steps a device left in flight when `mark_step` returned.
     #[serde(default)]
     pub peak_steps_in_flight: u64,
+    /// The most bytes per device the outputs of steps in flight held (see
+    /// [`crate::DeviceConfig::max_bytes_in_flight`]).
     #[serde(default)]
     pub peak_bytes_in_flight: u64,
-    /// Host-to-device and device-to-host transfers.
+    /// Host-to-device transfers, one per device buffer.
     pub transfers_to_device: u64,
+    /// Bytes of the host-to-device transfers.
     pub bytes_to_device: u64,
+    /// Device-to-host transfers (reads of values).
     pub transfers_to_host: u64,
+    /// Bytes of the device-to-host transfers.
     pub bytes_to_host: u64,
-    /// Extract mode: graphs written for ahead-of-time compilation, and values read back from
-    /// zero-filled stand-ins (never real results).
+    /// Extract mode: graphs written for ahead-of-time compilation.
     pub graphs_extracted: u64,
+    /// Extract mode: values read back from zero-filled stand-ins (never real results).
     pub zero_filled_reads: u64,
     /// New graphs at a mark_step site that had already run (the recompilation diagnostic fired).
     pub recompiles_after_warmup: u64,
     /// Why the persistent compile cache (or its shared tier) was not usable at start, if so.
     #[serde(default)]
     pub cache_unavailable: Option<String>,
-    /// Replicas of every step in this process, in the whole run, and this process's place
-    /// (rank and process count, from the launcher; 0 of 1 without one).
+    /// Replicas of every step in this process (1 on a mesh).
     #[serde(default)]
     pub replicas: usize,
+    /// Replicas of every step in the whole run: [`Metrics::replicas`] times the processes.
     #[serde(default)]
     pub global_replicas: usize,
     /// Devices every step program is partitioned over (the mesh's size; 1 without a mesh).
     #[serde(default)]
     pub partitions: usize,
+    /// This process's rank, from the launcher (0 without one).
     #[serde(default)]
     pub rank: usize,
+    /// The processes of the run, from the launcher (1 without one).
     #[serde(default)]
     pub world_size: usize,
     /// Bytes of optimizer state (AdamW's moments, SGD's momentum) one replica holds, measured

@@ -1,5 +1,23 @@
 //! The lazy device: tensors record operations; `mark_step` cuts the recorded work into one
 //! graph, finds or compiles its executable, and runs it.
+//!
+//! ```
+//! use neuron_pc::compile::CacheConfig;
+//! use neuron_pc::{DeviceConfig, HostTensor, LazyDevice};
+//! # fn main() -> neuron_pc::Result<()> {
+//! // `LazyDevice::from_env()` reads the same settings from the environment.
+//! let device = LazyDevice::new(DeviceConfig {
+//!     cache: CacheConfig::disabled(), // executables in memory only
+//!     ..DeviceConfig::default()       // the cpu plugin, one device
+//! })?;
+//! let x = device.tensor(&HostTensor::from_slice(&[1.0f32, 2.0, 3.0], &[3])?)?;
+//! let y = x.mul(&x)?.sum_all()?; // recorded, not run yet
+//! device.mark_step()?; // one graph: compiled, launched
+//! assert_eq!(y.to_vec::<f32>()?, [14.0]);
+//! let m = device.metrics();
+//! assert_eq!((m.steps, m.compiles), (1, 1));
+//! # Ok(()) }
+//! ```
 
 pub(crate) mod checks;
 mod config;

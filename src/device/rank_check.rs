@@ -89,6 +89,8 @@ pub struct RankCheck {
 }
 
 impl RankCheck {
+    /// The check of rank `rank` among `world` processes, through `store`; [`RankCheck::agree`]
+    /// waits at most `wait` for the other ranks' records of each new graph.
     pub fn new(store: ScopedStore, rank: usize, world: usize, wait: Duration) -> RankCheck {
         RankCheck {
             store,

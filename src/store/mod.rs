@@ -9,6 +9,45 @@
 //! Every key is namespaced by the run and its attempt ([`RunScope`]):
 //! `/neuron-pc/<run id>/<attempt>/<key>`. A restarted attempt (torchrun's restart count, a
 //! requeued Slurm job, an AWS Batch retry) thus never reads a value an earlier attempt left.
+//!
+//! A job gets its store with [`from_env`]; another engine implements [`KvStore`] and is seen
+//! through a [`ScopedStore`] the same way (here a map in memory):
+//!
+//! ```
+//! use std::collections::HashMap;
+//! use std::sync::{Arc, Mutex};
+//! use std::time::Duration;
+//! use neuron_pc::store::{self, KvStore, RunScope, ScopedStore};
+//!
+//! #[derive(Default)]
+//! struct MemoryStore(Mutex<HashMap<String, Vec<u8>>>);
+//!
+//! impl KvStore for MemoryStore {
+//!     fn set(&self, key: &str, value: &[u8]) -> store::Result<()> {
+//!         self.0.lock().unwrap().insert(key.to_string(), value.to_vec());
+//!         Ok(())
+//!     }
+//!     fn try_get(&self, key: &str) -> store::Result<Option<Vec<u8>>> {
+//!         Ok(self.0.lock().unwrap().get(key).cloned())
+//!     }
+//!     fn describe(&self) -> String {
+//!         "memory".into()
+//!     }
+//! }
+//!
+//! # fn main() -> store::Result<()> {
+//! // The run torchrun started as `--rdzv-id job7`, restarted once.
+//! let vars = [("TORCHELASTIC_RUN_ID", "job7"), ("TORCHELASTIC_RESTART_COUNT", "1")];
+//! let get = |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string());
+//! let scope = RunScope::from_vars(get)?;
+//! let store = ScopedStore::new(Arc::new(MemoryStore::default()), scope);
+//! assert_eq!(store.full_key("port"), "/neuron-pc/torchelastic-job7/1/port");
+//!
+//! store.set("port", b"29500")?;
+//! assert_eq!(store.get("port", Duration::from_secs(1))?, b"29500");
+//! assert!(store.try_get("missing")?.is_none());
+//! # Ok(()) }
+//! ```
 
 mod etcd;
 
@@ -30,36 +69,60 @@ pub const DEFAULT_TIMEOUT_SECS: f64 = 10.0;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
+    /// `NEURON_PC_STORE` is not a valid store URL (`etcd://HOST:PORT[,HOST:PORT...]`).
     #[error("{STORE_ENV}={url}: {message}")]
-    Url { url: String, message: String },
+    Url {
+        /// The variable's value.
+        url: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A store is set but no run id names the namespace (see [`RunScope::from_vars`]).
     #[error(
         "{STORE_ENV} is set but this run has no id: set {RUN_ID_ENV} (or start it with \
          torchrun --rdzv-id, Slurm or AWS Batch, which name their runs)"
     )]
     NoRunId,
+    /// A variable the store reads does not parse (a restart count, the timeout).
     #[error("{var}={value:?}: {message}")]
     Var {
+        /// The variable's name.
         var: &'static str,
+        /// Its value.
         value: String,
+        /// What was expected.
         message: String,
     },
+    /// Connecting to the store failed, or it did not answer within the timeout.
     #[error("{store}: cannot connect within {secs:.1} s: {message}")]
     Unreachable {
+        /// The store, as [`KvStore::describe`] names it.
         store: String,
+        /// The timeout, in seconds.
         secs: f64,
+        /// The client's error.
         message: String,
     },
+    /// One operation failed or got no answer within the timeout.
     #[error("{store}: {op} {key}: {message}")]
     Op {
+        /// The store, as [`KvStore::describe`] names it.
         store: String,
+        /// The engine's operation (`put`, `get`).
         op: &'static str,
+        /// The key as the engine saw it (through a [`ScopedStore`], with the run's prefix).
         key: String,
+        /// The client's error.
         message: String,
     },
+    /// [`KvStore::get`] waited its whole timeout and no process set the key.
     #[error("{store}: {key} was not set within {secs:.1} s")]
     Timeout {
+        /// The store, as [`KvStore::describe`] names it.
         store: String,
+        /// The key as the engine saw it (through a [`ScopedStore`], with the run's prefix).
         key: String,
+        /// How long it waited, in seconds.
         secs: f64,
     },
 }
@@ -105,6 +168,8 @@ pub trait KvStore: Send + Sync {
 /// One attempt of one run: the namespace its keys live in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunScope {
+    /// The run's id: `NEURON_PC_RUN_ID`, or the launcher's id with a prefix naming the launcher
+    /// (`torchelastic-`, `slurm-`, `aws-batch-`, `sagemaker-`).
     pub run_id: String,
     /// 0 for the first attempt, counting the restarts.
     pub attempt: u64,
@@ -189,6 +254,7 @@ pub struct ScopedStore {
 }
 
 impl ScopedStore {
+    /// `inner` seen through `scope`: every key gets the scope's [`RunScope::prefix`].
     pub fn new(inner: Arc<dyn KvStore>, scope: RunScope) -> ScopedStore {
         let prefix = scope.prefix();
         ScopedStore {
@@ -198,6 +264,7 @@ impl ScopedStore {
         }
     }
 
+    /// The run and attempt whose namespace this is.
     pub fn scope(&self) -> &RunScope {
         &self.scope
     }
