@@ -13,6 +13,8 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(missing_docs)]
+
 // `#[derive(Module)]` names this crate `::neuron_pc`, in here as in a user's crate.
 extern crate self as neuron_pc;
 

@@ -10,6 +10,8 @@
 //! write. Storage that is unreachable is warned about once and skipped; storage that refuses our
 //! credentials is an error when the cache is opened.
 
+#![warn(missing_docs)]
+
 mod cache;
 mod error;
 mod health;
