@@ -88,7 +88,9 @@ flag_enum! {
     /// The reduced precision auto-cast uses. Neuron also knows `tf32` and `fp8_e4m3`; XLA's CPU
     /// and GPU backends have no matching storage type, so they are refused rather than faked.
     AutoCastType {
+        /// bfloat16 (the default).
         Bf16 => "bf16",
+        /// IEEE float16; `f16` is accepted as an alias.
         Fp16 => "fp16" | "f16",
     }
 }
@@ -98,7 +100,9 @@ flag_enum! {
     /// graph passes treat both values alike today, but it still enters the cache key because it
     /// changes the Neuron executable.
     ModelType {
+        /// No particular model family (the default).
         Generic => "generic",
+        /// A transformer model.
         Transformer => "transformer",
     }
 }
@@ -177,12 +181,20 @@ pub(crate) fn supported_targets() -> String {
 /// are public so a command-line parser (clap) can build one directly.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FlagOverrides {
+    /// `--target`.
     pub target: Option<Target>,
+    /// `--optlevel` (or `-O`).
     pub opt_level: Option<OptLevel>,
+    /// `--auto-cast`.
     pub auto_cast: Option<AutoCast>,
+    /// `--auto-cast-type`.
     pub auto_cast_type: Option<AutoCastType>,
+    /// `--model-type`.
     pub model_type: Option<ModelType>,
+    /// `--retry_failed_compilation` (torch-neuronx's flag): `Some(true)` when given alone,
+    /// or the value of `--retry_failed_compilation=true|false`.
     pub retry_failed: Option<bool>,
+    /// `--cache_dir` (torch-neuronx's flag): a path or URL.
     pub cache_dir: Option<String>,
     /// `neuronx-cc` flags passed through to Neuron's compiler (see [`NeuronFlags`]).
     pub neuron: NeuronFlags,
@@ -248,10 +260,16 @@ impl FlagOverrides {
 /// `bf16`, model type `generic`, no retry of recorded failures, no cache dir.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CompilerFlags {
+    /// The device family compiled for; default `cpu`.
     pub target: Target,
+    /// The optimization level; default `O2`.
     pub opt_level: OptLevel,
+    /// Which ops are cast to [`CompilerFlags::auto_cast_type`]; the default depends on the
+    /// target (see [`default_auto_cast`]).
     pub auto_cast: AutoCast,
+    /// The reduced precision auto-cast uses; default `bf16`.
     pub auto_cast_type: AutoCastType,
+    /// Neuron's model-type hint; default `generic`.
     pub model_type: ModelType,
     /// Compile graphs again even when the cache holds a failure record for them.
     pub retry_failed: bool,

@@ -167,10 +167,12 @@ impl Client {
 }
 
 impl Buffer {
+    /// The element type of the buffer's data.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
+    /// The buffer's shape (empty for a scalar).
     pub fn dims(&self) -> &[usize] {
         &self.dims
     }

@@ -45,10 +45,15 @@ impl std::fmt::Debug for ClientOptions {
 /// The value of a named client option.
 #[derive(Clone, Debug, PartialEq)]
 pub enum OptionValue {
+    /// A 64-bit integer (`PJRT_NamedValue_kInt64`).
     Int64(i64),
+    /// A list of 64-bit integers (`PJRT_NamedValue_kInt64List`).
     Int64List(Vec<i64>),
+    /// A boolean (`PJRT_NamedValue_kBool`).
     Bool(bool),
+    /// A string (`PJRT_NamedValue_kString`).
     String(String),
+    /// A 32-bit float (`PJRT_NamedValue_kFloat`).
     Float(f32),
 }
 

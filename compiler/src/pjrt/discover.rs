@@ -133,15 +133,21 @@ fn python_site_packages() -> Vec<PathBuf> {
 /// What `neuron-pc targets` reports for one target.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct TargetStatus {
+    /// The target probed.
     pub target: Target,
+    /// The file name of its default plugin library ([`Target::library`]).
     pub library: String,
+    /// The variable that names the library's path explicitly ([`Target::env_var`]).
     pub env_var: String,
     /// Where the library was found, if it was.
     pub path: Option<PathBuf>,
     /// PJRT C API version of the loaded plugin, as "major.minor".
     pub api_version: Option<String>,
+    /// The client's platform name (e.g. `cpu`, `cuda`), if a client could be opened.
     pub platform_name: Option<String>,
+    /// The client's platform version string, if a client could be opened.
     pub platform_version: Option<String>,
+    /// How many addressable devices the client has, if a client could be opened.
     pub devices: Option<usize>,
     /// Why the target is not usable, if it is not.
     pub error: Option<String>,

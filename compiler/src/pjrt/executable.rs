@@ -69,6 +69,8 @@ type PerDevice = (Vec<Vec<Buffer>>, Vec<Option<Event>>);
 /// A launched execution: outputs now, contents when `done` is ready.
 #[derive(Debug)]
 pub struct Launched {
+    /// The results, in the program's result order; their contents are valid once `done` is
+    /// ready (at once when it is `None`).
     pub outputs: Vec<Buffer>,
     /// None when the plugin reported the work complete at launch.
     pub done: Option<Event>,
@@ -78,7 +80,10 @@ pub struct Launched {
 /// `done` is ready (replicas the plugin reported complete at launch have none).
 #[derive(Debug)]
 pub struct LaunchedReplicas {
+    /// Per replica (in the order of the arguments given), its results.
     pub outputs: Vec<Vec<Buffer>>,
+    /// The completion events of the replicas not complete at launch; their positions do not
+    /// match replica numbers.
     pub done: Vec<Event>,
 }
 
@@ -183,7 +188,9 @@ impl Client {
 /// One device's memory for one execution of a program, in bytes (`xla::CompiledMemoryStats`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MemoryStats {
+    /// The arguments.
     pub arguments: u64,
+    /// The results, including those written over donated arguments.
     pub outputs: u64,
     /// Of the outputs, the bytes written over donated arguments.
     pub aliased: u64,

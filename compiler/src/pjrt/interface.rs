@@ -217,7 +217,10 @@ pub fn parameter_types_in(serialized: &[u8]) -> Option<Vec<ArgType>> {
 /// an executable before it knows the program can ask ahead and check later).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Interface {
+    /// The result types, as the executable reports them.
     pub results: Vec<ArgType>,
+    /// The parameter types; `None` when the plugin does not expose them in a form this crate
+    /// reads (then [`Interface::check`] compares results only).
     pub params: Option<Vec<ArgType>>,
 }
 

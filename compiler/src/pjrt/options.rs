@@ -10,9 +10,13 @@ use std::collections::BTreeMap;
 /// One backend option value (`OptionOverrideProto`).
 #[derive(Clone, Debug, PartialEq)]
 pub enum OverrideValue {
+    /// A string value (field 1).
     Str(String),
+    /// A boolean value (field 2).
     Bool(bool),
+    /// An integer value (field 3).
     Int(i64),
+    /// A floating-point value, sent as a 64-bit double (field 4).
     Float(f64),
 }
 

@@ -14,6 +14,7 @@ const TABLE: &str = include_str!("../../plugins.tsv");
 /// One pinned plugin package.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pin {
+    /// The target whose plugin the package provides.
     pub target: Target,
     /// The PyPI package name.
     pub package: &'static str,

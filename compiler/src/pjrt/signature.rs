@@ -10,7 +10,9 @@ use crate::dtype::DType;
 /// The type of one argument or result.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ArgType {
+    /// The element type.
     pub dtype: DType,
+    /// The shape (empty for a scalar).
     pub dims: Vec<usize>,
 }
 
@@ -23,7 +25,9 @@ impl std::fmt::Display for ArgType {
 /// Parameter and result types of `@main`.
 #[derive(Clone, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Signature {
+    /// The parameter types, in order.
     pub params: Vec<ArgType>,
+    /// The result types, in order.
     pub results: Vec<ArgType>,
 }
 

@@ -7,15 +7,22 @@
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Target {
+    /// The host CPU, through XLA's CPU plugin.
     Cpu,
+    /// NVIDIA GPUs, through XLA's CUDA plugin.
     Cuda,
+    /// AWS Trainium (first generation), through Neuron's plugin.
     Trn1,
+    /// AWS Trainium2, through Neuron's plugin.
     Trn2,
 }
 
 impl Target {
+    /// Every target, in declaration order.
     pub const ALL: [Target; 4] = [Target::Cpu, Target::Cuda, Target::Trn1, Target::Trn2];
 
+    /// The target's name as flags, messages and cache keys spell it (`cpu`, `cuda`, `trn1`,
+    /// `trn2`).
     pub fn name(self) -> &'static str {
         match self {
             Target::Cpu => "cpu",
@@ -25,6 +32,7 @@ impl Target {
         }
     }
 
+    /// The target of that exact name (lowercase); `None` for any other string.
     pub fn from_name(s: &str) -> Option<Target> {
         Target::ALL.into_iter().find(|t| t.name() == s)
     }
