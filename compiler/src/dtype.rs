@@ -6,13 +6,21 @@ use serde::{Deserialize, Serialize};
 /// and device and what the IR can lower to StableHLO.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum DType {
+    /// 32-bit IEEE float (`torch.float32`).
     F32,
+    /// 64-bit IEEE float (`torch.float64`).
     F64,
+    /// bfloat16: float32's 8 exponent bits with 7 mantissa bits (`torch.bfloat16`).
     BF16,
+    /// 16-bit IEEE half float, 5 exponent bits and 10 mantissa bits (`torch.float16`).
     F16,
+    /// 32-bit signed integer.
     I32,
+    /// 64-bit signed integer.
     I64,
+    /// 32-bit unsigned integer (`ui32` in MLIR); random bits and PRNG keys use it.
     U32,
+    /// 8-bit unsigned integer (`ui8` in MLIR).
     U8,
     /// Boolean; one byte per element on the host.
     Pred,
@@ -74,18 +82,22 @@ impl DType {
             .find(|d| d.name() == s || d.mlir_name() == s)
     }
 
+    /// True for f32, f64, bf16 and f16.
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F64 | DType::BF16 | DType::F16)
     }
 
+    /// True for i32 and i64.
     pub fn is_signed_int(self) -> bool {
         matches!(self, DType::I32 | DType::I64)
     }
 
+    /// True for u32 and u8 (not pred).
     pub fn is_unsigned_int(self) -> bool {
         matches!(self, DType::U32 | DType::U8)
     }
 
+    /// True for the signed and unsigned integers (not pred).
     pub fn is_int(self) -> bool {
         self.is_signed_int() || self.is_unsigned_int()
     }

@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 
 /// A Rust scalar type that maps to one [`DType`].
 pub trait Element: Copy + Send + Sync + 'static + std::fmt::Debug {
+    /// The dtype this Rust type holds (`f32` is [`DType::F32`], `bool` is [`DType::Pred`]).
     const DTYPE: DType;
     /// Appends the little-endian bytes of `self`.
     fn write_le(self, out: &mut Vec<u8>);
@@ -167,22 +168,27 @@ impl HostTensor {
         }
     }
 
+    /// The element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
 
+    /// The shape, outermost dimension first (empty for a scalar).
     pub fn dims(&self) -> &[usize] {
         &self.dims
     }
 
+    /// The number of elements: the product of the dims (1 for a scalar).
     pub fn element_count(&self) -> usize {
         self.dims.iter().product()
     }
 
+    /// The raw data: row-major, little-endian, [`DType::size_in_bytes`] per element.
     pub fn bytes(&self) -> &[u8] {
         &self.data
     }
 
+    /// The raw data, as [`HostTensor::bytes`], without a copy.
     pub fn into_bytes(self) -> Vec<u8> {
         self.data
     }

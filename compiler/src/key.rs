@@ -29,7 +29,9 @@ const FINGERPRINT_SAMPLE: u64 = 1 << 20;
 /// Who compiles: two plugins that differ in any of these may produce different executables.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CompilerIdentity {
+    /// The plugin's platform name (`cpu`, `cuda`, `neuron`).
     pub platform_name: String,
+    /// The plugin's platform version string, as the plugin reports it.
     pub platform_version: String,
     /// PJRT C API version of the plugin, "major.minor".
     pub api_version: String,

@@ -55,7 +55,9 @@ impl GraphPass {
 /// A backend option value that can live in a `const` table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendValue {
+    /// A boolean option (`xla_cpu_enable_fast_math=false`).
     Bool(bool),
+    /// An integer option (`xla_backend_optimization_level=0`).
     Int(i64),
 }
 

@@ -75,22 +75,37 @@ op_enum! {
 /// Elementwise one-operand ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum UnaryOp {
+    /// `-x` (integers wrap).
     Neg,
+    /// `|x|` (integers wrap: `abs(MIN)` is `MIN`).
     Abs,
+    /// -1, 0 or 1 by the sign of `x`; a float zero keeps its sign and NaN stays NaN.
     Sign,
+    /// `e^x`.
     Exp,
+    /// Natural logarithm.
     Log,
+    /// `log(1 + x)`, accurate for small x (PyTorch's `log1p`).
     Log1p,
+    /// Hyperbolic tangent.
     Tanh,
+    /// The sigmoid `1 / (1 + e^-x)` (PyTorch's `sigmoid`).
     Logistic,
+    /// Square root.
     Sqrt,
+    /// `1 / sqrt(x)`.
     Rsqrt,
+    /// Sine, in radians.
     Sin,
+    /// Cosine, in radians.
     Cos,
+    /// The Gauss error function (CHLO's `chlo.erf`).
     Erf,
     /// `1 - erf(x)`, without the cancellation for large x.
     Erfc,
+    /// Rounds down to an integral value (the dtype stays a float).
     Floor,
+    /// Rounds up to an integral value (the dtype stays a float).
     Ceil,
     /// Logical not on pred, bitwise not on integers.
     Not,
@@ -194,20 +209,27 @@ op_enum! {
 /// Elementwise two-operand ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BinaryOp {
+    /// `x + y` (integers wrap).
     Add,
+    /// `x - y` (integers wrap).
     Sub,
+    /// `x * y` (integers wrap).
     Mul,
     /// Integer division truncates toward zero.
     Div,
     /// Remainder with the dividend's sign (C `fmod` / `%`).
     Rem,
+    /// `x^y`; on integers a negative exponent gives 0 (but for bases 1 and -1).
     Pow,
     /// NaN-propagating for floats.
     Max,
     /// NaN-propagating for floats.
     Min,
+    /// Logical and on pred, bitwise and on integers.
     And,
+    /// Logical or on pred, bitwise or on integers.
     Or,
+    /// Logical xor on pred, bitwise xor on integers.
     Xor,
 }
 }
@@ -280,11 +302,17 @@ op_enum! {
 /// Elementwise comparisons (result pred).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CompareOp {
+    /// `x == y` (false when either is NaN).
     Eq,
+    /// `x != y` (true when either is NaN).
     Ne,
+    /// `x < y`.
     Lt,
+    /// `x <= y`.
     Le,
+    /// `x > y`.
     Gt,
+    /// `x >= y`.
     Ge,
 }
 }
@@ -335,9 +363,13 @@ op_enum! {
 /// Reductions (also the combiner of the collectives).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ReduceOp {
+    /// Sum; starts from 0.
     Sum,
+    /// Maximum; starts from `-inf` (an integer dtype's minimum).
     Max,
+    /// Minimum; starts from `+inf` (an integer dtype's maximum).
     Min,
+    /// Product; starts from 1.
     Prod,
 }
 }

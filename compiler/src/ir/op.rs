@@ -17,69 +17,119 @@ use crate::dtype::DType;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
     /// Graph input number `index`; its type is the node's type (see `Graph::parameter`).
-    Parameter { index: usize },
-    /// A constant (no operands).
+    /// Lowers to no op: the value is `@main`'s argument `%arg<index>`.
+    Parameter {
+        /// The input's position among the graph's parameters, from 0.
+        index: usize,
+    },
+    /// A constant (no operands). Lowers to `stablehlo.constant` with a `dense<..>` literal.
     Constant(Literal),
-    /// Elementwise `f(x)`.
+    /// Elementwise `f(x)`. Lowers to the op's [`UnaryOp::stablehlo_name`] (`chlo.erf` for erf).
     Unary(UnaryOp),
-    /// Elementwise `f(x, y)`; operands of equal type.
+    /// Elementwise `f(x, y)`; operands of equal type. Lowers to [`BinaryOp::stablehlo_name`];
+    /// float max/min add NaN checks (`stablehlo.compare` and `stablehlo.select`).
     Binary(BinaryOp),
-    /// Elementwise comparison of two operands of equal type, giving pred.
+    /// Elementwise comparison of two operands of equal type, giving pred. Lowers to
+    /// `stablehlo.compare` with [`CompareOp::direction`] and [`CompareOp::compare_type`].
     Compare(CompareOp),
     /// `select(pred, on_true, on_false)`; pred is a scalar or has the operands' shape.
+    /// Lowers to `stablehlo.select`.
     Select,
-    /// Elementwise cast to another dtype (floats to integers round toward zero).
+    /// Elementwise cast to another dtype (floats to integers round toward zero). Lowers to
+    /// `stablehlo.convert`.
     Convert(DType),
-    /// `dims`-shaped tensor counting 0, 1, ... along `dim` (no operands).
+    /// `dims`-shaped tensor counting 0, 1, ... along `dim` (no operands). Lowers to
+    /// `stablehlo.iota`.
     Iota {
+        /// The result's shape.
         dims: Vec<usize>,
+        /// The dimension along which the values count up (`iota_dimension`).
         dim: usize,
+        /// The result's dtype, a float or integer one.
         dtype: DType,
     },
     /// Operand dimension `i` becomes result dimension `broadcast_dimensions[i]` (size 1 or
-    /// equal); result has `dims`.
+    /// equal); result has `dims`. Lowers to `stablehlo.broadcast_in_dim`.
     BroadcastInDim {
+        /// The result's shape.
         dims: Vec<usize>,
+        /// For each operand dimension, the distinct result dimension it maps to.
         broadcast_dimensions: Vec<usize>,
     },
-    /// Same elements, row-major, new `dims`.
-    Reshape { dims: Vec<usize> },
-    /// Result dimension `i` is operand dimension `perm[i]`.
-    Transpose { perm: Vec<usize> },
-    /// Static strided slice, `start <= limit <= dim`, `stride >= 1`.
+    /// Same elements, row-major, new `dims`. Lowers to `stablehlo.reshape`.
+    Reshape {
+        /// The result's shape, with the operand's element count.
+        dims: Vec<usize>,
+    },
+    /// Result dimension `i` is operand dimension `perm[i]`. Lowers to `stablehlo.transpose`.
+    Transpose {
+        /// A permutation of `0..rank` (`permutation` in StableHLO; PyTorch's `permute`).
+        perm: Vec<usize>,
+    },
+    /// Static strided slice, `start <= limit <= dim`, `stride >= 1`. Lowers to
+    /// `stablehlo.slice`.
     Slice {
+        /// The first index taken, per dimension.
         start: Vec<usize>,
+        /// One past the last index that may be taken, per dimension (exclusive).
         limit: Vec<usize>,
+        /// The step between taken indices, per dimension (at least 1).
         stride: Vec<usize>,
     },
     /// Operands: the tensor, then one scalar integer start index per dimension (clamped so the
-    /// window stays inside). Result has `sizes`.
-    DynamicSlice { sizes: Vec<usize> },
+    /// window stays inside). Result has `sizes`. Lowers to `stablehlo.dynamic_slice`.
+    DynamicSlice {
+        /// The window's size per dimension (`slice_sizes`), each at most the operand's.
+        sizes: Vec<usize>,
+    },
     /// Operands: the tensor, the update, then one scalar integer start index per dimension
-    /// (clamped). Result has the tensor's type.
+    /// (clamped). Result has the tensor's type. Lowers to `stablehlo.dynamic_update_slice`.
     DynamicUpdateSlice,
-    /// Joins operands of equal dtype and rank along `dim`.
-    Concatenate { dim: usize },
+    /// Joins operands of equal dtype and rank along `dim`. Lowers to `stablehlo.concatenate`.
+    Concatenate {
+        /// The dimension the operands are joined along (PyTorch's `torch.cat` `dim`).
+        dim: usize,
+    },
     /// Operands: the tensor and a scalar pad value of its dtype. Negative `low`/`high` crop.
+    /// Lowers to `stablehlo.pad`.
     Pad {
+        /// Entries added before the first element, per dimension (`edge_padding_low`).
         low: Vec<i64>,
+        /// Entries added after the last element, per dimension (`edge_padding_high`).
         high: Vec<i64>,
+        /// Entries added between each two elements, per dimension (`interior_padding`).
         interior: Vec<usize>,
     },
-    /// Reduces over `dims` (removed from the shape).
+    /// Reduces over `dims` (removed from the shape). Lowers to `stablehlo.reduce` from the
+    /// reduction's identity; float max/min propagate NaN (except in a partitioned program).
     Reduce(ReduceOp, Vec<usize>),
     /// Index of the largest element along `dim` (removed); ties and NaN: see [`Op::ArgMin`].
     /// NaN counts as larger than any number; among equal values the first index wins.
-    ArgMax { dim: usize, index_dtype: DType },
+    /// Lowers to a two-operand `stablehlo.reduce` over (value, `stablehlo.iota` index) pairs.
+    ArgMax {
+        /// The dimension searched (removed from the result).
+        dim: usize,
+        /// The integer dtype of the result, wide enough to index `dim`.
+        index_dtype: DType,
+    },
     /// Index of the smallest element along `dim` (removed). NaN counts as smaller than any
-    /// number; among equal values the first index wins.
-    ArgMin { dim: usize, index_dtype: DType },
+    /// number; among equal values the first index wins. Lowers as [`Op::ArgMax`] does.
+    ArgMin {
+        /// The dimension searched (removed from the result).
+        dim: usize,
+        /// The integer dtype of the result, wide enough to index `dim`.
+        index_dtype: DType,
+    },
     /// StableHLO `dot_general`: result dims are batch dims, then lhs free dims, then rhs free
     /// dims (each in operand order).
     DotGeneral {
+        /// The lhs's batch dimensions (`lhs_batching_dimensions`).
         lhs_batch: Vec<usize>,
+        /// The rhs's batch dimensions, paired with `lhs_batch` in order.
         rhs_batch: Vec<usize>,
+        /// The lhs dimensions summed over (`lhs_contracting_dimensions`).
         lhs_contract: Vec<usize>,
+        /// The rhs dimensions summed over, paired with `lhs_contract` in order.
         rhs_contract: Vec<usize>,
     },
     /// StableHLO `convolution` in PyTorch's layouts: operands `lhs [n, c_in, spatial..]` and
@@ -87,30 +137,44 @@ pub enum Op {
     /// spatial dimension: the window `stride`, zero `padding` on both sides, and the kernel's
     /// `dilation`; `groups` splits the channels (PyTorch's `groups`).
     Convolution {
+        /// The window step per spatial dimension (`window_strides`), at least 1.
         stride: Vec<usize>,
+        /// Zeros added on both sides per spatial dimension.
         padding: Vec<usize>,
+        /// The kernel's dilation per spatial dimension (`rhs_dilation`), at least 1.
         dilation: Vec<usize>,
+        /// The number of channel groups (`feature_group_count`); 1 is a plain convolution.
         groups: usize,
     },
     /// StableHLO `reduce_window`: reduces each `window` (one size per operand dimension) placed
     /// every `stride` over the operand padded by `padding` on both sides with the reduction's
     /// identity (`-inf` for max, 0 for sum); result dimension `(d + 2 p - w) / s + 1`. Floats.
     ReduceWindow {
+        /// The reduction applied to each window (max for max pooling, sum for sum pooling).
         op: ReduceOp,
+        /// The window's size per operand dimension (`window_dimensions`).
         window: Vec<usize>,
+        /// The window step per operand dimension (`window_strides`), at least 1.
         stride: Vec<usize>,
+        /// Identity entries added on both sides per operand dimension.
         padding: Vec<usize>,
     },
     /// Row lookup: operands `table [n, rest..]` and integer `indices` of any shape; result
     /// `indices.dims ++ rest`. Indices are clamped into `0..n` (StableHLO gather semantics).
+    /// Lowers to `stablehlo.gather` of `[1, rest..]` slices, dimension 0 collapsed.
     Gather,
     /// The gradient of [`Op::Gather`]: operands `table [n, rest..]`, integer `indices`,
     /// `updates [indices.dims ++ rest]`; adds each update row into the table row it names
-    /// (repeats sum). Out-of-range rows are skipped. Result has the table's type.
+    /// (repeats sum). Out-of-range rows are skipped. Result has the table's type. Lowers to
+    /// `stablehlo.scatter` with an add region.
     ScatterAdd,
     /// Operand: a `u32[2]` key. Result `u32[dims]`: element `i` (row-major) is the first word
-    /// of threefry-2x32 (20 rounds) of the counter `(0, i)` under that key.
-    RandomBits { dims: Vec<usize> },
+    /// of threefry-2x32 (20 rounds) of the counter `(0, i)` under that key. Lowers to the
+    /// rounds written out in StableHLO integer ops (add, xor, shifts).
+    RandomBits {
+        /// The result's shape.
+        dims: Vec<usize>,
+    },
     /// The operand's value unchanged; differentiation treats it as a constant (PyTorch's
     /// `detach`, JAX's `stop_gradient`). Lowers to no StableHLO op.
     StopGradient,
@@ -126,33 +190,51 @@ pub enum Op {
     /// `with_sharding_constraint`, PyTorch/XLA's `mark_sharding` on an activation. Lowers to
     /// the `@Sharding` custom call XLA's partitioner reads; differentiation constrains the
     /// cotangent the same way.
-    ShardingConstraint { sharding: String },
-    /// Reduces the operand across the replicas of each group (result has its type).
+    ShardingConstraint {
+        /// The `mhlo.sharding` attribute text, e.g. `{replicated}` or `{devices=[2,1]0,1}`.
+        sharding: String,
+    },
+    /// Reduces the operand across the replicas of each group (result has its type). Lowers to
+    /// `stablehlo.all_reduce` with the bare combiner as its region.
     AllReduce {
+        /// The reduction combining the replicas' values.
         op: ReduceOp,
+        /// Groups of replica ids, all of one size, that reduce together.
         replica_groups: Vec<Vec<usize>>,
     },
-    /// Concatenates the operands of each group's replicas along `dim`.
+    /// Concatenates the operands of each group's replicas along `dim`. Lowers to
+    /// `stablehlo.all_gather`.
     AllGather {
+        /// The dimension the replicas' values are joined along (grows by the group size).
         dim: usize,
+        /// Groups of replica ids, all of one size, that gather together.
         replica_groups: Vec<Vec<usize>>,
     },
     /// Reduces across each group and leaves replica `k` of a group the `k`-th block along `dim`.
+    /// Lowers to `stablehlo.reduce_scatter` with the bare combiner as its region.
     ReduceScatter {
+        /// The reduction combining the replicas' values.
         op: ReduceOp,
+        /// The dimension split into blocks (its size must divide by the group size).
         dim: usize,
+        /// Groups of replica ids, all of one size, that reduce together.
         replica_groups: Vec<Vec<usize>>,
     },
     /// No operands. Result `u32[]`: the index of the replica running the program (0 on one
-    /// device).
+    /// device). Lowers to `stablehlo.replica_id`.
     ReplicaId,
     /// One result of a loop running `body` `length` times (see [`ScanBody`]): operands are
     /// the initial carries, the scanned operands (`[length, ..]`) and the invariants. With
-    /// `reverse`, iteration `t` reads `xs[length - 1 - t]`.
+    /// `reverse`, iteration `t` reads `xs[length - 1 - t]`. Lowers to one `stablehlo.while`
+    /// for all the results of the same scan.
     Scan {
+        /// The graph each iteration runs, and how its parameters split.
         body: Arc<ScanBody>,
+        /// The number of iterations (the scanned operands' leading dimension).
         length: usize,
+        /// Whether the loop runs from the last slice to the first.
         reverse: bool,
+        /// Which of the loop's results this node is.
         output: ScanOutput,
     },
 }
@@ -425,6 +507,8 @@ pub struct Graph {
 /// saves are both stacked nodes, read from the loop that computes the carry.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ScanBody {
+    /// The graph one iteration runs: its parameters are the carries, the slices and the
+    /// invariants, its outputs the next carries.
     pub graph: Graph,
     /// The first `carries` parameters are carried; the body's outputs are their next values.
     pub carries: usize,

@@ -47,8 +47,11 @@ pub fn to_stablehlo_with_aliases(graph: &Graph, aliases: &[(usize, usize)]) -> R
 /// leaves one to the partitioner's propagation).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Partitioning {
+    /// The number of partitions (devices), at least 1; written as `mhlo.num_partitions`.
     pub num_partitions: usize,
+    /// One `mhlo.sharding` per graph parameter, in parameter order.
     pub params: Vec<Option<String>>,
+    /// One `mhlo.sharding` per graph output, in output order.
     pub outputs: Vec<Option<String>>,
 }
 

@@ -38,10 +38,13 @@ use crate::pjrt::CompileOptions;
 /// One pass application, for reports and benchmarks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PassRun {
+    /// The pass's name ([`GraphPass::name`], or `auto-cast`).
     pub pass: &'static str,
-    /// Non-parameter nodes before and after.
+    /// Non-parameter nodes before the pass ([`Graph::op_count`]).
     pub ops_before: usize,
+    /// Non-parameter nodes after the pass.
     pub ops_after: usize,
+    /// Wall time of the pass, in microseconds.
     pub micros: u128,
 }
 
