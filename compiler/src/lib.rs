@@ -2,6 +2,8 @@
 //! lowering to StableHLO text, compiler flags and cache keys, and the PJRT runtime layer that
 //! loads a plugin, compiles, serializes and executes.
 
+#![warn(missing_docs)]
+
 pub mod dtype;
 pub mod error;
 pub mod flags;

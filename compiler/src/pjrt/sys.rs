@@ -3,7 +3,9 @@
     non_upper_case_globals,
     non_camel_case_types,
     non_snake_case,
-    dead_code
+    dead_code,
+    // generated from the C header, documented there
+    missing_docs
 )]
 #![allow(
     clippy::all,
@@ -14,6 +16,7 @@
 /// An argument struct of the C API, created with its `struct_size` set from the header's
 /// `*_STRUCT_SIZE` constant and every other field zeroed.
 pub trait Args {
+    /// The struct zeroed, its `struct_size` set.
     fn new() -> Self;
 }
 
