@@ -7,6 +7,22 @@
 //!   always sees the whole program.
 //! - The graph log (`NEURON_PC_GRAPH_LOG=file`): one [`GraphLogLine`] of JSON per new graph of
 //!   a real run, which `analyze --log` compares with a trial run.
+//!
+//! What `neuron-pc compile` reads from a trial run's directory:
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use neuron_pc::compile::extract::GraphRecord;
+//! # fn main() -> std::io::Result<()> {
+//! for entry in std::fs::read_dir("extract")? {
+//!     let path = entry?.path();
+//!     if path.extension().is_some_and(|e| e == "json") {
+//!         let record = GraphRecord::read(&path)?; // written after its <key>.mlir
+//!         println!("{} from {}: {} ops", record.key, record.site, record.nodes);
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -11,6 +11,19 @@
 //!
 //! Keys, in the attempt's namespace: `graphs/<n>/rank<r>` holds rank `r`'s record of its
 //! `n`-th new graph (0-based, counted per process), one JSON [`GraphNote`].
+//!
+//! The wait, from the variables (how a launcher's environment is read):
+//!
+//! ```
+//! use std::time::Duration;
+//! use neuron_pc::device::rank_check::{wait_from_vars, DEFAULT_WAIT_SECS};
+//! # fn main() -> neuron_pc::Result<()> {
+//! let vars = |name: &str| (name == "NEURON_PC_RANK_CHECK_TIMEOUT").then(|| "60".to_string());
+//! let wait = wait_from_vars(vars)?;
+//! assert_eq!(wait, Duration::from_secs(60));
+//! assert_eq!(wait_from_vars(|_| None)?, Duration::from_secs_f64(DEFAULT_WAIT_SECS));
+//! # Ok(()) }
+//! ```
 
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -15,6 +15,21 @@
 //! [`LlamaForCausalLM::save_pretrained`] writes one back that `transformers` loads as
 //! `MistralForCausalLM`. A random one of given sizes:
 //! `LlamaConfig::new(..)?.with_family(Family::Mistral)`.
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use neuron_pc::models::mistral::MistralForCausalLM;
+//! use neuron_pc::{DType, LazyDevice};
+//! # fn main() -> neuron_pc::Result<()> {
+//! let device = LazyDevice::from_env()?;
+//! // a save_pretrained directory of mistralai/Mistral-7B-v0.1, its model_type "mistral"
+//! let dir = Path::new("Mistral-7B-v0.1");
+//! let model: MistralForCausalLM = MistralForCausalLM::from_pretrained(&device, dir)?;
+//! assert_eq!(model.config.family.model_type(), "mistral");
+//! // transformers loads it back as MistralForCausalLM
+//! model.save_pretrained(Path::new("out"), DType::BF16)?;
+//! # Ok(()) }
+//! ```
 
 #[cfg(doc)]
 use crate::models::llama::LlamaConfig;

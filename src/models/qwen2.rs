@@ -14,6 +14,21 @@
 //! [`LlamaForCausalLM::save_pretrained`] writes one back that `transformers` loads as
 //! `Qwen2ForCausalLM`. A random one of given sizes:
 //! `LlamaConfig::new(..)?.with_family(Family::Qwen2)`.
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use neuron_pc::models::qwen2::Qwen2ForCausalLM;
+//! use neuron_pc::{DType, LazyDevice};
+//! # fn main() -> neuron_pc::Result<()> {
+//! let device = LazyDevice::from_env()?;
+//! // a save_pretrained directory of Qwen/Qwen2.5-0.5B, its model_type "qwen2"
+//! let dir = Path::new("Qwen2.5-0.5B");
+//! let model: Qwen2ForCausalLM = Qwen2ForCausalLM::from_pretrained(&device, dir)?;
+//! assert_eq!(model.config.family.model_type(), "qwen2");
+//! // transformers loads it back as Qwen2ForCausalLM
+//! model.save_pretrained(Path::new("out"), DType::BF16)?;
+//! # Ok(()) }
+//! ```
 
 #[cfg(doc)]
 use crate::models::llama::LlamaConfig;

@@ -13,6 +13,21 @@
 //! [`LlamaForCausalLM::save_pretrained`] writes one back that `transformers` loads as
 //! `Qwen3ForCausalLM`. A random one of given sizes:
 //! `LlamaConfig::new(..)?.with_family(Family::Qwen3)`.
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use neuron_pc::models::qwen3::Qwen3ForCausalLM;
+//! use neuron_pc::{DType, LazyDevice};
+//! # fn main() -> neuron_pc::Result<()> {
+//! let device = LazyDevice::from_env()?;
+//! // a save_pretrained directory of Qwen/Qwen3-0.6B, its model_type "qwen3"
+//! let dir = Path::new("Qwen3-0.6B");
+//! let model: Qwen3ForCausalLM = Qwen3ForCausalLM::from_pretrained(&device, dir)?;
+//! assert_eq!(model.config.family.model_type(), "qwen3");
+//! // transformers loads it back as Qwen3ForCausalLM
+//! model.save_pretrained(Path::new("out"), DType::BF16)?;
+//! # Ok(()) }
+//! ```
 
 #[cfg(doc)]
 use crate::models::llama::LlamaConfig;
