@@ -1,11 +1,19 @@
-//! The directory layout `save_pretrained` writes: `config.json` beside `model.safetensors`, or
-//! beside shards `model-0000i-of-0000n.safetensors` named by `model.safetensors.index.json`.
+//! `from_pretrained` and `save_pretrained`, and the directory layout they read and write:
+//! `config.json` beside `model.safetensors`, or beside shards
+//! `model-0000i-of-0000n.safetensors` named by `model.safetensors.index.json`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use neuron_pc_compiler::{DType, HostTensor};
+
+#[cfg(doc)]
+use super::LlamaSharding;
+use super::{LlamaConfig, LlamaForCausalLM, LoadOptions};
 use crate::checkpoint::{write_atomic, CheckpointError, StateDict};
-use crate::error::Result;
+use crate::device::LazyDevice;
+use crate::error::{Error, Result};
+use crate::nn::VarBuilder;
 
 pub(super) const SINGLE: &str = "model.safetensors";
 pub(super) const INDEX: &str = "model.safetensors.index.json";
@@ -112,4 +120,139 @@ pub(super) fn write_dir(
         remove(path)?;
     }
     Ok(())
+}
+
+impl LlamaForCausalLM {
+    /// Loads a `save_pretrained` directory: `config.json` and `model.safetensors`, or the
+    /// shards named by `model.safetensors.index.json`. Parameters keep the checkpoint's dtype;
+    /// see [`LlamaForCausalLM::from_pretrained_as`] to convert them. Every tensor of the
+    /// checkpoint must be used (a strict load), apart from a tied model's `lm_head.weight`.
+    pub fn from_pretrained(device: &LazyDevice, dir: &Path) -> Result<LlamaForCausalLM> {
+        LlamaForCausalLM::from_pretrained_with(device, dir, &LoadOptions::default())
+    }
+
+    /// As [`LlamaForCausalLM::from_pretrained`] (converted to `dtype` when given), each
+    /// parameter read straight into the blocks `plan` gives it on the device's mesh (see
+    /// [`LlamaSharding`]): no device holds a whole split parameter, ever.
+    pub fn from_pretrained_sharded(
+        device: &LazyDevice,
+        dir: &Path,
+        dtype: Option<DType>,
+        plan: std::sync::Arc<dyn crate::sharding::ShardingPlan>,
+    ) -> Result<LlamaForCausalLM> {
+        let options = LoadOptions {
+            dtype,
+            plan: Some(plan),
+            ..LoadOptions::default()
+        };
+        LlamaForCausalLM::from_pretrained_with(device, dir, &options)
+    }
+
+    /// As [`LlamaForCausalLM::from_pretrained`], the parameters converted to `dtype` as they
+    /// are read (a bfloat16 checkpoint trained in float32).
+    pub fn from_pretrained_as(
+        device: &LazyDevice,
+        dir: &Path,
+        dtype: DType,
+    ) -> Result<LlamaForCausalLM> {
+        let options = LoadOptions {
+            dtype: Some(dtype),
+            ..LoadOptions::default()
+        };
+        LlamaForCausalLM::from_pretrained_with(device, dir, &options)
+    }
+
+    /// [`LlamaForCausalLM::from_pretrained`] as `options` say: converted, laid out over a
+    /// mesh, the layers scanned.
+    pub fn from_pretrained_with(
+        device: &LazyDevice,
+        dir: &Path,
+        options: &LoadOptions,
+    ) -> Result<LlamaForCausalLM> {
+        let mut config = LlamaConfig::from_file(&dir.join("config.json"))?;
+        config.scan_layers = options.scan_layers;
+        let (dtype, plan) = (options.dtype, options.plan.clone());
+        let single = dir.join(SINGLE);
+        let index = dir.join(INDEX);
+        let vb = if single.exists() {
+            VarBuilder::from_safetensors(device, &[&single])?
+        } else if index.exists() {
+            VarBuilder::from_safetensors_index(device, &index)?
+        } else {
+            return Err(CheckpointError::Io {
+                path: single,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no model.safetensors or model.safetensors.index.json in the directory \
+                     (a save_pretrained directory in the safetensors format is expected)",
+                ),
+            }
+            .into());
+        };
+        let vb = match dtype {
+            Some(d) => vb.with_dtype(d),
+            None => vb,
+        };
+        let vb = match plan {
+            Some(p) => vb.with_sharding(p),
+            None => vb,
+        };
+        let model = LlamaForCausalLM::from_vb(&vb, &config)?;
+        let unused: Vec<String> = vb
+            .unused()
+            .into_iter()
+            .filter(|n| !(config.tie_word_embeddings && n == "lm_head.weight"))
+            .collect();
+        if !unused.is_empty() {
+            return Err(CheckpointError::Mismatch {
+                path: dir.to_path_buf(),
+                problems: unused
+                    .iter()
+                    .map(|n| format!("  unexpected: {n} (not a parameter of this model)"))
+                    .collect(),
+            }
+            .into());
+        }
+        Ok(model)
+    }
+
+    /// Writes `config.json` and `model.safetensors` into `dir` (created if needed), the
+    /// parameters in `dtype` (float32 or bfloat16), for `LlamaForCausalLM.from_pretrained`.
+    /// A tied model stores no `lm_head.weight`, as `save_pretrained` does. In a trial run
+    /// (`neuron-pc compile`) nothing is written.
+    pub fn save_pretrained(&self, dir: &Path, dtype: DType) -> Result<()> {
+        self.save(dir, dtype, None)
+    }
+
+    /// As [`LlamaForCausalLM::save_pretrained`], in shards of at most `max_shard_bytes`
+    /// (`save_pretrained(max_shard_size=..)`): `model-00001-of-0000n.safetensors`, ... and
+    /// `model.safetensors.index.json`. A model that fits one shard is written as one file.
+    pub fn save_pretrained_sharded(
+        &self,
+        dir: &Path,
+        dtype: DType,
+        max_shard_bytes: usize,
+    ) -> Result<()> {
+        self.save(dir, dtype, Some(max_shard_bytes))
+    }
+
+    fn save(&self, dir: &Path, dtype: DType, max_shard_bytes: Option<usize>) -> Result<()> {
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
+            return Err(Error::Config(format!(
+                "save_pretrained: dtype {dtype} is not a checkpoint dtype (f32, bf16 or f16)"
+            )));
+        }
+        let mut sd = crate::state::module_state(self)?;
+        for t in sd.tensors.values_mut() {
+            if t.dtype() != dtype {
+                *t = HostTensor::from_f64s(dtype, &t.to_f64_vec(), t.dims())?;
+            }
+        }
+        // transformers refuses a safetensors file without this
+        sd.metadata.insert("format".into(), "pt".into());
+        if crate::trial::skip_write("save_pretrained directory", dir) {
+            return Ok(());
+        }
+        write_dir(dir, &self.config.to_json(dtype), &sd, max_shard_bytes)
+    }
 }
