@@ -142,6 +142,19 @@ fn wrong_rank_inputs_to_layers_are_shape_errors() {
             "{what}: names the caller: {msg}"
         );
     }
+    // As PyTorch raises at construction, not at the first forward's reshape.
+    for heads in [0, 3] {
+        let msg = MultiHeadAttention::new(&dev, &mut HostRng::new(1), 8, heads)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            msg.contains(&format!(
+                "embed_dim 8 must be divisible by num_heads {heads}"
+            )),
+            "{msg}"
+        );
+    }
     let mha = MultiHeadAttention::new(&dev, &mut HostRng::new(1), 8, 2).unwrap();
     let x2 = zeros(&dev, &[4, 8], DType::F32);
     let msg = mha.forward(&x2, None).unwrap_err().to_string();

@@ -471,15 +471,27 @@ pub struct MultiHeadAttention {
     pub heads: usize,
 }
 
+/// PyTorch's check in `nn.MultiheadAttention`: each head takes `dim / heads` features.
+fn check_heads(dim: usize, heads: usize) -> Result<()> {
+    if heads == 0 || !dim.is_multiple_of(heads) {
+        return Err(Error::Config(format!(
+            "MultiHeadAttention: embed_dim {dim} must be divisible by num_heads {heads}"
+        )));
+    }
+    Ok(())
+}
+
 impl MultiHeadAttention {
     /// Initialised as PyTorch does: Xavier-uniform in-projection, zero biases, and the output
-    /// projection like a Linear layer with a zero bias.
+    /// projection like a Linear layer with a zero bias. `dim` must divide by `heads`, as
+    /// PyTorch requires.
     pub fn new(
         device: &LazyDevice,
         rng: &mut HostRng,
         dim: usize,
         heads: usize,
     ) -> Result<MultiHeadAttention> {
+        check_heads(dim, heads)?;
         let bound = (6.0 / (dim + 3 * dim) as f64).sqrt();
         let w = HostTensor::from_slice(&rng.uniform_vec(3 * dim * dim, bound), &[3 * dim, dim])?;
         let mut out_proj = Linear::new(device, rng, dim, dim, false)?;
@@ -493,8 +505,10 @@ impl MultiHeadAttention {
     }
 
     /// `in_proj_weight`, `in_proj_bias` and `out_proj.{weight,bias}` under `vb`'s prefix;
-    /// with no checkpoint, PyTorch's initialisation as in [`MultiHeadAttention::new`].
+    /// with no checkpoint, PyTorch's initialisation as in [`MultiHeadAttention::new`]. `dim`
+    /// must divide by `heads`.
     pub fn from_vb(vb: &VarBuilder, dim: usize, heads: usize) -> Result<MultiHeadAttention> {
+        check_heads(dim, heads)?;
         let xavier = Init::Uniform {
             bound: (6.0 / (dim + 3 * dim) as f64).sqrt(),
         };

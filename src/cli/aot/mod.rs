@@ -63,8 +63,10 @@ fn parse_model_type(s: &str) -> Result<ModelType, String> {
     ModelType::from_name(s).ok_or_else(|| format!("expected one of {}", ModelType::supported()))
 }
 
+/// As `NEURON_CC_FLAGS="--target ..."` reads it: any case.
 fn parse_target(s: &str) -> Result<Target, String> {
-    Target::from_name(s).ok_or_else(|| "expected cpu, cuda, trn1 or trn2".to_string())
+    Target::from_name(&s.to_ascii_lowercase())
+        .ok_or_else(|| "expected cpu, cuda, trn1 or trn2".to_string())
 }
 
 impl FlagArgs {
@@ -195,6 +197,13 @@ pub fn temp_dir(tag: &str) -> anyhow::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn targets_are_read_in_any_case_as_neuron_cc_flags_reads_them() {
+        assert_eq!(parse_target("TRN1"), Ok(Target::Trn1));
+        assert_eq!(parse_target("cpu"), Ok(Target::Cpu));
+        assert!(parse_target("tpu").is_err());
+    }
 
     #[test]
     fn shards_partition_keys() {
