@@ -93,7 +93,8 @@ pub enum Error {
         site: &'static Location<'static>,
         /// The op's name.
         op: &'static str,
-        /// The step the op was recorded in (the count of `mark_step` calls before it).
+        /// The step the op was recorded in, counted from 1 as [`Error::StepFailed`] counts
+        /// (the first step is step 1).
         step: u64,
         /// How many values were outside the valid range, the range, the smallest and largest.
         message: String,

@@ -106,6 +106,8 @@ fn an_out_of_range_label_is_an_error_naming_the_op_and_line_with_checks_on() {
     dev.mark_step().unwrap();
     let e = index_error(loss.item());
     assert!(e.contains(&format!("pytorch_defaults.rs:{line}")), "{e}");
+    // the first step is step 1, as a failed step's error counts it
+    assert!(e.contains("index out of range in step 1:"), "{e}");
     assert!(
         e.contains("cross_entropy") && e.contains("1 of 4 labels outside [0, 5)"),
         "{e}"

@@ -41,7 +41,8 @@ impl Tensor {
         let lo = seen.min(&[0], false)?;
         let hi = seen.max(&[0], false)?;
         let stats = Tensor::stack(&[&bad, &lo, &hi], 0)?;
-        let step = lock(&dev.metrics).steps;
+        // the mark_step that will cut this op's step, counted from 1 as Error::StepFailed does
+        let step = lock(&dev.metrics).steps + 1;
         dev.add_index_check(IndexCheck {
             stats: stats.cell,
             op,
