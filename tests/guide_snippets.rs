@@ -42,18 +42,13 @@ fn llama_dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/llama-tiny")
 }
 
-/// A device with `n` replicas, or the 2 x 2 mesh (`n == 0`).
+/// A device with `n` replicas.
 fn devices(n: usize) -> LazyDevice {
-    let config = DeviceConfig {
-        replicas: n.max(1),
+    LazyDevice::new(DeviceConfig {
+        replicas: n,
         ..DeviceConfig::default()
-    };
-    let config = if n == 0 {
-        config.with_mesh(&[("data", 2), ("model", 2)])
-    } else {
-        config
-    };
-    LazyDevice::new(config).unwrap()
+    })
+    .unwrap()
 }
 
 #[test]
