@@ -7,16 +7,13 @@
 #[allow(dead_code)]
 mod server;
 
-#[path = "../cache/tests/common/proxy.rs"]
-#[allow(dead_code)]
-mod proxy;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use neuron_pc::{HostTensor, LazyDevice, Metrics};
 use neuron_pc_cache::{PutMode, Store};
+use neuron_pc_test_support::proxy;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 

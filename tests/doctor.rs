@@ -7,13 +7,10 @@
 #[allow(dead_code)]
 mod server;
 
-#[path = "../cache/tests/common/proxy.rs"]
-#[allow(dead_code)]
-mod proxy;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use neuron_pc_test_support::proxy;
 use serde_json::Value;
 
 /// Small and few: the table's sizes are 1, 4 and 16 KiB.

@@ -131,6 +131,55 @@ fn responses_cut_mid_body_never_give_a_wrong_executable() {
 }
 
 #[test]
+fn a_connection_dropped_mid_put_is_retried_into_a_complete_entry() {
+    let (f, p) = proxied(Backend::S3);
+    let c = f.cache(quick());
+    let mut stored = 0;
+    for (i, what) in ["exe", "record"].into_iter().enumerate() {
+        let k = key(&format!("reset {what}"));
+        let exe = exe_for(&k, 50_000 + i);
+        // The PUT of this one object is read in full, then its connection closes unanswered.
+        let obj = match what {
+            "exe" => exe_obj(&k, &exe),
+            _ => record_obj(&k),
+        };
+        p.only("PUT", &obj);
+        p.push(Fault::Reset, 1);
+        let writes = p.writes();
+        let out = c.put(&k, &exe, "", &inputs("reset"), 1.0);
+        assert_eq!(p.pending(), 0, "{what}: the PUT of {obj} met the reset");
+        assert!(
+            p.writes() > writes,
+            "{what}: the proxy counts the dropped PUT"
+        );
+        // The reset request never reached the server, so a retry writes it; whatever the
+        // outcome, a reader never gets a wrong executable.
+        match hit_bytes(&f.cache(quick()), &k) {
+            Some(b) => {
+                assert_eq!(
+                    b, exe,
+                    "{what}: a dropped PUT must never give a wrong executable"
+                );
+                stored += 1;
+            }
+            None => assert_ne!(out, PutOutcome::Stored, "{what}: stored yet missing"),
+        }
+        assert_eq!(
+            out,
+            PutOutcome::Stored,
+            "{what}: one dropped connection is retried"
+        );
+    }
+    fault_report(
+        "S3 connection dropped mid-PUT (request sent, no answer)",
+        2,
+        &format!("{stored} retried into a complete entry"),
+        0,
+        0,
+    );
+}
+
+#[test]
 fn timeouts_are_bounded() {
     let (f, p) = proxied(Backend::S3);
     let c = f.cache(quick());

@@ -1,8 +1,9 @@
 //! Helpers the tests of several workspace crates share, as a dev-dependency instead of files
-//! included with `#[path]` across crates: [`s3`], a real S3-compatible server on loopback, and
-//! [`paths`], scratch directories and the example binaries, and [`process`], the test
-//! process's resident memory.
+//! included with `#[path]` across crates: [`s3`], a real S3-compatible server on loopback;
+//! [`proxy`], a counting, fault-injecting HTTP proxy to put in front of it; [`paths`], scratch
+//! directories and the example binaries; and [`process`], the test process's resident memory.
 
 pub mod paths;
 pub mod process;
+pub mod proxy;
 pub mod s3;

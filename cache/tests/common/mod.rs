@@ -4,7 +4,6 @@
 
 #![allow(dead_code)]
 
-pub mod proxy;
 pub mod server;
 
 use std::collections::BTreeMap;
@@ -15,8 +14,10 @@ use std::time::Duration;
 use neuron_pc_cache::{Cache, CacheKey, CacheOptions, LocalStore, S3Options, S3Store, Store};
 use sha2::{Digest, Sha256};
 
+/// The fault-injecting S3 proxy, from the workspace's test-support crate (the root crate's
+/// tests use it too).
 #[allow(unused_imports)]
-pub use proxy::{Fault, Proxy};
+pub use neuron_pc_test_support::proxy::{self, Fault, Proxy};
 pub use server::{moto, Moto};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

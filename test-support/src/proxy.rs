@@ -1,7 +1,8 @@
-//! A counting, fault-injecting HTTP proxy in front of the S3 server: it counts the requests
-//! that write (PUT, POST, DELETE) and can answer with an error status, cut a response in the
-//! middle of its body, delay, refuse with 403, or drop conditional headers — the S3 troubles
-//! the cache must survive.
+//! A counting, fault-injecting HTTP proxy in front of the S3 server ([`crate::s3`]): it counts
+//! the requests that write (PUT, POST, DELETE) and can answer with an error status, cut a
+//! response in the middle of its body, drop the connection without an answer, delay, refuse
+//! with 403, or drop conditional headers — the S3 troubles the cache must survive. The cache
+//! crate's tests and the root crate's use it.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
@@ -22,27 +23,60 @@ pub enum Fault {
     /// Forward without the conditional headers (`If-None-Match`, `If-Match`): a server that
     /// ignores conditional writes.
     StripConditional,
+    /// Read the whole request, then close the connection without any answer and without
+    /// asking the server: to the client, a connection dropped mid-request (the request was
+    /// sent, no response came).
+    Reset,
 }
 
+/// What the proxy has seen and what it is told to do; tests may set the fields directly.
 #[derive(Default)]
 pub struct ProxyState {
+    /// Requests that write (PUT, POST, DELETE) seen so far.
     pub writes: AtomicUsize,
+    /// Requests seen so far.
     pub requests: AtomicUsize,
-    /// Applied to the next requests, one each.
+    /// Applied to the next requests, one each (only to those `only_method` and `only_path`
+    /// select).
     pub next: Mutex<VecDeque<Fault>>,
-    /// Applied to every request while set.
+    /// Applied to every request while set, whatever `only_method` and `only_path` say.
     pub always: Mutex<Option<Fault>>,
-    /// Only GETs of object names containing this get `next` faults (when set).
+    /// When set, only requests whose path (with its query) contains this get `next` faults;
+    /// and only GETs, unless `only_method` names another method.
     pub only_path: Mutex<Option<String>>,
+    /// When set, only requests with exactly this method (`"PUT"`, `"GET"`, ...) get `next`
+    /// faults, whatever their path unless `only_path` is set too. When unset, `only_path`
+    /// alone means GETs.
+    pub only_method: Mutex<Option<String>>,
     stop: AtomicBool,
 }
 
+impl ProxyState {
+    /// Whether a request gets the next queued fault (see `only_method` and `only_path`).
+    fn selects(&self, method: &str, path: &str) -> bool {
+        let only_method = self.only_method.lock().unwrap().clone();
+        let only_path = self.only_path.lock().unwrap().clone();
+        if only_method.is_none() && only_path.is_none() {
+            return true;
+        }
+        let path_ok = match &only_path {
+            Some(p) => path.contains(p.as_str()),
+            None => true,
+        };
+        method == only_method.as_deref().unwrap_or("GET") && path_ok
+    }
+}
+
+/// The proxy, listening on loopback until dropped; one thread per connection.
 pub struct Proxy {
+    /// The port it listens on.
     pub port: u16,
+    /// Its counters and faults, shared with the serving threads.
     pub state: Arc<ProxyState>,
 }
 
 impl Proxy {
+    /// Starts a proxy to the server on `upstream` (a loopback port).
     pub fn start(upstream: u16) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
         let port = listener.local_addr().expect("proxy addr").port();
@@ -63,14 +97,17 @@ impl Proxy {
         Proxy { port, state }
     }
 
+    /// The URL to give an S3 client instead of the server's.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// Requests that write (PUT, POST, DELETE) seen so far.
     pub fn writes(&self) -> usize {
         self.state.writes.load(Ordering::SeqCst)
     }
 
+    /// Queues `f` for the next `times` selected requests.
     pub fn push(&self, f: Fault, times: usize) {
         let mut q = self.state.next.lock().unwrap();
         for _ in 0..times {
@@ -78,8 +115,21 @@ impl Proxy {
         }
     }
 
+    /// Applies `f` to every request from now on (`None`: to none).
     pub fn set_always(&self, f: Option<Fault>) {
         *self.state.always.lock().unwrap() = f;
+    }
+
+    /// Queued faults go only to `method` requests whose path contains `path` (sets both
+    /// `only_method` and `only_path`).
+    pub fn only(&self, method: &str, path: &str) {
+        *self.state.only_method.lock().unwrap() = Some(method.to_string());
+        *self.state.only_path.lock().unwrap() = Some(path.to_string());
+    }
+
+    /// Faults still queued (pushed and not yet applied).
+    pub fn pending(&self) -> usize {
+        self.state.next.lock().unwrap().len()
     }
 }
 
@@ -141,11 +191,7 @@ fn serve(mut client: TcpStream, upstream: u16, st: &ProxyState) -> std::io::Resu
     }
     let fault = {
         let always = st.always.lock().unwrap().clone();
-        let only = st.only_path.lock().unwrap().clone();
-        let applies = match &only {
-            Some(p) => method == "GET" && path.contains(p.as_str()),
-            None => true,
-        };
+        let applies = st.selects(&method, &path);
         always.or_else(|| {
             if applies {
                 st.next.lock().unwrap().pop_front()
@@ -171,6 +217,12 @@ fn serve(mut client: TcpStream, upstream: u16, st: &ProxyState) -> std::io::Resu
                 xml.len()
             );
             client.write_all(resp.as_bytes())?;
+            return Ok(());
+        }
+        Some(Fault::Reset) => {
+            // The request is read in full; no answer, the connection just goes away.
+            let _ = client.shutdown(Shutdown::Both);
+            drop(client);
             return Ok(());
         }
         Some(Fault::Delay(d)) => std::thread::sleep(*d),
