@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use neuron_pc::checkpoint::StateDict;
+use neuron_pc::checkpoint::Checkpoints;
 use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM};
 use neuron_pc::nn::Module;
 use neuron_pc::{DType, DeviceConfig, LazyDevice};
@@ -522,8 +522,13 @@ fn fsdp_and_tp_precompile_follow_one_device_and_resume_on_any_mesh() {
     // device, each continuing as the uninterrupted run did
     for layout in [&["--fsdp", "4"][..], &["--tp", "4"], &[]] {
         let dir = tmp("mesh-resume");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::copy(ckpt.join("last.safetensors"), dir.join("last.safetensors")).unwrap();
+        let saved = ckpt.join("step-00000006");
+        std::fs::create_dir_all(dir.join("step-00000006")).unwrap();
+        for f in std::fs::read_dir(&saved).unwrap() {
+            let f = f.unwrap().path();
+            let to = dir.join("step-00000006").join(f.file_name().unwrap());
+            std::fs::copy(&f, to).unwrap();
+        }
         let resume = [
             "--ckpt-dir",
             dir.to_str().unwrap(),
@@ -577,7 +582,10 @@ fn bf16_follows_f32_and_checkpointing_changes_only_memory() {
         "0",
     ]);
     // the checkpoint holds the float32 master weights and moments, under PyTorch's names
-    let sd = StateDict::load(&ckpt.join("last.safetensors")).unwrap();
+    let ckpts = Checkpoints::open(ckpt.to_str().unwrap(), Default::default()).unwrap();
+    let saved = ckpts.list().unwrap();
+    assert_eq!(saved.iter().map(|c| c.step).collect::<Vec<_>>(), [200]);
+    let sd = ckpts.load(&saved[0]).unwrap();
     for name in [
         "model.layers.0.mlp.down_proj.weight",
         "optimizer.model.layers.0.mlp.down_proj.weight.exp_avg",

@@ -22,6 +22,7 @@ mod options;
 mod probe;
 mod record;
 mod s3;
+mod s3_large;
 mod store;
 
 pub use cache::{
@@ -39,4 +40,5 @@ pub use options::{
 pub use probe::{ProbeStep, ProbeTimes, TierProbe};
 pub use record::{EntryRecord, FailureRecord, ENTRY_FORMAT_VERSION};
 pub use s3::{S3Options, S3Store, DEFAULT_S3_BUDGET, S3_TIMEOUT_ENV};
+pub use s3_large::PartOptions;
 pub use store::{LocalStore, ObjectMeta, PutMode, Store, Tier};

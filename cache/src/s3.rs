@@ -100,11 +100,11 @@ pub(crate) fn thread_requests() -> u64 {
 
 /// An S3 bucket and key prefix.
 pub struct S3Store {
-    runtime: tokio::runtime::Runtime,
-    budget: Duration,
-    store: AmazonS3,
+    pub(crate) runtime: tokio::runtime::Runtime,
+    pub(crate) budget: Duration,
+    pub(crate) store: AmazonS3,
     prefix: String,
-    url: String,
+    pub(crate) url: String,
     /// Whether the server honours `If-None-Match: *` on PUT; probed once, on the first
     /// create-only write (or by `doctor`).
     conditional: std::sync::OnceLock<bool>,
@@ -458,7 +458,7 @@ impl S3Store {
         })
     }
 
-    fn path(&self, name: &str) -> ObjectPath {
+    pub(crate) fn path(&self, name: &str) -> ObjectPath {
         if self.prefix.is_empty() {
             ObjectPath::from(name)
         } else {
@@ -466,7 +466,7 @@ impl S3Store {
         }
     }
 
-    fn map(&self, e: object_store::Error) -> Error {
+    pub(crate) fn map(&self, e: object_store::Error) -> Error {
         let store = self.url.clone();
         match e {
             object_store::Error::PermissionDenied { source, .. }

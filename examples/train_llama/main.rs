@@ -41,7 +41,6 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Parser;
 use neuron_pc::amp::Precision;
-use neuron_pc::checkpoint::StateDict;
 use neuron_pc::data::{
     load_packed, CacheOutcome, DeviceLoader, LastBatch, LengthBuckets, PackedCache, PackedRows,
     TokenShard, Tokenizer,
@@ -50,10 +49,10 @@ use neuron_pc::models::llama::{Family, LlamaConfig, LlamaForCausalLM, LlamaShard
 use neuron_pc::nn::{HostRng, Module, Remat, VarBuilder};
 use neuron_pc::optim::{average_gradients, AdamW, GradAccumulator, WarmupCosine};
 use neuron_pc::sharding::{ShardingPlan, DATA_AXIS, MODEL_AXIS};
-use neuron_pc::state;
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
 
+mod ckpt;
 mod task;
 
 use task::Task;
@@ -149,15 +148,27 @@ struct Args {
     /// The dtype `--save` writes: f32 or bf16.
     #[arg(long, default_value = "f32")]
     save_dtype: String,
-    /// Where training checkpoints go (`last.safetensors`); none: no checkpoints.
+    /// Where training checkpoints go: a directory or s3://bucket/prefix, one `step-<N>/` per
+    /// checkpoint, written in the background; none: no checkpoints.
     #[arg(long)]
-    ckpt_dir: Option<PathBuf>,
+    ckpt_dir: Option<String>,
     /// Save a checkpoint every M steps (0: only at the end).
     #[arg(long, default_value_t = 100)]
     ckpt_every: u64,
-    /// Continue from `<ckpt-dir>/last.safetensors` if it exists.
+    /// Keep the newest K complete checkpoints, deleting older ones once a newer one is saved
+    /// (default: keep all).
     #[arg(long)]
-    resume: bool,
+    keep_checkpoints: Option<usize>,
+    /// Save checkpoints in the training loop's time instead of the background.
+    #[arg(long)]
+    ckpt_sync: bool,
+    /// The largest checkpoint file (like 2G or 500M); larger states are several files.
+    #[arg(long, default_value = "2G")]
+    ckpt_shard_size: String,
+    /// Continue from the newest complete checkpoint in --ckpt-dir (`auto`, what `--resume`
+    /// alone means) or from the named one (`step-00000100`); none there yet: start at step 0.
+    #[arg(long, num_args = 0..=1, default_missing_value = "auto")]
+    resume: Option<String>,
     #[arg(long, default_value_t = 50)]
     log_every: u64,
     /// Print each step's loss as a JSON line (for tests and scripts).
@@ -483,14 +494,8 @@ fn main() -> anyhow::Result<()> {
         warmup_steps: args.warmup,
         total_steps: args.steps,
     };
-    let mut start_step = 0;
-    let ckpt_path = args.ckpt_dir.as_ref().map(|d| d.join("last.safetensors"));
-    if let (true, Some(path)) = (args.resume, &ckpt_path) {
-        if path.exists() {
-            start_step = load_checkpoint(path, &model, &opt)?;
-            println!("resumed from {} at step {start_step}", path.display());
-        }
-    }
+    let mut ckpts = ckpt::open(&args)?;
+    let start_step = ckpt::resume(ckpts.as_ref(), args.resume.as_deref(), &model, &opt)?;
     println!(
         "{}: {} parameters, {} layers{}, hidden {}, {} heads over {} kv heads, vocab {}",
         config.family.model_type(),
@@ -652,11 +657,12 @@ fn main() -> anyhow::Result<()> {
             }
         }
         let ckpt_due = args.ckpt_every > 0 && (step + 1).is_multiple_of(args.ckpt_every);
-        if let (true, Some(path)) = (ckpt_due || step + 1 == args.steps, &ckpt_path) {
-            state::training_state(&model, &opt, step + 1)?
-                .save(path)
-                .with_context(|| format!("saving {}", path.display()))?;
+        if let (true, Some(c)) = (ckpt_due || step + 1 == args.steps, &mut ckpts) {
+            c.save(&model, &opt, step + 1)?;
         }
+    }
+    if let Some(c) = &mut ckpts {
+        c.wait()?;
     }
     if let Some(dir) = &args.save {
         model
@@ -735,14 +741,4 @@ fn rows(t: &HostTensor, start: usize, n: usize) -> HostTensor {
         t.bytes()[start * row..(start + n) * row].to_vec(),
     )
     .expect("a slice of rows has the row size")
-}
-
-/// Restores the model and optimizer from `<ckpt-dir>/last.safetensors`; returns its step.
-fn load_checkpoint(path: &Path, model: &LlamaForCausalLM, opt: &AdamW) -> anyhow::Result<u64> {
-    let sd = StateDict::load(path)?;
-    if !sd.metadata.contains_key(state::STEP_KEY) {
-        bail!("{}: not a training checkpoint (no step)", path.display());
-    }
-    let restored = state::load_training(model, opt, &sd, path)?;
-    restored.step.context("checkpoint has no step")
 }

@@ -77,6 +77,23 @@ pub struct Metrics {
     /// [`crate::DeviceConfig::max_bytes_in_flight`]).
     #[serde(default)]
     pub peak_bytes_in_flight: u64,
+    /// Checkpoints saved ([`crate::checkpoint::Checkpoints::save`]), in the background or not.
+    #[serde(default)]
+    pub checkpoint_saves: u64,
+    /// The time those saves blocked the training loop, in ms: taking the snapshot and waiting
+    /// for the save before to finish; a background save's writing is not in it.
+    #[serde(default)]
+    pub checkpoint_blocked_ms: f64,
+    /// The longest one save blocked the loop, in ms.
+    #[serde(default)]
+    pub checkpoint_blocked_max_ms: f64,
+    /// The time the saves took to write their files, in ms (on the writer's thread when in
+    /// the background).
+    #[serde(default)]
+    pub checkpoint_write_ms: f64,
+    /// Bytes of the files those saves wrote (this process's).
+    #[serde(default)]
+    pub checkpoint_bytes: u64,
     /// Host-to-device transfers, one per device buffer.
     pub transfers_to_device: u64,
     /// Bytes of the host-to-device transfers.
@@ -236,6 +253,20 @@ impl Metrics {
                     "{} steps, {:.2} MiB of outputs",
                     self.peak_steps_in_flight,
                     self.peak_bytes_in_flight as f64 / (1 << 20) as f64
+                ),
+            );
+        }
+        if self.checkpoint_saves > 0 {
+            line(
+                "checkpoints",
+                format!(
+                    "{} saved, {:.2} MiB; loop blocked {:.1} ms in all (longest {:.1} ms), \
+                     writing took {:.1} ms",
+                    self.checkpoint_saves,
+                    mib(self.checkpoint_bytes),
+                    self.checkpoint_blocked_ms,
+                    self.checkpoint_blocked_max_ms,
+                    self.checkpoint_write_ms
                 ),
             );
         }

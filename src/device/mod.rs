@@ -260,6 +260,17 @@ impl LazyDevice {
         m.batch_wait_ms += ms;
     }
 
+    /// Counts a checkpoint save that blocked the loop for `blocked_ms`, wrote `bytes` in
+    /// `write_ms` (in the background or not).
+    pub(crate) fn record_checkpoint(&self, blocked_ms: f64, write_ms: f64, bytes: u64) {
+        let mut m = lock(&self.inner.metrics);
+        m.checkpoint_saves += 1;
+        m.checkpoint_blocked_ms += blocked_ms;
+        m.checkpoint_blocked_max_ms = m.checkpoint_blocked_max_ms.max(blocked_ms);
+        m.checkpoint_write_ms += write_ms;
+        m.checkpoint_bytes += bytes;
+    }
+
     /// A snapshot of the counters (steps still running are not in `execute_ms` yet).
     pub fn metrics(&self) -> Metrics {
         let done = self.inner.in_flight.retire_finished();

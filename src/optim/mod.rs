@@ -181,6 +181,35 @@ pub trait OptimizerState {
     fn restore_state(&self, param_names: &[String], values: Vec<(String, Tensor)>) -> Result<()> {
         assign_by_name(self, param_names, values)
     }
+
+    /// The state as the optimizer holds it, under [`OptimizerState::named_state`]'s names: what
+    /// a checkpoint saves without gathering anything on the device
+    /// ([`crate::checkpoint::Checkpoints`]). The default is `named_state`'s tensors, whole; a
+    /// ZeRO-1 optimizer gives each replica's block ([`HeldState::Blocks`]).
+    fn held_state(&self, param_names: &[String]) -> Result<Vec<(String, HeldState)>> {
+        Ok(self
+            .named_state(param_names)?
+            .into_iter()
+            .map(|(n, t)| (n, HeldState::Whole(t)))
+            .collect())
+    }
+}
+
+/// One tensor of optimizer state as the optimizer holds it (see
+/// [`OptimizerState::held_state`]).
+#[derive(Clone, Debug)]
+pub enum HeldState {
+    /// The whole tensor, the same on every replica.
+    Whole(Tensor),
+    /// ZeRO-1: each replica's block of the tensor flattened and padded with zeros to a
+    /// multiple of the run's replicas; global replica `g` holds elements `g * block ..` of it,
+    /// where `block` is the blocks' length.
+    Blocks {
+        /// The per-replica blocks, one-dimensional.
+        blocks: Tensor,
+        /// The whole tensor's shape.
+        dims: Vec<usize>,
+    },
 }
 
 /// One value that exists once every gradient of `grads` does (the first gradient, ordered
@@ -420,6 +449,20 @@ impl OptimizerState for AdamW {
         AdamW::named_state(self, param_names)
     }
 
+    fn held_state(&self, param_names: &[String]) -> Result<Vec<(String, HeldState)>> {
+        let mut out = Vec::new();
+        for (i, name) in param_names.iter().enumerate() {
+            for (slot, t) in [
+                ("exp_avg", &self.exp_avg[i]),
+                ("exp_avg_sq", &self.exp_avg_sq[i]),
+            ] {
+                out.push((format!("{name}.{slot}"), held(self.zero1.as_ref(), i, t)));
+            }
+        }
+        out.push(("step".to_string(), HeldState::Whole(self.step.clone())));
+        Ok(out)
+    }
+
     fn restore_state(&self, param_names: &[String], values: Vec<(String, Tensor)>) -> Result<()> {
         let Some(z) = &self.zero1 else {
             return assign_by_name(self, param_names, values);
@@ -432,6 +475,17 @@ impl OptimizerState for AdamW {
             self.exp_avg_sq[i].assign(&z.local_block(i, &v)?)?;
         }
         self.step.assign(&values.take("step".to_string())?)
+    }
+}
+
+/// Parameter `i`'s state tensor `t` as held: its blocks under ZeRO-1, else whole.
+fn held(zero1: Option<&Zero1>, i: usize, t: &Tensor) -> HeldState {
+    match zero1 {
+        Some(z) => HeldState::Blocks {
+            blocks: t.clone(),
+            dims: z.dims(i).to_vec(),
+        },
+        None => HeldState::Whole(t.clone()),
     }
 }
 
@@ -537,6 +591,13 @@ impl OptimizerState for Sgd {
             out.push((format!("{name}.momentum_buffer"), whole));
         }
         Ok(out)
+    }
+
+    fn held_state(&self, param_names: &[String]) -> Result<Vec<(String, HeldState)>> {
+        let zero1 = self.zero1.as_ref();
+        Ok((param_names.iter().zip(&self.momentum_buffer).enumerate())
+            .map(|(i, (name, b))| (format!("{name}.momentum_buffer"), held(zero1, i, b)))
+            .collect())
     }
 
     fn restore_state(&self, param_names: &[String], values: Vec<(String, Tensor)>) -> Result<()> {

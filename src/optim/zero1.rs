@@ -58,6 +58,11 @@ impl Zero1 {
         }
     }
 
+    /// Parameter `i`'s shape.
+    pub(crate) fn dims(&self, i: usize) -> &[usize] {
+        &self.layouts[i].dims
+    }
+
     /// Zeros of parameter `i`'s block, each replica's own.
     pub(crate) fn zeros(&self, i: usize, dtype: DType) -> Result<Tensor> {
         self.device

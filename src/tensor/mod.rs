@@ -362,6 +362,14 @@ impl Tensor {
         Ok(hosts)
     }
 
+    /// The device data of this value, computed first if it is pending: what a checkpoint
+    /// snapshot holds so that later updates of the tensor leave it as it is.
+    #[track_caller]
+    pub(crate) fn held_data(&self) -> Result<Arc<crate::device::trace::DeviceData>> {
+        let dev = self.device_inner()?;
+        self.computed(&dev, Location::caller())
+    }
+
     /// The device data of this tensor, computing it first if it is pending.
     fn computed(
         &self,

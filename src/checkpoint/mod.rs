@@ -33,6 +33,16 @@
 //! # Ok(()) }
 //! ```
 
+mod location;
+mod manager;
+mod manifest;
+mod snapshot;
+
+pub(crate) use location::Location;
+pub use location::CKPT_S3_TIMEOUT_ENV;
+pub use manager::{CheckpointInfo, CheckpointOptions, Checkpoints, Resumed};
+pub use neuron_pc_cache::PartOptions;
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -79,6 +89,24 @@ pub enum CheckpointError {
         path: PathBuf,
         /// One line per missing, unexpected or mismatched tensor.
         problems: Vec<String>,
+    },
+    /// The checkpoint location (a directory, an S3 prefix) cannot be used, or a save in it
+    /// failed.
+    #[error("checkpoints in {location}: {message}")]
+    Storage {
+        /// The directory or URL (with the object, when one is at fault).
+        location: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A saved checkpoint that fails its checks (a file missing, of the wrong size or digest,
+    /// a manifest that does not parse).
+    #[error("checkpoint {name} is damaged: {message}")]
+    Corrupt {
+        /// The file or object.
+        name: String,
+        /// Which check failed.
+        message: String,
     },
     /// A metadata entry (such as the step) that cannot be read.
     #[error("checkpoint {path}: metadata {key} = {value:?} is not valid: {message}")]

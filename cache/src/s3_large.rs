@@ -1,0 +1,178 @@
+//! Large objects on S3 (checkpoint shards of gigabytes): written as multipart uploads and read
+//! as ranged GETs, several parts at once, each part a request of its own bounded by the store's
+//! per-request budget and retried on its own. One retried part costs one part's time, not the
+//! whole object's, and every retry is said in one warning line.
+//!
+//! An object written here appears whole or not at all: S3 shows a multipart upload only when it
+//! is completed, and a failed upload is aborted (best effort; a killed writer leaves an
+//! incomplete upload that the bucket's lifecycle rule `AbortIncompleteMultipartUpload` removes).
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use object_store::multipart::{MultipartStore, PartId};
+use object_store::{ObjectStore, PutPayload};
+
+use crate::error::{Error, Result};
+use crate::s3::S3Store;
+
+/// How [`S3Store::put_large`] and [`S3Store::get_large`] split and retry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PartOptions {
+    /// Bytes per part (S3 needs at least 5 MiB for every part but the last); an object of at
+    /// most this size is one PUT or one GET.
+    pub part_size: usize,
+    /// Parts in flight at once.
+    pub concurrency: usize,
+    /// Tries per request (part, PUT, GET, completion), the first included.
+    pub attempts: usize,
+    /// Wait before the first retry of a request; doubling, at most 8 s.
+    pub backoff: Duration,
+}
+
+impl Default for PartOptions {
+    fn default() -> Self {
+        PartOptions {
+            part_size: 64 << 20,
+            concurrency: 4,
+            attempts: 5,
+            backoff: Duration::from_millis(200),
+        }
+    }
+}
+
+impl S3Store {
+    /// Writes `bytes` as object `name`: one PUT up to [`PartOptions::part_size`], a multipart
+    /// upload above it. Transient failures (5xx, throttling, dropped connections, timeouts) are
+    /// retried per request with a warning each; refused credentials are not retried.
+    pub fn put_large(&self, name: &str, bytes: &[u8], o: &PartOptions) -> Result<()> {
+        let path = self.path(name);
+        let part = o.part_size.max(1);
+        if bytes.len() <= part {
+            let what = format!("PUT {name}");
+            let payload = PutPayload::from(bytes::Bytes::copy_from_slice(bytes));
+            let put = || self.store.put(&path, payload.clone());
+            return self.runtime.block_on(self.retried(&what, o, put)).map(drop);
+        }
+        self.runtime.block_on(async {
+            let what = format!("start upload of {name}");
+            let id = self
+                .retried(&what, o, || self.store.create_multipart(&path))
+                .await?;
+            let parts = bytes.chunks(part).enumerate().map(|(i, chunk)| {
+                let payload = PutPayload::from(bytes::Bytes::copy_from_slice(chunk));
+                let (path, id) = (&path, &id);
+                async move {
+                    let what = format!("part {} of {name}", i + 1);
+                    let put = || self.store.put_part(path, id, i, payload.clone());
+                    self.retried(&what, o, put).await.map(|p| (i, p))
+                }
+            });
+            let sent: Result<Vec<(usize, PartId)>> = futures::stream::iter(parts)
+                .buffer_unordered(o.concurrency.max(1))
+                .try_collect()
+                .await;
+            let done = match sent {
+                Ok(mut sent) => {
+                    sent.sort_by_key(|(i, _)| *i);
+                    let ids: Vec<PartId> = sent.into_iter().map(|(_, p)| p).collect();
+                    let what = format!("completion of {name}");
+                    let complete = || self.store.complete_multipart(&path, &id, ids.clone());
+                    self.retried(&what, o, complete).await.map(drop)
+                }
+                Err(e) => Err(e),
+            };
+            if done.is_err() {
+                let abort = self.store.abort_multipart(&path, &id);
+                let _ = tokio::time::timeout(self.budget, abort).await;
+            }
+            done
+        })
+    }
+
+    /// Reads object `name` whole: one GET up to [`PartOptions::part_size`], ranged GETs of that
+    /// size above it; `Ok(None)` when there is no such object. Retried as [`S3Store::put_large`].
+    pub fn get_large(&self, name: &str, o: &PartOptions) -> Result<Option<Vec<u8>>> {
+        let path = self.path(name);
+        let part = o.part_size.max(1) as u64;
+        self.runtime.block_on(async {
+            let what = format!("HEAD {name}");
+            let size = match self.retried(&what, o, || self.store.head(&path)).await {
+                Ok(meta) => meta.size,
+                Err(Error::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            let ranges: Vec<std::ops::Range<u64>> = (0..size.div_ceil(part))
+                .map(|i| i * part..((i + 1) * part).min(size))
+                .collect();
+            let reads = ranges.iter().enumerate().map(|(i, r)| {
+                let path = &path;
+                async move {
+                    let what = format!("range {} of {name}", i + 1);
+                    let get = || self.store.get_range(path, r.clone());
+                    self.retried(&what, o, get).await
+                }
+            });
+            let chunks: Vec<bytes::Bytes> = futures::stream::iter(reads)
+                .buffered(o.concurrency.max(1))
+                .try_collect()
+                .await?;
+            let mut out = Vec::with_capacity(size as usize);
+            for c in chunks {
+                out.extend_from_slice(&c);
+            }
+            if out.len() as u64 != size {
+                return Err(Error::Unavailable {
+                    store: self.url.clone(),
+                    message: format!("{name}: read {} of {size} bytes", out.len()),
+                    timed_out: false,
+                    throttled: false,
+                });
+            }
+            Ok(Some(out))
+        })
+    }
+
+    /// Runs one request up to `o.attempts` times, each within the per-request budget, waiting
+    /// (doubling) between tries and saying so in a warning. A missing object is
+    /// [`Error::NotFound`] at once; refused credentials are not retried.
+    async fn retried<T, F, Fut>(&self, what: &str, o: &PartOptions, mut request: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = object_store::Result<T>>,
+    {
+        let mut wait = o.backoff;
+        let attempts = o.attempts.max(1);
+        let mut attempt = 1;
+        loop {
+            let err = match tokio::time::timeout(self.budget, request()).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(object_store::Error::NotFound { .. })) => {
+                    return Err(Error::NotFound {
+                        key: what.to_string(),
+                        store: self.url.clone(),
+                    })
+                }
+                Ok(Err(e)) => self.map(e),
+                Err(_) => Error::Unavailable {
+                    store: self.url.clone(),
+                    message: format!("no answer within {:.1} s", self.budget.as_secs_f64()),
+                    timed_out: true,
+                    throttled: false,
+                },
+            };
+            if !matches!(err, Error::Unavailable { .. }) || attempt >= attempts {
+                return Err(err);
+            }
+            tracing::warn!(
+                "{what}: {err}; retry {attempt} of {} in {:.1} s",
+                attempts - 1,
+                wait.as_secs_f64()
+            );
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(8));
+            attempt += 1;
+        }
+    }
+}

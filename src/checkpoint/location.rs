@@ -1,0 +1,206 @@
+//! Where checkpoints live: a local directory, or an S3 prefix (`s3://bucket/prefix`) through
+//! the compile cache's S3 client, so credentials, region, `AWS_ENDPOINT_URL` and its rules are
+//! the cache's. Objects are named by paths relative to the root (`step-00000100/manifest.json`).
+//!
+//! A write is whole or absent: locally a temporary file, fsynced and renamed (then the
+//! directory fsynced); on S3 one PUT, or a multipart upload that shows only when completed.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use neuron_pc_cache::{PartOptions, S3Options, S3Store, Store};
+
+use super::{write_atomic, CheckpointError, Result};
+
+/// Seconds (fractions allowed) bounding one S3 request of a checkpoint (a part of a large file,
+/// a small file, a listing); default 120. A request that takes longer is retried.
+pub const CKPT_S3_TIMEOUT_ENV: &str = "NEURON_PC_CKPT_S3_TIMEOUT";
+
+/// The storage of one checkpoint directory.
+pub(crate) enum Location {
+    /// A local (or mounted: FSx, EFS) directory.
+    Local(PathBuf),
+    /// An S3 prefix.
+    S3 {
+        /// The client, opened without retries of its own: [`PartOptions::attempts`] retries
+        /// each request, with a warning each.
+        store: Box<S3Store>,
+        /// Part size, concurrency and retries.
+        parts: PartOptions,
+    },
+}
+
+impl Location {
+    /// `s3://bucket/prefix` or a local directory (created at the first save). An S3 location
+    /// is probed once: a missing bucket or refused credentials are an error here, before
+    /// training starts.
+    pub(crate) fn open(spec: &str, parts: PartOptions) -> Result<Location> {
+        if !spec.starts_with("s3://") {
+            let path = PathBuf::from(spec);
+            if path.is_file() {
+                return Err(storage(
+                    spec,
+                    "it is a file; name a directory for checkpoints",
+                ));
+            }
+            return Ok(Location::Local(path));
+        }
+        let timeout = match std::env::var(CKPT_S3_TIMEOUT_ENV) {
+            Err(_) => Duration::from_secs(120),
+            Ok(v) => v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s > 0.0 && *s < 86_400.0)
+                .map(Duration::from_secs_f64)
+                .ok_or_else(|| {
+                    storage(
+                        spec,
+                        &format!("{CKPT_S3_TIMEOUT_ENV}={v:?} is not a number of seconds"),
+                    )
+                })?,
+        };
+        let options = S3Options {
+            timeout,
+            connect_timeout: Duration::from_secs(5).min(timeout),
+            max_retries: 0,
+            retry_timeout: Duration::ZERO,
+            ..S3Options::default()
+        };
+        let store = S3Store::open(spec, &options).map_err(|e| storage(spec, &e.to_string()))?;
+        store.probe().map_err(|e| storage(spec, &e.to_string()))?;
+        Ok(Location::S3 {
+            store: Box::new(store),
+            parts,
+        })
+    }
+
+    /// The directory or URL, for messages.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Location::Local(p) => p.display().to_string(),
+            Location::S3 { store, .. } => store.describe(),
+        }
+    }
+
+    /// The local path of `name`, for messages and the trial-run check.
+    pub(crate) fn display_path(&self, name: &str) -> PathBuf {
+        match self {
+            Location::Local(p) => p.join(name),
+            Location::S3 { store, .. } => PathBuf::from(format!("{}/{name}", store.describe())),
+        }
+    }
+
+    /// Writes object `name`, whole or not at all.
+    pub(crate) fn put(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        match self {
+            Location::Local(root) => {
+                let path = root.join(name);
+                write_atomic(&path, bytes).map_err(|source| CheckpointError::Io { path, source })
+            }
+            Location::S3 { store, parts } => store
+                .put_large(name, bytes, parts)
+                .map_err(|e| self.error(name, e)),
+        }
+    }
+
+    /// Reads object `name`; `Ok(None)` when it does not exist.
+    pub(crate) fn get(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        match self {
+            Location::Local(root) => {
+                let path = root.join(name);
+                match std::fs::read(&path) {
+                    Ok(b) => Ok(Some(b)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                    Err(source) => Err(CheckpointError::Io { path, source }),
+                }
+            }
+            Location::S3 { store, parts } => store
+                .get_large(name, parts)
+                .map_err(|e| self.error(name, e)),
+        }
+    }
+
+    /// Every object's name (files below the root, one directory level deep), sorted. Writers'
+    /// temporary files are not objects.
+    pub(crate) fn list(&self) -> Result<Vec<String>> {
+        match self {
+            Location::Local(root) => {
+                let mut out = Vec::new();
+                list_local(root, root, 2, &mut out)?;
+                out.sort();
+                Ok(out)
+            }
+            Location::S3 { store, .. } => Ok(store
+                .list("")
+                .map_err(|e| self.error("(listing)", e))?
+                .into_iter()
+                .map(|m| m.name)
+                .collect()),
+        }
+    }
+
+    /// Deletes object `name` (a missing one is not an error); locally, its directory too once
+    /// it is empty.
+    pub(crate) fn delete(&self, name: &str) -> Result<()> {
+        match self {
+            Location::Local(root) => {
+                let path = root.join(name);
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(source) => return Err(CheckpointError::Io { path, source }),
+                }
+                if let Some(dir) = path.parent().filter(|d| *d != root.as_path()) {
+                    // Fails while other files remain: that is the point.
+                    let _ = std::fs::remove_dir(dir);
+                }
+                Ok(())
+            }
+            Location::S3 { store, .. } => store.delete(name).map_err(|e| self.error(name, e)),
+        }
+    }
+
+    fn error(&self, name: &str, e: neuron_pc_cache::Error) -> CheckpointError {
+        storage(&format!("{}/{name}", self.describe()), &e.to_string())
+    }
+}
+
+fn storage(location: &str, message: &str) -> CheckpointError {
+    CheckpointError::Storage {
+        location: location.to_string(),
+        message: message.to_string(),
+    }
+}
+
+/// Files below `dir`, `depth` levels deep at most, as paths relative to `root`; temporary files
+/// (`.name.tmp.pid`) and a missing root are skipped.
+fn list_local(root: &Path, dir: &Path, depth: usize, out: &mut Vec<String>) -> Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(CheckpointError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })
+        }
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        match entry.file_type() {
+            Ok(t) if t.is_dir() && depth > 1 => list_local(root, &path, depth - 1, out)?,
+            Ok(t) if t.is_file() => {
+                if let Ok(rel) = path.strip_prefix(root) {
+                    out.push(rel.to_string_lossy().into_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,441 @@
+//! [`Checkpoints`]: training checkpoints saved in the background into a local directory or an
+//! S3 prefix, the last K kept, and the newest complete one found again on resume.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use neuron_pc_cache::PartOptions;
+
+use super::location::Location;
+use super::manifest::{self, dir_name, step_of, Assembly, Manifest, HF_INDEX, MANIFEST};
+use super::snapshot::Snapshot;
+use super::{CheckpointError, StateDict};
+use crate::error::Result;
+use crate::nn::Module;
+use crate::optim::OptimizerState;
+use crate::LazyDevice;
+
+/// How [`Checkpoints`] saves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointOptions {
+    /// Complete checkpoints kept (the newest); older ones are deleted once a newer one is
+    /// committed. `None` keeps all.
+    pub keep: Option<usize>,
+    /// Bytes per file at most (a tensor larger than this is a file of its own); Hugging Face's
+    /// `max_shard_size`. Default 2 GiB.
+    pub shard_size: u64,
+    /// Write on a thread of its own while training goes on (the default); `false` writes
+    /// before `save` returns.
+    pub background: bool,
+    /// S3 only: part size, parts in flight and tries per request of the uploads and reads.
+    pub parts: PartOptions,
+    /// A run of several processes: how long rank 0 waits for the other ranks' files before it
+    /// gives up on a save. Default 30 minutes.
+    pub rank_timeout: Duration,
+}
+
+impl Default for CheckpointOptions {
+    fn default() -> Self {
+        CheckpointOptions {
+            keep: None,
+            shard_size: 2 << 30,
+            background: true,
+            parts: PartOptions::default(),
+            rank_timeout: Duration::from_secs(1800),
+        }
+    }
+}
+
+/// A complete (committed) checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointInfo {
+    /// Its directory in the checkpoint location: `step-00000100`.
+    pub name: String,
+    /// The training steps taken when it was saved.
+    pub step: u64,
+}
+
+/// What [`Checkpoints::resume`] loaded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resumed {
+    /// The checkpoint.
+    pub checkpoint: CheckpointInfo,
+    /// Where it is, for messages (`/ckpt/step-00000100`, `s3://bucket/run/step-00000100`).
+    pub location: String,
+}
+
+/// A save on its way.
+struct Pending {
+    step: u64,
+    handle: JoinHandle<Result<CheckpointInfo>>,
+}
+
+/// Training checkpoints in a directory or under an S3 prefix: `step-<8 digits>/`, each made
+/// of safetensors files and a `manifest.json` written last (the commit point: a directory
+/// without it is never read).
+///
+/// [`Checkpoints::save`] holds the state on the device and returns; a thread writes the files
+/// while training goes on; the next save first waits for it. A kill at any moment leaves the
+/// checkpoints committed before intact. A failed background save is a warning (the previous
+/// checkpoint stays the newest); [`Checkpoints::wait`] returns the last one's outcome.
+///
+/// ```no_run
+/// # use neuron_pc::checkpoint::{CheckpointOptions, Checkpoints};
+/// # use neuron_pc::{models::{TextEncoder, TextEncoderConfig}, nn::Module, optim::AdamW};
+/// # use neuron_pc::{LazyDevice, Tensor};
+/// # fn main() -> neuron_pc::Result<()> {
+/// let device = LazyDevice::from_env()?;
+/// let model = TextEncoder::new(&device, TextEncoderConfig::default(), 0)?;
+/// let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
+/// let opt = AdamW::new(&device, &params, 0.01)?;
+/// let options = CheckpointOptions { keep: Some(2), ..Default::default() };
+/// let mut ckpts = Checkpoints::open("s3://my-bucket/runs/42", options)?;
+/// let start = match ckpts.resume(&model, &opt)? {
+///     Some(r) => r.checkpoint.step,
+///     None => 0,
+/// };
+/// for step in start..1000 {
+///     // ... one training step, then mark_step ...
+///     if (step + 1) % 100 == 0 {
+///         ckpts.save(&model, &opt, step + 1)?; // returns at once; written in the background
+///     }
+/// }
+/// ckpts.wait()?; // the last save's outcome
+/// # Ok(()) }
+/// ```
+pub struct Checkpoints {
+    location: Arc<Location>,
+    options: CheckpointOptions,
+    pending: Option<Pending>,
+}
+
+impl Checkpoints {
+    /// Checkpoints in `spec`: a local directory (created at the first save) or
+    /// `s3://bucket/prefix`, with the compile cache's credentials and endpoint handling
+    /// (`AWS_*` variables, `AWS_PROFILE`, `AWS_ENDPOINT_URL`). An S3 location is asked once
+    /// here, so a missing bucket or refused credentials fail before training starts.
+    pub fn open(spec: &str, options: CheckpointOptions) -> Result<Checkpoints> {
+        if options.keep == Some(0) {
+            return Err(storage(spec, "keeping 0 checkpoints would delete every one").into());
+        }
+        Ok(Checkpoints {
+            location: Arc::new(Location::open(spec, options.parts.clone())?),
+            options,
+            pending: None,
+        })
+    }
+
+    /// The directory or URL.
+    pub fn describe(&self) -> String {
+        self.location.describe()
+    }
+
+    /// Saves the state of `module` and `opt` (made for `module.parameters()` in that order)
+    /// as the checkpoint of `step`. Waits for the save before (a failed one is a warning),
+    /// holds the values on the device and returns; a thread writes them (or this call, with
+    /// [`CheckpointOptions::background`] off). The time this blocked the loop is in the device
+    /// metrics (`checkpoint_blocked_ms`). In a trial run nothing is written.
+    pub fn save<M, O>(&mut self, module: &M, opt: &O, step: u64) -> Result<()>
+    where
+        M: Module + ?Sized,
+        O: OptimizerState + ?Sized,
+    {
+        let started = Instant::now();
+        let target = self.location.display_path(&dir_name(step));
+        if crate::trial::skip_write("checkpoint", &target) {
+            return Ok(());
+        }
+        if let Err(e) = self.wait() {
+            tracing::warn!("{e}");
+        }
+        let snapshot = Snapshot::take(module, opt, step)?;
+        let device = module
+            .parameters()
+            .first()
+            .map(|(_, t)| t.device())
+            .transpose()?;
+        let location = self.location.clone();
+        let options = self.options.clone();
+        if !self.options.background {
+            let result = commit(
+                &location,
+                snapshot,
+                &options,
+                started,
+                device.as_ref(),
+                None,
+            );
+            return result.map(drop);
+        }
+        let blocked = started.elapsed();
+        let handle = std::thread::Builder::new()
+            .name(format!("checkpoint-{step}"))
+            .spawn(move || {
+                let from = Instant::now();
+                commit(
+                    &location,
+                    snapshot,
+                    &options,
+                    from,
+                    device.as_ref(),
+                    Some(blocked),
+                )
+            })
+            .map_err(|source| CheckpointError::Io {
+                path: target,
+                source,
+            })?;
+        self.pending = Some(Pending { step, handle });
+        Ok(())
+    }
+
+    /// Waits for the save in the background, if any; its checkpoint, or why it failed.
+    pub fn wait(&mut self) -> Result<Option<CheckpointInfo>> {
+        let Some(p) = self.pending.take() else {
+            return Ok(None);
+        };
+        let outcome = p.handle.join().unwrap_or_else(|_| {
+            Err(storage(&self.location.describe(), "the checkpoint writer panicked").into())
+        });
+        match outcome {
+            Ok(info) => Ok(Some(info)),
+            Err(e) => Err(storage(
+                &self.location.describe(),
+                &format!(
+                    "the checkpoint of step {} was not saved: {e}; the newest complete one is \
+                     still the one before",
+                    p.step
+                ),
+            )
+            .into()),
+        }
+    }
+
+    /// The complete checkpoints, oldest first.
+    pub fn list(&self) -> Result<Vec<CheckpointInfo>> {
+        Ok(complete(&self.location)?)
+    }
+
+    /// Reads checkpoint `info` whole into a state dict (every file checked against the
+    /// manifest's size and SHA-256), assembling each tensor from the parts the replicas wrote.
+    pub fn load(&self, info: &CheckpointInfo) -> Result<StateDict> {
+        Ok(load(&self.location, &info.name)?)
+    }
+
+    /// Loads the newest complete checkpoint into `module` and `opt`, and says which; `None`
+    /// when there is none. A newest one that cannot be read (a damaged file) is reported in
+    /// a warning and the one before is tried, and so on. A checkpoint that does not fit the
+    /// model is an error, not a fallback.
+    pub fn resume<M, O>(&self, module: &M, opt: &O) -> Result<Option<Resumed>>
+    where
+        M: Module + ?Sized,
+        O: OptimizerState + ?Sized,
+    {
+        let all = self.list()?;
+        let mut failed = Vec::new();
+        for info in all.iter().rev() {
+            let path = self.location.display_path(&info.name);
+            match self.load(info) {
+                Ok(sd) => {
+                    crate::state::load_training(module, opt, &sd, &path)?;
+                    return Ok(Some(Resumed {
+                        checkpoint: info.clone(),
+                        location: path.display().to_string(),
+                    }));
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "checkpoint {} cannot be used ({e}); falling back to the one before",
+                        path.display()
+                    );
+                    failed.push(info.name.clone());
+                }
+            }
+        }
+        if failed.is_empty() {
+            return Ok(None);
+        }
+        Err(storage(
+            &self.location.describe(),
+            &format!("no checkpoint could be read ({})", failed.join(", ")),
+        )
+        .into())
+    }
+}
+
+impl Drop for Checkpoints {
+    /// A save still being written is finished first, so a job that ends normally never leaves
+    /// its last checkpoint half-written.
+    fn drop(&mut self) {
+        if let Err(e) = self.wait() {
+            tracing::error!("{e}");
+        }
+    }
+}
+
+fn storage(location: &str, message: &str) -> CheckpointError {
+    CheckpointError::Storage {
+        location: location.to_string(),
+        message: message.to_string(),
+    }
+}
+
+/// Writes the snapshot's files, then (rank 0, once every rank's part is there) the index and
+/// the manifest, the commit point; then deletes what `keep` no longer keeps.
+fn commit(
+    loc: &Location,
+    snapshot: Snapshot,
+    options: &CheckpointOptions,
+    started: Instant,
+    device: Option<&LazyDevice>,
+    blocked: Option<Duration>,
+) -> Result<CheckpointInfo> {
+    let (step, rank, processes) = (snapshot.step, snapshot.rank, snapshot.processes);
+    let dir = dir_name(step);
+    let info = CheckpointInfo {
+        name: dir.clone(),
+        step,
+    };
+    let mut bytes = 0;
+    let result = (|| -> Result<()> {
+        // A step saved again (after a resume from an older one) withdraws its old commit
+        // point before any of its files is replaced.
+        loc.delete(&format!("{dir}/{MANIFEST}"))?;
+        let part = snapshot.write(loc, &dir, options.shard_size)?;
+        bytes = part.files.values().map(|f| f.bytes).sum::<u64>();
+        let manifest = if processes == 1 {
+            part
+        } else {
+            let json = serde_json::to_vec_pretty(&part).expect("a manifest is JSON");
+            loc.put(&format!("{dir}/rank-{rank:05}.json"), &json)?;
+            if rank != 0 {
+                return Ok(());
+            }
+            gather_parts(loc, &dir, processes, options.rank_timeout)?
+        };
+        let json = serde_json::to_vec_pretty(&manifest).expect("a manifest is JSON");
+        // Never commit a manifest that would not load.
+        Manifest::parse(&dir, &json)?;
+        loc.put(&format!("{dir}/{HF_INDEX}"), manifest.hf_index().as_bytes())?;
+        loc.put(&format!("{dir}/{MANIFEST}"), &json)?;
+        if let Some(keep) = options.keep {
+            if let Err(e) = prune(loc, keep) {
+                tracing::warn!("checkpoints in {}: deleting old ones: {e}", loc.describe());
+            }
+        }
+        Ok(())
+    })();
+    if let Some(device) = device {
+        let total = started.elapsed().as_secs_f64() * 1e3;
+        let blocked = blocked.map_or(total, |b| b.as_secs_f64() * 1e3);
+        device.record_checkpoint(blocked, total, bytes);
+    }
+    result.map(|()| info)
+}
+
+/// Rank 0 of a run of several processes: waits for every rank's part of the manifest, then
+/// merges them.
+fn gather_parts(loc: &Location, dir: &str, ranks: usize, timeout: Duration) -> Result<Manifest> {
+    let deadline = Instant::now() + timeout;
+    let mut merged: Option<Manifest> = None;
+    let mut next = 0;
+    while next < ranks {
+        let name = format!("{dir}/rank-{next:05}.json");
+        match loc.get(&name)? {
+            Some(bytes) => {
+                let part: Manifest =
+                    serde_json::from_slice(&bytes).map_err(|e| manifest::corrupt(&name, e))?;
+                match &mut merged {
+                    None => merged = Some(part),
+                    Some(m) => m.merge(part)?,
+                }
+                next += 1;
+            }
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
+            None => {
+                return Err(storage(
+                    &loc.describe(),
+                    &format!("{dir}: rank {next} did not write its part in {timeout:?}"),
+                )
+                .into())
+            }
+        }
+    }
+    Ok(merged.expect("at least one rank"))
+}
+
+/// The committed checkpoints, oldest first.
+fn complete(loc: &Location) -> std::result::Result<Vec<CheckpointInfo>, CheckpointError> {
+    let mut out: Vec<CheckpointInfo> = loc
+        .list()?
+        .iter()
+        .filter_map(|n| {
+            let (dir, file) = n.split_once('/')?;
+            (file == MANIFEST).then_some(())?;
+            Some(CheckpointInfo {
+                name: dir.to_string(),
+                step: step_of(dir)?,
+            })
+        })
+        .collect();
+    out.sort_by_key(|c| c.step);
+    Ok(out)
+}
+
+/// Deletes the committed checkpoints older than the newest `keep` (commit point first, so a
+/// kill midway leaves an incomplete directory, never a damaged complete one), and what
+/// unfinished saves older than the newest left behind.
+fn prune(loc: &Location, keep: usize) -> std::result::Result<(), CheckpointError> {
+    let done = complete(loc)?;
+    let Some(newest) = done.last().map(|c| c.step) else {
+        return Ok(());
+    };
+    let kept: Vec<&str> = done
+        .iter()
+        .rev()
+        .take(keep)
+        .map(|c| c.name.as_str())
+        .collect();
+    let names = loc.list()?;
+    let mut doomed: Vec<&str> = Vec::new();
+    for n in &names {
+        let Some((dir, _)) = n.split_once('/') else {
+            continue;
+        };
+        if step_of(dir).is_some_and(|s| s < newest) && !kept.contains(&dir) {
+            if !doomed.contains(&dir) {
+                doomed.push(dir);
+            }
+        }
+    }
+    for dir in doomed {
+        loc.delete(&format!("{dir}/{MANIFEST}"))?;
+        for n in names.iter().filter(|n| n.starts_with(&format!("{dir}/"))) {
+            loc.delete(n)?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads checkpoint `dir` whole, checking every file.
+fn load(loc: &Location, dir: &str) -> std::result::Result<StateDict, CheckpointError> {
+    let name = format!("{dir}/{MANIFEST}");
+    let bytes = loc
+        .get(&name)?
+        .ok_or_else(|| manifest::corrupt(&name, "missing"))?;
+    let m = Manifest::parse(&name, &bytes)?;
+    let mut assembly = Assembly::new(&m);
+    for (file, entry) in &m.files {
+        let path = format!("{dir}/{file}");
+        let bytes = loc
+            .get(&path)?
+            .ok_or_else(|| manifest::corrupt(&path, "missing"))?;
+        manifest::verify(&path, entry, &bytes)?;
+        assembly.fill(&m, file, &bytes)?;
+    }
+    Ok(StateDict {
+        tensors: assembly.finish()?,
+        metadata: m.metadata,
+    })
+}

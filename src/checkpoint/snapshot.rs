@@ -1,0 +1,262 @@
+//! A training state held on the device for a save in the background: the device buffers of
+//! every parameter and optimizer-state tensor at one step, kept alive (the next step then
+//! copies instead of updating them in place), and written out by another thread one file at a
+//! time, each file's buffers released once it is written.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use neuron_pc_compiler::HostTensor;
+
+use super::manifest::{self, Chunk, FileEntry, Manifest, TensorEntry};
+use super::{host_rows, is_stacked, stacked_row_name, to_st, CheckpointError, Location};
+use crate::device::trace::DeviceData;
+use crate::device::DeviceInner;
+use crate::error::Result;
+use crate::nn::Module;
+use crate::optim::{HeldState, OptimizerState};
+use crate::state::{OPTIMIZER_PREFIX, STEP_KEY};
+use crate::tensor::Tensor;
+
+/// One tensor of the state.
+struct Entry {
+    name: String,
+    /// Released once written.
+    data: Option<Arc<DeviceData>>,
+    dtype: neuron_pc_compiler::DType,
+    /// The whole tensor's shape.
+    dims: Vec<usize>,
+    /// ZeRO-1: the length of each replica's block (the data is per replica).
+    block: Option<usize>,
+}
+
+impl Entry {
+    fn numel(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    /// Bytes this process writes of it.
+    fn bytes(&self, s: &Snapshot) -> usize {
+        let elems = match self.block {
+            Some(b) => b * s.local_replicas,
+            None => self.numel(),
+        };
+        elems * self.dtype.size_in_bytes()
+    }
+
+    /// Whether this process writes it: each rank its blocks, rank 0 what is whole.
+    fn written_by(&self, rank: usize) -> bool {
+        self.block.is_some() || rank == 0
+    }
+}
+
+/// The state of a module and its optimizer at one step, on the device.
+pub(crate) struct Snapshot {
+    dev: Arc<DeviceInner>,
+    pub(crate) step: u64,
+    pub(crate) metadata: BTreeMap<String, String>,
+    entries: Vec<Entry>,
+    pub(crate) rank: usize,
+    pub(crate) processes: usize,
+    replica_offset: usize,
+    local_replicas: usize,
+    mesh: bool,
+}
+
+impl Snapshot {
+    /// Holds the values of `module`'s parameters and buffers and of `opt`'s state (made for
+    /// `module.parameters()` in order). Pending values are computed first, by one step.
+    pub(crate) fn take<M: Module + ?Sized, O: OptimizerState + ?Sized>(
+        module: &M,
+        opt: &O,
+        step: u64,
+    ) -> Result<Snapshot> {
+        let names: Vec<String> = module.parameters().into_iter().map(|(n, _)| n).collect();
+        let mut tensors: Vec<(String, Tensor, Option<Vec<usize>>)> = module
+            .state_tensors()
+            .into_iter()
+            .map(|(n, t)| (n, t, None))
+            .collect();
+        for (n, held) in opt.held_state(&names)? {
+            let name = format!("{OPTIMIZER_PREFIX}{n}");
+            tensors.push(match held {
+                HeldState::Whole(t) => (name, t, None),
+                HeldState::Blocks { blocks, dims } => (name, blocks, Some(dims)),
+            });
+        }
+        let Some((_, first, _)) = tensors.first() else {
+            return Err(CheckpointError::Storage {
+                location: "checkpoint".into(),
+                message: "the module has no parameters to save".into(),
+            }
+            .into());
+        };
+        let device = first.device()?;
+        if tensors.iter().any(|(_, t, _)| t.is_pending()) {
+            device.mark_step()?;
+        }
+        let dev = first.device_inner()?;
+        let topology = &dev.config.topology;
+        let (rank, processes) = (topology.rank, topology.world_size.max(1));
+        let mut entries = Vec::with_capacity(tensors.len());
+        for (name, t, whole) in tensors {
+            let block = whole.as_ref().map(|_| t.dims()[0]);
+            entries.push(Entry {
+                data: Some(t.held_data()?),
+                dtype: t.dtype(),
+                dims: whole.unwrap_or_else(|| t.dims().to_vec()),
+                block,
+                name,
+            });
+        }
+        let mut metadata = BTreeMap::new();
+        metadata.insert(STEP_KEY.to_string(), step.to_string());
+        Ok(Snapshot {
+            step,
+            metadata,
+            entries,
+            rank,
+            processes,
+            replica_offset: device.replica_offset(),
+            local_replicas: device.replicas(),
+            mesh: device.mesh().is_some(),
+            dev,
+        })
+    }
+
+    /// Writes this process's files of the checkpoint into directory `dir` of `loc`, files of
+    /// about `shard_size` bytes; returns this process's part of the manifest (files and
+    /// chunks). Each file's device buffers are released once it is written.
+    pub(crate) fn write(mut self, loc: &Location, dir: &str, shard_size: u64) -> Result<Manifest> {
+        let mut files: Vec<Vec<usize>> = vec![Vec::new()];
+        let mut size = 0u64;
+        for (i, e) in self.entries.iter().enumerate() {
+            if !e.written_by(self.rank) {
+                continue;
+            }
+            let bytes = e.bytes(&self) as u64;
+            if size > 0 && size + bytes > shard_size {
+                files.push(Vec::new());
+                size = 0;
+            }
+            files.last_mut().expect("at least one file").push(i);
+            size += bytes;
+        }
+        files.retain(|f| !f.is_empty());
+        let mut part = Manifest::new(self.step, self.processes, self.metadata.clone());
+        let n = files.len();
+        for (k, members) in files.into_iter().enumerate() {
+            let file = match self.processes {
+                1 => format!("model-{:05}-of-{n:05}.safetensors", k + 1),
+                _ => format!(
+                    "rank-{:05}-model-{:05}-of-{n:05}.safetensors",
+                    self.rank,
+                    k + 1
+                ),
+            };
+            let mut stored: Vec<(String, HostTensor)> = Vec::new();
+            for i in members {
+                let data = self.entries[i].data.take().expect("written once");
+                let e = &self.entries[i];
+                for (key, host, chunk) in self.host_chunks(e, &data)? {
+                    let (entry_name, start) = chunk;
+                    let len = host.dims().iter().product();
+                    let entry =
+                        part.tensors
+                            .entry(entry_name.clone())
+                            .or_insert_with(|| TensorEntry {
+                                dtype: manifest::dtype_name(e.dtype),
+                                shape: match (&e.block, is_stacked(&e.name)) {
+                                    (None, true) => e.dims[1..].to_vec(),
+                                    _ => e.dims.clone(),
+                                },
+                                chunks: Vec::new(),
+                            });
+                    entry.chunks.push(Chunk {
+                        file: file.clone(),
+                        key: key.clone(),
+                        start,
+                        len,
+                    });
+                    stored.push((key, host));
+                }
+            }
+            let bytes = serialize(&stored, &file)?;
+            drop(stored);
+            loc.put(&format!("{dir}/{file}"), &bytes)?;
+            let entry = FileEntry {
+                bytes: bytes.len() as u64,
+                sha256: manifest::sha256(&bytes),
+            };
+            part.files.insert(file, entry);
+        }
+        Ok(part)
+    }
+
+    /// The host tensors of `e` this process writes: `(key in the file, value, (tensor name,
+    /// first element))`. A stacked tensor gives one tensor per layer; ZeRO-1 blocks one chunk
+    /// per local replica (the padding past the end left out).
+    #[allow(clippy::type_complexity)]
+    fn host_chunks(
+        &self,
+        e: &Entry,
+        data: &DeviceData,
+    ) -> Result<Vec<(String, HostTensor, (String, usize))>> {
+        let Some(block) = e.block else {
+            let host = if self.mesh {
+                self.dev.download_whole(data)?
+            } else {
+                self.dev.download(data, 0)?
+            };
+            if !is_stacked(&e.name) {
+                return Ok(vec![(e.name.clone(), host, (e.name.clone(), 0))]);
+            }
+            return Ok(host_rows(&host)?
+                .into_iter()
+                .enumerate()
+                .map(|(i, row)| {
+                    let name = stacked_row_name(&e.name, i);
+                    (name.clone(), row, (name, 0))
+                })
+                .collect());
+        };
+        let numel = e.numel();
+        let mut out = Vec::new();
+        for r in 0..self.local_replicas {
+            let start = (self.replica_offset + r) * block;
+            if start >= numel {
+                continue;
+            }
+            let len = block.min(numel - start);
+            let host = self.dev.download(data, r)?;
+            let size = e.dtype.size_in_bytes();
+            let bytes = host.bytes()[..len * size].to_vec();
+            let host = HostTensor::from_bytes(e.dtype, &[len], bytes)?;
+            let key = format!("{}#{}", e.name, self.replica_offset + r);
+            out.push((key, host, (e.name.clone(), start)));
+        }
+        Ok(out)
+    }
+}
+
+/// The safetensors bytes of `tensors`.
+fn serialize(tensors: &[(String, HostTensor)], file: &str) -> Result<Vec<u8>> {
+    let views: Vec<(&str, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, t)| {
+            let view = safetensors::tensor::TensorView::new(
+                to_st(t.dtype()),
+                t.dims().to_vec(),
+                t.bytes(),
+            )
+            .expect("HostTensor guarantees its byte length matches its shape");
+            (name.as_str(), view)
+        })
+        .collect();
+    Ok(
+        safetensors::serialize(views, None).map_err(|e| CheckpointError::Format {
+            path: file.into(),
+            message: e.to_string(),
+        })?,
+    )
+}
