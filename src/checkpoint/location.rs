@@ -34,7 +34,7 @@ impl Location {
     /// `s3://bucket/prefix` or a local directory (created at the first save). An S3 location
     /// is probed once: a missing bucket or refused credentials are an error here, before
     /// training starts.
-    pub(crate) fn open(spec: &str, parts: PartOptions) -> Result<Location> {
+    pub(crate) fn open(spec: &str, o: &super::CheckpointOptions) -> Result<Location> {
         if !spec.starts_with("s3://") {
             let path = PathBuf::from(spec);
             if path.is_file() {
@@ -60,18 +60,24 @@ impl Location {
                     )
                 })?,
         };
-        let options = S3Options {
-            timeout,
-            connect_timeout: Duration::from_secs(5).min(timeout),
-            max_retries: 0,
-            retry_timeout: Duration::ZERO,
-            ..S3Options::default()
+        let options = match &o.s3 {
+            Some(given) => S3Options {
+                max_retries: 0,
+                ..given.clone()
+            },
+            None => S3Options {
+                timeout,
+                connect_timeout: Duration::from_secs(5).min(timeout),
+                max_retries: 0,
+                retry_timeout: Duration::ZERO,
+                ..S3Options::default()
+            },
         };
         let store = S3Store::open(spec, &options).map_err(|e| storage(spec, &e.to_string()))?;
         store.probe().map_err(|e| storage(spec, &e.to_string()))?;
         Ok(Location::S3 {
             store: Box::new(store),
-            parts,
+            parts: o.parts.clone(),
         })
     }
 

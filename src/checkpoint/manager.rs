@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use neuron_pc_cache::PartOptions;
+use neuron_pc_cache::{PartOptions, S3Options};
 
 use super::location::Location;
 use super::manifest::{self, dir_name, step_of, Assembly, Manifest, HF_INDEX, MANIFEST};
@@ -30,6 +30,10 @@ pub struct CheckpointOptions {
     pub background: bool,
     /// S3 only: part size, parts in flight and tries per request of the uploads and reads.
     pub parts: PartOptions,
+    /// S3 only: the request bounds, endpoint and credentials, overriding the environment's
+    /// (`AWS_ENDPOINT_URL`, [`super::CKPT_S3_TIMEOUT_ENV`]); requests are retried by
+    /// [`CheckpointOptions::parts`], so `max_retries` is ignored.
+    pub s3: Option<S3Options>,
     /// A run of several processes: how long rank 0 waits for the other ranks' files before it
     /// gives up on a save. Default 30 minutes.
     pub rank_timeout: Duration,
@@ -42,6 +46,7 @@ impl Default for CheckpointOptions {
             shard_size: 2 << 30,
             background: true,
             parts: PartOptions::default(),
+            s3: None,
             rank_timeout: Duration::from_secs(1800),
         }
     }
@@ -120,7 +125,7 @@ impl Checkpoints {
             return Err(storage(spec, "keeping 0 checkpoints would delete every one").into());
         }
         Ok(Checkpoints {
-            location: Arc::new(Location::open(spec, options.parts.clone())?),
+            location: Arc::new(Location::open(spec, &options)?),
             options,
             pending: None,
         })

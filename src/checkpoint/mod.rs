@@ -41,7 +41,7 @@ mod snapshot;
 pub(crate) use location::Location;
 pub use location::CKPT_S3_TIMEOUT_ENV;
 pub use manager::{CheckpointInfo, CheckpointOptions, Checkpoints, Resumed};
-pub use neuron_pc_cache::PartOptions;
+pub use neuron_pc_cache::{PartOptions, S3Options};
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
