@@ -137,8 +137,7 @@ impl Location {
                 out.sort();
                 Ok(out)
             }
-            Location::S3 { store, .. } => Ok(store
-                .list("")
+            Location::S3 { store, parts } => Ok(retried("listing", parts, || store.list(""))
                 .map_err(|e| self.error("(listing)", e))?
                 .into_iter()
                 .map(|m| m.name)
@@ -163,13 +162,42 @@ impl Location {
                 }
                 Ok(())
             }
-            Location::S3 { store, .. } => store.delete(name).map_err(|e| self.error(name, e)),
+            Location::S3 { store, parts } => {
+                retried(&format!("DELETE {name}"), parts, || store.delete(name))
+                    .map_err(|e| self.error(name, e))
+            }
         }
     }
 
     fn error(&self, name: &str, e: neuron_pc_cache::Error) -> CheckpointError {
         storage(&format!("{}/{name}", self.describe()), &e.to_string())
     }
+}
+
+/// `request` tried up to `parts.attempts` times while the store is unavailable (5xx, dropped
+/// connections, timeouts), with a warning before each retry, as [`S3Store::put_large`] does.
+fn retried<T>(
+    what: &str,
+    parts: &PartOptions,
+    request: impl Fn() -> neuron_pc_cache::Result<T>,
+) -> neuron_pc_cache::Result<T> {
+    let mut wait = parts.backoff;
+    let attempts = parts.attempts.max(1);
+    for attempt in 1.. {
+        match request() {
+            Err(e @ neuron_pc_cache::Error::Unavailable { .. }) if attempt < attempts => {
+                tracing::warn!(
+                    "{what}: {e}; retry {attempt} of {} in {:.1} s",
+                    attempts - 1,
+                    wait.as_secs_f64()
+                );
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(Duration::from_secs(8));
+            }
+            other => return other,
+        }
+    }
+    unreachable!("the loop returns")
 }
 
 fn storage(location: &str, message: &str) -> CheckpointError {
