@@ -323,6 +323,7 @@ fn commit(
         // Never commit a manifest that would not load.
         Manifest::parse(&dir, &json)?;
         loc.put(&format!("{dir}/{HF_INDEX}"), manifest.hf_index().as_bytes())?;
+        super::snapshot::test_delay();
         loc.put(&format!("{dir}/{MANIFEST}"), &json)?;
         if let Some(keep) = options.keep {
             if let Err(e) = prune(loc, keep) {

@@ -183,6 +183,7 @@ impl Snapshot {
             }
             let bytes = serialize(&stored, &file)?;
             drop(stored);
+            test_delay();
             loc.put(&format!("{dir}/{file}"), &bytes)?;
             let entry = FileEntry {
                 bytes: bytes.len() as u64,
@@ -259,4 +260,16 @@ fn serialize(tensors: &[(String, HostTensor)], file: &str) -> Result<Vec<u8>> {
             message: e.to_string(),
         })?,
     )
+}
+
+/// Test builds only: `NEURON_PC_TEST_CKPT_DELAY_MS` slows each file of a save down, so a test
+/// that kills the process during a save lands in one.
+pub(crate) fn test_delay() {
+    #[cfg(feature = "test-hooks")]
+    if let Some(ms) = std::env::var("NEURON_PC_TEST_CKPT_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
 }
