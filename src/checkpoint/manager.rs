@@ -409,10 +409,11 @@ fn prune(loc: &Location, keep: usize) -> std::result::Result<(), CheckpointError
         let Some((dir, _)) = n.split_once('/') else {
             continue;
         };
-        if step_of(dir).is_some_and(|s| s < newest) && !kept.contains(&dir) {
-            if !doomed.contains(&dir) {
-                doomed.push(dir);
-            }
+        if step_of(dir).is_some_and(|s| s < newest)
+            && !kept.contains(&dir)
+            && !doomed.contains(&dir)
+        {
+            doomed.push(dir);
         }
     }
     for dir in doomed {
