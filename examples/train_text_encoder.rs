@@ -17,12 +17,11 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
-use neuron_pc::checkpoint::StateDict;
+use neuron_pc::checkpoint::{CheckpointOptions, Checkpoints};
 use neuron_pc::data::{DeviceLoader, LastBatch};
 use neuron_pc::models::{accuracy, SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::Module;
 use neuron_pc::optim::{average_gradients, AdamW, WarmupCosine};
-use neuron_pc::state;
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, DType, DeviceConfig, LazyDevice, Tensor};
 
@@ -69,12 +68,17 @@ struct Args {
     /// Save a checkpoint every M steps (0: only at the end).
     #[arg(long, default_value_t = 100)]
     ckpt_every: u64,
-    /// Where checkpoints go (`last.safetensors`); none: no checkpoints.
+    /// Where checkpoints go: a directory or s3://bucket/prefix, one `step-<N>/` per checkpoint,
+    /// written in the background; none: no checkpoints.
     #[arg(long)]
-    ckpt_dir: Option<PathBuf>,
-    /// Continue from `<ckpt-dir>/last.safetensors` if it exists.
+    ckpt_dir: Option<String>,
+    /// Keep the newest K complete checkpoints (default: all).
     #[arg(long)]
-    resume: bool,
+    keep_checkpoints: Option<usize>,
+    /// Continue from the newest complete checkpoint in --ckpt-dir, if there is one (`auto`,
+    /// what `--resume` alone means).
+    #[arg(long, num_args = 0..=1, default_missing_value = "auto")]
+    resume: Option<String>,
     #[arg(long, default_value_t = 50)]
     log_every: u64,
     /// Print each step's loss as a JSON line (for tests and scripts).
@@ -125,13 +129,27 @@ fn main() -> anyhow::Result<()> {
         total_steps: args.steps,
     };
 
-    let mut start_step = 0;
-    let ckpt_path = args.ckpt_dir.as_ref().map(|d| d.join("last.safetensors"));
-    if let (true, Some(path)) = (args.resume, &ckpt_path) {
-        if path.exists() {
-            start_step = load_checkpoint(path, &model, &opt)?;
-            println!("resumed from {} at step {start_step}", path.display());
+    let mut ckpts = match &args.ckpt_dir {
+        Some(dir) => {
+            let options = CheckpointOptions {
+                keep: args.keep_checkpoints,
+                ..Default::default()
+            };
+            Some(Checkpoints::open(dir, options).with_context(|| format!("--ckpt-dir {dir}"))?)
         }
+        None => None,
+    };
+    let mut start_step = 0;
+    match (args.resume.as_deref(), &ckpts) {
+        (None, _) => {}
+        (Some("auto"), Some(c)) => {
+            if let Some(r) = c.resume(&model, &opt)? {
+                start_step = r.checkpoint.step;
+                println!("resumed from {} at step {start_step}", r.location);
+            }
+        }
+        (Some(other), Some(_)) => anyhow::bail!("--resume {other}: expected auto"),
+        (Some(_), None) => anyhow::bail!("--resume needs --ckpt-dir"),
     }
 
     let task = SyntheticTask::new(config, args.seed);
@@ -214,9 +232,12 @@ fn main() -> anyhow::Result<()> {
             last_val = Some(acc).filter(|_| !extracting);
         }
         let ckpt_due = args.ckpt_every > 0 && (step + 1) % args.ckpt_every == 0;
-        if let (true, Some(path)) = (ckpt_due || step + 1 == args.steps, &ckpt_path) {
-            save_checkpoint(path, step + 1, &model, &opt.borrow())?;
+        if let (true, Some(c)) = (ckpt_due || step + 1 == args.steps, &mut ckpts) {
+            c.save(&model, &*opt.borrow(), step + 1)?;
         }
+    }
+    if let Some(c) = &mut ckpts {
+        c.wait()?;
     }
 
     let m = device.metrics();
@@ -289,38 +310,4 @@ fn validate(
         total += acc.item()?;
     }
     Ok(total / batches.max(1) as f64)
-}
-
-fn save_checkpoint(
-    path: &std::path::Path,
-    step: u64,
-    model: &TextEncoder,
-    opt: &AdamW,
-) -> anyhow::Result<()> {
-    state::training_state(model, opt, step)?
-        .save(path)
-        .with_context(|| format!("saving {}", path.display()))
-}
-
-/// Restores the model and optimizer from a checkpoint written by `save_checkpoint`; returns
-/// the step it was saved at.
-fn load_checkpoint(
-    path: &std::path::Path,
-    model: &TextEncoder,
-    opt: &AdamW,
-) -> anyhow::Result<u64> {
-    let sd = StateDict::load(path)?;
-    if !sd
-        .tensors
-        .keys()
-        .any(|k| k.starts_with(state::OPTIMIZER_PREFIX))
-        || !sd.metadata.contains_key(state::STEP_KEY)
-    {
-        anyhow::bail!(
-            "{}: not a training checkpoint (needs optimizer state and a step)",
-            path.display()
-        );
-    }
-    let restored = state::load_training(model, opt, &sd, path)?;
-    restored.step.context("checkpoint has no step")
 }

@@ -52,11 +52,14 @@ struct Run {
     losses: Vec<(u64, f64)>,
     accuracies: Vec<f64>,
     metrics: serde_json::Value,
+    /// The step of a `resumed from ... at step N` line.
+    resumed_at: Option<u64>,
 }
 
 fn parse(stdout: &str) -> Run {
     let mut losses = Vec::new();
     let mut accuracies = Vec::new();
+    let mut resumed_at = None;
     // `--json` prints the metrics last, over several lines
     let metrics = match stdout.find("\n{\n") {
         Some(at) => serde_json::from_str(&stdout[at..]).unwrap(),
@@ -66,6 +69,8 @@ fn parse(stdout: &str) -> Run {
         if line.starts_with("{\"step\"") {
             let v: serde_json::Value = serde_json::from_str(line).unwrap();
             losses.push((v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()));
+        } else if let Some(rest) = line.strip_prefix("resumed from ") {
+            resumed_at = rest.rsplit(' ').next().and_then(|s| s.parse().ok());
         } else if let Some(rest) = line.split("validation accuracy ").nth(1) {
             accuracies.push(rest.split_whitespace().next().unwrap().parse().unwrap());
         }
@@ -74,6 +79,7 @@ fn parse(stdout: &str) -> Run {
         losses,
         accuracies,
         metrics,
+        resumed_at,
     }
 }
 
@@ -159,18 +165,22 @@ fn a_killed_run_resumes_from_its_checkpoint_with_the_same_losses() {
     assert_eq!(before.len(), 25, "the job ended before step 25");
 
     let resumed = run(&cache, &args);
-    // It restarts after the step-20 checkpoint and recomputes steps 21..=40.
+    // It restarts after the newest complete checkpoint, step 20's, or step 10's when step 20's
+    // was still being written in the background at the kill, and recomputes from there.
+    let from = resumed.resumed_at.expect("a resume line");
+    assert!(from == 20 || from == 10, "resumed at {from}");
     let steps: Vec<u64> = resumed.losses.iter().map(|l| l.0).collect();
-    assert_eq!(steps, (21..=40).collect::<Vec<_>>());
+    assert_eq!(steps, (from + 1..=40).collect::<Vec<_>>());
     assert_eq!(&before[..], &straight.losses[..25]);
     assert_eq!(
         &resumed.losses[..],
-        &straight.losses[20..],
+        &straight.losses[from as usize..],
         "resumed losses differ from the uninterrupted run"
     );
     // Both runs end with the same weights and optimizer state, byte for byte.
-    let a = std::fs::read(straight_dir.join("last.safetensors")).unwrap();
-    let b = std::fs::read(dir.join("last.safetensors")).unwrap();
+    let last = "step-00000040/model-00001-of-00001.safetensors";
+    let a = std::fs::read(straight_dir.join(last)).unwrap();
+    let b = std::fs::read(dir.join(last)).unwrap();
     assert!(a == b, "final checkpoints differ");
 
     // A checkpoint of another model is refused with the tensors that do not match.
@@ -189,7 +199,7 @@ fn a_killed_run_resumes_from_its_checkpoint_with_the_same_losses() {
         err.contains("does not match") && err.contains("proj.weight: file has f32[8, 64]"),
         "{err}"
     );
-    assert_eq!(std::fs::read(dir.join("last.safetensors")).unwrap(), b);
+    assert_eq!(std::fs::read(dir.join(last)).unwrap(), b);
     for d in [cache, straight_dir, dir] {
         std::fs::remove_dir_all(d).unwrap();
     }

@@ -84,15 +84,23 @@ fn a_trial_run_leaves_a_real_checkpoint_alone_and_the_resume_continues_from_it()
         &cache,
         &["--steps", "20", "--ckpt-dir", ck_s, "--ckpt-every", "10"],
     );
-    let last = ck.join("last.safetensors");
+    let saved = ck.join("step-00000020");
+    let last = saved.join("model-00001-of-00001.safetensors");
     let before = std::fs::read(&last).unwrap();
     let mtime = std::fs::metadata(&last).unwrap().modified().unwrap();
     let real_step20 = StateDict::load(&last).unwrap();
     assert_eq!(real_step20.metadata["step"], "20");
     // The reference: the same checkpoint, kept out of the trial's way.
     let ck_ref = dir.join("ck-ref");
-    std::fs::create_dir_all(&ck_ref).unwrap();
-    std::fs::copy(&last, ck_ref.join("last.safetensors")).unwrap();
+    std::fs::create_dir_all(ck_ref.join("step-00000020")).unwrap();
+    for f in std::fs::read_dir(&saved).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(
+            &f,
+            ck_ref.join("step-00000020").join(f.file_name().unwrap()),
+        )
+        .unwrap();
+    }
     std::fs::write(&metrics, "real metrics").unwrap();
 
     // The trial saves at steps 30 and 32 (and would have written zeros over step 20's file).
@@ -133,7 +141,7 @@ fn a_trial_run_leaves_a_real_checkpoint_alone_and_the_resume_continues_from_it()
         "one line per path, however often it saves:\n{stderr}"
     );
     assert!(
-        skipped[0].contains(&last.display().to_string()),
+        skipped[0].contains(&ck.display().to_string()),
         "{}",
         skipped[0]
     );
@@ -149,14 +157,15 @@ fn a_trial_run_leaves_a_real_checkpoint_alone_and_the_resume_continues_from_it()
     );
     assert_eq!(std::fs::metadata(&last).unwrap().modified().unwrap(), mtime);
     assert_eq!(std::fs::read_to_string(&metrics).unwrap(), "real metrics");
-    let names: Vec<_> = std::fs::read_dir(&ck)
+    let mut names: Vec<_> = std::fs::read_dir(&ck)
         .unwrap()
-        .map(|e| e.unwrap().file_name())
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
+    names.sort();
     assert_eq!(
-        names.len(),
-        1,
-        "no stray files in the checkpoint directory: {names:?}"
+        names,
+        ["step-00000010", "step-00000020"],
+        "no checkpoint of the trial's steps 30 and 32, no stray files"
     );
 
     // The real resume continues from step 20 with the losses of resuming from the copy.

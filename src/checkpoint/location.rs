@@ -91,9 +91,13 @@ impl Location {
 
     /// The local path of `name`, for messages and the trial-run check.
     pub(crate) fn display_path(&self, name: &str) -> PathBuf {
-        match self {
-            Location::Local(p) => p.join(name),
-            Location::S3 { store, .. } => PathBuf::from(format!("{}/{name}", store.describe())),
+        match (self, name) {
+            (Location::Local(p), "") => p.clone(),
+            (Location::Local(p), _) => p.join(name),
+            (Location::S3 { store, .. }, "") => PathBuf::from(store.describe()),
+            (Location::S3 { store, .. }, _) => {
+                PathBuf::from(format!("{}/{name}", store.describe()))
+            }
         }
     }
 

@@ -181,7 +181,7 @@ impl Snapshot {
                     stored.push((key, host));
                 }
             }
-            let bytes = serialize(&stored, &file)?;
+            let bytes = serialize(&stored, &self.metadata, &file)?;
             drop(stored);
             test_delay();
             loc.put(&format!("{dir}/{file}"), &bytes)?;
@@ -240,8 +240,16 @@ impl Snapshot {
     }
 }
 
-/// The safetensors bytes of `tensors`.
-fn serialize(tensors: &[(String, HostTensor)], file: &str) -> Result<Vec<u8>> {
+/// The safetensors bytes of `tensors`, with the checkpoint's metadata (the step) and the
+/// `format` Hugging Face's loaders look for.
+fn serialize(
+    tensors: &[(String, HostTensor)],
+    metadata: &BTreeMap<String, String>,
+    file: &str,
+) -> Result<Vec<u8>> {
+    let mut metadata: std::collections::HashMap<String, String> =
+        metadata.clone().into_iter().collect();
+    metadata.insert("format".into(), "pt".into());
     let views: Vec<(&str, safetensors::tensor::TensorView<'_>)> = tensors
         .iter()
         .map(|(name, t)| {
@@ -255,7 +263,7 @@ fn serialize(tensors: &[(String, HostTensor)], file: &str) -> Result<Vec<u8>> {
         })
         .collect();
     Ok(
-        safetensors::serialize(views, None).map_err(|e| CheckpointError::Format {
+        safetensors::serialize(views, Some(metadata)).map_err(|e| CheckpointError::Format {
             path: file.into(),
             message: e.to_string(),
         })?,
