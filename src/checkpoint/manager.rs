@@ -447,3 +447,95 @@ fn load(loc: &Location, dir: &str) -> std::result::Result<StateDict, CheckpointE
         metadata: m.metadata,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::manifest::{sha256, Chunk, FileEntry, TensorEntry};
+    use neuron_pc_compiler::HostTensor;
+    use std::collections::BTreeMap;
+
+    /// What rank `rank` of two writes of a 6-element `w` (rank 0) and of its moments (3
+    /// elements each): its file, and its part of the manifest.
+    fn write_rank(loc: &Location, dir: &str, rank: usize, moments: &[f32]) {
+        let file = format!("rank-{rank:05}-model-00001-of-00001.safetensors");
+        let mut sd = StateDict::default();
+        let mut part = Manifest::new(7, 2, BTreeMap::from([("step".into(), "7".into())]));
+        let chunk = |key: &str, start, len| Chunk {
+            file: file.clone(),
+            key: key.to_string(),
+            start,
+            len,
+        };
+        if rank == 0 {
+            let w = HostTensor::from_slice(&[1f32, 2., 3., 4., 5., 6.], &[2, 3]).unwrap();
+            sd.tensors.insert("w".into(), w);
+            part.tensors.insert(
+                "w".into(),
+                TensorEntry {
+                    dtype: "f32".into(),
+                    shape: vec![2, 3],
+                    chunks: vec![chunk("w", 0, 6)],
+                },
+            );
+        }
+        let key = format!("optimizer.w.exp_avg#{rank}");
+        sd.tensors
+            .insert(key.clone(), HostTensor::from_slice(moments, &[3]).unwrap());
+        part.tensors.insert(
+            "optimizer.w.exp_avg".into(),
+            TensorEntry {
+                dtype: "f32".into(),
+                shape: vec![2, 3],
+                chunks: vec![chunk(&key, 3 * rank, 3)],
+            },
+        );
+        let path = std::env::temp_dir().join(format!("npc-rank-{}-{rank}", std::process::id()));
+        sd.save(&path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        loc.put(&format!("{dir}/{file}"), &bytes).unwrap();
+        let entry = FileEntry {
+            bytes: bytes.len() as u64,
+            sha256: sha256(&bytes),
+        };
+        part.files.insert(file, entry);
+        let json = serde_json::to_vec(&part).unwrap();
+        loc.put(&format!("{dir}/rank-{rank:05}.json"), &json)
+            .unwrap();
+    }
+
+    #[test]
+    fn rank_zero_merges_every_ranks_part_and_the_whole_tensors_load() {
+        let root = std::env::temp_dir().join(format!("npc-ckpt-ranks-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let loc = Arc::new(Location::Local(root.clone()));
+        let dir = dir_name(7);
+        write_rank(&loc, &dir, 0, &[0.1, 0.2, 0.3]);
+        // rank 1 is late: rank 0 waits for its part
+        let late = loc.clone();
+        let d = dir.clone();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            write_rank(&late, &d, 1, &[0.4, 0.5, 0.6]);
+        });
+        let merged = gather_parts(&loc, &dir, 2, Duration::from_secs(20)).unwrap();
+        writer.join().unwrap();
+        let json = serde_json::to_vec(&merged).unwrap();
+        Manifest::parse(&dir, &json).unwrap();
+        loc.put(&format!("{dir}/{MANIFEST}"), &json).unwrap();
+        let sd = load(&loc, &dir).unwrap();
+        let m = sd.tensors["optimizer.w.exp_avg"].to_f64_vec();
+        let want = [0.1f32, 0.2, 0.3, 0.4, 0.5, 0.6].map(f64::from);
+        assert_eq!(m, want);
+        assert_eq!(sd.tensors["w"].dims(), [2, 3]);
+        assert_eq!(sd.metadata["step"], "7");
+        // a rank that never writes its part fails the save after the timeout
+        let err = gather_parts(&loc, &dir, 3, Duration::from_millis(300)).unwrap_err();
+        assert!(
+            err.to_string().contains("rank 2 did not write its part"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
