@@ -164,25 +164,12 @@ impl StateDict {
             path: path.to_path_buf(),
             source,
         };
-        let views: Vec<(&str, safetensors::tensor::TensorView<'_>)> = self
-            .tensors
-            .iter()
-            .map(|(name, t)| {
-                let view = safetensors::tensor::TensorView::new(
-                    to_st(t.dtype()),
-                    t.dims().to_vec(),
-                    t.bytes(),
-                )
-                .expect("HostTensor guarantees its byte length matches its shape");
-                (name.as_str(), view)
-            })
-            .collect();
         let metadata: HashMap<String, String> = self.metadata.clone().into_iter().collect();
-        let bytes =
-            safetensors::serialize(views, Some(metadata)).map_err(|e| CheckpointError::Format {
-                path: path.to_path_buf(),
-                message: e.to_string(),
-            })?;
+        let bytes = serialize(
+            self.tensors.iter().map(|(n, t)| (n.as_str(), t)),
+            metadata,
+            path,
+        )?;
         write_atomic(path, &bytes).map_err(io)
     }
 
@@ -253,6 +240,29 @@ impl StateDict {
             })
         }
     }
+}
+
+/// The safetensors bytes of `tensors` with `metadata`; `path` names the file in errors.
+pub(crate) fn serialize<'a>(
+    tensors: impl Iterator<Item = (&'a str, &'a HostTensor)>,
+    metadata: HashMap<String, String>,
+    path: &Path,
+) -> Result<Vec<u8>> {
+    let views: Vec<(&str, safetensors::tensor::TensorView<'_>)> = tensors
+        .map(|(name, t)| {
+            let view = safetensors::tensor::TensorView::new(
+                to_st(t.dtype()),
+                t.dims().to_vec(),
+                t.bytes(),
+            )
+            .expect("HostTensor guarantees its byte length matches its shape");
+            (name, view)
+        })
+        .collect();
+    safetensors::serialize(views, Some(metadata)).map_err(|e| CheckpointError::Format {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
 }
 
 /// Writes `bytes` to `path` so that readers see the old file or the whole new one.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use neuron_pc_compiler::HostTensor;
 
 use super::manifest::{self, Chunk, FileEntry, Manifest, TensorEntry};
-use super::{host_rows, is_stacked, stacked_row_name, to_st, CheckpointError, Location};
+use super::{host_rows, is_stacked, stacked_row_name, CheckpointError, Location};
 use crate::device::trace::DeviceData;
 use crate::device::DeviceInner;
 use crate::error::Result;
@@ -250,24 +250,12 @@ fn serialize(
     let mut metadata: std::collections::HashMap<String, String> =
         metadata.clone().into_iter().collect();
     metadata.insert("format".into(), "pt".into());
-    let views: Vec<(&str, safetensors::tensor::TensorView<'_>)> = tensors
-        .iter()
-        .map(|(name, t)| {
-            let view = safetensors::tensor::TensorView::new(
-                to_st(t.dtype()),
-                t.dims().to_vec(),
-                t.bytes(),
-            )
-            .expect("HostTensor guarantees its byte length matches its shape");
-            (name.as_str(), view)
-        })
-        .collect();
-    Ok(
-        safetensors::serialize(views, Some(metadata)).map_err(|e| CheckpointError::Format {
-            path: file.into(),
-            message: e.to_string(),
-        })?,
-    )
+    let tensors = tensors.iter().map(|(n, t)| (n.as_str(), t));
+    Ok(super::serialize(
+        tensors,
+        metadata,
+        std::path::Path::new(file),
+    )?)
 }
 
 /// Test builds only: `NEURON_PC_TEST_CKPT_DELAY_MS` slows each file of a save down, so a test
