@@ -146,9 +146,11 @@ fn kill_and_resume(cache: &Path, place: &Place, reference: &[(u64, f64)], kills:
     let mut kills = kills.iter();
     let mut done = 0;
     let mut landed = 0;
+    let mut inside = 0;
     for round in 0.. {
         assert!(round < 4 * reference.len(), "no progress");
         let kill = kills.next().copied();
+        let started = std::time::SystemTime::now();
         let seg = segment(cache, place, steps, kill);
         for (step, loss) in &seg.losses {
             let want = reference[*step as usize - 1].1;
@@ -176,11 +178,24 @@ fn kill_and_resume(cache: &Path, place: &Place, reference: &[(u64, f64)], kills:
         );
         done = seg.losses.last().map_or(done, |l| l.0);
         landed += usize::from(seg.killed);
+        if let (true, Place::Local(dir)) = (seg.killed, place) {
+            // an unfinished step directory: the kill landed inside a save
+            // (written by this segment: a directory an earlier kill left is older)
+            let torn = (std::fs::read_dir(dir).into_iter().flatten().flatten()).any(|e| {
+                let modified = e.metadata().and_then(|m| m.modified()).ok();
+                !e.path().join("manifest.json").exists() && modified >= Some(started)
+            });
+            inside += usize::from(torn);
+        }
         if !seg.killed && done == steps {
             break;
         }
     }
-    eprintln!("{landed} kills landed; finished at step {done}");
+    let at = match place {
+        Place::Local(_) => format!(", {inside} of them inside a save"),
+        Place::S3 { .. } => String::new(),
+    };
+    eprintln!("{landed} kills landed{at}; finished at step {done}");
 }
 
 fn reference(cache: &Path, steps: u64) -> Vec<(u64, f64)> {
