@@ -514,6 +514,15 @@ fn fsdp_and_tp_precompile_follow_one_device_and_resume_on_any_mesh() {
     assert_eq!(meshed.metrics["compiles"], 0, "{}", meshed.metrics);
     assert_eq!(meshed.metrics["partitions"], 4, "{}", meshed.metrics);
 
+    // a sharded parameter is saved as its blocks, never gathered on the host
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ckpt.join("step-00000006/manifest.json")).unwrap())
+            .unwrap();
+    let up = &manifest["tensors"]["model.layers.0.mlp.up_proj.weight"];
+    let chunks = up["chunks"].as_array().unwrap();
+    assert_eq!(chunks.len(), 4, "{up}");
+    assert!(chunks.iter().all(|c| c["block"]["shape"].is_array()), "{up}");
+
     // one device, straight through 12 steps: the reference
     let one_cache = tmp("mesh-one");
     let one = run(&one_cache, &args(&["--steps", "12"]));

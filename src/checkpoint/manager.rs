@@ -462,6 +462,7 @@ mod tests {
         let mut sd = StateDict::default();
         let mut part = Manifest::new(7, 2, BTreeMap::from([("step".into(), "7".into())]));
         let chunk = |key: &str, start, len| Chunk {
+            block: None,
             file: file.clone(),
             key: key.to_string(),
             start,

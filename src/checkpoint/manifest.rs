@@ -46,14 +46,62 @@ pub(crate) struct FileEntry {
     pub sha256: String,
 }
 
-/// Where some of a tensor's elements are: `len` elements from element `start` of the tensor
-/// (flattened, row-major) are tensor `key` of `file`.
+/// Where some of a tensor's elements are, in tensor `key` of `file`: `len` elements from
+/// element `start` of the tensor (flattened, row-major: a ZeRO-1 block), or, with `block`, the
+/// box of the tensor at `block.offset` of shape `block.shape` (a mesh device's block of a
+/// sharded parameter; `len` is its element count, `start` 0).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Chunk {
     pub file: String,
     pub key: String,
     pub start: usize,
     pub len: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<Block>,
+}
+
+/// A box of a tensor: its first element's index along each dimension, and its shape.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Block {
+    pub offset: Vec<usize>,
+    pub shape: Vec<usize>,
+}
+
+impl Block {
+    /// Whether the box lies inside a tensor of shape `dims`.
+    fn fits(&self, dims: &[usize]) -> bool {
+        self.offset.len() == dims.len()
+            && self.shape.len() == dims.len()
+            && (self.offset.iter().zip(&self.shape).zip(dims)).all(|((o, s), d)| o + s <= *d)
+    }
+
+    /// Copies `src` (the box's elements, row-major, `size` bytes each) into `dst`, a whole
+    /// tensor of shape `dims`: one contiguous run per row of the box's last dimension.
+    fn scatter(&self, dims: &[usize], size: usize, src: &[u8], dst: &mut [u8]) {
+        let rank = dims.len();
+        if rank == 0 {
+            dst[..size].copy_from_slice(&src[..size]);
+            return;
+        }
+        let run = self.shape[rank - 1] * size;
+        let rows: usize = self.shape[..rank - 1].iter().product();
+        let mut index = vec![0usize; rank - 1];
+        for r in 0..rows {
+            let mut at = 0;
+            for d in 0..rank {
+                let i = if d + 1 < rank { index[d] } else { 0 };
+                at = at * dims[d] + self.offset[d] + i;
+            }
+            dst[at * size..at * size + run].copy_from_slice(&src[r * run..(r + 1) * run]);
+            for d in (0..rank - 1).rev() {
+                index[d] += 1;
+                if index[d] < self.shape[d] {
+                    break;
+                }
+                index[d] = 0;
+            }
+        }
+    }
 }
 
 /// One tensor of a checkpoint.
@@ -106,7 +154,11 @@ impl Manifest {
             let numel: usize = e.shape.iter().product();
             let covered: usize = e.chunks.iter().map(|c| c.len).sum();
             let unknown = e.chunks.iter().find(|c| !m.files.contains_key(&c.file));
-            if covered != numel || unknown.is_some() || parse_dtype(&e.dtype).is_none() {
+            let outside = e.chunks.iter().any(|c| match &c.block {
+                Some(b) => !b.fits(&e.shape) || b.shape.iter().product::<usize>() != c.len,
+                None => c.start + c.len > numel,
+            });
+            if covered != numel || unknown.is_some() || outside || parse_dtype(&e.dtype).is_none() {
                 return Err(corrupt(
                     name,
                     format!("tensor {t}: chunks do not make it up"),
@@ -184,7 +236,7 @@ impl Assembly {
     pub(crate) fn fill(&mut self, m: &Manifest, file: &str, bytes: &[u8]) -> Result<()> {
         let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| corrupt(file, e))?;
         for (name, e) in &m.tensors {
-            let (dtype, _, buf) = self.buffers.get_mut(name).expect("one buffer per tensor");
+            let (dtype, dims, buf) = self.buffers.get_mut(name).expect("one buffer per tensor");
             let size = dtype.size_in_bytes();
             for c in e.chunks.iter().filter(|c| c.file == file) {
                 let view = st
@@ -197,7 +249,10 @@ impl Assembly {
                         format!("{}: not the manifest's chunk", c.key),
                     ));
                 }
-                buf[c.start * size..(c.start + c.len) * size].copy_from_slice(data);
+                match &c.block {
+                    Some(b) => b.scatter(dims, size, data, buf),
+                    None => buf[c.start * size..(c.start + c.len) * size].copy_from_slice(data),
+                }
             }
         }
         Ok(())
@@ -276,6 +331,7 @@ mod tests {
             key: "w".into(),
             start,
             len,
+            block: None,
         };
         m.tensors.insert(
             "w".into(),
@@ -291,5 +347,48 @@ mod tests {
         m.tensors.get_mut("w").unwrap().chunks.push(chunk(3, 3));
         let bytes = serde_json::to_vec(&m).unwrap();
         assert_eq!(Manifest::parse("m", &bytes).unwrap(), m);
+        // a box past the tensor's edge
+        m.tensors.get_mut("w").unwrap().chunks = vec![Chunk {
+            block: Some(Block {
+                offset: vec![1, 0],
+                shape: vec![2, 3],
+            }),
+            ..chunk(0, 6)
+        }];
+        let bytes = serde_json::to_vec(&m).unwrap();
+        assert!(Manifest::parse("m", &bytes).is_err());
+    }
+
+    #[test]
+    fn boxes_scatter_into_their_place() {
+        // a 4x6 tensor of 1-byte elements cut into 2x3 boxes: each lands where it belongs
+        let dims = [4, 6];
+        let want: Vec<u8> = (0..24).collect();
+        let mut got = vec![0u8; 24];
+        for (r, c) in [(0, 0), (0, 3), (2, 0), (2, 3)] {
+            let b = Block {
+                offset: vec![r, c],
+                shape: vec![2, 3],
+            };
+            let src: Vec<u8> = (0..2)
+                .flat_map(|i| (0..3).map(move |j| ((r + i) * 6 + c + j) as u8))
+                .collect();
+            b.scatter(&dims, 1, &src, &mut got);
+        }
+        assert_eq!(got, want);
+        // three dimensions, a box in the middle
+        let dims = [2, 3, 4];
+        let b = Block {
+            offset: vec![1, 1, 2],
+            shape: vec![1, 2, 2],
+        };
+        let mut got = vec![0u8; 24];
+        b.scatter(&dims, 1, &[1, 2, 3, 4], &mut got);
+        let at = |i: usize, j: usize, k: usize| got[(i * 3 + j) * 4 + k];
+        assert_eq!(
+            [at(1, 1, 2), at(1, 1, 3), at(1, 2, 2), at(1, 2, 3)],
+            [1, 2, 3, 4]
+        );
+        assert_eq!(got.iter().filter(|b| **b != 0).count(), 4);
     }
 }

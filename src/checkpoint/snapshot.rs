@@ -6,9 +6,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use neuron_pc_compiler::sharding::Sharding;
 use neuron_pc_compiler::HostTensor;
 
-use super::manifest::{self, Chunk, FileEntry, Manifest, TensorEntry};
+use super::manifest::{self, Block, Chunk, FileEntry, Manifest, TensorEntry};
 use super::{host_rows, is_stacked, stacked_row_name, CheckpointError, Location};
 use crate::device::trace::DeviceData;
 use crate::device::DeviceInner;
@@ -158,27 +159,26 @@ impl Snapshot {
             for i in members {
                 let data = self.entries[i].data.take().expect("written once");
                 let e = &self.entries[i];
-                for (key, host, chunk) in self.host_chunks(e, &data)? {
-                    let (entry_name, start) = chunk;
-                    let len = host.dims().iter().product();
-                    let entry =
-                        part.tensors
-                            .entry(entry_name.clone())
-                            .or_insert_with(|| TensorEntry {
-                                dtype: manifest::dtype_name(e.dtype),
-                                shape: match (&e.block, is_stacked(&e.name)) {
-                                    (None, true) => e.dims[1..].to_vec(),
-                                    _ => e.dims.clone(),
-                                },
-                                chunks: Vec::new(),
-                            });
+                for piece in self.pieces(e, &data)? {
+                    let entry = part
+                        .tensors
+                        .entry(piece.tensor)
+                        .or_insert_with(|| TensorEntry {
+                            dtype: manifest::dtype_name(e.dtype),
+                            shape: match (&e.block, is_stacked(&e.name)) {
+                                (None, true) => e.dims[1..].to_vec(),
+                                _ => e.dims.clone(),
+                            },
+                            chunks: Vec::new(),
+                        });
                     entry.chunks.push(Chunk {
                         file: file.clone(),
-                        key: key.clone(),
-                        start,
-                        len,
+                        key: piece.key.clone(),
+                        start: piece.start,
+                        len: piece.host.dims().iter().product(),
+                        block: piece.block,
                     });
-                    stored.push((key, host));
+                    stored.push((piece.key, piece.host));
                 }
             }
             let bytes = serialize(&stored, &self.metadata, &file)?;
@@ -194,31 +194,35 @@ impl Snapshot {
         Ok(part)
     }
 
-    /// The host tensors of `e` this process writes: `(key in the file, value, (tensor name,
-    /// first element))`. A stacked tensor gives one tensor per layer; ZeRO-1 blocks one chunk
-    /// per local replica (the padding past the end left out).
-    #[allow(clippy::type_complexity)]
-    fn host_chunks(
-        &self,
-        e: &Entry,
-        data: &DeviceData,
-    ) -> Result<Vec<(String, HostTensor, (String, usize))>> {
+    /// The host tensors of `e` this process writes. A stacked tensor gives one tensor per
+    /// layer; a parameter sharded over the mesh one piece per distinct block (never gathered
+    /// on the host); ZeRO-1 state one piece per local replica's block (the padding past the end
+    /// left out).
+    fn pieces(&self, e: &Entry, data: &DeviceData) -> Result<Vec<Piece>> {
+        let whole = |key: String, host| Piece {
+            tensor: key.clone(),
+            key,
+            host,
+            start: 0,
+            block: None,
+        };
         let Some(block) = e.block else {
+            let blocks = data.sharding.as_deref().filter(|s| !s.is_replicated());
+            if let (Some(s), false) = (blocks, is_stacked(&e.name)) {
+                return self.mesh_blocks(e, data, s);
+            }
             let host = if self.mesh {
                 self.dev.download_whole(data)?
             } else {
                 self.dev.download(data, 0)?
             };
             if !is_stacked(&e.name) {
-                return Ok(vec![(e.name.clone(), host, (e.name.clone(), 0))]);
+                return Ok(vec![whole(e.name.clone(), host)]);
             }
             return Ok(host_rows(&host)?
                 .into_iter()
                 .enumerate()
-                .map(|(i, row)| {
-                    let name = stacked_row_name(&e.name, i);
-                    (name.clone(), row, (name, 0))
-                })
+                .map(|(i, row)| whole(stacked_row_name(&e.name, i), row))
                 .collect());
         };
         let numel = e.numel();
@@ -232,12 +236,55 @@ impl Snapshot {
             let host = self.dev.download(data, r)?;
             let size = e.dtype.size_in_bytes();
             let bytes = host.bytes()[..len * size].to_vec();
-            let host = HostTensor::from_bytes(e.dtype, &[len], bytes)?;
-            let key = format!("{}#{}", e.name, self.replica_offset + r);
-            out.push((key, host, (e.name.clone(), start)));
+            out.push(Piece {
+                tensor: e.name.clone(),
+                key: format!("{}#{}", e.name, self.replica_offset + r),
+                host: HostTensor::from_bytes(e.dtype, &[len], bytes)?,
+                start,
+                block: None,
+            });
         }
         Ok(out)
     }
+
+    /// Each distinct block of a tensor sharded over the mesh, where it lies in the whole.
+    fn mesh_blocks(&self, e: &Entry, data: &DeviceData, s: &Sharding) -> Result<Vec<Piece>> {
+        let shard = s.shard_dims();
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for p in 0..data.buffers.len() {
+            let index = s.block_of(p);
+            if !seen.insert(index.clone()) {
+                continue;
+            }
+            let offset: Vec<usize> = index.iter().zip(&shard).map(|(i, d)| i * d).collect();
+            let at: Vec<String> = offset.iter().map(usize::to_string).collect();
+            out.push(Piece {
+                tensor: e.name.clone(),
+                key: format!("{}@{}", e.name, at.join(",")),
+                host: self.dev.download(data, p)?,
+                start: 0,
+                block: Some(Block {
+                    offset,
+                    shape: shard.clone(),
+                }),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Some of a tensor's elements as written: a whole tensor, a ZeRO-1 block or a mesh block.
+struct Piece {
+    /// The checkpoint tensor it belongs to.
+    tensor: String,
+    /// Its name in the file.
+    key: String,
+    host: HostTensor,
+    /// Its first element in the flattened tensor (ZeRO-1 blocks).
+    start: usize,
+    /// Where it lies in the tensor (mesh blocks).
+    block: Option<Block>,
 }
 
 /// The safetensors bytes of `tensors`, with the checkpoint's metadata (the step) and the
