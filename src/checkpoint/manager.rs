@@ -238,6 +238,13 @@ impl Checkpoints {
         M: Module + ?Sized,
         O: OptimizerState + ?Sized,
     {
+        if let Some((_, t)) = module.parameters().first() {
+            let topology = &t.device()?.inner.config.topology;
+            if topology.world_size > 1 && topology.rank == 0 {
+                // before any rank saves again: a killed run's parts must not join a new save
+                clear_stale_parts(&self.location)?;
+            }
+        }
         let all = self.list()?;
         let mut failed = Vec::new();
         for info in all.iter().rev() {
@@ -370,6 +377,22 @@ fn gather_parts(loc: &Location, dir: &str, ranks: usize, timeout: Duration) -> R
         }
     }
     Ok(merged.expect("at least one rank"))
+}
+
+/// Deletes the ranks' parts (`rank-NNNNN.json`) of unfinished saves: what a killed run of
+/// several processes left, which a new save of the same step would otherwise merge.
+fn clear_stale_parts(loc: &Location) -> std::result::Result<(), CheckpointError> {
+    let names = loc.list()?;
+    let committed = |dir: &str| names.iter().any(|n| *n == format!("{dir}/{MANIFEST}"));
+    for n in &names {
+        let Some((dir, file)) = n.split_once('/') else {
+            continue;
+        };
+        if file.starts_with("rank-") && file.ends_with(".json") && !committed(dir) {
+            loc.delete(n)?;
+        }
+    }
+    Ok(())
 }
 
 /// The committed checkpoints, oldest first.
