@@ -560,6 +560,19 @@ mod tests {
             err.to_string().contains("rank 2 did not write its part"),
             "{err}"
         );
+        // a killed attempt's part at a later step goes at resume; committed ones stay
+        let late = dir_name(9);
+        write_rank(&loc, &late, 1, &[0.0; 3]);
+        clear_stale_parts(&loc).unwrap();
+        let names = loc.list().unwrap();
+        assert!(
+            !names.contains(&format!("{late}/rank-00001.json")),
+            "{names:?}"
+        );
+        assert!(
+            names.contains(&format!("{dir}/rank-00001.json")),
+            "{names:?}"
+        );
         std::fs::remove_dir_all(&root).unwrap();
     }
 }
