@@ -149,7 +149,7 @@ fn main() -> anyhow::Result<()> {
     let state_mib = state_bytes as f64 / 1048576.0;
     let (sync_med, blocked_med) = (median(sync_ms), median(blocked_ms));
     let (write_med, wait_med) = (median(write_ms), median(wait_ms));
-    let (step_med, during_med) = (median(alone), median(during));
+    let (step_med, during_med) = (median(alone), median(during.clone()));
     let pct = 100.0 * blocked_med / sync_med;
     println!(
         "RESULT state_mib={state_mib:.1} sync_save_ms={sync_med:.1} blocked_ms={blocked_med:.2} \
@@ -170,6 +170,16 @@ fn main() -> anyhow::Result<()> {
     println!("| background save: wait() after the steps | {wait_med:.1} |");
     println!("| step, no save in flight | {step_med:.1} |");
     println!("| step, during the background write | {during_med:.1} |");
+    let by_position: Vec<String> = (0..args.steps_during)
+        .map(|k| {
+            let nth = during.iter().skip(k).step_by(args.steps_during).copied();
+            format!("{:.1}", median(nth.collect()))
+        })
+        .collect();
+    println!(
+        "steps after a background save, 1st, 2nd, ...: {} ms",
+        by_position.join(", ")
+    );
     println!(
         "(saves {}, compiles {}, blocked max {:.2} ms)",
         m.checkpoint_saves, m.compiles, m.checkpoint_blocked_max_ms
