@@ -521,7 +521,10 @@ fn fsdp_and_tp_precompile_follow_one_device_and_resume_on_any_mesh() {
     let up = &manifest["tensors"]["model.layers.0.mlp.up_proj.weight"];
     let chunks = up["chunks"].as_array().unwrap();
     assert_eq!(chunks.len(), 4, "{up}");
-    assert!(chunks.iter().all(|c| c["block"]["shape"].is_array()), "{up}");
+    assert!(
+        chunks.iter().all(|c| c["block"]["shape"].is_array()),
+        "{up}"
+    );
 
     // one device, straight through 12 steps: the reference
     let one_cache = tmp("mesh-one");
