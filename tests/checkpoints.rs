@@ -307,6 +307,32 @@ fn large_states_are_several_files_with_a_hugging_face_index() {
 }
 
 #[test]
+fn a_directory_of_the_single_file_layout_resumes_and_moves_on_to_step_directories() {
+    let dir = fresh_dir("npc-ckpt", "legacy");
+    let mut job = Job::new(1, false);
+    job.step(0);
+    job.step(1);
+    let want = job.state(2);
+    want.save(&dir.join("last.safetensors")).unwrap();
+    let mut ckpts = open(&dir, None, 2 << 30);
+    let mut fresh = Job::new(1, false);
+    let r = ckpts.resume(&fresh.model, &fresh.opt).unwrap().unwrap();
+    assert_eq!(
+        (r.checkpoint.name.as_str(), r.checkpoint.step),
+        ("last.safetensors", 2)
+    );
+    assert_eq!(fresh.state(2), want);
+    assert_eq!(fresh.step(2), job.step(2));
+    ckpts.save(&fresh.model, &fresh.opt, 3).unwrap();
+    ckpts.wait().unwrap();
+    // step directories take over from the file
+    let again = Job::new(1, false);
+    let r = ckpts.resume(&again.model, &again.opt).unwrap().unwrap();
+    assert_eq!(r.checkpoint.step, 3);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn bad_locations_are_one_clear_error() {
     let file = fresh_dir("npc-ckpt", "file").join("f");
     std::fs::write(&file, b"x").unwrap();

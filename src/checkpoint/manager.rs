@@ -230,7 +230,7 @@ impl Checkpoints {
     }
 
     /// Loads the newest complete checkpoint into `module` and `opt`, and says which; `None`
-    /// when there is none. A newest one that cannot be read (a damaged file) is reported in
+    /// when there is none (a local directory with only [`LEGACY_FILE`] resumes from it). A newest one that cannot be read (a damaged file) is reported in
     /// a warning and the one before is tried, and so on. A checkpoint that does not fit the
     /// model is an error, not a fallback.
     pub fn resume<M, O>(&self, module: &M, opt: &O) -> Result<Option<Resumed>>
@@ -267,7 +267,7 @@ impl Checkpoints {
             }
         }
         if failed.is_empty() {
-            return Ok(None);
+            return self.resume_single_file(module, opt);
         }
         Err(storage(
             &self.location.describe(),
@@ -276,6 +276,48 @@ impl Checkpoints {
         .into())
     }
 }
+
+impl Checkpoints {
+    /// A directory holding no step directory but [`LEGACY_FILE`] (the layout before step
+    /// directories, one file rewritten at each save): that file, so such a run resumes too.
+    fn resume_single_file<M, O>(&self, module: &M, opt: &O) -> Result<Option<Resumed>>
+    where
+        M: Module + ?Sized,
+        O: OptimizerState + ?Sized,
+    {
+        let Location::Local(root) = &*self.location else {
+            return Ok(None);
+        };
+        let path = root.join(LEGACY_FILE);
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let sd = StateDict::load(&path)?;
+        let restored = crate::state::load_training(module, opt, &sd, &path)?;
+        let step = restored.step.ok_or_else(|| {
+            storage(
+                &path.display().to_string(),
+                "not a training checkpoint (no step)",
+            )
+        })?;
+        tracing::warn!(
+            "resuming from {}, a single-file checkpoint; the next save writes a step directory \
+             beside it",
+            path.display()
+        );
+        Ok(Some(Resumed {
+            checkpoint: CheckpointInfo {
+                name: LEGACY_FILE.to_string(),
+                step,
+            },
+            location: path.display().to_string(),
+        }))
+    }
+}
+
+/// The single file a checkpoint directory held before step directories (`--ckpt-dir` of the
+/// examples wrote `<dir>/last.safetensors`); [`Checkpoints::resume`] still reads it.
+pub const LEGACY_FILE: &str = "last.safetensors";
 
 impl Drop for Checkpoints {
     /// A save still being written is finished first, so a job that ends normally never leaves

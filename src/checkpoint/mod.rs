@@ -40,7 +40,7 @@ mod snapshot;
 
 pub(crate) use location::Location;
 pub use location::CKPT_S3_TIMEOUT_ENV;
-pub use manager::{CheckpointInfo, CheckpointOptions, Checkpoints, Resumed};
+pub use manager::{CheckpointInfo, CheckpointOptions, Checkpoints, Resumed, LEGACY_FILE};
 pub use neuron_pc_cache::{PartOptions, S3Options};
 
 use std::collections::{BTreeMap, HashMap};
