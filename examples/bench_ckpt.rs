@@ -20,10 +20,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Parser;
-use neuron_pc::checkpoint::{CheckpointOptions, Checkpoints};
 use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM};
 use neuron_pc::nn::{HostRng, Module, VarBuilder};
 use neuron_pc::optim::AdamW;
+use neuron_pc::state::{CheckpointOptions, Checkpoints};
 use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
 
 /// Time checkpoint saves of a 160M Llama and AdamW, in the background and not.

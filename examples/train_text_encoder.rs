@@ -17,11 +17,11 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
-use neuron_pc::checkpoint::{CheckpointOptions, Checkpoints};
 use neuron_pc::data::{DeviceLoader, LastBatch};
 use neuron_pc::models::{accuracy, SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::Module;
 use neuron_pc::optim::{average_gradients, AdamW, WarmupCosine};
+use neuron_pc::state::{CheckpointOptions, Checkpoints};
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, DType, DeviceConfig, LazyDevice, Tensor};
 

@@ -1,4 +1,4 @@
-//! Checkpoints at scale (`neuron_pc::checkpoint::Checkpoints`), locally: a background save
+//! Checkpoints at scale (`neuron_pc::state::Checkpoints`), locally: a background save
 //! holds the step it was taken at while training goes on, ZeRO-1 moments are written per
 //! replica and load at any replica count, the newest K are kept, a resume picks the newest
 //! complete checkpoint and falls back past a damaged one, and large states are several files
@@ -7,11 +7,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use neuron_pc::checkpoint::{CheckpointOptions, Checkpoints, StateDict};
+use neuron_pc::checkpoint::StateDict;
 use neuron_pc::compile::CacheConfig;
 use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::Module;
 use neuron_pc::optim::{average_gradients, AdamW};
+use neuron_pc::state::{CheckpointOptions, Checkpoints};
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, state, DType, DeviceConfig, LazyDevice, Tensor};
 use neuron_pc_test_support::paths::fresh_dir;

@@ -5,9 +5,9 @@
 
 use std::process::Command;
 
-use neuron_pc::checkpoint::Checkpoints;
 use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM};
 use neuron_pc::nn::Module;
+use neuron_pc::state::Checkpoints;
 use neuron_pc::{DType, DeviceConfig, LazyDevice};
 
 mod llama_job;

@@ -2,10 +2,10 @@
 //! saved in the background, the newest complete one picked on resume.
 
 use anyhow::{bail, Context};
-use neuron_pc::checkpoint::{CheckpointOptions, Checkpoints};
 use neuron_pc::models::llama::LlamaForCausalLM;
 use neuron_pc::optim::AdamW;
 use neuron_pc::state;
+use neuron_pc::state::{CheckpointOptions, Checkpoints};
 
 use crate::Args;
 

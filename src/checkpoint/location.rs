@@ -34,7 +34,11 @@ impl Location {
     /// `s3://bucket/prefix` or a local directory (created at the first save). An S3 location
     /// is probed once: a missing bucket or refused credentials are an error here, before
     /// training starts.
-    pub(crate) fn open(spec: &str, o: &super::CheckpointOptions) -> Result<Location> {
+    pub(crate) fn open(
+        spec: &str,
+        parts: &PartOptions,
+        s3: Option<&S3Options>,
+    ) -> Result<Location> {
         if !spec.starts_with("s3://") {
             let path = PathBuf::from(spec);
             if path.is_file() {
@@ -60,7 +64,7 @@ impl Location {
                     )
                 })?,
         };
-        let options = match &o.s3 {
+        let options = match s3 {
             Some(given) => S3Options {
                 max_retries: 0,
                 ..given.clone()
@@ -77,7 +81,7 @@ impl Location {
         store.probe().map_err(|e| storage(spec, &e.to_string()))?;
         Ok(Location::S3 {
             store: Box::new(store),
-            parts: o.parts.clone(),
+            parts: parts.clone(),
         })
     }
 

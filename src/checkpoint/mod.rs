@@ -34,13 +34,10 @@
 //! ```
 
 mod location;
-mod manager;
-mod manifest;
-mod snapshot;
+pub(crate) mod manifest;
 
 pub(crate) use location::Location;
 pub use location::CKPT_S3_TIMEOUT_ENV;
-pub use manager::{CheckpointInfo, CheckpointOptions, Checkpoints, Resumed, LEGACY_FILE};
 pub use neuron_pc_cache::{PartOptions, S3Options};
 
 use std::collections::{BTreeMap, HashMap};

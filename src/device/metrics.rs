@@ -77,7 +77,7 @@ pub struct Metrics {
     /// [`crate::DeviceConfig::max_bytes_in_flight`]).
     #[serde(default)]
     pub peak_bytes_in_flight: u64,
-    /// Checkpoints saved ([`crate::checkpoint::Checkpoints::save`]), in the background or not.
+    /// Checkpoints saved ([`crate::state::Checkpoints::save`]), in the background or not.
     #[serde(default)]
     pub checkpoint_saves: u64,
     /// The time those saves blocked the training loop, in ms: taking the snapshot and waiting

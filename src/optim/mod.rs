@@ -184,7 +184,7 @@ pub trait OptimizerState {
 
     /// The state as the optimizer holds it, under [`OptimizerState::named_state`]'s names: what
     /// a checkpoint saves without gathering anything on the device
-    /// ([`crate::checkpoint::Checkpoints`]). The default is `named_state`'s tensors, whole; a
+    /// ([`crate::state::Checkpoints`]). The default is `named_state`'s tensors, whole; a
     /// ZeRO-1 optimizer gives each replica's block ([`HeldState::Blocks`]).
     fn held_state(&self, param_names: &[String]) -> Result<Vec<(String, HeldState)>> {
         Ok(self

@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 
 use neuron_pc_cache::{PartOptions, S3Options};
 
-use super::location::Location;
-use super::manifest::{self, dir_name, step_of, Assembly, Manifest, HF_INDEX, MANIFEST};
 use super::snapshot::Snapshot;
-use super::{CheckpointError, StateDict};
+use crate::checkpoint::manifest::{
+    self, dir_name, step_of, Assembly, Manifest, HF_INDEX, MANIFEST,
+};
+use crate::checkpoint::{CheckpointError, Location, StateDict};
 use crate::error::Result;
 use crate::nn::Module;
 use crate::optim::OptimizerState;
@@ -31,7 +32,7 @@ pub struct CheckpointOptions {
     /// S3 only: part size, parts in flight and tries per request of the uploads and reads.
     pub parts: PartOptions,
     /// S3 only: the request bounds, endpoint and credentials, overriding the environment's
-    /// (`AWS_ENDPOINT_URL`, [`super::CKPT_S3_TIMEOUT_ENV`]); requests are retried by
+    /// (`AWS_ENDPOINT_URL`, [`crate::checkpoint::CKPT_S3_TIMEOUT_ENV`]); requests are retried by
     /// [`CheckpointOptions::parts`], so `max_retries` is ignored.
     pub s3: Option<S3Options>,
     /// A run of several processes: how long rank 0 waits for the other ranks' files before it
@@ -86,7 +87,7 @@ struct Pending {
 /// checkpoint stays the newest); [`Checkpoints::wait`] returns the last one's outcome.
 ///
 /// ```no_run
-/// # use neuron_pc::checkpoint::{CheckpointOptions, Checkpoints};
+/// # use neuron_pc::state::{CheckpointOptions, Checkpoints};
 /// # use neuron_pc::{models::{TextEncoder, TextEncoderConfig}, nn::Module, optim::AdamW};
 /// # use neuron_pc::{LazyDevice, Tensor};
 /// # fn main() -> neuron_pc::Result<()> {
@@ -125,7 +126,7 @@ impl Checkpoints {
             return Err(storage(spec, "keeping 0 checkpoints would delete every one").into());
         }
         Ok(Checkpoints {
-            location: Arc::new(Location::open(spec, &options)?),
+            location: Arc::new(Location::open(spec, &options.parts, options.s3.as_ref())?),
             options,
             pending: None,
         })

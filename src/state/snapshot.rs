@@ -9,14 +9,14 @@ use std::sync::Arc;
 use neuron_pc_compiler::sharding::Sharding;
 use neuron_pc_compiler::HostTensor;
 
-use super::manifest::{self, Block, Chunk, FileEntry, Manifest, TensorEntry};
-use super::{host_rows, is_stacked, stacked_row_name, CheckpointError, Location};
+use super::{OPTIMIZER_PREFIX, STEP_KEY};
+use crate::checkpoint::manifest::{self, Block, Chunk, FileEntry, Manifest, TensorEntry};
+use crate::checkpoint::{host_rows, is_stacked, stacked_row_name, CheckpointError, Location};
 use crate::device::trace::DeviceData;
 use crate::device::DeviceInner;
 use crate::error::Result;
 use crate::nn::Module;
 use crate::optim::{HeldState, OptimizerState};
-use crate::state::{OPTIMIZER_PREFIX, STEP_KEY};
 use crate::tensor::Tensor;
 
 /// One tensor of the state.
@@ -298,7 +298,7 @@ fn serialize(
         metadata.clone().into_iter().collect();
     metadata.insert("format".into(), "pt".into());
     let tensors = tensors.iter().map(|(n, t)| (n.as_str(), t));
-    Ok(super::serialize(
+    Ok(crate::checkpoint::serialize(
         tensors,
         metadata,
         std::path::Path::new(file),

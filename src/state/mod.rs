@@ -36,6 +36,11 @@
 //! Loading checks every name, shape and dtype first and reports all mismatches at once
 //! ([`crate::checkpoint::CheckpointError::Mismatch`]); on any error nothing is loaded.
 
+mod checkpoints;
+mod snapshot;
+
+pub use checkpoints::{CheckpointInfo, CheckpointOptions, Checkpoints, Resumed, LEGACY_FILE};
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
