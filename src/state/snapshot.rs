@@ -181,7 +181,7 @@ impl Snapshot {
                     stored.push((piece.key, piece.host));
                 }
             }
-            let bytes = serialize(&stored, &self.metadata, &file)?;
+            let bytes = serialize(&stored, &file)?;
             drop(stored);
             test_delay();
             loc.put(&format!("{dir}/{file}"), &bytes)?;
@@ -287,16 +287,11 @@ struct Piece {
     block: Option<Block>,
 }
 
-/// The safetensors bytes of `tensors`, with the checkpoint's metadata (the step) and the
-/// `format` Hugging Face's loaders look for.
-fn serialize(
-    tensors: &[(String, HostTensor)],
-    metadata: &BTreeMap<String, String>,
-    file: &str,
-) -> Result<Vec<u8>> {
-    let mut metadata: std::collections::HashMap<String, String> =
-        metadata.clone().into_iter().collect();
-    metadata.insert("format".into(), "pt".into());
+/// The safetensors bytes of `tensors`, with the `format` Hugging Face's loaders look for as
+/// their only metadata: the step is in the manifest. safetensors writes the metadata map in hash
+/// order, so a second key would make the bytes of one state differ from process to process.
+fn serialize(tensors: &[(String, HostTensor)], file: &str) -> Result<Vec<u8>> {
+    let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
     let tensors = tensors.iter().map(|(n, t)| (n.as_str(), t));
     Ok(crate::checkpoint::serialize(
         tensors,
