@@ -231,9 +231,10 @@ impl Checkpoints {
     }
 
     /// Loads the newest complete checkpoint into `module` and `opt`, and says which; `None`
-    /// when there is none (a local directory with only [`LEGACY_FILE`] resumes from it). A newest one that cannot be read (a damaged file) is reported in
-    /// a warning and the one before is tried, and so on. A checkpoint that does not fit the
-    /// model is an error, not a fallback.
+    /// when there is none (a local directory with only [`LEGACY_FILE`] resumes from it). A
+    /// newest one that cannot be read (a damaged file) is reported in a warning and the one
+    /// before is tried, and so on. A checkpoint that does not fit the model is an error, not a
+    /// fallback.
     pub fn resume<M, O>(&self, module: &M, opt: &O) -> Result<Option<Resumed>>
     where
         M: Module + ?Sized,
