@@ -31,6 +31,28 @@ pub struct PartOptions {
     pub backoff: Duration,
 }
 
+impl PartOptions {
+    /// Whether try `attempt` (from 1) of `what`, which failed with `err`, is retried: the wait
+    /// before the next try (doubling from [`PartOptions::backoff`], at most 8 s), said in a
+    /// warning; `None` when `err` is not transient (only [`Error::Unavailable`] is) or the
+    /// tries are used up. The one retry policy of large transfers and of the requests around
+    /// them.
+    pub fn retry_after(&self, what: &str, err: &Error, attempt: usize) -> Option<Duration> {
+        let attempts = self.attempts.max(1);
+        if !matches!(err, Error::Unavailable { .. }) || attempt >= attempts {
+            return None;
+        }
+        let doublings = u32::try_from(attempt - 1).unwrap_or(u32::MAX).min(16);
+        let wait = (self.backoff * 2u32.pow(doublings)).min(Duration::from_secs(8));
+        tracing::warn!(
+            "{what}: {err}; retry {attempt} of {} in {:.1} s",
+            attempts - 1,
+            wait.as_secs_f64()
+        );
+        Some(wait)
+    }
+}
+
 impl Default for PartOptions {
     fn default() -> Self {
         PartOptions {
@@ -142,8 +164,6 @@ impl S3Store {
         F: FnMut() -> Fut,
         Fut: Future<Output = object_store::Result<T>>,
     {
-        let mut wait = o.backoff;
-        let attempts = o.attempts.max(1);
         let mut attempt = 1;
         loop {
             let err = match tokio::time::timeout(self.budget, request()).await {
@@ -162,16 +182,10 @@ impl S3Store {
                     throttled: false,
                 },
             };
-            if !matches!(err, Error::Unavailable { .. }) || attempt >= attempts {
+            let Some(wait) = o.retry_after(what, &err, attempt) else {
                 return Err(err);
-            }
-            tracing::warn!(
-                "{what}: {err}; retry {attempt} of {} in {:.1} s",
-                attempts - 1,
-                wait.as_secs_f64()
-            );
+            };
             tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(Duration::from_secs(8));
             attempt += 1;
         }
     }

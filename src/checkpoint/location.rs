@@ -182,30 +182,24 @@ impl Location {
     }
 }
 
-/// `request` tried up to `parts.attempts` times while the store is unavailable (5xx, dropped
-/// connections, timeouts), with a warning before each retry, as [`S3Store::put_large`] does.
+/// `request` retried as [`S3Store::put_large`] retries its requests
+/// ([`PartOptions::retry_after`]).
 fn retried<T>(
     what: &str,
     parts: &PartOptions,
     request: impl Fn() -> neuron_pc_cache::Result<T>,
 ) -> neuron_pc_cache::Result<T> {
-    let mut wait = parts.backoff;
-    let attempts = parts.attempts.max(1);
-    for attempt in 1.. {
+    let mut attempt = 1;
+    loop {
         match request() {
-            Err(e @ neuron_pc_cache::Error::Unavailable { .. }) if attempt < attempts => {
-                tracing::warn!(
-                    "{what}: {e}; retry {attempt} of {} in {:.1} s",
-                    attempts - 1,
-                    wait.as_secs_f64()
-                );
-                std::thread::sleep(wait);
-                wait = (wait * 2).min(Duration::from_secs(8));
-            }
-            other => return other,
+            Err(e) => match parts.retry_after(what, &e, attempt) {
+                Some(wait) => std::thread::sleep(wait),
+                None => return Err(e),
+            },
+            ok => return ok,
         }
+        attempt += 1;
     }
-    unreachable!("the loop returns")
 }
 
 fn storage(location: &str, message: &str) -> CheckpointError {

@@ -15,7 +15,6 @@ use crate::checkpoint::{CheckpointError, Location, StateDict};
 use crate::error::Result;
 use crate::nn::Module;
 use crate::optim::OptimizerState;
-use crate::LazyDevice;
 
 /// How [`Checkpoints`] saves.
 #[derive(Clone, Debug, PartialEq)]
@@ -157,37 +156,17 @@ impl Checkpoints {
             tracing::warn!("{e}");
         }
         let snapshot = Snapshot::take(module, opt, step)?;
-        let device = module
-            .parameters()
-            .first()
-            .map(|(_, t)| t.device())
-            .transpose()?;
         let location = self.location.clone();
         let options = self.options.clone();
         if !self.options.background {
-            let result = commit(
-                &location,
-                snapshot,
-                &options,
-                started,
-                device.as_ref(),
-                None,
-            );
-            return result.map(drop);
+            return commit(&location, snapshot, &options, started, None).map(drop);
         }
         let blocked = started.elapsed();
         let handle = std::thread::Builder::new()
             .name(format!("checkpoint-{step}"))
             .spawn(move || {
                 let from = Instant::now();
-                commit(
-                    &location,
-                    snapshot,
-                    &options,
-                    from,
-                    device.as_ref(),
-                    Some(blocked),
-                )
+                commit(&location, snapshot, &options, from, Some(blocked))
             })
             .map_err(|source| CheckpointError::Io {
                 path: target,
@@ -277,9 +256,7 @@ impl Checkpoints {
         )
         .into())
     }
-}
 
-impl Checkpoints {
     /// A directory holding no step directory but [`LEGACY_FILE`] (the layout before step
     /// directories, one file rewritten at each save): that file, so such a run resumes too.
     fn resume_single_file<M, O>(&self, module: &M, opt: &O) -> Result<Option<Resumed>>
@@ -345,10 +322,10 @@ fn commit(
     snapshot: Snapshot,
     options: &CheckpointOptions,
     started: Instant,
-    device: Option<&LazyDevice>,
     blocked: Option<Duration>,
 ) -> Result<CheckpointInfo> {
     let (step, rank, processes) = (snapshot.step, snapshot.rank, snapshot.processes);
+    let device = snapshot.device();
     let dir = dir_name(step);
     let info = CheckpointInfo {
         name: dir.clone(),
@@ -384,11 +361,9 @@ fn commit(
         }
         Ok(())
     })();
-    if let Some(device) = device {
-        let total = started.elapsed().as_secs_f64() * 1e3;
-        let blocked = blocked.map_or(total, |b| b.as_secs_f64() * 1e3);
-        device.record_checkpoint(blocked, total, bytes);
-    }
+    let total = started.elapsed().as_secs_f64() * 1e3;
+    let blocked = blocked.map_or(total, |b| b.as_secs_f64() * 1e3);
+    device.record_checkpoint(blocked, total, bytes);
     result.map(|()| info)
 }
 
@@ -427,12 +402,12 @@ fn gather_parts(loc: &Location, dir: &str, ranks: usize, timeout: Duration) -> R
 /// several processes left, which a new save of the same step would otherwise merge.
 fn clear_stale_parts(loc: &Location) -> std::result::Result<(), CheckpointError> {
     let names = loc.list()?;
-    let committed = |dir: &str| names.iter().any(|n| *n == format!("{dir}/{MANIFEST}"));
+    let done: Vec<String> = committed(&names).into_iter().map(|c| c.name).collect();
     for n in &names {
         let Some((dir, file)) = n.split_once('/') else {
             continue;
         };
-        if file.starts_with("rank-") && file.ends_with(".json") && !committed(dir) {
+        if file.starts_with("rank-") && file.ends_with(".json") && !done.iter().any(|d| d == dir) {
             loc.delete(n)?;
         }
     }
@@ -441,8 +416,12 @@ fn clear_stale_parts(loc: &Location) -> std::result::Result<(), CheckpointError>
 
 /// The committed checkpoints, oldest first.
 fn complete(loc: &Location) -> std::result::Result<Vec<CheckpointInfo>, CheckpointError> {
-    let mut out: Vec<CheckpointInfo> = loc
-        .list()?
+    Ok(committed(&loc.list()?))
+}
+
+/// The committed checkpoints among a location's object names, oldest first.
+fn committed(names: &[String]) -> Vec<CheckpointInfo> {
+    let mut out: Vec<CheckpointInfo> = names
         .iter()
         .filter_map(|n| {
             let (dir, file) = n.split_once('/')?;
@@ -454,14 +433,15 @@ fn complete(loc: &Location) -> std::result::Result<Vec<CheckpointInfo>, Checkpoi
         })
         .collect();
     out.sort_by_key(|c| c.step);
-    Ok(out)
+    out
 }
 
 /// Deletes the committed checkpoints older than the newest `keep` (commit point first, so a
 /// kill midway leaves an incomplete directory, never a damaged complete one), and what
 /// unfinished saves older than the newest left behind.
 fn prune(loc: &Location, keep: usize) -> std::result::Result<(), CheckpointError> {
-    let done = complete(loc)?;
+    let names = loc.list()?;
+    let done = committed(&names);
     let Some(newest) = done.last().map(|c| c.step) else {
         return Ok(());
     };
@@ -471,7 +451,6 @@ fn prune(loc: &Location, keep: usize) -> std::result::Result<(), CheckpointError
         .take(keep)
         .map(|c| c.name.as_str())
         .collect();
-    let names = loc.list()?;
     let mut doomed: Vec<&str> = Vec::new();
     for n in &names {
         let Some((dir, _)) = n.split_once('/') else {
@@ -485,8 +464,10 @@ fn prune(loc: &Location, keep: usize) -> std::result::Result<(), CheckpointError
         }
     }
     for dir in doomed {
-        loc.delete(&format!("{dir}/{MANIFEST}"))?;
-        for n in names.iter().filter(|n| n.starts_with(&format!("{dir}/"))) {
+        let commit_point = format!("{dir}/{MANIFEST}");
+        loc.delete(&commit_point)?;
+        let rest = names.iter().filter(|n| n.starts_with(&format!("{dir}/")));
+        for n in rest.filter(|n| **n != commit_point) {
             loc.delete(n)?;
         }
     }

@@ -18,6 +18,7 @@ use crate::error::Result;
 use crate::nn::Module;
 use crate::optim::{HeldState, OptimizerState};
 use crate::tensor::Tensor;
+use crate::LazyDevice;
 
 /// One tensor of the state.
 struct Entry {
@@ -61,7 +62,6 @@ pub(crate) struct Snapshot {
     pub(crate) processes: usize,
     replica_offset: usize,
     local_replicas: usize,
-    mesh: bool,
 }
 
 impl Snapshot {
@@ -120,9 +120,15 @@ impl Snapshot {
             processes,
             replica_offset: device.replica_offset(),
             local_replicas: device.replicas(),
-            mesh: device.mesh().is_some(),
             dev,
         })
+    }
+
+    /// The device the state is on (its metrics count the save).
+    pub(crate) fn device(&self) -> LazyDevice {
+        LazyDevice {
+            inner: self.dev.clone(),
+        }
     }
 
     /// Writes this process's files of the checkpoint into directory `dir` of `loc`, files of
@@ -211,11 +217,8 @@ impl Snapshot {
             if let (Some(s), false) = (blocks, is_stacked(&e.name)) {
                 return self.mesh_blocks(e, data, s);
             }
-            let host = if self.mesh {
-                self.dev.download_whole(data)?
-            } else {
-                self.dev.download(data, 0)?
-            };
+            // the first replica's copy, or a mesh's blocks put together (replicated here)
+            let host = self.dev.download_whole(data)?;
             if !is_stacked(&e.name) {
                 return Ok(vec![whole(e.name.clone(), host)]);
             }
