@@ -14,6 +14,7 @@ use crate::options::{default_dir, CacheOptions, CACHE_URL_ENV};
 use crate::record::{
     now_secs, sha256_hex, sign, EntryRecord, FailureRecord, ENTRY_FORMAT_VERSION, MAX_RECORD_BYTES,
 };
+#[cfg(feature = "s3")]
 use crate::s3::S3Store;
 use crate::store::{LocalStore, PutMode, Store, Tier};
 
@@ -284,6 +285,7 @@ impl Cache {
     /// probes the bucket: refused credentials or a missing bucket fail here, loudly; an
     /// unreachable server is warned about once and the cache goes on without it (local tier
     /// only, or no tier: every lookup a miss), because a training job must not stop for it.
+    #[cfg(feature = "s3")]
     fn open_s3(url: &str, opts: CacheOptions) -> Result<Cache> {
         let s3 = S3Store::open(url, &opts.s3)?;
         let probed = s3.probe();
@@ -303,6 +305,15 @@ impl Cache {
             }
         }
         Ok(cache)
+    }
+
+    /// Built without the `s3` feature: an `s3://` URL is one error naming it.
+    #[cfg(not(feature = "s3"))]
+    fn open_s3(url: &str, _opts: CacheOptions) -> Result<Cache> {
+        Err(Error::InvalidUrl {
+            url: url.to_string(),
+            message: crate::s3::NO_S3.into(),
+        })
     }
 
     /// Names of the tiers this process has switched off after storage trouble.

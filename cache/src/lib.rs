@@ -22,7 +22,6 @@ mod options;
 mod probe;
 mod record;
 mod s3;
-mod s3_large;
 mod store;
 
 pub use cache::{
@@ -39,6 +38,7 @@ pub use options::{
 };
 pub use probe::{ProbeStep, ProbeTimes, TierProbe};
 pub use record::{EntryRecord, FailureRecord, ENTRY_FORMAT_VERSION};
-pub use s3::{S3Options, S3Store, DEFAULT_S3_BUDGET, S3_TIMEOUT_ENV};
-pub use s3_large::PartOptions;
+#[cfg(feature = "s3")]
+pub use s3::S3Store;
+pub use s3::{PartOptions, S3Options, DEFAULT_S3_BUDGET, S3_TIMEOUT_ENV};
 pub use store::{LocalStore, ObjectMeta, PutMode, Store, Tier};

@@ -8,61 +8,13 @@
 //! incomplete upload that the bucket's lifecycle rule `AbortIncompleteMultipartUpload` removes).
 
 use std::future::Future;
-use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::{ObjectStore, PutPayload};
 
+use super::{PartOptions, S3Store};
 use crate::error::{Error, Result};
-use crate::s3::S3Store;
-
-/// How [`S3Store::put_large`] and [`S3Store::get_large`] split and retry.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PartOptions {
-    /// Bytes per part (S3 needs at least 5 MiB for every part but the last); an object of at
-    /// most this size is one PUT or one GET.
-    pub part_size: usize,
-    /// Parts in flight at once.
-    pub concurrency: usize,
-    /// Tries per request (part, PUT, GET, completion), the first included.
-    pub attempts: usize,
-    /// Wait before the first retry of a request; doubling, at most 8 s.
-    pub backoff: Duration,
-}
-
-impl PartOptions {
-    /// Whether try `attempt` (from 1) of `what`, which failed with `err`, is retried: the wait
-    /// before the next try (doubling from [`PartOptions::backoff`], at most 8 s), said in a
-    /// warning; `None` when `err` is not transient (only [`Error::Unavailable`] is) or the
-    /// tries are used up. The one retry policy of large transfers and of the requests around
-    /// them.
-    pub fn retry_after(&self, what: &str, err: &Error, attempt: usize) -> Option<Duration> {
-        let attempts = self.attempts.max(1);
-        if !matches!(err, Error::Unavailable { .. }) || attempt >= attempts {
-            return None;
-        }
-        let doublings = u32::try_from(attempt - 1).unwrap_or(u32::MAX).min(16);
-        let wait = (self.backoff * 2u32.pow(doublings)).min(Duration::from_secs(8));
-        tracing::warn!(
-            "{what}: {err}; retry {attempt} of {} in {:.1} s",
-            attempts - 1,
-            wait.as_secs_f64()
-        );
-        Some(wait)
-    }
-}
-
-impl Default for PartOptions {
-    fn default() -> Self {
-        PartOptions {
-            part_size: 64 << 20,
-            concurrency: 4,
-            attempts: 5,
-            backoff: Duration::from_millis(200),
-        }
-    }
-}
 
 impl S3Store {
     /// Writes `bytes` as object `name`: one PUT up to [`PartOptions::part_size`], a multipart

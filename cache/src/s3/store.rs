@@ -14,89 +14,9 @@ use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as ObjectPath;
 use object_store::{BackoffConfig, ClientOptions, ObjectStore, PutPayload, RetryConfig};
 
+use super::{S3Options, S3_TIMEOUT_ENV, THREAD_REQUESTS};
 use crate::error::{Error, Result};
 use crate::store::{ObjectMeta, PutMode, Store, Tier};
-
-/// Seconds (fractions allowed) bounding one S3 request, retries included; default 6. Half of
-/// it bounds each attempt, the other half the time in which retries may start. A listing is
-/// bounded per page (request), so a command over a large cache gets time in proportion.
-pub const S3_TIMEOUT_ENV: &str = "NEURON_PC_CACHE_S3_TIMEOUT";
-
-/// The default of [`S3_TIMEOUT_ENV`]: a hung server costs a training job these seconds once
-/// (the tier is then off for the rest of the job), not tens of seconds per operation.
-pub const DEFAULT_S3_BUDGET: Duration = Duration::from_secs(6);
-
-/// Time bounds of S3 requests.
-#[derive(Clone, Debug, PartialEq)]
-pub struct S3Options {
-    /// Whole-request bound (connect, send, receive the body).
-    pub timeout: Duration,
-    /// Bound on establishing a connection.
-    pub connect_timeout: Duration,
-    /// Retries of one request (5xx, throttling, dropped connections).
-    pub max_retries: usize,
-    /// No retry starts after this much time since the first attempt.
-    pub retry_timeout: Duration,
-    /// First back-off between retries (doubling, with jitter).
-    pub initial_backoff: Duration,
-    /// Overrides `AWS_ENDPOINT_URL` (for example a server started by a test).
-    pub endpoint: Option<String>,
-    /// Access key id and secret, overriding the environment and profile.
-    pub credentials: Option<(String, String)>,
-}
-
-impl Default for S3Options {
-    fn default() -> Self {
-        S3Options {
-            timeout: DEFAULT_S3_BUDGET / 2,
-            connect_timeout: Duration::from_secs(2),
-            max_retries: 3,
-            retry_timeout: DEFAULT_S3_BUDGET / 2,
-            initial_backoff: Duration::from_millis(100),
-            endpoint: None,
-            credentials: None,
-        }
-    }
-}
-
-impl S3Options {
-    /// Defaults, with the request timeout from `NEURON_PC_CACHE_S3_TIMEOUT` when set.
-    pub fn from_env() -> Result<S3Options> {
-        let mut o = S3Options::default();
-        if let Ok(v) = std::env::var(S3_TIMEOUT_ENV) {
-            let secs: f64 = v
-                .trim()
-                .parse()
-                .ok()
-                .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s < 86_400.0)
-                .ok_or_else(|| Error::InvalidUrl {
-                    url: v.clone(),
-                    message: format!("{S3_TIMEOUT_ENV} must be a number of seconds"),
-                })?;
-            o.timeout = Duration::from_secs_f64(secs / 2.0);
-            o.retry_timeout = o.timeout;
-            o.connect_timeout = o.connect_timeout.min(o.timeout);
-        }
-        Ok(o)
-    }
-
-    /// The most one operation may take, retries included: after it the operation fails as
-    /// timed out, whatever the server does.
-    pub fn budget(&self) -> Duration {
-        self.timeout + self.retry_timeout
-    }
-}
-
-thread_local! {
-    /// S3 operations this thread has made (for the waiting metrics: a waiter's own requests,
-    /// not those of other threads sharing the store).
-    static THREAD_REQUESTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// S3 operations the calling thread has made so far.
-pub(crate) fn thread_requests() -> u64 {
-    THREAD_REQUESTS.with(|n| n.get())
-}
 
 /// An S3 bucket and key prefix.
 pub struct S3Store {
