@@ -9,6 +9,25 @@ use super::sys::{self, Args};
 use crate::error::{Error, Result};
 use crate::host::HostTensor;
 
+/// The next execution's `launch_id`: distinct for every launch in this process (never 0).
+///
+/// XLA's CPU client makes the launch id the run id of its in-process collectives, and their
+/// rendezvous table is one per process, keyed by run id, devices and the collective's id, not
+/// by client. With every launch at 0, two clients of one process (two devices, or tests on
+/// threads of one test program) running programs with the same collective on the same device
+/// numbers met in one rendezvous: one replica of each joined the other's and the rest waited
+/// out XLA's 40 s timeout ("only 1 of 2 threads arrived"). All devices of one launch share its id.
+fn next_launch_id() -> std::os::raw::c_int {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    // 31 bits, skipping 0 when it wraps
+    let id = NEXT.fetch_add(1, Ordering::Relaxed) & 0x7fff_ffff;
+    if id == 0 {
+        return next_launch_id();
+    }
+    id as std::os::raw::c_int
+}
+
 /// A compiled program loaded on a client's devices. Freed when dropped.
 pub struct LoadedExecutable {
     client: Client,
@@ -424,6 +443,7 @@ impl LoadedExecutable {
         let mut options = sys::PJRT_ExecuteOptions {
             non_donatable_input_indices: keep.as_ptr(),
             num_non_donatable_input_indices: keep.len(),
+            launch_id: next_launch_id(),
             ..Args::new()
         };
         let mut args = sys::PJRT_LoadedExecutable_Execute_Args {
