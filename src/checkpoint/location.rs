@@ -6,9 +6,12 @@
 //! directory fsynced); on S3 one PUT, or a multipart upload that shows only when completed.
 
 use std::path::{Path, PathBuf};
+#[cfg(feature = "s3")]
 use std::time::Duration;
 
-use neuron_pc_cache::{PartOptions, S3Options, S3Store, Store};
+use neuron_pc_cache::{PartOptions, S3Options};
+#[cfg(feature = "s3")]
+use neuron_pc_cache::{S3Store, Store};
 
 use super::{write_atomic, CheckpointError, Result};
 
@@ -21,6 +24,7 @@ pub(crate) enum Location {
     /// A local (or mounted: FSx, EFS) directory.
     Local(PathBuf),
     /// An S3 prefix.
+    #[cfg(feature = "s3")]
     S3 {
         /// The client, opened without retries of its own: [`PartOptions::attempts`] retries
         /// each request, with a warning each.
@@ -49,6 +53,12 @@ impl Location {
             }
             return Ok(Location::Local(path));
         }
+        Location::open_s3(spec, parts, s3)
+    }
+
+    /// [`Location::open`] of an `s3://` URL.
+    #[cfg(feature = "s3")]
+    fn open_s3(spec: &str, parts: &PartOptions, s3: Option<&S3Options>) -> Result<Location> {
         let timeout = match std::env::var(CKPT_S3_TIMEOUT_ENV) {
             Err(_) => Duration::from_secs(120),
             Ok(v) => v
@@ -85,10 +95,21 @@ impl Location {
         })
     }
 
+    /// Built without the `s3` feature: an `s3://` location is one error naming it.
+    #[cfg(not(feature = "s3"))]
+    fn open_s3(spec: &str, _parts: &PartOptions, _s3: Option<&S3Options>) -> Result<Location> {
+        Err(storage(
+            spec,
+            "this build has no S3 support: build neuron-pc with its `s3` feature (the \
+             neuron-pc binary has it)",
+        ))
+    }
+
     /// The directory or URL, for messages.
     pub(crate) fn describe(&self) -> String {
         match self {
             Location::Local(p) => p.display().to_string(),
+            #[cfg(feature = "s3")]
             Location::S3 { store, .. } => store.describe(),
         }
     }
@@ -98,7 +119,9 @@ impl Location {
         match (self, name) {
             (Location::Local(p), "") => p.clone(),
             (Location::Local(p), _) => p.join(name),
+            #[cfg(feature = "s3")]
             (Location::S3 { store, .. }, "") => PathBuf::from(store.describe()),
+            #[cfg(feature = "s3")]
             (Location::S3 { store, .. }, _) => {
                 PathBuf::from(format!("{}/{name}", store.describe()))
             }
@@ -112,6 +135,7 @@ impl Location {
                 let path = root.join(name);
                 write_atomic(&path, bytes).map_err(|source| CheckpointError::Io { path, source })
             }
+            #[cfg(feature = "s3")]
             Location::S3 { store, parts } => store
                 .put_large(name, bytes, parts)
                 .map_err(|e| self.error(name, e)),
@@ -129,6 +153,7 @@ impl Location {
                     Err(source) => Err(CheckpointError::Io { path, source }),
                 }
             }
+            #[cfg(feature = "s3")]
             Location::S3 { store, parts } => store
                 .get_large(name, parts)
                 .map_err(|e| self.error(name, e)),
@@ -145,6 +170,7 @@ impl Location {
                 out.sort();
                 Ok(out)
             }
+            #[cfg(feature = "s3")]
             Location::S3 { store, parts } => Ok(retried("listing", parts, || store.list(""))
                 .map_err(|e| self.error("(listing)", e))?
                 .into_iter()
@@ -170,6 +196,7 @@ impl Location {
                 }
                 Ok(())
             }
+            #[cfg(feature = "s3")]
             Location::S3 { store, parts } => {
                 retried(&format!("DELETE {name}"), parts, || store.delete(name))
                     .map_err(|e| self.error(name, e))
@@ -177,6 +204,7 @@ impl Location {
         }
     }
 
+    #[cfg(feature = "s3")]
     fn error(&self, name: &str, e: neuron_pc_cache::Error) -> CheckpointError {
         storage(&format!("{}/{name}", self.describe()), &e.to_string())
     }
@@ -184,6 +212,7 @@ impl Location {
 
 /// `request` retried as [`S3Store::put_large`] retries its requests
 /// ([`PartOptions::retry_after`]).
+#[cfg(feature = "s3")]
 fn retried<T>(
     what: &str,
     parts: &PartOptions,

@@ -43,18 +43,29 @@
 //! ```
 
 mod buckets;
+mod rows;
+// Text data (the `text` feature): Hugging Face's tokenizer, JSONL/Arrow/Parquet documents,
+// packing, the packed-rows cache and llm.c's token shards.
+#[cfg(feature = "text")]
 mod datasets;
+#[cfg(feature = "text")]
 mod packed_cache;
+#[cfg(feature = "text")]
 mod shards;
+#[cfg(feature = "text")]
 mod text;
+#[cfg(feature = "text")]
 mod tokenizer;
 
 pub use buckets::{BucketedBatches, LengthBuckets, PaddedTokens, TokenRow};
+#[cfg(feature = "text")]
 pub use packed_cache::{CacheOutcome, PackedCache, DATA_CACHE_ENV};
+pub use rows::PackedRows;
+#[cfg(feature = "text")]
 pub use shards::TokenShard;
-pub use text::{
-    load_packed, pack, read_documents, tokenize, Document, PackedRows, TokenizedDocument,
-};
+#[cfg(feature = "text")]
+pub use text::{load_packed, pack, read_documents, tokenize, Document, TokenizedDocument};
+#[cfg(feature = "text")]
 pub use tokenizer::Tokenizer;
 
 use std::sync::mpsc::{sync_channel, Receiver};

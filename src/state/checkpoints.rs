@@ -264,7 +264,9 @@ impl Checkpoints {
         M: Module + ?Sized,
         O: OptimizerState + ?Sized,
     {
-        let Location::Local(root) = &*self.location else {
+        #[allow(irrefutable_let_patterns)] // without the `s3` feature, the only location
+        let Location::Local(root) = &*self.location
+        else {
             return Ok(None);
         };
         let path = root.join(LEGACY_FILE);

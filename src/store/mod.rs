@@ -49,11 +49,13 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "etcd")]
 mod etcd;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "etcd")]
 pub use etcd::EtcdStore;
 
 /// Selects the store: `etcd://HOST:PORT[,HOST:PORT...]`.
@@ -346,7 +348,18 @@ pub fn timeout_from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Duratio
 /// Opens the store `url` names.
 pub fn connect(url: &StoreUrl, timeout: Duration) -> Result<Arc<dyn KvStore>> {
     match url {
+        #[cfg(feature = "etcd")]
         StoreUrl::Etcd(endpoints) => Ok(Arc::new(EtcdStore::connect(endpoints, timeout)?)),
+        #[cfg(not(feature = "etcd"))]
+        StoreUrl::Etcd(endpoints) => {
+            let _ = timeout;
+            Err(StoreError::Url {
+                url: format!("etcd://{}", endpoints.join(",")),
+                message: "this build has no etcd client: build neuron-pc with its `etcd` \
+                          feature (the neuron-pc binary has it)"
+                    .into(),
+            })
+        }
     }
 }
 
