@@ -4,12 +4,12 @@
 //! instead of the levels).
 //!
 //! The graph is the example text encoder's whole training step (forward, softmax
-//! cross-entropy, backward, AdamW) as a tracer emits it (`tests/passes_util/step.rs`).
+//! cross-entropy, backward, AdamW) as a tracer emits it (`tests/ir/passes_util/step.rs`).
 //! Each repetition runs every configuration once, in turn, so machine load hits all alike;
 //! the table shows medians. "compile" = graph passes + lowering + XLA compile; "step" = one
 //! execution with inputs already on the device, outputs read back.
 
-#[path = "../tests/passes_util/mod.rs"]
+#[path = "../tests/ir/passes_util/mod.rs"]
 mod passes_util;
 
 use std::time::Instant;

@@ -10,3 +10,57 @@ pub fn resident_kib() -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap()
 }
+
+/// Set in a test process that [`run_alone`] started: there the test runs its body.
+const ALONE_ENV: &str = "NEURON_PC_TEST_ALONE";
+
+/// Runs the calling test again, alone, in a process of its own, and tells the caller whether it
+/// is that process. For the few tests that change process-wide state other tests read (an
+/// environment variable, `XLA_FLAGS` before the plugin loads) now that a test program holds
+/// many subjects' tests, which cargo runs side by side on threads of one process:
+///
+/// ```ignore
+/// #[test]
+/// fn reads_neuron_cc_flags() {
+///     if !run_alone(module_path!(), "reads_neuron_cc_flags") {
+///         return; // the child ran it, and passed
+///     }
+///     std::env::set_var("NEURON_CC_FLAGS", "-O1");
+///     // ...
+/// }
+/// ```
+///
+/// In the parent it starts this test binary with `--exact <test> --test-threads 1`, fails the
+/// test with the child's output when the child fails (or ran no test), and returns `false`.
+/// `module` is the caller's `module_path!()`; its first segment (the test program) is dropped.
+pub fn run_alone(module: &str, test: &str) -> bool {
+    if std::env::var_os(ALONE_ENV).is_some() {
+        return true;
+    }
+    let path = match module.split_once("::") {
+        Some((_, inner)) => format!("{inner}::{test}"),
+        None => test.to_string(),
+    };
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            path.as_str(),
+            "--exact",
+            "--test-threads",
+            "1",
+            "--nocapture",
+        ])
+        .env(ALONE_ENV, "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{path}, run alone, failed ({}):\n{text}",
+        out.status
+    );
+    false
+}

@@ -1,0 +1,165 @@
+//! Issue 23 item 6: a process waiting on another host's lease on S3 backs off exponentially
+//! with jitter up to a cap, and throttling (503 SlowDown) makes it wait longer, not give up
+//! and compile. Against moto through the tests' fault proxy; the waiter's requests are what
+//! the cache's wait metrics report and what the proxy saw.
+
+use crate::common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use neuron_pc_cache::{CacheOptions, Obtained};
+
+fn proxied() -> (Fixture, Proxy) {
+    let proxy = std::cell::RefCell::new(None);
+    let f = Fixture::with_endpoint(
+        Backend::S3,
+        Some(&|m: &Moto| {
+            let p = Proxy::start(m.port);
+            let e = p.endpoint();
+            *proxy.borrow_mut() = Some(p);
+            e
+        }),
+    );
+    (f, proxy.into_inner().expect("proxy started"))
+}
+
+fn waiting_opts() -> CacheOptions {
+    CacheOptions {
+        lock_poll_first: Duration::from_millis(50),
+        lock_poll_cap: Duration::from_millis(800),
+        // Renewed every 2 s, so the holder's renewals meet the throttling too.
+        lease_secs: 6,
+        ..opts()
+    }
+}
+
+/// Starts a holder that takes the lease of `k` and compiles for `secs`; returns once it
+/// holds the lease.
+fn holder(f: &Fixture, k: &neuron_pc_cache::CacheKey, secs: f64) -> std::thread::JoinHandle<()> {
+    let c = Arc::new(f.cache(waiting_opts()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let k = k.clone();
+    let t = std::thread::spawn(move || {
+        let r = c.get_or_compile(&k, "prog", &inputs("w"), false, || {
+            tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_secs_f64(secs));
+            Ok(exe_for(&k, 400))
+        });
+        assert!(matches!(r, Ok(Obtained::Compiled { .. })), "{r:?}");
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("holder compiles");
+    t
+}
+
+#[test]
+fn a_waiter_backs_off_and_its_requests_are_in_the_metrics() {
+    let (f, p) = proxied();
+    let k = key("backoff waiter");
+    let h = holder(&f, &k, 4.0);
+    let before = p.state.requests.load(Ordering::SeqCst);
+    let waiter = f.cache(waiting_opts());
+    let got = waiter
+        .get_or_compile(&k, "prog", &inputs("w"), false, || {
+            panic!("the waiter must not compile")
+        })
+        .unwrap();
+    h.join().unwrap();
+    assert!(matches!(got, Obtained::Waited(_)), "{got:?}");
+    let seen = p.state.requests.load(Ordering::SeqCst) - before;
+    let m = waiter.wait_metrics();
+    assert_eq!(m.waits, 1);
+    assert!(m.wait_secs > 3.0, "{m:?}");
+    // Pauses of 50, 100, 200, 400 ms, then 800 ms: about 9 looks in 4 s, 3 requests each.
+    // The old loop polled every 50 ms with 4 requests a look: over 300 requests.
+    assert!(m.requests >= 6 && m.requests <= 45, "{m:?}");
+    assert!(
+        m.requests_per_waiter_minute < 700.0,
+        "{} requests per waiter-minute",
+        m.requests_per_waiter_minute
+    );
+    // The metrics count the waiter's own requests: the proxy saw those and the holder's few.
+    assert!(seen as u64 >= m.requests, "{seen} < {m:?}");
+    assert!(seen as u64 <= m.requests + 15, "{seen} vs {m:?}");
+    fault_report(
+        "waiters on a remote lease (request rate)",
+        1,
+        &format!(
+            "backs off to the cap: {:.0} requests per waiter-minute",
+            m.requests_per_waiter_minute
+        ),
+        0,
+        0,
+    );
+}
+
+#[test]
+fn throttling_makes_a_waiter_wait_longer_not_compile() {
+    let (f, p) = proxied();
+    let k = key("throttled waiter");
+    let h = holder(&f, &k, 4.0);
+    let waiter = Arc::new(f.cache(waiting_opts()));
+    let w = waiter.clone();
+    let wk = k.clone();
+    let t = std::thread::spawn(move || {
+        w.get_or_compile(&wk, "prog", &inputs("w"), false, || {
+            Err("the waiter compiled".into())
+        })
+    });
+    // While the holder compiles, every request is answered 503 SlowDown for 2.7 s, its lease
+    // renewal at 2 s included (the old waiter gave up after its retries, 0.4 s, and compiled).
+    std::thread::sleep(Duration::from_millis(300));
+    let before = p.state.requests.load(Ordering::SeqCst);
+    p.set_always(Some(Fault::Status(503)));
+    std::thread::sleep(Duration::from_millis(2700));
+    p.set_always(None);
+    let throttled = p.state.requests.load(Ordering::SeqCst) - before;
+    assert!(throttled > 0, "the waiter was throttled");
+    h.join().unwrap();
+    let got = t.join().unwrap();
+    assert!(matches!(got, Ok(Obtained::Waited(_))), "{got:?}");
+    assert!(
+        f.cache(opts()).disabled_tiers().is_empty(),
+        "throttling does not switch the tier off"
+    );
+    assert!(waiter.disabled_tiers().is_empty());
+    // The holder's throttled renewals did not switch the tier off for it: its entry is there.
+    let fresh = f.cache(opts());
+    assert!(fresh.contains(&k), "the holder stored its entry in S3");
+    fault_report(
+        "503 SlowDown while waiting on a remote lease",
+        1,
+        "waits longer, one compile in all",
+        0,
+        0,
+    );
+}
+
+/// Throttling is told from other trouble by the answer, not by digits that happen to be in a
+/// message (an endpoint's port like 15031 must not read as "503").
+#[test]
+fn throttling_is_told_from_other_trouble() {
+    let (f, p) = proxied();
+    let s = f.last().clone();
+    p.set_always(Some(Fault::Status(503)));
+    let e = s.get("entries/ab/x.json").unwrap_err();
+    assert!(e.is_throttled(), "{e}");
+    p.set_always(Some(Fault::Status(500)));
+    let e = s.get("entries/ab/x.json").unwrap_err();
+    assert!(!e.is_throttled(), "{e}");
+    p.set_always(None);
+    // Nothing listens on a port whose digits contain 503.
+    let port = (15030..15040)
+        .find(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok())
+        .expect("a free port among 15030-15039");
+    let dead = neuron_pc_cache::S3Store::open(
+        "s3://nobody/x",
+        &s3_opts(&format!("http://127.0.0.1:{port}")),
+    )
+    .unwrap();
+    let e = neuron_pc_cache::Store::get(&dead, "entries/ab/x.json").unwrap_err();
+    assert!(!e.is_throttled(), "{e}");
+}

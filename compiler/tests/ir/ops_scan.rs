@@ -1,0 +1,303 @@
+//! `Op::Scan`: shape inference and its errors, the reference evaluator against a loop written
+//! out by hand, and the lowering (one `stablehlo.while` however many results are read) run on
+//! the cpu plugin against the reference.
+
+use crate::ops_common;
+
+use std::sync::Arc;
+
+use neuron_pc_compiler::ir::{
+    BinaryOp, Graph, NodeId, Op, Saved, ScanBody, ScanOutput, TensorType, UnaryOp,
+};
+use neuron_pc_compiler::{lower, reference, DType, HostTensor};
+use ops_common::{check_graph, random_tensor, ty, Domain, Rng};
+
+fn dot(g: &mut Graph, x: NodeId, w: NodeId) -> NodeId {
+    // x [b, in] . w [out, in] -> [b, out]
+    let op = Op::DotGeneral {
+        lhs_batch: vec![],
+        rhs_batch: vec![],
+        lhs_contract: vec![1],
+        rhs_contract: vec![1],
+    };
+    g.push(op, &[x, w]).unwrap()
+}
+
+/// One layer: `h' = tanh(h . w + b) * s`, with `w [4, 4]` and `b [2, 4]` scanned, `s` an
+/// invariant; a second carry counts `sum(h')`.
+fn layer() -> (ScanBody, NodeId) {
+    let mut g = Graph::new();
+    let h = g.parameter(ty(DType::F32, &[2, 4]));
+    let total = g.parameter(ty(DType::F32, &[]));
+    let w = g.parameter(ty(DType::F32, &[4, 4]));
+    let b = g.parameter(ty(DType::F32, &[2, 4]));
+    let s = g.parameter(ty(DType::F32, &[2, 4]));
+    let y = dot(&mut g, h, w);
+    let y = g.push(Op::Binary(BinaryOp::Add), &[y, b]).unwrap();
+    let t = g.push(Op::Unary(UnaryOp::Tanh), &[y]).unwrap();
+    let out = g.push(Op::Binary(BinaryOp::Mul), &[t, s]).unwrap();
+    let sum = g
+        .push(
+            Op::Reduce(neuron_pc_compiler::ir::ReduceOp::Sum, vec![0, 1]),
+            &[out],
+        )
+        .unwrap();
+    let total2 = g.push(Op::Binary(BinaryOp::Add), &[total, sum]).unwrap();
+    g.set_outputs(&[out, total2]).unwrap();
+    (
+        ScanBody {
+            graph: g,
+            carries: 2,
+            xs: 2,
+            saved: Saved::Everything,
+        },
+        t,
+    )
+}
+
+fn scan(body: &Arc<ScanBody>, length: usize, reverse: bool, output: ScanOutput) -> Op {
+    Op::Scan {
+        body: body.clone(),
+        length,
+        reverse,
+        output,
+    }
+}
+
+/// A program reading the final carries and the stacked `tanh` of a 3-iteration scan.
+fn program(reverse: bool) -> (Graph, NodeId) {
+    let (body, t) = layer();
+    let body = Arc::new(body);
+    let mut g = Graph::new();
+    let ops: Vec<NodeId> = [&[2, 4][..], &[], &[3, 4, 4], &[3, 2, 4], &[2, 4]]
+        .iter()
+        .map(|d| g.parameter(ty(DType::F32, d)))
+        .collect();
+    let h = g
+        .push(scan(&body, 3, reverse, ScanOutput::Carry(0)), &ops)
+        .unwrap();
+    let total = g
+        .push(scan(&body, 3, reverse, ScanOutput::Carry(1)), &ops)
+        .unwrap();
+    let ts = g
+        .push(scan(&body, 3, reverse, ScanOutput::Stacked(t)), &ops)
+        .unwrap();
+    g.set_outputs(&[h, total, ts]).unwrap();
+    (g, t)
+}
+
+fn inputs(g: &Graph, seed: u64) -> Vec<HostTensor> {
+    let mut rng = Rng::new(seed);
+    g.parameter_types()
+        .iter()
+        .map(|t| random_tensor(&mut rng, t, Domain::Range(-1.0, 1.0)))
+        .collect()
+}
+
+fn f32s(t: &HostTensor) -> Vec<f32> {
+    t.to_vec::<f32>().unwrap()
+}
+
+/// The same loop in plain Rust.
+fn by_hand(x: &[HostTensor], reverse: bool) -> (Vec<f32>, f32, Vec<f32>) {
+    let (mut h, mut total) = (f32s(&x[0]), f32s(&x[1])[0]);
+    let (w, b, s) = (f32s(&x[2]), f32s(&x[3]), f32s(&x[4]));
+    let mut stacked = vec![0f32; 24];
+    for step in 0..3 {
+        let i = if reverse { 2 - step } else { step };
+        let mut next = vec![0f32; 8];
+        for r in 0..2 {
+            for o in 0..4 {
+                let mut acc = 0f64;
+                for k in 0..4 {
+                    acc += h[r * 4 + k] as f64 * w[i * 16 + o * 4 + k] as f64;
+                }
+                let y = (acc as f32 + b[i * 8 + r * 4 + o]).tanh();
+                stacked[i * 8 + r * 4 + o] = y;
+                next[r * 4 + o] = y * s[r * 4 + o];
+            }
+        }
+        total += next.iter().sum::<f32>();
+        h = next;
+    }
+    (h, total, stacked)
+}
+
+#[test]
+fn the_reference_runs_the_loop_forward_and_in_reverse() {
+    for reverse in [false, true] {
+        let (g, _) = program(reverse);
+        let x = inputs(&g, 7);
+        let out = reference::evaluate(&g, &x).unwrap();
+        let (h, total, stacked) = by_hand(&x, reverse);
+        let close = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .all(|(p, q)| (p - q).abs() <= 1e-5 * (1.0 + q.abs()))
+        };
+        assert!(close(&f32s(&out[0]), &h), "reverse={reverse}");
+        assert!(close(&f32s(&out[1]), &[total]), "reverse={reverse}");
+        assert_eq!(out[2].dims(), &[3, 2, 4]);
+        assert!(close(&f32s(&out[2]), &stacked), "reverse={reverse}");
+    }
+}
+
+#[test]
+fn one_while_loop_gives_every_result_on_the_cpu_plugin() {
+    for reverse in [false, true] {
+        let (g, _) = program(reverse);
+        let text = lower::to_stablehlo(&g).unwrap();
+        assert_eq!(text.matches("stablehlo.while").count(), 1, "{text}");
+        assert_eq!(text, lower::to_stablehlo(&g).unwrap(), "deterministic");
+        check_graph(&format!("scan reverse={reverse}"), &g, &inputs(&g, 11), 1.0);
+    }
+}
+
+#[test]
+fn a_scan_inside_a_scan_lowers_and_runs() {
+    // inner: a carry of [2] added to each of 4 rows; outer: runs the inner loop on each of 3
+    // [4, 2] slices, carrying the result
+    let mut inner = Graph::new();
+    let c = inner.parameter(ty(DType::F32, &[2]));
+    let x = inner.parameter(ty(DType::F32, &[2]));
+    let y = inner.push(Op::Binary(BinaryOp::Add), &[c, x]).unwrap();
+    inner.set_outputs(&[y]).unwrap();
+    let inner = Arc::new(ScanBody {
+        graph: inner,
+        carries: 1,
+        xs: 1,
+        saved: Saved::Everything,
+    });
+    let mut outer = Graph::new();
+    let c = outer.parameter(ty(DType::F32, &[2]));
+    let x = outer.parameter(ty(DType::F32, &[4, 2]));
+    let y = outer
+        .push(scan(&inner, 4, false, ScanOutput::Carry(0)), &[c, x])
+        .unwrap();
+    let y = outer.push(Op::Unary(UnaryOp::Sin), &[y]).unwrap();
+    outer.set_outputs(&[y]).unwrap();
+    let outer = Arc::new(ScanBody {
+        graph: outer,
+        carries: 1,
+        xs: 1,
+        saved: Saved::Everything,
+    });
+    let mut g = Graph::new();
+    let c = g.parameter(ty(DType::F32, &[2]));
+    let xs = g.parameter(ty(DType::F32, &[3, 4, 2]));
+    let out = g
+        .push(scan(&outer, 3, true, ScanOutput::Carry(0)), &[c, xs])
+        .unwrap();
+    g.set_outputs(&[out]).unwrap();
+    let text = lower::to_stablehlo(&g).unwrap();
+    assert_eq!(text.matches("stablehlo.while").count(), 2);
+    let x = inputs(&g, 3);
+    let (mut c, xs) = (f32s(&x[0]), f32s(&x[1]));
+    for i in (0..3).rev() {
+        for r in 0..4 {
+            for k in 0..2 {
+                c[k] += xs[i * 8 + r * 2 + k];
+            }
+        }
+        c = c.iter().map(|v| v.sin()).collect();
+    }
+    let got = f32s(&reference::evaluate(&g, &x).unwrap()[0]);
+    assert!(
+        got.iter().zip(&c).all(|(a, b)| (a - b).abs() < 1e-5),
+        "{got:?} vs {c:?}"
+    );
+    check_graph("nested scan", &g, &x, 1.0);
+}
+
+#[test]
+fn bad_scans_are_one_error_naming_the_shapes() {
+    let (body, t) = layer();
+    let body = Arc::new(body);
+    let mut g = Graph::new();
+    let dims: [&[usize]; 5] = [&[2, 4], &[], &[3, 4, 4], &[3, 2, 4], &[2, 4]];
+    let ops: Vec<NodeId> = dims
+        .iter()
+        .map(|d| g.parameter(ty(DType::F32, d)))
+        .collect();
+    let message = |r: neuron_pc_compiler::Result<NodeId>| r.unwrap_err().to_string();
+    // a trip count of zero
+    let m = message(g.push(scan(&body, 0, false, ScanOutput::Carry(0)), &ops));
+    assert!(m.contains("trip count of 0"), "{m}");
+    // a scanned operand of another length
+    let m = message(g.push(scan(&body, 4, false, ScanOutput::Carry(0)), &ops));
+    assert!(
+        m.contains("operand 2 is f32[3,4,4]") && m.contains("f32[4,4,4]"),
+        "{m}"
+    );
+    // too few operands
+    let m = message(g.push(scan(&body, 3, false, ScanOutput::Carry(0)), &ops[..4]));
+    assert!(
+        m.contains("5 parameters") && m.contains("4 operands"),
+        "{m}"
+    );
+    // no such result
+    let m = message(g.push(scan(&body, 3, false, ScanOutput::Carry(2)), &ops));
+    assert!(m.contains("carry 2"), "{m}");
+    let m = message(g.push(scan(&body, 3, false, ScanOutput::Stacked(NodeId(99))), &ops));
+    assert!(m.contains("stacked %99"), "{m}");
+    assert!(g
+        .push(scan(&body, 3, false, ScanOutput::Stacked(t)), &ops)
+        .is_ok());
+    // a body that changes a carry's shape
+    let mut b = Graph::new();
+    let c = b.parameter(ty(DType::F32, &[2]));
+    let y = b
+        .push(
+            Op::BroadcastInDim {
+                dims: vec![3, 2],
+                broadcast_dimensions: vec![1],
+            },
+            &[c],
+        )
+        .unwrap();
+    b.set_outputs(&[y]).unwrap();
+    let grows = Arc::new(ScanBody {
+        graph: b,
+        carries: 1,
+        xs: 0,
+        saved: Saved::Everything,
+    });
+    let mut g = Graph::new();
+    let c = g.parameter(TensorType::new(DType::F32, vec![2]));
+    let m = message(g.push(scan(&grows, 2, false, ScanOutput::Carry(0)), &[c]));
+    assert!(m.contains("changes carry 0 from f32[2] to f32[3,2]"), "{m}");
+}
+
+#[test]
+fn the_body_is_part_of_the_program_text_the_cache_key_hashes() {
+    let (a, _) = program(false);
+    // the same loop with one op of the body changed (tanh to sin)
+    let (layer, t) = layer();
+    let mut nodes = layer.graph.nodes().to_vec();
+    nodes[t.0].op = Op::Unary(UnaryOp::Sin);
+    let graph = Graph::from_nodes(nodes, layer.graph.outputs().to_vec()).unwrap();
+    let body = Arc::new(ScanBody { graph, ..layer });
+    let mut b = Graph::new();
+    let ops: Vec<NodeId> = a
+        .parameter_types()
+        .into_iter()
+        .map(|t| b.parameter(t))
+        .collect();
+    let h = b
+        .push(scan(&body, 3, false, ScanOutput::Carry(0)), &ops)
+        .unwrap();
+    let total = b
+        .push(scan(&body, 3, false, ScanOutput::Carry(1)), &ops)
+        .unwrap();
+    let ts = b
+        .push(scan(&body, 3, false, ScanOutput::Stacked(t)), &ops)
+        .unwrap();
+    b.set_outputs(&[h, total, ts]).unwrap();
+    assert_ne!(a, b);
+    let (ta, tb) = (
+        lower::to_stablehlo(&a).unwrap(),
+        lower::to_stablehlo(&b).unwrap(),
+    );
+    assert_ne!(ta, tb);
+    assert!(ta.contains("stablehlo.tanh") && tb.contains("stablehlo.sine"));
+}

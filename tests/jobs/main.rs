@@ -1,0 +1,15 @@
+//! The example jobs end to end as a user runs them (`train_text_encoder`, `train_llama`, the GPU
+//! kit's script), and training checkpoints: on disk, on S3, and under SIGKILL.
+
+#[path = "../common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+mod llama_job;
+
+mod checkpoint_kill;
+mod checkpoints;
+mod checkpoints_s3;
+mod gpu_check;
+mod text_encoder;
+mod train_llama;
+mod train_llama_data;

@@ -1,0 +1,28 @@
+//! The lazy device and training steps: tracing, asynchronous execution, metrics and the timeline,
+//! gradients and optimizers, activation recomputation, scanned layers, step functions, data
+//! parallelism (replicas, ZeRO-1) and sharding over a mesh.
+
+#[path = "../common/mod.rs"]
+#[allow(dead_code)]
+mod common;
+
+mod amp_scaler;
+mod async_exec;
+mod data_parallel;
+mod data_parallel_training;
+mod debug_steps;
+mod grad_accumulation;
+mod grad_training;
+mod lazy_device;
+mod lazy_persistent;
+mod memory_metrics;
+mod remat;
+mod remat_program;
+mod scan;
+mod scan_layers;
+mod sharded_program;
+mod sharded_training;
+mod step_fn;
+mod timeline;
+mod training_autocast;
+mod zero1;
