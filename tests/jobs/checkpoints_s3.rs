@@ -3,6 +3,7 @@
 //! bucket; 500s, dropped connections and a slow server cost a warning and a retry, and a
 //! server that stays down costs the save, never the training.
 
+use neuron_pc_test_support::process::run_alone;
 use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -178,6 +179,13 @@ fn saves_keep_the_newest_two_and_resume_from_the_bucket() {
 
 #[test]
 fn errors_resets_and_a_slow_server_during_a_save_cost_a_retry() {
+    // alone in a process of its own: it reads the process's log, where other tests would write
+    if !run_alone(
+        module_path!(),
+        "errors_resets_and_a_slow_server_during_a_save_cost_a_retry",
+    ) {
+        return;
+    }
     log();
     let b = bucket("faults");
     let mut job = Job::new();
@@ -209,6 +217,13 @@ fn errors_resets_and_a_slow_server_during_a_save_cost_a_retry() {
 
 #[test]
 fn a_server_that_stays_down_costs_the_save_not_the_training() {
+    // alone in a process of its own: it reads the process's log, where other tests would write
+    if !run_alone(
+        module_path!(),
+        "a_server_that_stays_down_costs_the_save_not_the_training",
+    ) {
+        return;
+    }
     log();
     let b = bucket("down");
     let mut job = Job::new();

@@ -8,6 +8,7 @@ use neuron_pc::nn::Module;
 use neuron_pc::optim::AdamW;
 use neuron_pc::{grad, DType, DeviceConfig, Error, LazyDevice, Tensor};
 use neuron_pc_test_support::process::resident_kib;
+use neuron_pc_test_support::process::run_alone;
 
 /// The tests of this file run one at a time: the memory test reads the process's RSS.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -238,6 +239,13 @@ fn a_step_that_fails_while_running_is_reported_at_the_next_wait_with_its_site() 
 
 #[test]
 fn a_thousand_steps_in_flight_keep_memory_flat_and_drop_does_not_hang() {
+    // alone in a process of its own: it measures the process's resident memory, which other tests' allocations would move
+    if !run_alone(
+        module_path!(),
+        "a_thousand_steps_in_flight_keep_memory_flat_and_drop_does_not_hang",
+    ) {
+        return;
+    }
     let _serial = serial();
     let dev = device(2);
     let w = dev

@@ -9,6 +9,7 @@ use neuron_pc::compile::CacheConfig;
 use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM};
 use neuron_pc::nn::{Module, Remat};
 use neuron_pc::{grad, DeviceConfig, HostTensor, LazyDevice, Tensor};
+use neuron_pc_test_support::process::run_alone;
 
 /// The optimized programs under `dump`, in the order they were compiled.
 fn optimized(dump: &std::path::Path) -> Vec<String> {
@@ -35,6 +36,13 @@ fn dots(hlo: &str) -> usize {
 
 #[test]
 fn the_optimized_step_recomputes_the_products_each_policy_names() {
+    // alone in a process of its own: XLA_FLAGS is read once, when the plugin loads
+    if !run_alone(
+        module_path!(),
+        "the_optimized_step_recomputes_the_products_each_policy_names",
+    ) {
+        return;
+    }
     let dump = std::env::temp_dir().join(format!("neuron-pc-remat-hlo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dump);
     // before the plugin reads it (this binary's one test)

@@ -3,6 +3,7 @@
 //! projection's output features, not the whole. Its own test binary: XLA reads `XLA_FLAGS`
 //! once per process.
 
+use neuron_pc_test_support::process::run_alone;
 use std::sync::Arc;
 
 use neuron_pc::compile::CacheConfig;
@@ -12,6 +13,13 @@ use neuron_pc::{grad, DeviceConfig, HostTensor, LazyDevice, Tensor};
 
 #[test]
 fn a_tensor_parallel_step_multiplies_a_quarter_of_the_q_projection_on_each_device() {
+    // alone in a process of its own: XLA_FLAGS is read once, when the plugin loads
+    if !run_alone(
+        module_path!(),
+        "a_tensor_parallel_step_multiplies_a_quarter_of_the_q_projection_on_each_device",
+    ) {
+        return;
+    }
     let dump = std::env::temp_dir().join(format!("neuron-pc-tp-hlo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dump);
     // before the plugin reads it (this binary's one test)

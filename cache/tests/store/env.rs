@@ -2,12 +2,17 @@
 //! environment, which must not race with other tests.
 
 use crate::common;
+use neuron_pc_test_support::process::run_alone;
 
 use common::*;
 use neuron_pc_cache::{default_dir, Cache, CacheOptions, Error, Lookup, PutOutcome};
 
 #[test]
 fn environment_variables_configure_the_cache() {
+    // alone in a process of its own: it sets the cache's variables, which other tests' caches read
+    if !run_alone(module_path!(), "environment_variables_configure_the_cache") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     std::env::set_var("XDG_CACHE_HOME", dir.path().join("xdg"));
     assert_eq!(default_dir(), dir.path().join("xdg").join("neuron-pc"));

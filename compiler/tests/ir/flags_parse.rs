@@ -5,6 +5,7 @@ use neuron_pc_compiler::flags::{
     OptLevel, Target,
 };
 use neuron_pc_compiler::Error;
+use neuron_pc_test_support::process::run_alone;
 
 fn flags(
     target: Target,
@@ -243,6 +244,10 @@ fn command_line_overrides_env_flag_by_flag() {
 
 #[test]
 fn from_env_reads_neuron_cc_flags() {
+    // alone in a process of its own: it sets NEURON_CC_FLAGS, which other tests read
+    if !run_alone(module_path!(), "from_env_reads_neuron_cc_flags") {
+        return;
+    }
     // Only this test touches the variable; integration test files are separate processes but
     // tests within one file share it, so set and read in one place.
     std::env::set_var("NEURON_CC_FLAGS", "--optlevel 1 --target cuda");

@@ -3,9 +3,14 @@
 use neuron_pc_compiler::pjrt::pins::pin_for_library;
 use neuron_pc_compiler::pjrt::{find_plugin, Target, TargetStatus};
 use neuron_pc_compiler::Error;
+use neuron_pc_test_support::process::run_alone;
 
 #[test]
 fn discovery_rules() {
+    // alone in a process of its own: it sets NEURON_PC_CPU_PLUGIN, which every test that loads the plugin reads
+    if !run_alone(module_path!(), "discovery_rules") {
+        return;
+    }
     // The project's .venv has one of the pinned cpu plugins (scripts/setup installs the default).
     let cpu = find_plugin(Target::Cpu).expect("run scripts/setup");
     let pin = pin_for_library(&cpu).expect("the discovered cpu plugin is a pinned one");

@@ -1,6 +1,7 @@
 //! A plugin library is refused by its SHA-256 before it is loaded; the intact one loads.
 //! Its own test binary: it sets XDG_CACHE_HOME (where verification markers go).
 
+use neuron_pc_test_support::process::run_alone;
 use std::path::{Path, PathBuf};
 
 use neuron_pc_compiler::pjrt::pins::pin_for_library;
@@ -16,6 +17,13 @@ fn plant(root: &Path, name: &str, rel: &str, bytes: &[u8]) -> PathBuf {
 
 #[test]
 fn a_corrupted_or_substituted_library_is_refused_and_the_intact_one_loads() {
+    // alone in a process of its own: it sets XDG_CACHE_HOME and NEURON_PC_PLUGIN_SHA256, which every plugin load reads
+    if !run_alone(
+        module_path!(),
+        "a_corrupted_or_substituted_library_is_refused_and_the_intact_one_loads",
+    ) {
+        return;
+    }
     let root = std::env::temp_dir().join(format!("npc-plugin-integrity-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::env::set_var("XDG_CACHE_HOME", root.join("cache"));
