@@ -21,7 +21,7 @@
 //!   and with `fastatomstruct-xla-cpu` the oneDNN options left the optimized program as it was.
 //! - The plugin refuses option names it does not know (`xla_cpu_use_thunk_runtime`,
 //!   `xla_cpu_disable_loop_unrolling`, `xla_cpu_optimize_for_size`, ...), so the table holds
-//!   only names this plugin accepted; `tests/passes_optlevel_backend.rs` checks each level
+//!   only names this plugin accepted; `tests/ir/passes_optlevel_backend.rs` checks each level
 //!   compiles.
 
 use crate::flags::{CompilerFlags, OptLevel, Target};

@@ -189,7 +189,7 @@ where
 /// the policy: memory-bound work that XLA fuses into its readers (elementwise arithmetic,
 /// layout changes), so a stacked copy would cost more than it saves. XLA then fuses and
 /// simplifies the backward program differently from the unrolled model's, so gradients agree
-/// with it to the last bits, not bit for bit (`tests/scan_layers.rs`).
+/// with it to the last bits, not bit for bit (`tests/training/scan_layers.rs`).
 fn cheap(op: &Op) -> bool {
     use neuron_pc_compiler::ir::{BinaryOp, UnaryOp};
     match op {

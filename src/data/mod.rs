@@ -49,6 +49,8 @@ mod rows;
 #[cfg(feature = "text")]
 mod datasets;
 #[cfg(feature = "text")]
+mod document;
+#[cfg(feature = "text")]
 mod packed_cache;
 #[cfg(feature = "text")]
 mod shards;
@@ -59,12 +61,14 @@ mod tokenizer;
 
 pub use buckets::{BucketedBatches, LengthBuckets, PaddedTokens, TokenRow};
 #[cfg(feature = "text")]
+pub use document::Document;
+#[cfg(feature = "text")]
 pub use packed_cache::{CacheOutcome, PackedCache, DATA_CACHE_ENV};
 pub use rows::PackedRows;
 #[cfg(feature = "text")]
 pub use shards::TokenShard;
 #[cfg(feature = "text")]
-pub use text::{load_packed, pack, read_documents, tokenize, Document, TokenizedDocument};
+pub use text::{load_packed, pack, read_documents, tokenize, TokenizedDocument};
 #[cfg(feature = "text")]
 pub use tokenizer::Tokenizer;
 

@@ -16,25 +16,11 @@
 
 use std::path::Path;
 
-use super::{PackedRows, Tokenizer};
+use super::{Document, PackedRows, Tokenizer};
 use crate::error::{Error, Result};
 
 /// The label of a token that is not predicted (PyTorch's `ignore_index`).
 const IGNORE: i32 = -100;
-
-/// One training document.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Document {
-    /// Every token is predicted.
-    Text(String),
-    /// Only the completion is predicted; the prompt is its context.
-    Pair {
-        /// The context the completion follows (labels -100).
-        prompt: String,
-        /// The text the model learns to produce.
-        completion: String,
-    },
-}
 
 /// Reads the documents of `path` (see the module documentation for the formats). Bad input is
 /// one error naming the file and line (or row).

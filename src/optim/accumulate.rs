@@ -15,7 +15,7 @@ use crate::tensor::Tensor;
 /// at once; this keeps one micro-batch's.
 ///
 /// The mean equals the large batch's gradient when each micro-batch's loss is a mean over the
-/// same number of examples (`tests/grad_accumulation.rs` checks AdamW's trajectory). For
+/// same number of examples (`tests/training/grad_accumulation.rs` checks AdamW's trajectory). For
 /// token losses whose micro-batches hold different numbers of real tokens, sum the token losses
 /// and divide by the large batch's token count instead. On several replicas the sums are each
 /// replica's own; average the returned gradients

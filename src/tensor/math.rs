@@ -1,6 +1,6 @@
 //! Composites PyTorch users reach for: `clamp`, `silu`, `var`/`std`, `logsumexp`, `detach`,
 //! and `gather` along a dimension. Built from IR primitives; each is checked against a plain Rust
-//! reference and finite differences in `tests/tensor_ops.rs`.
+//! reference and finite differences in `tests/ops/tensor_ops.rs`.
 
 use std::panic::Location;
 

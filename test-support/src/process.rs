@@ -37,10 +37,7 @@ pub fn run_alone(module: &str, test: &str) -> bool {
     if std::env::var_os(ALONE_ENV).is_some() {
         return true;
     }
-    let path = match module.split_once("::") {
-        Some((_, inner)) => format!("{inner}::{test}"),
-        None => test.to_string(),
-    };
+    let path = test_path(module, test);
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             path.as_str(),
@@ -63,4 +60,14 @@ pub fn run_alone(module: &str, test: &str) -> bool {
         out.status
     );
     false
+}
+
+/// The name the test harness knows test `test` of module `module` (the caller's
+/// `module_path!()`) by, as `--exact` wants it: the module path without the test program's own
+/// name, then the test (`ops::grad_ops` and `child` give `grad_ops::child`).
+pub fn test_path(module: &str, test: &str) -> String {
+    match module.split_once("::") {
+        Some((_, inner)) => format!("{inner}::{test}"),
+        None => test.to_string(),
+    }
 }

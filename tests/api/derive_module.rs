@@ -176,7 +176,7 @@ fn ported_layers_keep_their_names() -> Result<()> {
     let conv = Conv2d::new(&dev, &mut rng, ConvConfig::new(2, 3, [3, 3]))?;
     assert_eq!(names(&conv), ["weight", "bias"]);
 
-    // Hugging Face's LlamaForCausalLM names (tests/llama.rs checks them against transformers)
+    // Hugging Face's LlamaForCausalLM names (tests/llm/llama.rs checks them against transformers)
     let config = LlamaConfig::new(16, 8, 12, 2, 2, 1)?;
     let llama = LlamaForCausalLM::random(&dev, &config, 0)?;
     let got = names(&llama);

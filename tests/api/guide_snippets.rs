@@ -1,5 +1,5 @@
 //! The Rust blocks of the README and the guide (`docs/guide/`), each run here in the context a
-//! job gives it: `tests/readme_example.rs` checks that every block is a run of lines of a file
+//! job gives it: `tests/api/readme_example.rs` checks that every block is a run of lines of a file
 //! CI compiles (this one, or an example), so a block that stops compiling fails CI. Between
 //! each `// guide:` marker and `// guide: end` the lines are the docs' own (rustfmt leaves them
 //! as written, aligned comments included); the rest is the setup a job would have.

@@ -3,6 +3,7 @@
 //! `set_name`, and AdamW's moments after their parameters. The recompile warning, the graph log
 //! and `neuron-pc analyze` use them instead of a bare position.
 
+use neuron_pc_test_support::process::test_path;
 use std::path::Path;
 use std::process::Command;
 
@@ -63,7 +64,8 @@ fn names_reach_the_graph_log_and_analyze() {
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("graphs.jsonl");
     let me = std::env::current_exe().unwrap();
-    let child_args = ["--exact", "child_job", "--test-threads", "1"];
+    let child = test_path(module_path!(), "child_job");
+    let child_args = ["--exact", child.as_str(), "--test-threads", "1"];
 
     // A real run with the graph log: the 31-row step's graph is logged with every input named,
     // parameters and moments included (their values were replaced by three steps by then).

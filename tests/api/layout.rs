@@ -99,13 +99,19 @@ fn references(text: &str, me: &ModPath) -> Vec<ModPath> {
 }
 
 /// Items a module re-exports from its children (`pub use child::Item;`,
-/// `pub(crate) use self::child::{A, B};`): `(item, child)`.
+/// `pub(crate) use self::child::{A, B};`, over as many lines as rustfmt gives it): `(item, child)`.
 fn reexports(text: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for line in text.lines().map(str::trim) {
+    for statement in text.split(';') {
+        // one line per statement, whatever rustfmt wrapped
+        let line = statement.split_whitespace().collect::<Vec<_>>().join(" ");
         let Some(rest) = ["pub use ", "pub(crate) use ", "pub(super) use "]
             .iter()
-            .find_map(|p| line.strip_prefix(p))
+            .find_map(|p| {
+                let at = line.rfind(p)?;
+                let starts = at == 0 || line[..at].ends_with([' ', ']']);
+                starts.then(|| &line[at + p.len()..])
+            })
         else {
             continue;
         };
@@ -116,7 +122,6 @@ fn reexports(text: &str) -> Vec<(String, String)> {
         let Some((child, items)) = rest.split_once("::") else {
             continue;
         };
-        let items = items.trim_end_matches(';');
         let items = items
             .strip_prefix('{')
             .map_or(items, |i| i.trim_end_matches('}'));
@@ -261,6 +266,16 @@ fn the_checker_finds_a_cycle_it_is_shown() {
     .unwrap();
     std::fs::write(dir.join("m/c.rs"), "use super::{f, F};\npub struct C;\n").unwrap();
     std::fs::write(dir.join("m/d.rs"), "pub struct D(super::c::C);\n").unwrap();
+    let cycles = sibling_cycles(&dir, Path::new(""));
+    assert_eq!(cycles, vec!["m: c -> d -> c", "m: d -> c -> d"]);
+
+    // The same re-export as rustfmt wraps a long one, behind an attribute.
+    std::fs::write(
+        dir.join("m/mod.rs"),
+        "mod a; mod b; mod c; mod d;\n#[cfg(unix)]\npub use d::{\n    D,\n    E as F,\n};\n\
+         pub fn f() {}\n",
+    )
+    .unwrap();
     let cycles = sibling_cycles(&dir, Path::new(""));
     assert_eq!(cycles, vec!["m: c -> d -> c", "m: d -> c -> d"]);
     let _ = std::fs::remove_dir_all(&dir);

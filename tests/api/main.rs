@@ -8,6 +8,7 @@ mod common;
 
 mod derive_module;
 mod errors_ux;
+mod features;
 mod guide_snippets;
 mod input_names;
 mod layout;

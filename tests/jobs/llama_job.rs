@@ -1,5 +1,5 @@
-//! Running the LLM example (`examples/train_llama`) as a user does, for `tests/train_llama.rs`
-//! and `tests/train_llama_data.rs`.
+//! Running the LLM example (`examples/train_llama`) as a user does, for `tests/jobs/train_llama.rs`
+//! and `tests/jobs/train_llama_data.rs`.
 #![allow(dead_code)] // each test binary uses a different part
 
 use std::path::{Path, PathBuf};

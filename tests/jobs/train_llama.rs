@@ -167,7 +167,7 @@ fn starts_from_a_save_pretrained_directory_saves_one_and_resumes() {
     let want = LlamaConfig::from_file(&tiny.join("config.json")).unwrap();
     assert_eq!(model.config, want);
     // the same run wrote the committed tests/data/llama-saved-by-example, which
-    // `scripts/fixtures/llama.py --check` loaded with transformers (tests/llama.rs compares
+    // `scripts/fixtures/llama.py --check` loaded with transformers (tests/llm/llama.rs compares
     // its logits): this run's directory holds the same tensors
     let committed = neuron_pc::checkpoint::StateDict::load(
         &root().join("tests/data/llama-saved-by-example/model.safetensors"),

@@ -13,7 +13,7 @@ use crate::llama_job;
 
 use llama_job::{fails_with, job, root, run, tmp, SMALL};
 
-/// Each family's `save_pretrained` directory (tests/families.rs checks them against
+/// Each family's `save_pretrained` directory (tests/llm/families.rs checks them against
 /// transformers) trains here by its `model_type` and is saved as the same family; `--family`
 /// builds a random one from the size flags.
 #[test]

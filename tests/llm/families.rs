@@ -6,7 +6,7 @@
 //! window in one layer of two, Qwen3's q/k norms).
 //!
 //! For each case: one step's logits, loss, every gradient and the parameters after one AdamW
-//! step (the tolerances of `tests/llama.rs`), 30 training steps' losses within 1e-4 relative,
+//! step (the tolerances of `tests/llm/llama.rs`), 30 training steps' losses within 1e-4 relative,
 //! and the directory written here after them (`<case>-saved-by-rust`) loaded by
 //! `transformers`' `AutoModelForCausalLM` (`families.py --check`) with the same logits.
 

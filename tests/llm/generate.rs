@@ -1,6 +1,6 @@
 //! `LlamaForCausalLM::generate` against `transformers`' greedy `generate`
-//! (`scripts/fixtures/generate.py`): the models trained 30 steps by tests/llama.rs and
-//! tests/families.rs, three prompts as one left-padded batch, 32 new tokens, equal token for
+//! (`scripts/fixtures/generate.py`): the models trained 30 steps by tests/llm/llama.rs and
+//! tests/llm/families.rs, three prompts as one left-padded batch, 32 new tokens, equal token for
 //! token (the fixture records how far from a tie each greedy step was: at least 2.5e-3).
 
 use crate::torch_fixture;

@@ -78,7 +78,7 @@ fn directories_saved_here_load_in_transformers_with_the_same_logits() {
     for (dir, bf16) in [
         ("llama-saved-by-rust", false),
         ("llama-saved-by-rust-bf16", true),
-        // written by examples/train_llama/main.rs (see tests/train_llama.rs)
+        // written by examples/train_llama/main.rs (see tests/jobs/train_llama.rs)
         ("llama-saved-by-example", false),
     ] {
         let path = data(dir);

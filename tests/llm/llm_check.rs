@@ -1,4 +1,4 @@
-//! The checks `tests/llama.rs` and `tests/families.rs` share: a decoder from a
+//! The checks `tests/llm/llama.rs` and `tests/llm/families.rs` share: a decoder from a
 //! `save_pretrained` directory against the values `transformers` computed for it (one step's
 //! logits, loss, gradients and AdamW update; 30 training steps).
 #![allow(dead_code)] // each test binary uses a different part

@@ -8,6 +8,7 @@
 use neuron_pc::data::{DeviceLoader, LastBatch};
 use neuron_pc::topology::Topology;
 use neuron_pc::{DeviceConfig, HostTensor, LazyDevice};
+use neuron_pc_test_support::process::run_alone;
 
 /// Global batch `i` of 8 rows: row `r` holds `[100 i + r; 3]`, its label `r`.
 fn global(i: usize) -> Vec<HostTensor> {
@@ -44,6 +45,14 @@ fn rows(batch: &[HostTensor], range: std::ops::Range<usize>) -> Vec<HostTensor> 
 
 #[test]
 fn each_process_reads_its_replicas_rows_and_places_them_as_the_whole_batch_would() {
+    // alone in a process of its own: a trial-run device marks the whole process as a trial
+    // run, and other tests' saves would be skipped
+    if !run_alone(
+        module_path!(),
+        "each_process_reads_its_replicas_rows_and_places_them_as_the_whole_batch_would",
+    ) {
+        return;
+    }
     // One process, two replicas: its share is every row, placed as from the whole batch.
     let dev = LazyDevice::new(DeviceConfig {
         replicas: 2,

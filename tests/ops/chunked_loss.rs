@@ -187,5 +187,8 @@ fn a_bad_chunk_or_shape_is_one_clear_error() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("weight [classes, h]"), "{e}");
-    assert!(e.contains("tests/chunked_loss.rs"), "names the caller: {e}");
+    assert!(
+        e.contains("tests/ops/chunked_loss.rs"),
+        "names the caller: {e}"
+    );
 }

@@ -12,6 +12,7 @@
 
 use crate::grad_check;
 use crate::host_ref;
+use neuron_pc_test_support::process::run_alone;
 
 use grad_check::{device, Check};
 use host_ref::{assert_close, ravel, unravel};
@@ -519,6 +520,14 @@ fn step_text(
 
 #[test]
 fn grouped_query_attention_never_repeats_the_kv_heads() {
+    // alone in a process of its own: a trial-run device marks the whole process as a trial
+    // run, and other tests' saves would be skipped
+    if !run_alone(
+        module_path!(),
+        "grouped_query_attention_never_repeats_the_kv_heads",
+    ) {
+        return;
+    }
     // 8 query heads over 2 kv heads, 3 queries, 5 keys, head dim 4
     let mlir = step_text("gqa", |z| {
         vec![sdpa(
@@ -552,6 +561,11 @@ fn grouped_query_attention_never_repeats_the_kv_heads() {
 /// values are checked against finite differences in `llm_block_gradients` and the losses.
 #[test]
 fn the_softmax_gradient_skips_the_shift() {
+    // alone in a process of its own: a trial-run device marks the whole process as a trial
+    // run, and other tests' saves would be skipped
+    if !run_alone(module_path!(), "the_softmax_gradient_skips_the_shift") {
+        return;
+    }
     let grad_of = |f: fn(&Tensor, isize) -> neuron_pc::Result<Tensor>| {
         step_text("softmax-grad", |z| {
             let x = z(&[3, 7]);

@@ -6,6 +6,7 @@
 //! The program is this test binary itself, re-run with `NPC_DEBUG_STEPS_CHILD` set so that it
 //! runs [`child_program`] alone (its source lines are what the log must name).
 
+use neuron_pc_test_support::process::test_path;
 use std::path::Path;
 use std::process::Command;
 
@@ -51,7 +52,7 @@ fn run_child(cache: &Path) -> Run {
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "child_program",
+            &test_path(module_path!(), "child_program"),
             "--nocapture",
             "--test-threads",
             "1",
@@ -91,7 +92,7 @@ fn debug_steps_names_implicit_syncs_once_and_logs_every_step_cut() {
     let cache = std::env::temp_dir().join(format!("npc-debug-steps-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
     let first = run_child(&cache);
-    let file = "tests/debug_steps.rs";
+    let file = "tests/training/debug_steps.rs";
     let read_site = format!("{file}:{}:", first.read_line);
     let step_site = format!("{file}:{}:", first.step_line);
     let e = &first.stderr;
@@ -154,7 +155,7 @@ fn without_debug_steps_nothing_is_logged() {
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "child_program",
+            &test_path(module_path!(), "child_program"),
             "--nocapture",
             "--test-threads",
             "1",

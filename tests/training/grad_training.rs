@@ -4,6 +4,7 @@
 use neuron_pc::nn::{HostRng, Linear};
 use neuron_pc::optim::{AdamW, Sgd, WarmupCosine};
 use neuron_pc::{grad, DType, DeviceConfig, LazyDevice, Result, Tensor};
+use neuron_pc_test_support::process::run_alone;
 
 fn device() -> LazyDevice {
     let config = DeviceConfig {
@@ -182,6 +183,14 @@ fn copies_after_optimization(program: &str) -> usize {
 
 #[test]
 fn the_optimizers_update_donated_parameters_in_place() {
+    // alone in a process of its own: a trial-run device marks the whole process as a trial
+    // run, and other tests' saves would be skipped
+    if !run_alone(
+        module_path!(),
+        "the_optimizers_update_donated_parameters_in_place",
+    ) {
+        return;
+    }
     // A hand-written update: XLA copies the second weight (read by the product that carries
     // the gradient back to the first layer, which nothing orders before the update).
     let by_hand = extracted_step("by-hand", |params, grads| {

@@ -1,5 +1,6 @@
 //! The persistent cache seen from the lazy device, across fresh processes, and extract mode.
 
+use neuron_pc_test_support::process::{run_alone, test_path};
 use std::process::Command;
 
 use neuron_pc::{DeviceConfig, HostTensor, LazyDevice, Metrics};
@@ -38,7 +39,12 @@ fn child_loop() {
 
 fn run_child(test: &str, envs: &[(&str, &str)]) -> (Vec<u32>, Metrics, String) {
     let out = Command::new(std::env::current_exe().unwrap())
-        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            &test_path(module_path!(), test),
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD, "1")
         .envs(envs.iter().copied())
         .output()
@@ -124,6 +130,14 @@ fn a_corrupt_cache_entry_is_a_miss_not_a_wrong_result() {
 
 #[test]
 fn extract_mode_writes_graphs_and_flags_zero_filled_reads() {
+    // alone in a process of its own: a trial-run device marks the whole process as a trial
+    // run, and other tests' saves would be skipped
+    if !run_alone(
+        module_path!(),
+        "extract_mode_writes_graphs_and_flags_zero_filled_reads",
+    ) {
+        return;
+    }
     let dir = tmp("extract");
     let dev = LazyDevice::new(DeviceConfig {
         cache: neuron_pc::compile::CacheConfig::disabled(),

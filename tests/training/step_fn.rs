@@ -4,6 +4,7 @@
 //! anything a replay cannot know (a value made anew inside the closure, a write between calls)
 //! must make the step trace instead, and say why.
 
+use neuron_pc_test_support::process::run_alone;
 use std::cell::RefCell;
 
 use neuron_pc::compile::CacheConfig;
@@ -333,6 +334,14 @@ fn a_result_also_kept_by_the_closure_keeps_the_step_traced() {
 
 #[test]
 fn a_trial_run_traces_every_call_and_extracts_the_step() {
+    // alone in a process of its own: a trial-run device marks the whole process as a trial
+    // run, and other tests' saves would be skipped
+    if !run_alone(
+        module_path!(),
+        "a_trial_run_traces_every_call_and_extracts_the_step",
+    ) {
+        return;
+    }
     let dir = neuron_pc_test_support::paths::fresh_path("npc", "step-fn-extract");
     let dev = LazyDevice::new(DeviceConfig {
         cache: CacheConfig::disabled(),

@@ -5,6 +5,7 @@
 //! `NPC_CHILD` naming the role.
 
 use crate::common;
+use neuron_pc_test_support::process::test_path;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -105,7 +106,7 @@ fn spawn_child(
 ) -> std::process::Child {
     let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
     cmd.args([
-        "child",
+        &test_path(module_path!(), "child"),
         "--exact",
         "--ignored",
         "--nocapture",

@@ -1,5 +1,5 @@
 //! Golden StableHLO text for a few representative graphs. Regenerate after an intended change
-//! with `NEURON_PC_BLESS=1 cargo test -p neuron-pc-compiler --test ops_golden` and review the
+//! with `NEURON_PC_BLESS=1 cargo test -p neuron-pc-compiler --test ir ops_golden` and review the
 //! diff. Each golden program is also compiled and run on the cpu plugin against the reference.
 
 use crate::ops_common;

@@ -2,6 +2,7 @@
 //! checkpoint survives it byte for byte, the trial's `--resume` reads it, and the real resume
 //! afterwards continues from the real step with the real losses.
 
+use neuron_pc_test_support::process::run_alone;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -9,7 +10,7 @@ use neuron_pc::checkpoint::StateDict;
 use neuron_pc::compile::CacheConfig;
 use neuron_pc::{DeviceConfig, HostTensor, LazyDevice};
 
-/// A model small enough for debug builds (as `tests/training_job.rs`).
+/// A model small enough for debug builds (as `tests/jobs/text_encoder.rs`).
 const SMALL: &[&str] = &[
     "--vocab",
     "512",
@@ -202,9 +203,14 @@ fn a_trial_run_leaves_a_real_checkpoint_alone_and_the_resume_continues_from_it()
 
 /// In-process: once a device in extract mode exists, no save reaches the disk, an existing
 /// file keeps its bytes and a new path is not created. (This test owns its process's trial
-/// state: it is the only in-process test of this binary.)
+/// state: it runs alone in a process of its own.)
 #[test]
 fn in_extract_mode_every_save_path_is_skipped() {
+    // alone in a process of its own: a trial-run device marks the whole process as a trial
+    // run, and other tests' saves would be skipped
+    if !run_alone(module_path!(), "in_extract_mode_every_save_path_is_skipped") {
+        return;
+    }
     let dir = tmp("inproc");
     let existing = dir.join("existing.safetensors");
     let mut sd = StateDict::default();

@@ -4,6 +4,7 @@
 //! Each test prints a `FAULT-REPORT` line (see `scripts/fault-report`).
 
 use crate::server;
+use neuron_pc_test_support::process::test_path;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -89,8 +90,13 @@ impl Run {
 /// Runs this test's child with a clean cache environment plus `envs`.
 fn child(test: &str, envs: &[(&str, &str)]) -> Run {
     let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1");
+    c.args([
+        &test_path(module_path!(), test),
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD, "1");
     clean_env(&mut c);
     c.envs(envs.iter().copied());
     let t = Instant::now();
@@ -668,8 +674,13 @@ fn a_fifo_in_the_cache_hangs_neither_the_job_nor_any_command() {
             .success());
 
         let mut job = Command::new(std::env::current_exe().unwrap());
-        job.args([name, "--exact", "--nocapture", "--test-threads=1"])
-            .env(CHILD, "1");
+        job.args([
+            &test_path(module_path!(), name),
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1");
         clean_env(&mut job);
         job.env("NEURON_COMPILE_CACHE_URL", url);
         let out = finishes(job, 60, &format!("job, FIFO as {place}"));
