@@ -11,12 +11,12 @@ use crate::host::HostTensor;
 
 /// The next execution's `launch_id`: distinct for every launch in this process (never 0).
 ///
-/// XLA's CPU client makes the launch id the run id of its in-process collectives, and their
-/// rendezvous table is one per process, keyed by run id, devices and the collective's id, not
-/// by client. With every launch at 0, two clients of one process (two devices, or tests on
-/// threads of one test program) running programs with the same collective on the same device
-/// numbers met in one rendezvous: one replica of each joined the other's and the rest waited
-/// out XLA's 40 s timeout ("only 1 of 2 threads arrived"). All devices of one launch share its id.
+/// XLA's CPU client makes the launch id the run id of its collectives
+/// (`PjRtCpuLoadedExecutable::Execute`), and the in-process rendezvous table is one per process,
+/// keyed by run id, devices and the collective's id, not by client. With every launch at 0, two
+/// clients of one process (two devices of a job, or tests on threads of one test program)
+/// running the same collective on the same device numbers would share keys. All devices of one
+/// launch share its id, as the rendezvous needs.
 fn next_launch_id() -> std::os::raw::c_int {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(1);

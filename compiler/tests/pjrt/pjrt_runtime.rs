@@ -256,10 +256,8 @@ fn two_devices_run_replicas_with_an_all_reduce() {
 }
 
 /// Two clients of one process (two devices of a job, or two tests of one test program) running
-/// the same collective program at once: XLA's in-process rendezvous is one table per process,
-/// keyed by the launch id, so every launch needs its own or replicas of different clients meet.
-/// Each client sums its own values, 150 times; with launch ids all 0 this crossed clients' sums
-/// or waited out XLA's 40 s rendezvous timeout and aborted.
+/// the same collective program at once, each summing its own values 150 times: XLA's in-process
+/// rendezvous table is one per process, so replicas of one client must never meet another's.
 #[test]
 fn two_clients_at_once_keep_their_all_reduces_apart() {
     let path = find_plugin(Target::Cpu).expect("cpu plugin: run scripts/setup");
