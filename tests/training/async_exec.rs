@@ -239,7 +239,8 @@ fn a_step_that_fails_while_running_is_reported_at_the_next_wait_with_its_site() 
 
 #[test]
 fn a_thousand_steps_in_flight_keep_memory_flat_and_drop_does_not_hang() {
-    // alone in a process of its own: it measures the process's resident memory, which other tests' allocations would move
+    // alone in a process of its own: it measures the process's resident memory, which other
+    // tests' allocations would move
     if !run_alone(
         module_path!(),
         "a_thousand_steps_in_flight_keep_memory_flat_and_drop_does_not_hang",

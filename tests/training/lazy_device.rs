@@ -222,7 +222,8 @@ fn bad_input_is_an_error_at_the_call_site() {
 
 #[test]
 fn memory_stays_flat_over_many_steps() {
-    // alone in a process of its own: it measures the process's resident memory, which other tests' allocations would move
+    // alone in a process of its own: it measures the process's resident memory, which other
+    // tests' allocations would move
     if !run_alone(module_path!(), "memory_stays_flat_over_many_steps") {
         return;
     }

@@ -7,7 +7,8 @@ use neuron_pc_test_support::process::run_alone;
 
 #[test]
 fn discovery_rules() {
-    // alone in a process of its own: it sets NEURON_PC_CPU_PLUGIN, which every test that loads the plugin reads
+    // alone in a process of its own: it sets NEURON_PC_CPU_PLUGIN, which every test that loads
+    // the plugin reads
     if !run_alone(module_path!(), "discovery_rules") {
         return;
     }

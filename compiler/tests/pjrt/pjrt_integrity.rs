@@ -17,7 +17,8 @@ fn plant(root: &Path, name: &str, rel: &str, bytes: &[u8]) -> PathBuf {
 
 #[test]
 fn a_corrupted_or_substituted_library_is_refused_and_the_intact_one_loads() {
-    // alone in a process of its own: it sets XDG_CACHE_HOME and NEURON_PC_PLUGIN_SHA256, which every plugin load reads
+    // alone in a process of its own: it sets XDG_CACHE_HOME and NEURON_PC_PLUGIN_SHA256, which
+    // every plugin load reads
     if !run_alone(
         module_path!(),
         "a_corrupted_or_substituted_library_is_refused_and_the_intact_one_loads",
