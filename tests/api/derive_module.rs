@@ -3,22 +3,15 @@
 //! and the layers and `TextEncoder` ported to it keep their names (the checkpoint tests compare
 //! those with PyTorch's fixtures).
 
-use neuron_pc::compile::CacheConfig;
 use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM};
 use neuron_pc::models::{TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::{
     BatchNorm, Conv2d, ConvConfig, Embedding, GroupNorm, HostRng, LayerNorm, Linear, Module,
     MultiHeadAttention, RMSNorm,
 };
-use neuron_pc::{DeviceConfig, HostTensor, LazyDevice, Result, Tensor};
+use neuron_pc::{HostTensor, LazyDevice, Result, Tensor};
 
-fn device() -> LazyDevice {
-    LazyDevice::new(DeviceConfig {
-        cache: CacheConfig::disabled(),
-        ..DeviceConfig::default()
-    })
-    .expect("cpu device: run scripts/setup")
-}
+use crate::common::device;
 
 fn names(m: &impl Module) -> Vec<String> {
     m.parameters().into_iter().map(|(n, _)| n).collect()

@@ -5,15 +5,9 @@
 use std::process::Command;
 
 use neuron_pc::nn::{cross_entropy, one_hot, HostRng, MultiHeadAttention};
-use neuron_pc::{DType, DeviceConfig, LazyDevice, Tensor};
+use neuron_pc::{DType, LazyDevice, Tensor};
 
-fn device() -> LazyDevice {
-    LazyDevice::new(DeviceConfig {
-        cache: neuron_pc::compile::CacheConfig::disabled(),
-        ..DeviceConfig::default()
-    })
-    .expect("cpu device: run scripts/setup")
-}
+use crate::common::device;
 
 fn zeros(dev: &LazyDevice, dims: &[usize], dtype: DType) -> Tensor {
     dev.tensor(&neuron_pc::HostTensor::zeros(dtype, dims))

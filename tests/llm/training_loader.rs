@@ -6,15 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use neuron_pc::data::{DeviceLoader, LastBatch};
-use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
+use neuron_pc::{grad, DType, HostTensor, LazyDevice, Tensor};
 
-fn device() -> LazyDevice {
-    LazyDevice::new(DeviceConfig {
-        cache: neuron_pc::compile::CacheConfig::disabled(),
-        ..DeviceConfig::default()
-    })
-    .expect("cpu device: run scripts/setup")
-}
+use crate::common::device;
 
 /// A host batch of `rows` examples: `x f32 [rows, 3]`, `y f32 [rows]`.
 fn host_batch(rows: usize, offset: usize) -> Vec<HostTensor> {

@@ -3,21 +3,13 @@
 //! each replica's loss, so the finite difference perturbs one element of one replica's input
 //! and measures the change of that sum.
 
-use neuron_pc::compile::CacheConfig;
 use neuron_pc::tensor::Reduction;
-use neuron_pc::{grad, DeviceConfig, HostTensor, LazyDevice, Tensor};
+use neuron_pc::{grad, HostTensor, LazyDevice, Tensor};
 
 const ROWS: usize = 4;
 const COLS: usize = 3;
 
-fn device(replicas: usize) -> LazyDevice {
-    LazyDevice::new(DeviceConfig {
-        cache: CacheConfig::disabled(),
-        replicas,
-        ..DeviceConfig::default()
-    })
-    .expect("cpu device: run scripts/setup")
-}
+use crate::common::replicated as device;
 
 /// Distinct values (no ties between replicas), seeded.
 fn values(seed: u64, n: usize) -> Vec<f64> {

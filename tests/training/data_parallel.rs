@@ -6,14 +6,7 @@ use neuron_pc::compile::CacheConfig;
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{DeviceConfig, Error, HostTensor, LazyDevice};
 
-fn device(replicas: usize) -> LazyDevice {
-    LazyDevice::new(DeviceConfig {
-        cache: CacheConfig::disabled(),
-        replicas,
-        ..DeviceConfig::default()
-    })
-    .expect("cpu device: run scripts/setup")
-}
+use crate::common::replicated as device;
 
 fn host(v: &[f32], dims: &[usize]) -> HostTensor {
     HostTensor::from_slice(v, dims).unwrap()

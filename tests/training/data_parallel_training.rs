@@ -3,24 +3,16 @@
 //! loader shards the global batch.
 
 use neuron_pc::checkpoint::StateDict;
-use neuron_pc::compile::CacheConfig;
 use neuron_pc::data::{DeviceLoader, LastBatch};
 use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::Module;
 use neuron_pc::optim::{average_gradients, clip_grad_norm, AdamW};
 use neuron_pc::tensor::Reduction;
-use neuron_pc::{grad, state, DType, DeviceConfig, Error, HostTensor, LazyDevice, Tensor};
+use neuron_pc::{grad, state, DType, Error, HostTensor, Tensor};
 
 const BATCH: usize = 16;
 
-fn device(replicas: usize) -> LazyDevice {
-    LazyDevice::new(DeviceConfig {
-        cache: CacheConfig::disabled(),
-        replicas,
-        ..DeviceConfig::default()
-    })
-    .expect("cpu device: run scripts/setup")
-}
+use crate::common::replicated as device;
 
 fn config() -> TextEncoderConfig {
     TextEncoderConfig {

@@ -2,24 +2,16 @@
 //! parameters after several updates equal the large-batch run's (float reassociation aside),
 //! on one device and data-parallel, with two step graphs in all.
 
-use neuron_pc::compile::CacheConfig;
 use neuron_pc::nn::cross_entropy;
 use neuron_pc::optim::{average_gradients, AdamW, GradAccumulator};
-use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
+use neuron_pc::{grad, DType, HostTensor, LazyDevice, Tensor};
 
 const ROWS: usize = 32;
 const IN: usize = 6;
 const HIDDEN: usize = 8;
 const CLASSES: usize = 3;
 
-fn device(replicas: usize) -> LazyDevice {
-    LazyDevice::new(DeviceConfig {
-        cache: CacheConfig::disabled(),
-        replicas,
-        ..DeviceConfig::default()
-    })
-    .expect("cpu device: run scripts/setup")
-}
+use crate::common::replicated as device;
 
 fn values(seed: u64, n: usize) -> Vec<f32> {
     (0..n)

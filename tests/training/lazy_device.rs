@@ -4,13 +4,7 @@ use neuron_pc::{DeviceConfig, Error, HostTensor, LazyDevice, Tensor};
 use neuron_pc_test_support::process::resident_kib;
 use neuron_pc_test_support::process::run_alone;
 
-fn device() -> LazyDevice {
-    LazyDevice::new(DeviceConfig {
-        cache: neuron_pc::compile::CacheConfig::disabled(),
-        ..DeviceConfig::default()
-    })
-    .expect("cpu device: run scripts/setup")
-}
+use crate::common::device;
 
 fn t(dev: &LazyDevice, v: &[f32], dims: &[usize]) -> Tensor {
     dev.tensor(&HostTensor::from_slice(v, dims).unwrap())

@@ -14,14 +14,7 @@ use neuron_pc::optim::{average_gradients, AdamW, Sgd};
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, DType, DeviceConfig, LazyDevice, Metrics, Tensor};
 
-fn device(replicas: usize) -> LazyDevice {
-    LazyDevice::new(DeviceConfig {
-        cache: CacheConfig::disabled(),
-        replicas,
-        ..DeviceConfig::default()
-    })
-    .expect("cpu device: run scripts/setup")
-}
+use crate::common::replicated as device;
 
 /// How a run lays the work out: replicas, or a mesh of 2 devices with FSDP over `data`.
 #[derive(Clone, Copy, Debug)]

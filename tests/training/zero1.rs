@@ -4,23 +4,15 @@
 //! PyTorch-named state, loadable at any replica count with or without ZeRO-1.
 
 use neuron_pc::checkpoint::StateDict;
-use neuron_pc::compile::CacheConfig;
 use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::Module;
 use neuron_pc::optim::{average_gradients, AdamW, OptimizerState, Sgd};
 use neuron_pc::tensor::Reduction;
-use neuron_pc::{grad, state, DType, DeviceConfig, LazyDevice, Tensor};
+use neuron_pc::{grad, state, DType, Tensor};
 
 const BATCH: usize = 16;
 
-fn device(replicas: usize) -> LazyDevice {
-    LazyDevice::new(DeviceConfig {
-        cache: CacheConfig::disabled(),
-        replicas,
-        ..DeviceConfig::default()
-    })
-    .expect("cpu device: run scripts/setup")
-}
+use crate::common::replicated as device;
 
 /// Parameter sizes 97x16, 16x32, 32, 32x24, 24, 24x8, 8: several not divisible by 4 (padding).
 fn config() -> TextEncoderConfig {
