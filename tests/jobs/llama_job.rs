@@ -47,7 +47,12 @@ pub struct Run {
 }
 
 pub fn run(cache: &Path, args: &[&str]) -> Run {
-    let out = command(cache, args).output().unwrap();
+    run_command(command(cache, args), args)
+}
+
+/// [`run`] of a command the caller has adjusted (an environment variable set or removed).
+pub fn run_command(mut c: Command, args: &[&str]) -> Run {
+    let out = c.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),

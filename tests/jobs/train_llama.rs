@@ -12,7 +12,9 @@ use neuron_pc::{DType, DeviceConfig, LazyDevice};
 
 use crate::llama_job;
 
-use llama_job::{command, fails_with, job, mean, precompile, root, run, tmp, Run, SMALL};
+use llama_job::{
+    command, fails_with, job, mean, precompile, root, run, run_command, tmp, Run, SMALL,
+};
 
 #[test]
 fn the_default_task_is_learned_and_throughput_and_mfu_are_reported() {
@@ -579,9 +581,14 @@ fn bf16_follows_f32_and_checkpointing_changes_only_memory() {
         "--loss-log",
         "--json",
     ];
+    // At XLA's default backend optimization level, the level this band was set at: bf16's lag
+    // behind float32 grows over the run (1.5% in the last window), and the tests' level 0
+    // (scripts/test) rounds the chaotic little run elsewhere, to 2.3%.
     let go = |extra: &[&str]| -> Run {
         let args: Vec<&str> = common.iter().chain(extra).copied().collect();
-        run(&cache, &args)
+        let mut c = command(&cache, &args);
+        c.env_remove("XLA_FLAGS");
+        run_command(c, &args)
     };
     let f32_run = go(&[]);
     let ckpt = tmp("bf16-ckpt");

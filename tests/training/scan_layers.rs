@@ -1,6 +1,6 @@
 //! A Llama with scanned layers (`LlamaConfig::scan_layers`, `nn::ScannedLayers`) against the
-//! same model unrolled: logits, loss and every gradient entry by entry (within 1e-6 of the
-//! largest), the parameters after AdamW steps as tensors (within 1e-6 relative; plain and
+//! same model unrolled: logits, loss and every gradient entry by entry (within 4e-6 of the
+//! largest), the parameters after AdamW steps as tensors (within 4e-6 relative; plain and
 //! ZeRO-1 over 2 replicas), the `save_pretrained` directory byte for byte and the training
 //! checkpoint; and the step graph, which does not grow with depth. (Against transformers:
 //! `llama.rs`.)
@@ -122,13 +122,17 @@ fn train(dev: &LazyDevice, scan: bool, remat: Remat, zero1: bool) -> (Run, Llama
     (run, model)
 }
 
+/// Entry by entry within 4e-6 of the largest entry: the two programs sum a gradient's terms (a
+/// norm weight's over every position) in different orders, and float32 sums of tens of terms
+/// differ by a few 1e-7 of their magnitude (1.4e-6 of the largest for one such gradient at XLA's
+/// backend level 0).
 fn close(what: &str, got: &[f64], want: &[f64]) {
     assert_eq!(got.len(), want.len(), "{what}");
     let scale = want.iter().fold(0f64, |m, w| m.max(w.abs()));
     assert!(scale > 0.0, "{what}: all zero tests nothing");
     for (g, w) in got.iter().zip(want) {
         assert!(
-            (g - w).abs() <= 1e-6 * scale,
+            (g - w).abs() <= 4e-6 * scale,
             "{what}: {g} vs {w} (scale {scale})"
         );
     }
@@ -144,14 +148,15 @@ fn compare(what: &str, got: &Run, want: &Run) {
     }
     // parameters as whole tensors: AdamW's `m / sqrt(v)` turns a last-bit difference of a
     // gradient near zero into a visible one of that entry (the loop's XLA program rounds in
-    // other places than the unrolled one's), so entry by entry is not a fair measure
+    // other places than the unrolled one's), so entry by entry is not a fair measure; 4e-6 as
+    // for the gradients (lm_head's moved 1.0e-6 at XLA's backend level 0)
     for ((n, g), (m, w)) in got.params.iter().zip(&want.params) {
         assert_eq!(n, m);
         let diff: f64 = g.iter().zip(w).map(|(a, b)| (a - b).powi(2)).sum();
         let norm: f64 = w.iter().map(|b| b.powi(2)).sum();
         let rel = (diff / norm).sqrt();
         assert!(
-            rel <= 1e-6,
+            rel <= 4e-6,
             "{what}: {n} after AdamW differs by {rel:e} (relative, whole)"
         );
     }
