@@ -23,6 +23,13 @@ pub const MAX_IN_FLIGHT_ENV: &str = "NEURON_PC_MAX_STEPS_IN_FLIGHT";
 pub const MAX_BYTES_IN_FLIGHT_ENV: &str = "NEURON_PC_MAX_BYTES_IN_FLIGHT";
 /// Steps a device may have in flight unless `NEURON_PC_MAX_STEPS_IN_FLIGHT` says otherwise.
 pub const DEFAULT_MAX_STEPS_IN_FLIGHT: usize = 32;
+/// Steps in flight at most over several cpu devices, whatever is asked. XLA's cpu client runs 32
+/// executions of a device at once and makes a launch past that wait for its turn on a thread of
+/// its pool, which has max(cores, devices) threads. A step with a collective needs a thread for
+/// each of its devices at once: that wait starved the other replica of the step before it, and
+/// XLA aborted the process after 40 s (`tests/training/async_exec.rs`). 16 leaves room for the
+/// launch being made and for executions outside the queue.
+pub const CPU_COLLECTIVE_MAX_STEPS_IN_FLIGHT: usize = 16;
 /// Bytes per device the outputs of steps in flight may hold unless
 /// `NEURON_PC_MAX_BYTES_IN_FLIGHT` says otherwise: 1 GiB.
 pub const DEFAULT_MAX_BYTES_IN_FLIGHT: u64 = 1 << 30;

@@ -21,7 +21,7 @@ impl LazyDevice {
     }
 
     /// A device with an explicit configuration.
-    pub fn new(config: DeviceConfig) -> Result<LazyDevice> {
+    pub fn new(mut config: DeviceConfig) -> Result<LazyDevice> {
         crate::logging::init_default_with(config.debug_steps);
         config.flags.warn_unused_neuron_flags();
         let target = config.target();
@@ -60,6 +60,18 @@ impl LazyDevice {
             mesh_size
         };
         let last = config.device_index + count;
+        let cap = super::config::CPU_COLLECTIVE_MAX_STEPS_IN_FLIGHT;
+        if target == Target::Cpu && count > 1 && config.max_steps_in_flight > cap {
+            if config.max_steps_in_flight != super::config::DEFAULT_MAX_STEPS_IN_FLIGHT {
+                tracing::warn!(
+                    "{} steps in flight asked for; {cap} over several cpu devices (past 32 \
+                     executions a device, XLA's cpu client can starve a step's collective of \
+                     threads)",
+                    config.max_steps_in_flight
+                );
+            }
+            config.max_steps_in_flight = cap;
+        }
         // The cpu client makes as many devices as asked for, and sizes its thread pools as
         // max(cores, devices): ask for the devices this run uses, never the plugin's default
         // of 4 (4 pools' threads on 2 cores made every step 4-5% slower).

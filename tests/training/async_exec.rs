@@ -6,7 +6,8 @@ use neuron_pc::compile::CacheConfig;
 use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::Module;
 use neuron_pc::optim::AdamW;
-use neuron_pc::{grad, DType, DeviceConfig, Error, LazyDevice, Tensor};
+use neuron_pc::tensor::Reduction;
+use neuron_pc::{grad, DType, DeviceConfig, Error, HostTensor, LazyDevice, Tensor};
 use neuron_pc_test_support::process::resident_kib;
 use neuron_pc_test_support::process::run_alone;
 
@@ -235,6 +236,71 @@ fn a_step_that_fails_while_running_is_reported_at_the_next_wait_with_its_site() 
     let z = w.add(&w).unwrap();
     dev.mark_step().unwrap();
     assert_eq!(z.to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+}
+
+/// XLA's cpu client runs 32 executions of a device at once; a launch past that waits for its
+/// turn on a thread of its pool, which has max(cores, devices) threads (2 here). A step's
+/// all-reduce needs a thread for each replica at once, so with 64 steps allowed in flight that
+/// wait starved the step before it of its second thread, and XLA aborted the process after
+/// 40 s ("not all of them arrived"): the flake of the replayed steps in `step_fn.rs`, which
+/// queue up whenever the machine is busy. With this test's 200 steps, a bound of 32 (the
+/// default then) aborted and 31 passed, every time: the launch is made before the bound waits,
+/// so 32 in flight make the 33rd execution. Over several cpu devices the steps in flight are
+/// held to 16 whatever is asked: 200 steps of a matmul and an all-reduce, launched back to back
+/// with 64 asked for, finish with the values they compute.
+#[test]
+fn steps_with_an_all_reduce_queued_deep_over_two_replicas_finish() {
+    // alone in a process of its own: the failure it guards against aborts the process
+    if !run_alone(
+        module_path!(),
+        "steps_with_an_all_reduce_queued_deep_over_two_replicas_finish",
+    ) {
+        return;
+    }
+    let _serial = serial();
+    let dev = LazyDevice::new(DeviceConfig {
+        cache: CacheConfig::disabled(),
+        replicas: 2,
+        max_steps_in_flight: 64,
+        ..DeviceConfig::default()
+    })
+    .unwrap();
+    let (rows, cols) = (128, 1024);
+    let fill = |v: f32| HostTensor::from_slice(&vec![v; rows * cols], &[rows, cols]).unwrap();
+    let x = dev.from_replicas(&[fill(0.001), fill(0.003)]).unwrap();
+    let w = dev
+        .from_slice(&vec![0.002f32; cols * cols], &[cols, cols])
+        .unwrap();
+    let steps = 200;
+    let mut totals = Vec::new();
+    for step in 0..steps {
+        let shift = dev.scalar(step as f64, DType::F32).unwrap();
+        let local = x
+            .add(&shift)
+            .unwrap()
+            .matmul(&w)
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        totals.push(local.all_reduce(Reduction::Sum).unwrap());
+        dev.mark_step().unwrap();
+    }
+    let peak = dev.metrics().peak_steps_in_flight;
+    eprintln!("peak steps in flight: {peak}");
+    assert!((3..=16).contains(&peak), "peak steps in flight {peak}");
+    for (step, t) in totals.iter().enumerate() {
+        // each entry of (x_r + step) w is cols * (x_r + step) * 0.002, summed over both replicas
+        let entries = (rows * cols) as f64;
+        let want: f64 = [0.001, 0.003]
+            .iter()
+            .map(|x_r| entries * cols as f64 * (x_r + step as f64) * 0.002)
+            .sum();
+        let got = t.item().unwrap();
+        assert!(
+            (got - want).abs() <= 1e-3 * want,
+            "step {step}: {got} vs {want}"
+        );
+    }
 }
 
 #[test]
