@@ -58,7 +58,7 @@ pub fn start() -> Moto {
     let bin = repo_root().join(".venv/bin/moto_server");
     assert!(
         bin.exists(),
-        "{} is missing: run scripts/setup (it installs moto[server] into .venv)",
+        "{} is missing: run scripts/setup (it installs moto into .venv)",
         bin.display()
     );
     let port = free_port();
