@@ -88,6 +88,8 @@ fn run_kit(args: &[&str], env: &[(&str, &str)]) -> (i32, Vec<(String, String, St
         .envs(env.iter().copied())
         .env("GPU_CHECK_WORK", &work)
         .env("GPU_CHECK_PYTHON", "python3")
+        // the rows' mechanics: 50 steps where a GPU run takes 200
+        .env("GPU_CHECK_ASYNC_STEPS", "50")
         .current_dir(repo())
         .output()
         .unwrap();
