@@ -76,7 +76,8 @@ pub struct DeviceConfig {
     pub graph_log: Option<PathBuf>,
     /// Steps that may be running at once: `mark_step` launches a step and returns, and waits
     /// for the oldest only past this bound or `max_bytes_in_flight` (1: every step is waited
-    /// for before `mark_step` returns).
+    /// for before `mark_step` returns). Over several cpu devices it is at most 16: past 32
+    /// executions a device, XLA's cpu client can starve a step's all-reduce of threads.
     pub max_steps_in_flight: usize,
     /// Bytes per device that the outputs of steps in flight may hold; past it, `mark_step`
     /// waits for the oldest step (never for the one it launched). Outputs that reuse a donated
