@@ -244,10 +244,10 @@ fn a_step_that_fails_while_running_is_reported_at_the_next_wait_with_its_site() 
 /// wait starved the step before it of its second thread, and XLA aborted the process after
 /// 40 s ("not all of them arrived"): the flake of the replayed steps in `step_fn.rs`, which
 /// queue up whenever the machine is busy. With this test's 200 steps, a bound of 32 (the
-/// default then) aborted and 31 passed, every time: the launch is made before the bound waits,
-/// so 32 in flight make the 33rd execution. Over several cpu devices the steps in flight are
-/// held to 16 whatever is asked: 200 steps of a matmul and an all-reduce, launched back to back
-/// with 64 asked for, finish with the values they compute.
+/// default then) aborted (as did 64) and 31 passed, with a peak of 31: the launch is made
+/// before the bound waits, so 32 in flight make the 33rd execution. Over several cpu devices
+/// the steps in flight are held to 16 whatever is asked: 200 steps of a matmul and an
+/// all-reduce, launched back to back with 64 asked for, finish with the values they compute.
 #[test]
 fn steps_with_an_all_reduce_queued_deep_over_two_replicas_finish() {
     // alone in a process of its own: the failure it guards against aborts the process
