@@ -259,10 +259,9 @@ fn steps_with_an_all_reduce_queued_deep_over_two_replicas_finish() {
     }
     let _serial = serial();
     let dev = LazyDevice::new(DeviceConfig {
-        cache: CacheConfig::disabled(),
         replicas: 2,
         max_steps_in_flight: 64,
-        ..DeviceConfig::default()
+        ..crate::common::config()
     })
     .unwrap();
     let (rows, cols) = (128, 1024);
