@@ -21,6 +21,8 @@ extern crate self as neuron_pc;
 pub mod amp;
 pub mod autodiff;
 pub mod checkpoint;
+#[cfg(feature = "gloo")]
+pub mod collectives;
 pub mod compile;
 pub mod data;
 pub mod device;

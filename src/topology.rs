@@ -8,10 +8,11 @@
 //! present (torchrun inside a Slurm allocation sets both), the one closest to the process wins:
 //! torchrun, then Slurm, then AWS Batch, then SageMaker.
 //!
-//! Cross-process collectives belong to the accelerator runtime behind the PJRT plugin. The CPU
-//! PJRT plugins implement only in-process collectives, so a multi-process run on cpu is refused
-//! with one line ([`check_launch`]) unless it only extracts graphs (`neuron-pc compile`), which
-//! needs no collective at all.
+//! Cross-process collectives belong to the accelerator runtime behind the PJRT plugin. XLA's
+//! cpu client keeps its collectives inside one process, so on cpu they run through gloo (the
+//! `collectives` module, `gloo` feature), whose groups meet through the run's store; a launch
+//! that lacks either is refused with one line ([`check_launch`]) unless it only extracts graphs
+//! (`neuron-pc compile`).
 //!
 //! ```
 //! use neuron_pc::topology::{Launcher, Topology};
@@ -368,10 +369,10 @@ fn first_host(list: &str) -> Option<String> {
     Some(head).filter(|h| !h.is_empty())
 }
 
-/// Refuses a launch this build cannot serve: several processes of a data-parallel run need
-/// collectives across processes, which the CPU PJRT plugins do not implement, and a cuda
-/// client of several processes needs the run's key-value store (`NEURON_PC_STORE`) for its
-/// callbacks (see [`crate::distributed`]). Extracting graphs (`extracting`) runs nothing and is
+/// Refuses a launch this build cannot serve: several processes on cpu need the `gloo` feature
+/// and the run's store (`NEURON_PC_STORE`), where their collective groups meet, and a cuda
+/// client of several processes needs the store for its key-value callbacks (see
+/// [`crate::distributed`]). Extracting graphs (`extracting`) runs nothing and is
 /// always allowed.
 pub fn check_launch(topology: &Topology, target: Target, extracting: bool) -> Result<()> {
     let has_store = std::env::var(crate::store::STORE_ENV).is_ok_and(|v| !v.trim().is_empty());
@@ -389,10 +390,14 @@ pub fn check_launch_with(
         return Ok(());
     }
     match target {
-        Target::Cpu => Err(Error::Config(format!(
-            "cpu: this process is {topology}, but the CPU PJRT plugins implement only \
-             in-process collectives; run one process with several devices \
-             (NEURON_PC_DEVICES=N) instead, or a cuda or neuron target"
+        Target::Cpu if !cfg!(feature = "gloo") => Err(Error::Config(format!(
+            "cpu: this process is {topology}; collectives between processes on cpu run through \
+             gloo, which this build leaves out: build with the `gloo` feature (Debian's \
+             libgloo-dev), or run one process with several devices (NEURON_PC_DEVICES=N)"
+        ))),
+        Target::Cpu if !has_store => Err(Error::Config(format!(
+            "cpu: this process is {topology}; the processes' collective groups meet through \
+             the run's store: set NEURON_PC_STORE=etcd://HOST:PORT"
         ))),
         Target::Cuda if !has_store => Err(Error::Config(format!(
             "cuda: this process is {topology}; a cuda client of several processes exchanges \

@@ -227,7 +227,19 @@ fn vjp(
         | Op::Constant(_)
         | Op::Iota { .. }
         | Op::RandomBits { .. }
-        | Op::ReplicaId => Ok(vec![None; x.len()]),
+        | Op::ReplicaId
+        | Op::ProcessIndex => Ok(vec![None; x.len()]),
+        // made after differentiation, when a program is lowered for several processes
+        Op::ProcessCollective { .. } => Err(crate::error::Error::Op {
+            location,
+            source: neuron_pc_compiler::Error::Shape {
+                op: op.name(),
+                operands: y.ty().to_string(),
+                message: "a collective between processes is made when lowering, after \
+                          differentiation"
+                    .into(),
+            },
+        }),
         // d/dx u(x) = u'(x) g, by UnaryOp
         Op::Unary(u) => Ok(vec![Some(pointwise::unary(u, op, &x[0], y, g, location)?)]),
         // d b(a, c) = (db/da g, db/dc g), by BinaryOp

@@ -40,6 +40,7 @@ use neuron_pc_compiler::flags::CompilerFlags;
 use neuron_pc_compiler::ir::{Graph, TensorType};
 use neuron_pc_compiler::key::{cache_key, CacheKey, CompilerIdentity};
 use neuron_pc_compiler::lower::Partitioning;
+use neuron_pc_compiler::passes::ProcessLayout;
 use neuron_pc_compiler::pjrt::{ArgType, Client, CompileOptions, LoadedExecutable, Signature};
 use neuron_pc_compiler::sharding::Sharding;
 
@@ -165,6 +166,10 @@ pub struct Compiler {
     /// The first-steps hint and the executables loaded ahead from it (`prefetch.rs`).
     hints: Mutex<prefetch::Hints>,
     prefetch_hits: std::sync::atomic::AtomicU64,
+    /// Set for a run of several processes whose runtime keeps collectives inside a process
+    /// (cpu): programs are recorded over every process's replicas and lowered for this
+    /// process's (see [`neuron_pc_compiler::passes::cross_process`]).
+    processes: Option<ProcessLayout>,
 }
 
 impl std::fmt::Debug for Compiler {
@@ -190,6 +195,7 @@ impl Compiler {
             cache_unavailable: None,
             hints: Mutex::default(),
             prefetch_hits: Default::default(),
+            processes: None,
         })
     }
 
@@ -237,6 +243,33 @@ impl Compiler {
     pub fn with_partitions(mut self, devices: &[usize]) -> Compiler {
         self.options = self.options.partitioned(devices);
         self
+    }
+
+    /// Lowers every program recorded over `processes` processes of this one's replicas for
+    /// this process alone, its collectives between processes made custom calls (the cpu
+    /// target's multi-process runs; see `collectives`, with the `gloo` feature).
+    pub fn with_processes(mut self, processes: usize) -> Compiler {
+        self.processes = (processes > 1).then(|| ProcessLayout {
+            processes,
+            local: self.options.num_replicas.max(1) * self.partitions(),
+        });
+        self
+    }
+
+    /// Replicas of the whole run: [`Compiler::replicas`], times the processes when programs
+    /// are lowered for one of several ([`Compiler::with_processes`]).
+    pub fn global_replicas(&self) -> usize {
+        self.replicas() * self.processes.map_or(1, |p| p.processes)
+    }
+
+    /// [`neuron_pc_compiler::passes::run_pipeline`], then the rewrite for this process of
+    /// several when there is one.
+    fn optimize(&self, graph: &Graph) -> Result<Graph> {
+        let optimized = neuron_pc_compiler::passes::run_pipeline(graph, &self.flags)?;
+        Ok(match self.processes {
+            Some(layout) => neuron_pc_compiler::passes::cross_process(&optimized, layout)?,
+            None => optimized,
+        })
     }
 
     /// How many partitions each program is split into (1 unless [`Compiler::with_partitions`]).
@@ -342,7 +375,7 @@ impl Compiler {
     /// Runs the graph passes the flags ask for, lowers the result to StableHLO (with `aliases`
     /// as `(parameter, output)` donation pairs) and keys it. The signature comes from the IR.
     pub fn lower(&self, graph: &Graph, aliases: &[(usize, usize)]) -> Result<Program> {
-        let optimized = neuron_pc_compiler::passes::run_pipeline(graph, &self.flags)?;
+        let optimized = self.optimize(graph)?;
         let text = neuron_pc_compiler::lower::to_stablehlo_with_aliases(&optimized, aliases)?;
         Ok(Program {
             key: self.key_of(&text),
@@ -362,7 +395,7 @@ impl Compiler {
         params: &[Option<Arc<Sharding>>],
         outputs: &[Option<Arc<Sharding>>],
     ) -> Result<Program> {
-        let optimized = neuron_pc_compiler::passes::run_pipeline(graph, &self.flags)?;
+        let optimized = self.optimize(graph)?;
         let hlo = |s: &Option<Arc<Sharding>>| {
             Some(
                 s.as_deref()

@@ -312,7 +312,7 @@ impl DeviceInner {
 
     /// Replicas of the whole run (collectives span them all).
     pub(crate) fn global_replicas(&self) -> usize {
-        self.compiler.replicas()
+        self.compiler.global_replicas()
     }
 
     /// A new cell holding `value`; a pending one joins the next step's outputs.
@@ -392,7 +392,8 @@ impl DeviceInner {
             |groups: &[Vec<usize>]| groups.len() == 1 && groups[0].len() == self.global_replicas();
         let trivial = |groups: &[Vec<usize>]| groups.iter().all(|g| g.len() == 1);
         match op {
-            Op::ReplicaId => true,
+            Op::ReplicaId | Op::ProcessIndex => true,
+            Op::ProcessCollective { .. } => any(),
             Op::After => operands[0].is_per_replica(),
             Op::AllReduce { replica_groups, .. } | Op::AllGather { replica_groups, .. } => {
                 !everyone(replica_groups) && (!trivial(replica_groups) || any())

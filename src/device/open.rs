@@ -93,6 +93,12 @@ impl LazyDevice {
             .named
             .extend(crate::distributed::allocator_options(target, shared)?);
         let plugin = Plugin::load(&find_plugin(target)?)?;
+        // cpu, several processes: collectives between them are custom calls into gloo, whose
+        // handlers must be registered before the first compile
+        let gloo = target == Target::Cpu && config.topology.is_multi_process();
+        if gloo {
+            register_collectives(&plugin)?;
+        }
         let client = Client::new(&plugin, &options)?;
         if last > client.device_count() && !config.mesh.is_empty() {
             let axes: Vec<String> = config
@@ -125,10 +131,11 @@ impl LazyDevice {
             }));
         }
         let devices: Vec<Device> = (config.device_index..last).map(Device).collect();
-        // Several processes (extract mode only, see `check_launch`): the program spans every
-        // process's replicas, numbered globally.
+        // Several processes: on cpu each compiles over its own devices, its programs' cross-
+        // process collectives made custom calls (`Compiler::with_processes`); elsewhere (and in
+        // extract mode for them) the program spans every process's replicas, numbered globally.
         let topology = &config.topology;
-        let ids: Vec<usize> = if topology.is_multi_process() {
+        let ids: Vec<usize> = if topology.is_multi_process() && !gloo {
             (0..topology.global_replicas(config.replicas)).collect()
         } else {
             devices.iter().map(|d| d.0).collect()
@@ -145,6 +152,14 @@ impl LazyDevice {
             Some(_) => compiler.with_partitions(&ids),
             None => compiler.with_replicas(&ids),
         };
+        let compiler = if gloo {
+            compiler.with_processes(topology.world_size)
+        } else {
+            compiler
+        };
+        if gloo && !extracting {
+            connect_collectives(topology, devices.len())?;
+        }
         if !deferred {
             // a job that runs its steps: load last run's first executables while it builds
             compiler.start_prefetch();
@@ -153,7 +168,7 @@ impl LazyDevice {
             cache_unavailable: compiler.cache_unavailable().map(str::to_string),
             replicas: if mesh.is_some() { 1 } else { devices.len() },
             partitions: compiler.partitions(),
-            global_replicas: compiler.replicas(),
+            global_replicas: compiler.global_replicas(),
             rank: config.topology.rank,
             world_size: config.topology.world_size,
             ..Metrics::default()
@@ -189,4 +204,33 @@ impl LazyDevice {
             }),
         })
     }
+}
+
+#[cfg(feature = "gloo")]
+fn register_collectives(plugin: &Plugin) -> Result<()> {
+    crate::collectives::register(plugin)
+}
+
+#[cfg(feature = "gloo")]
+fn connect_collectives(topology: &crate::topology::Topology, local: usize) -> Result<()> {
+    let store = crate::store::from_env()?.ok_or_else(|| {
+        Error::Config(format!(
+            "cpu: this process is {topology}; the processes' collective groups meet through \
+             the run's store: set {}=etcd://HOST:PORT",
+            crate::store::STORE_ENV
+        ))
+    })?;
+    crate::collectives::connect(&store, topology, local)
+}
+
+// Without gloo a multi-process cpu run was refused before the plugin loaded (`check_launch`),
+// except in extract mode, which compiles nothing here and runs nothing.
+#[cfg(not(feature = "gloo"))]
+fn register_collectives(_: &Plugin) -> Result<()> {
+    Ok(())
+}
+
+#[cfg(not(feature = "gloo"))]
+fn connect_collectives(_: &crate::topology::Topology, _: usize) -> Result<()> {
+    Ok(())
 }

@@ -5,7 +5,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 use super::families::DTypeClass;
-use super::op::{Op, ScanBody, ScanOutput};
+use super::op::{Op, ProcessCollective, ScanBody, ScanOutput};
 use super::types::TensorType;
 
 /// The result type of `op` applied to operands of types `operands`.
@@ -80,10 +80,15 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             output,
             ..
         } => infer_scan(op, operands, body, *length, *output),
-        Op::ReplicaId => {
+        Op::ReplicaId | Op::ProcessIndex => {
             arity(op, operands, 0)?;
             Ok(TensorType::new(DType::U32, Vec::new()))
         }
+        Op::ProcessCollective {
+            collective,
+            processes,
+            ..
+        } => infer_process_collective(op, operands, *collective, *processes),
         Op::Iota { dims, dim, dtype } => {
             arity(op, operands, 0)?;
             if *dim >= dims.len() {
@@ -751,4 +756,53 @@ fn infer_scan(
             None => Err(e(format!("stacked {n} of a body of {} nodes", g.len()))),
         },
     }
+}
+
+/// A [`Op::ProcessCollective`]: operands (value, `u32[]` local replica[, ordering edge]).
+fn infer_process_collective(
+    op: &Op,
+    operands: &[&TensorType],
+    collective: ProcessCollective,
+    processes: usize,
+) -> Result<TensorType> {
+    let e = |m: String| shape_error(op, operands, m);
+    if !(2..=3).contains(&operands.len()) {
+        return Err(e(format!(
+            "expected the value, the local replica and an optional ordering edge, got {} \
+             operands",
+            operands.len()
+        )));
+    }
+    let (x, index) = (operands[0], operands[1]);
+    if index.dtype != DType::U32 || index.rank() != 0 {
+        return Err(e("the local replica must be a u32 scalar".to_string()));
+    }
+    if processes == 0 {
+        return Err(e("no processes".to_string()));
+    }
+    let mut dims = x.dims.clone();
+    match collective {
+        ProcessCollective::AllReduce(r) => dtype_in(op, x.dtype, r.dtypes())?,
+        ProcessCollective::AllGather { dim } => {
+            if dim >= x.rank() {
+                return Err(e(format!(
+                    "dim {dim} is out of range for rank {}",
+                    x.rank()
+                )));
+            }
+            dims[dim] = dims[dim]
+                .checked_mul(processes)
+                .ok_or_else(|| e("the result is too large".to_string()))?;
+        }
+        ProcessCollective::ReduceScatter { op: r, dim } => {
+            dtype_in(op, x.dtype, r.dtypes())?;
+            if dim >= x.rank() || x.dims[dim] % processes != 0 {
+                return Err(e(format!(
+                    "dimension {dim} must exist and divide by the process count {processes}"
+                )));
+            }
+            dims[dim] /= processes;
+        }
+    }
+    Ok(TensorType::new(x.dtype, dims))
 }

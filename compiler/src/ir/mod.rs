@@ -23,5 +23,5 @@ mod types;
 pub use families::{BinaryOp, CompareOp, DTypeClass, ReduceOp, UnaryOp};
 pub use infer::{infer, shape_error};
 pub use op::{Graph, Node, NodeId};
-pub use op::{Op, Saved, ScanBody, ScanOutput};
+pub use op::{Op, ProcessCollective, Saved, ScanBody, ScanOutput};
 pub use types::{Literal, TensorType};

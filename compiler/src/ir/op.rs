@@ -223,6 +223,24 @@ pub enum Op {
     /// No operands. Result `u32[]`: the index of the replica running the program (0 on one
     /// device). Lowers to `stablehlo.replica_id`.
     ReplicaId,
+    /// A collective between processes: replica `l` of this process with replica `l` of each of
+    /// the run's `processes` processes (operands: the value, and `u32[]` `l`). Made only by
+    /// [`crate::passes::cross_process`], for a target whose runtime keeps collectives inside a
+    /// process (cpu); lowers to a custom call to a handler of neuron-pc's own, which calls
+    /// the collective library (gloo). Calls run in graph order on every process: each takes
+    /// the previous one's result as a third operand, an ordering edge only.
+    ProcessCollective {
+        /// What the processes' values make.
+        collective: ProcessCollective,
+        /// Processes in the run.
+        processes: usize,
+        /// This call's number in its program (`0..`), distinct for calls that may overlap.
+        tag: u32,
+    },
+    /// No operands. Result `u32[]`: this process's index in a multi-process run. Made only by
+    /// [`crate::passes::cross_process`] (a global replica index is `index * local + local
+    /// replica`); lowers to a custom call, so every process compiles the same program.
+    ProcessIndex,
     /// One result of a loop running `body` `length` times (see [`ScanBody`]): operands are
     /// the initial carries, the scanned operands (`[length, ..]`) and the invariants. With
     /// `reverse`, iteration `t` reads `xs[length - 1 - t]`. Lowers to one `stablehlo.while`
@@ -239,6 +257,38 @@ pub enum Op {
     },
 }
 
+/// What a [`Op::ProcessCollective`] computes from the processes' values (the same results as
+/// [`Op::AllReduce`], [`Op::AllGather`] and [`Op::ReduceScatter`] over one group of every
+/// process, in process order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ProcessCollective {
+    /// Combined elementwise; the operand's type.
+    AllReduce(ReduceOp),
+    /// Joined along `dim`, which grows by the process count.
+    AllGather {
+        /// The joined dimension.
+        dim: usize,
+    },
+    /// Combined, and process `p` keeps block `p` along `dim`.
+    ReduceScatter {
+        /// The combining op.
+        op: ReduceOp,
+        /// The split dimension.
+        dim: usize,
+    },
+}
+
+impl ProcessCollective {
+    /// The name in messages and of the custom call's target (`neuron_pc.<name>`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ProcessCollective::AllReduce(_) => "process_all_reduce",
+            ProcessCollective::AllGather { .. } => "process_all_gather",
+            ProcessCollective::ReduceScatter { .. } => "process_reduce_scatter",
+        }
+    }
+}
+
 impl Op {
     /// Whether the op's value is fixed by its operands on one replica (constant folding may
     /// evaluate it ahead of time): not parameters, constants and iotas (nothing to fold) nor
@@ -247,7 +297,7 @@ impl Op {
         match self {
             Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => false,
             Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => false,
-            Op::ReplicaId => false,
+            Op::ReplicaId | Op::ProcessCollective { .. } | Op::ProcessIndex => false,
             // a whole loop is no constant to fold ahead of time
             Op::Scan { .. } => false,
             // a layout the user asked for, kept where it was put
@@ -314,6 +364,8 @@ impl Op {
             Op::AllGather { .. } => "all_gather",
             Op::ReduceScatter { .. } => "reduce_scatter",
             Op::ReplicaId => "replica_id",
+            Op::ProcessCollective { collective, .. } => collective.name(),
+            Op::ProcessIndex => "process_index",
             Op::Scan { .. } => "scan",
         }
     }
@@ -332,7 +384,27 @@ impl fmt::Display for Op {
             | Op::ScatterAdd
             | Op::StopGradient
             | Op::After
-            | Op::ReplicaId => f.write_str(n),
+            | Op::ReplicaId
+            | Op::ProcessIndex => f.write_str(n),
+            Op::ProcessCollective {
+                collective,
+                processes,
+                tag,
+            } => match collective {
+                ProcessCollective::AllReduce(op) => write!(
+                    f,
+                    "{n}{{op={}, processes={processes}, tag={tag}}}",
+                    op.name()
+                ),
+                ProcessCollective::AllGather { dim } => {
+                    write!(f, "{n}{{dim={dim}, processes={processes}, tag={tag}}}")
+                }
+                ProcessCollective::ReduceScatter { op, dim } => write!(
+                    f,
+                    "{n}{{op={}, dim={dim}, processes={processes}, tag={tag}}}",
+                    op.name()
+                ),
+            },
             Op::Convert(d) => write!(f, "{n}{{{d}}}"),
             Op::ShardingConstraint { sharding } => write!(f, "{n}{{{sharding}}}"),
             Op::Iota { dims, dim, dtype } => {

@@ -18,6 +18,7 @@
 //! first, so an unsupported pair in a graph from elsewhere is [`crate::Error::UnsupportedDType`].
 
 mod ops;
+pub use ops::{process_reduce_code, process_target, PROCESS_INDEX_TARGET};
 mod random;
 mod scan;
 pub(crate) mod text;

@@ -2,7 +2,9 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, CompareOp, Graph, Literal, Node, Op, ReduceOp, TensorType};
+use crate::ir::{
+    BinaryOp, CompareOp, Graph, Literal, Node, Op, ProcessCollective, ReduceOp, TensorType,
+};
 
 use super::text::{dense, i64_array, list, replica_groups, tensor, tensor_of};
 use super::{random, Emitter};
@@ -48,6 +50,26 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
         Op::Select => format!("{v} = \"stablehlo.select\"({arg_list}) : {sig}"),
         Op::Convert(_) => format!("{v} = \"stablehlo.convert\"({arg_list}) : {sig}"),
         Op::ReplicaId => format!("{v} = \"stablehlo.replica_id\"() : () -> {ty}"),
+        Op::ProcessIndex => format!(
+            "{v} = stablehlo.custom_call @{PROCESS_INDEX_TARGET}() {{api_version = 4 : i32, \
+             backend_config = {{}}}} : () -> {ty}"
+        ),
+        Op::ProcessCollective {
+            collective, tag, ..
+        } => {
+            let (op, dim) = match *collective {
+                ProcessCollective::AllReduce(op) => (op, 0),
+                ProcessCollective::AllGather { dim } => (ReduceOp::Sum, dim),
+                ProcessCollective::ReduceScatter { op, dim } => (op, dim),
+            };
+            format!(
+                "{v} = stablehlo.custom_call @{}({arg_list}) {{api_version = 4 : i32, \
+                 backend_config = {{dim = {dim} : i64, op = {} : i64, tag = {tag} : i64}}}} \
+                 : {sig}",
+                process_target(collective),
+                process_reduce_code(op)
+            )
+        }
         Op::Iota { dim, .. } => {
             format!("{v} = \"stablehlo.iota\"() {{iota_dimension = {dim} : i64}} : () -> {ty}")
         }
@@ -292,6 +314,28 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
     };
     e.line(&line);
     Ok(v)
+}
+
+/// The custom-call target of [`Op::ProcessIndex`].
+pub const PROCESS_INDEX_TARGET: &str = "neuron_pc_process_index";
+
+/// The custom-call target a [`ProcessCollective`] lowers to (`neuron_pc_<name>`).
+pub fn process_target(c: &ProcessCollective) -> &'static str {
+    match c {
+        ProcessCollective::AllReduce(_) => "neuron_pc_process_all_reduce",
+        ProcessCollective::AllGather { .. } => "neuron_pc_process_all_gather",
+        ProcessCollective::ReduceScatter { .. } => "neuron_pc_process_reduce_scatter",
+    }
+}
+
+/// The `op` attribute of a process collective's call: 0 sum, 1 product, 2 max, 3 min.
+pub fn process_reduce_code(op: ReduceOp) -> i64 {
+    match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Prod => 1,
+        ReduceOp::Max => 2,
+        ReduceOp::Min => 3,
+    }
 }
 
 fn missing(i: usize) -> Error {

@@ -15,6 +15,7 @@
 //! | [`auto_cast`] | matmuls (and with `all`, safe elementwise ops) in bf16/f16 |
 
 mod autocast;
+mod cross_process;
 mod cse;
 mod dce;
 mod fold;
@@ -24,6 +25,7 @@ mod simplify;
 use std::time::Instant;
 
 pub use autocast::{auto_cast, cast_dtype};
+pub use cross_process::{cross_process, ProcessLayout};
 pub use cse::cse;
 pub use dce::dce;
 pub use fold::constant_fold;

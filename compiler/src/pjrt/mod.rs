@@ -35,6 +35,7 @@ mod cuda_libs;
 mod discover;
 mod event;
 mod executable;
+pub mod ffi;
 pub mod integrity;
 mod interface;
 pub use interface::{parameter_types_in, Interface};

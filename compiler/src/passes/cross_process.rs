@@ -1,0 +1,282 @@
+//! The rewrite that runs a program of several processes on a runtime whose collectives stay
+//! inside one process (XLA's cpu client): each process compiles the program over its own
+//! `local` replicas, and every collective whose groups reach other processes becomes XLA's
+//! collective over the local part of each group plus a [`Op::ProcessCollective`] between the
+//! processes (a custom call into the collective library).
+//!
+//! Global replica `r` is local replica `r % local` of process `r / local`. A collective's
+//! groups must either each lie in one process, the same local groups in every process (they
+//! stay XLA's, renumbered locally), or each span every process with the same local replicas in
+//! each: group `{p * local + s | p in processes, s in S}` for local sets `S` that partition the
+//! local replicas. The second kind is hierarchical:
+//!
+//! - all-reduce: XLA's over `S`, then between processes (each local replica with its peers);
+//! - all-gather: XLA's over `S`, then between processes (blocks in process order: the global
+//!   group's order, since global ids are process-major);
+//! - reduce-scatter: between processes first (process `p` keeps block `p`), then XLA's over
+//!   `S` inside that block, so replica `(p, s)` keeps block `p * |S| + s`.
+//!
+//! `ReplicaId` becomes `ProcessIndex * local + ReplicaId`. The program text is the same in
+//! every process (the process index is read at run time), so all share one cache entry.
+//! Every process collective takes the previous one's result as an ordering edge: XLA runs
+//! them in graph order on every process, which a collective library needs.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ir::{BinaryOp, Graph, Literal, Node, NodeId, Op, ProcessCollective};
+
+use super::rewrite::{rebuild, Builder, NodeRewrite};
+
+/// How the replicas of a run lie over its processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ProcessLayout {
+    /// Processes in the run.
+    pub processes: usize,
+    /// Replicas (devices) each process drives.
+    pub local: usize,
+}
+
+/// `graph`, recorded over `layout.processes * layout.local` global replicas, as each process
+/// runs it over its `layout.local` replicas (see the module documentation).
+pub fn cross_process(graph: &Graph, layout: ProcessLayout) -> Result<Graph> {
+    if layout.processes == 0 || layout.local == 0 {
+        return Err(unsupported(format!("a layout of {layout:?}")));
+    }
+    for node in graph.nodes() {
+        if let Op::Scan { body, .. } = &node.op {
+            if body.graph.nodes().iter().any(is_collective) {
+                return Err(unsupported(
+                    "a collective inside a scanned loop body of a multi-process cpu run".into(),
+                ));
+            }
+        }
+    }
+    let mut rw = Rewrite {
+        layout,
+        last: None,
+        tag: 0,
+    };
+    rebuild(graph, None, false, &mut rw)
+}
+
+fn is_collective(n: &Node) -> bool {
+    matches!(
+        n.op,
+        Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } | Op::ReplicaId
+    )
+}
+
+fn unsupported(what: String) -> Error {
+    Error::InvalidGraph {
+        message: format!("{what} is not supported across processes yet"),
+    }
+}
+
+/// How a collective's groups lie over the processes.
+enum Split {
+    /// Every group inside one process: the same local groups in each.
+    Local(Vec<Vec<usize>>),
+    /// Every group over all processes, with these local groups.
+    Spanning(Vec<Vec<usize>>),
+}
+
+fn split(groups: &[Vec<usize>], layout: ProcessLayout) -> Result<Split> {
+    let (p_count, l) = (layout.processes, layout.local);
+    let bad = || {
+        unsupported(format!(
+            "replica groups {groups:?} over {p_count} processes of {l} replicas each (groups \
+             must each stay in one process, or each span all processes with the same local \
+             replicas)"
+        ))
+    };
+    let process = |r: usize| r / l;
+    if groups.iter().flatten().any(|&r| r >= p_count * l) {
+        return Err(bad());
+    }
+    if groups
+        .iter()
+        .all(|g| g.iter().all(|&r| process(r) == process(g[0])))
+    {
+        // local groups: those of process 0, renumbered; every process must have the same
+        let local = |p: usize| -> Vec<Vec<usize>> {
+            let mut v: Vec<Vec<usize>> = groups
+                .iter()
+                .filter(|g| process(g[0]) == p)
+                .map(|g| g.iter().map(|r| r % l).collect())
+                .collect();
+            v.sort();
+            v
+        };
+        let first = local(0);
+        if (1..p_count).any(|p| local(p) != first) {
+            return Err(bad());
+        }
+        return Ok(Split::Local(first));
+    }
+    let mut locals = Vec::new();
+    for g in groups {
+        let size = g.len();
+        if size % p_count != 0 {
+            return Err(bad());
+        }
+        let per = size / p_count;
+        let s: Vec<usize> = g[..per].iter().map(|r| r % l).collect();
+        let expected: Vec<usize> = (0..p_count)
+            .flat_map(|p| s.iter().map(move |x| p * l + x))
+            .collect();
+        if *g != expected || s.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(bad());
+        }
+        locals.push(s);
+    }
+    let mut seen: Vec<usize> = locals.iter().flatten().copied().collect();
+    seen.sort_unstable();
+    if seen != (0..l).collect::<Vec<_>>() {
+        return Err(bad());
+    }
+    Ok(Split::Spanning(locals))
+}
+
+struct Rewrite {
+    layout: ProcessLayout,
+    /// The previous process collective: the next one's ordering edge.
+    last: Option<NodeId>,
+    tag: u32,
+}
+
+impl Rewrite {
+    fn process_call(
+        &mut self,
+        b: &mut Builder,
+        collective: ProcessCollective,
+        value: NodeId,
+    ) -> Result<NodeId> {
+        let index = b.push(Op::ReplicaId, &[])?;
+        let mut operands = vec![value, index];
+        operands.extend(self.last);
+        let op = Op::ProcessCollective {
+            collective,
+            processes: self.layout.processes,
+            tag: self.tag,
+        };
+        self.tag += 1;
+        let id = b.push(op, &operands)?;
+        self.last = Some(id);
+        Ok(id)
+    }
+
+    /// XLA's collective `make(groups)` over the local groups, unless they are all single.
+    fn local(
+        b: &mut Builder,
+        groups: Vec<Vec<usize>>,
+        value: NodeId,
+        make: impl FnOnce(Vec<Vec<usize>>) -> Op,
+    ) -> Result<NodeId> {
+        if groups.iter().all(|g| g.len() == 1) {
+            return Ok(value);
+        }
+        b.push(make(groups), &[value])
+    }
+}
+
+impl NodeRewrite for Rewrite {
+    fn rewrite(
+        &mut self,
+        b: &mut Builder,
+        _: NodeId,
+        node: &Node,
+        operands: &[NodeId],
+    ) -> Result<NodeId> {
+        let x = operands.first().copied();
+        match &node.op {
+            Op::ReplicaId => {
+                let local = b.push(Op::ReplicaId, &[])?;
+                if self.layout.processes == 1 {
+                    return Ok(local);
+                }
+                let process = b.push(Op::ProcessIndex, &[])?;
+                let l = b.push(
+                    Op::Constant(Literal::splat(DType::U32, self.layout.local as f64, &[])),
+                    &[],
+                )?;
+                let offset = b.push(Op::Binary(BinaryOp::Mul), &[process, l])?;
+                b.push(Op::Binary(BinaryOp::Add), &[offset, local])
+            }
+            Op::AllReduce { op, replica_groups } => {
+                let x = x.ok_or_else(|| missing(node))?;
+                let op = *op;
+                match split(replica_groups, self.layout)? {
+                    Split::Local(g) => b.push(
+                        Op::AllReduce {
+                            op,
+                            replica_groups: g,
+                        },
+                        &[x],
+                    ),
+                    Split::Spanning(g) => {
+                        let inner = Self::local(b, g, x, |replica_groups| Op::AllReduce {
+                            op,
+                            replica_groups,
+                        })?;
+                        self.process_call(b, ProcessCollective::AllReduce(op), inner)
+                    }
+                }
+            }
+            Op::AllGather {
+                dim,
+                replica_groups,
+            } => {
+                let (x, dim) = (x.ok_or_else(|| missing(node))?, *dim);
+                match split(replica_groups, self.layout)? {
+                    Split::Local(g) => b.push(
+                        Op::AllGather {
+                            dim,
+                            replica_groups: g,
+                        },
+                        &[x],
+                    ),
+                    Split::Spanning(g) => {
+                        let inner = Self::local(b, g, x, |replica_groups| Op::AllGather {
+                            dim,
+                            replica_groups,
+                        })?;
+                        self.process_call(b, ProcessCollective::AllGather { dim }, inner)
+                    }
+                }
+            }
+            Op::ReduceScatter {
+                op,
+                dim,
+                replica_groups,
+            } => {
+                let (x, op, dim) = (x.ok_or_else(|| missing(node))?, *op, *dim);
+                match split(replica_groups, self.layout)? {
+                    Split::Local(g) => b.push(
+                        Op::ReduceScatter {
+                            op,
+                            dim,
+                            replica_groups: g,
+                        },
+                        &[x],
+                    ),
+                    Split::Spanning(g) => {
+                        let outer =
+                            self.process_call(b, ProcessCollective::ReduceScatter { op, dim }, x)?;
+                        Self::local(b, g, outer, |replica_groups| Op::ReduceScatter {
+                            op,
+                            dim,
+                            replica_groups,
+                        })
+                    }
+                }
+            }
+            op => b.push(op.clone(), operands),
+        }
+    }
+}
+
+fn missing(node: &Node) -> Error {
+    Error::InvalidGraph {
+        message: format!("{} lacks its operand", node.op),
+    }
+}

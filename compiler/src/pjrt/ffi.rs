@@ -1,0 +1,381 @@
+//! XLA's typed FFI, as far as neuron-pc's own handlers need it: registering a handler through
+//! the plugin's FFI extension (`PJRT_FFI_Extension`), and reading the call frame XLA passes it.
+//!
+//! A `stablehlo.custom_call @name(...) {api_version = 4 : i32, backend_config = {...}}` in a
+//! program runs the handler registered as `name` for the client's platform (`"Host"` on cpu).
+//! XLA first calls the handler once with a metadata probe ([`answer_probe`]), then once per
+//! execution of the call, on the thread executing it: the local replicas of one program call
+//! it concurrently. The C structures below follow `xla/ffi/api/c_api.h` (FFI API 0.x) and
+//! `xla/pjrt/c/pjrt_c_api_ffi_extension.h`; only the fields read or written here are typed.
+
+use std::ffi::{c_char, c_void};
+
+use super::sys;
+use super::Plugin;
+use crate::error::{Error, Result};
+
+/// `XLA_FFI_Extension_Base`.
+#[repr(C)]
+pub struct ExtensionBase {
+    struct_size: usize,
+    kind: i32,
+    next: *mut ExtensionBase,
+}
+
+/// `XLA_FFI_Api_Version`.
+#[repr(C)]
+struct ApiVersion {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    major: i32,
+    minor: i32,
+}
+
+/// `XLA_FFI_Metadata`.
+#[repr(C)]
+struct Metadata {
+    struct_size: usize,
+    api_version: ApiVersion,
+    traits: u32,
+    state_type_id: i64,
+}
+
+/// `XLA_FFI_Metadata_Extension`.
+#[repr(C)]
+struct MetadataExtension {
+    base: ExtensionBase,
+    metadata: *mut Metadata,
+}
+
+/// `XLA_FFI_Args` and `XLA_FFI_Rets` (same layout).
+#[repr(C)]
+struct List {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    size: i64,
+    types: *const i32,
+    values: *const *mut c_void,
+}
+
+/// `XLA_FFI_Attrs`.
+#[repr(C)]
+struct Attrs {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    size: i64,
+    types: *const i32,
+    names: *const *const ByteSpan,
+    values: *const *mut c_void,
+}
+
+/// `XLA_FFI_ByteSpan`.
+#[repr(C)]
+struct ByteSpan {
+    ptr: *const c_char,
+    len: usize,
+}
+
+/// `XLA_FFI_Scalar`.
+#[repr(C)]
+struct Scalar {
+    dtype: i32,
+    value: *const c_void,
+}
+
+/// `XLA_FFI_Buffer`.
+#[repr(C)]
+struct RawBuffer {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    dtype: i32,
+    data: *mut c_void,
+    rank: i64,
+    dims: *const i64,
+}
+
+/// `XLA_FFI_Error_Create_Args`.
+#[repr(C)]
+struct ErrorCreateArgs {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    message: *const c_char,
+    errc: i32,
+}
+
+/// The head of `XLA_FFI_Api`, up to `XLA_FFI_Error_Create`.
+#[repr(C)]
+struct ApiHead {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    api_version: ApiVersion,
+    internal_api: *const c_void,
+    error_create: Option<unsafe extern "C" fn(*mut ErrorCreateArgs) -> *mut FfiError>,
+}
+
+/// `XLA_FFI_CallFrame`: what XLA passes a handler.
+#[repr(C)]
+pub struct CallFrame {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    api: *const ApiHead,
+    ctx: *mut c_void,
+    stage: i32,
+    args: List,
+    rets: List,
+    attrs: Attrs,
+}
+
+/// XLA's opaque `XLA_FFI_Error`.
+#[repr(C)]
+pub struct FfiError {
+    _private: [u8; 0],
+}
+
+/// A typed FFI handler: null on success, else an error made with [`error`].
+pub type Handler = unsafe extern "C" fn(*mut CallFrame) -> *mut FfiError;
+
+/// XLA FFI's element type numbers (`XLA_FFI_DataType`) of the types neuron-pc records.
+pub mod dtype {
+    #![allow(missing_docs)]
+    pub const PRED: i32 = 1;
+    pub const S8: i32 = 2;
+    pub const S16: i32 = 3;
+    pub const S32: i32 = 4;
+    pub const S64: i32 = 5;
+    pub const U8: i32 = 6;
+    pub const U16: i32 = 7;
+    pub const U32: i32 = 8;
+    pub const U64: i32 = 9;
+    pub const F16: i32 = 10;
+    pub const F32: i32 = 11;
+    pub const F64: i32 = 12;
+    pub const BF16: i32 = 16;
+}
+
+const EXTENSION_METADATA: i32 = 1;
+const ATTR_SCALAR: i32 = 3;
+const ERROR_INTERNAL: i32 = 13;
+/// The FFI API version neuron-pc's handlers are written against (`XLA_FFI_API_MAJOR/MINOR`).
+const FFI_API: (i32, i32) = (0, 1);
+
+/// `PJRT_FFI_Register_Handler_Args` (the layout without `api_version`: every handler is typed).
+#[repr(C)]
+struct RegisterHandlerArgs {
+    struct_size: usize,
+    target_name: *const c_char,
+    target_name_size: usize,
+    handler: *mut c_void,
+    platform_name: *const c_char,
+    platform_name_size: usize,
+    traits: u32,
+}
+
+/// `PJRT_FFI_Extension`.
+#[repr(C)]
+struct FfiExtension {
+    base: sys::PJRT_Extension_Base,
+    type_id_register: *mut c_void,
+    user_data_add: *mut c_void,
+    register_handler:
+        Option<unsafe extern "C" fn(*mut RegisterHandlerArgs) -> *mut sys::PJRT_Error>,
+}
+
+impl Plugin {
+    /// Whether the plugin offers the FFI extension (custom calls to handlers of one's own).
+    pub fn has_ffi(&self) -> bool {
+        self.ffi_extension().is_some()
+    }
+
+    fn ffi_extension(&self) -> Option<&'static FfiExtension> {
+        let mut next = self.raw().extension_start;
+        while !next.is_null() {
+            // SAFETY: the plugin's extension chain is a list of live, immutable structs, each
+            // starting with `PJRT_Extension_Base`.
+            let base = unsafe { &*next };
+            if base.type_ == sys::PJRT_Extension_Type_FFI
+                && base.struct_size >= std::mem::size_of::<FfiExtension>()
+            {
+                // SAFETY: an FFI extension of at least this size has this layout.
+                return Some(unsafe { &*(next as *const FfiExtension) });
+            }
+            next = base.next;
+        }
+        None
+    }
+
+    /// Registers `handler` as the custom-call target `name` on `platform` (`"Host"` for cpu).
+    /// Must come before the first compile of a program calling it; registering a name again
+    /// fails in XLA, so callers register once per process.
+    pub fn register_ffi_handler(&self, name: &str, platform: &str, handler: Handler) -> Result<()> {
+        let register = self
+            .ffi_extension()
+            .and_then(|e| e.register_handler)
+            .ok_or_else(|| Error::PluginLoad {
+                path: self.path().display().to_string(),
+                message: "the plugin has no FFI extension: it cannot run custom calls of \
+                          neuron-pc's own (cross-process collectives on cpu)"
+                    .into(),
+            })?;
+        let mut args = RegisterHandlerArgs {
+            struct_size: std::mem::size_of::<RegisterHandlerArgs>(),
+            target_name: name.as_ptr().cast(),
+            target_name_size: name.len(),
+            handler: handler as *mut c_void,
+            platform_name: platform.as_ptr().cast(),
+            platform_name_size: platform.len(),
+            traits: 0,
+        };
+        // SAFETY: the arguments point at live strings of the given lengths and a handler
+        // with XLA's typed-FFI signature; the plugin copies the names.
+        let err = unsafe { register(&mut args) };
+        self.check("PJRT_FFI_Register_Handler", err)
+    }
+}
+
+/// If this call is XLA's metadata probe, answers it (the FFI version, no traits) and returns
+/// true: the handler must then return null without touching any buffer.
+///
+/// # Safety
+/// `frame` is the call frame XLA passed the handler.
+pub unsafe fn answer_probe(frame: *mut CallFrame) -> bool {
+    // SAFETY: the caller's contract.
+    let mut next = unsafe { (*frame).extension_start };
+    while !next.is_null() {
+        // SAFETY: XLA's extension chain holds live structs starting with the base.
+        let base = unsafe { &*next };
+        if base.kind == EXTENSION_METADATA {
+            // SAFETY: an extension of the metadata kind has this layout.
+            let ext = unsafe { &*(next as *const MetadataExtension) };
+            // SAFETY: XLA passes a writable metadata struct with the probe.
+            let m = unsafe { &mut *ext.metadata };
+            m.api_version.major = FFI_API.0;
+            m.api_version.minor = FFI_API.1;
+            m.traits = 0;
+            return true;
+        }
+        next = base.next;
+    }
+    false
+}
+
+/// One buffer of a call: element type, data and dimensions.
+#[derive(Debug)]
+pub struct BufferRef {
+    /// XLA FFI's element type number (see [`dtype`]).
+    pub dtype: i32,
+    /// The first byte.
+    pub data: *mut u8,
+    /// The dimensions.
+    pub dims: Vec<i64>,
+}
+
+impl BufferRef {
+    /// Elements in the buffer.
+    pub fn elements(&self) -> usize {
+        self.dims.iter().product::<i64>().max(0) as usize
+    }
+}
+
+/// # Safety
+/// `list` is an argument or result list of a live call frame.
+unsafe fn buffers(list: &List) -> Vec<BufferRef> {
+    (0..list.size.max(0) as usize)
+        .map(|i| {
+            // SAFETY: XLA passes `size` buffers (custom calls take and give only buffers).
+            let b = unsafe { &*(*list.values.add(i) as *const RawBuffer) };
+            let dims = if b.rank > 0 {
+                // SAFETY: `dims` has `rank` entries.
+                unsafe { std::slice::from_raw_parts(b.dims, b.rank as usize) }.to_vec()
+            } else {
+                Vec::new()
+            };
+            BufferRef {
+                dtype: b.dtype,
+                data: b.data.cast(),
+                dims,
+            }
+        })
+        .collect()
+}
+
+/// The call's operands.
+///
+/// # Safety
+/// `frame` is the call frame XLA passed the handler (not the metadata probe).
+pub unsafe fn args(frame: *mut CallFrame) -> Vec<BufferRef> {
+    // SAFETY: the caller's contract.
+    unsafe { buffers(&(*frame).args) }
+}
+
+/// The call's results.
+///
+/// # Safety
+/// As [`args`].
+pub unsafe fn rets(frame: *mut CallFrame) -> Vec<BufferRef> {
+    // SAFETY: the caller's contract.
+    unsafe { buffers(&(*frame).rets) }
+}
+
+/// The integer attribute `name` of the call's `backend_config` dictionary (`{name = 3 : i64}`,
+/// any integer width), if present.
+///
+/// # Safety
+/// As [`args`].
+pub unsafe fn int_attr(frame: *mut CallFrame, name: &str) -> Option<i64> {
+    // SAFETY: the caller's contract.
+    let attrs = unsafe { &(*frame).attrs };
+    for i in 0..attrs.size.max(0) as usize {
+        // SAFETY: `size` entries in each of the three arrays.
+        let (kind, span, value) = unsafe {
+            (
+                *attrs.types.add(i),
+                &**attrs.names.add(i),
+                *attrs.values.add(i),
+            )
+        };
+        // SAFETY: a name span points at `len` bytes.
+        let key = unsafe { std::slice::from_raw_parts(span.ptr.cast::<u8>(), span.len) };
+        if key != name.as_bytes() || kind != ATTR_SCALAR {
+            continue;
+        }
+        // SAFETY: a scalar attribute is an `XLA_FFI_Scalar` whose value has its dtype.
+        let s = unsafe { &*(value as *const Scalar) };
+        // SAFETY: as above, read at the scalar's own width.
+        return unsafe {
+            match s.dtype {
+                dtype::S8 => Some(*(s.value as *const i8) as i64),
+                dtype::S16 => Some(*(s.value as *const i16) as i64),
+                dtype::S32 => Some(*(s.value as *const i32) as i64),
+                dtype::S64 => Some(*(s.value as *const i64)),
+                dtype::U8 => Some(*(s.value as *const u8) as i64),
+                dtype::U16 => Some(*(s.value as *const u16) as i64),
+                dtype::U32 => Some(*(s.value as *const u32) as i64),
+                dtype::U64 => Some(*(s.value as *const u64) as i64),
+                _ => None,
+            }
+        };
+    }
+    None
+}
+
+/// An error for XLA to report (the execution fails with `message`).
+///
+/// # Safety
+/// As [`args`].
+pub unsafe fn error(frame: *mut CallFrame, message: &str) -> *mut FfiError {
+    let text = std::ffi::CString::new(message.replace('\0', " ")).unwrap_or_default();
+    let mut args = ErrorCreateArgs {
+        struct_size: std::mem::size_of::<ErrorCreateArgs>(),
+        extension_start: std::ptr::null_mut(),
+        message: text.as_ptr(),
+        errc: ERROR_INTERNAL,
+    };
+    // SAFETY: the frame's API table is XLA's; `Error_Create` copies the message.
+    unsafe {
+        match (*(*frame).api).error_create {
+            Some(create) => create(&mut args),
+            // no way to report: XLA's table always has it
+            None => std::ptr::null_mut(),
+        }
+    }
+}

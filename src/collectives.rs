@@ -1,0 +1,391 @@
+//! Collectives between processes on the cpu target, through gloo.
+//!
+//! XLA's cpu client runs collectives only among the devices of its own process. For a run of
+//! several processes on cpu, each process compiles its programs over its own replicas and the
+//! compiler rewrites every collective that reaches other processes
+//! ([`neuron_pc_compiler::passes::cross_process`]) into XLA's collective inside the process
+//! plus a custom call between processes. The calls run the XLA FFI handlers of this module,
+//! registered with the plugin before the first compile ([`register`]); each calls gloo on the
+//! group of its local replica: local replica `l` of every process forms group `l`
+//! ([`connect`]), whose members meet through the run's store (`NEURON_PC_STORE`).
+//!
+//! gloo is the collective library of torch.distributed's and JAX's cpu backends, and Debian
+//! packages it (`libgloo-dev`); its rendezvous takes any key-value store, which is what a run
+//! already has. MPI would need its own launcher (`mpirun`) under torchrun or Slurm, which
+//! start the processes here. On cuda and Neuron the runtime's collectives cross processes
+//! themselves and none of this is used.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use neuron_pc_compiler::ir::ProcessCollective;
+use neuron_pc_compiler::ir::ReduceOp;
+use neuron_pc_compiler::lower::{process_target, PROCESS_INDEX_TARGET};
+use neuron_pc_compiler::pjrt::ffi::{self, dtype, BufferRef, CallFrame, FfiError};
+use neuron_pc_compiler::pjrt::Plugin;
+use neuron_pc_gloo::{Element, Group, Listen, Reduce, Rendezvous};
+
+use crate::error::{Error, Result};
+use crate::store::{KvStore, ScopedStore};
+use crate::topology::Topology;
+
+/// How long one collective between processes (and the groups' first connection) may wait
+/// for its peers, in seconds: a peer that died is seen at once (its connections close), one
+/// that hangs after this long.
+pub const COLLECTIVE_TIMEOUT_ENV: &str = "NEURON_PC_COLLECTIVE_TIMEOUT";
+/// Default of [`COLLECTIVE_TIMEOUT_ENV`], in seconds: ranks may be minutes apart when one
+/// compiles a graph the others load from the cache.
+pub const DEFAULT_COLLECTIVE_TIMEOUT_SECS: u64 = 900;
+/// The network interface gloo listens on, as torch.distributed's gloo backend reads it.
+pub const SOCKET_IFNAME_ENV: &str = "GLOO_SOCKET_IFNAME";
+
+/// This process's groups: `groups[l]` joins local replica `l` of every process.
+struct Groups {
+    rank: usize,
+    world: usize,
+    groups: Vec<Group>,
+}
+
+fn current() -> &'static RwLock<Option<Arc<Groups>>> {
+    static CURRENT: RwLock<Option<Arc<Groups>>> = RwLock::new(None);
+    &CURRENT
+}
+
+/// The platform name XLA's cpu client registers custom-call handlers under.
+const HOST_PLATFORM: &str = "Host";
+
+/// Registers the cross-process handlers with `plugin` (once per plugin and process).
+pub fn register(plugin: &Plugin) -> Result<()> {
+    static DONE: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+    let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
+    let done = done.get_or_insert_with(HashSet::new);
+    if done.contains(plugin.path()) {
+        return Ok(());
+    }
+    let handlers: [(&str, ffi::Handler); 4] = [
+        (PROCESS_INDEX_TARGET, process_index),
+        (
+            process_target(&ProcessCollective::AllReduce(ReduceOp::Sum)),
+            all_reduce,
+        ),
+        (
+            process_target(&ProcessCollective::AllGather { dim: 0 }),
+            all_gather,
+        ),
+        (
+            process_target(&ProcessCollective::ReduceScatter {
+                op: ReduceOp::Sum,
+                dim: 0,
+            }),
+            reduce_scatter,
+        ),
+    ];
+    for (name, handler) in handlers {
+        plugin.register_ffi_handler(name, HOST_PLATFORM, handler)?;
+    }
+    done.insert(plugin.path().to_path_buf());
+    Ok(())
+}
+
+/// The timeout [`COLLECTIVE_TIMEOUT_ENV`] sets.
+pub fn timeout_from_env() -> Result<Duration> {
+    match std::env::var(COLLECTIVE_TIMEOUT_ENV) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "{COLLECTIVE_TIMEOUT_ENV}={v:?}: expected a positive number of seconds"
+                ))
+            }),
+        _ => Ok(Duration::from_secs(DEFAULT_COLLECTIVE_TIMEOUT_SECS)),
+    }
+}
+
+/// The run's store, as gloo's rendezvous sees it.
+struct StoreRendezvous<'a> {
+    store: &'a ScopedStore,
+    prefix: String,
+}
+
+impl Rendezvous for StoreRendezvous<'_> {
+    fn set(&self, key: &str, value: &[u8]) -> std::result::Result<(), String> {
+        let key = format!("{}{key}", self.prefix);
+        self.store.set(&key, value).map_err(|e| e.to_string())
+    }
+
+    fn get(&self, key: &str, timeout: Duration) -> std::result::Result<Vec<u8>, String> {
+        let key = format!("{}{key}", self.prefix);
+        self.store.get(&key, timeout).map_err(|e| e.to_string())
+    }
+}
+
+/// Connects this process's `local` groups through `store` (every process of the run calls
+/// this with the same `local` before its first step); a second call with the same layout
+/// keeps the groups.
+pub fn connect(store: &ScopedStore, topology: &Topology, local: usize) -> Result<()> {
+    let mut slot = current().write().unwrap_or_else(|p| p.into_inner());
+    if let Some(g) = slot.as_ref() {
+        if g.rank == topology.rank && g.world == topology.world_size && g.groups.len() == local {
+            return Ok(());
+        }
+    }
+    let timeout = timeout_from_env()?;
+    let listen = match std::env::var(SOCKET_IFNAME_ENV) {
+        Ok(i) if !i.trim().is_empty() => Listen::Interface(i.trim().to_string()),
+        // every process on this machine: loopback needs no name to resolve
+        _ if topology.num_nodes == 1 => Listen::Host("127.0.0.1".into()),
+        _ => Listen::HostName,
+    };
+    let mut groups = Vec::with_capacity(local);
+    for l in 0..local {
+        let rendezvous = StoreRendezvous {
+            store,
+            prefix: format!("gloo/{l}/"),
+        };
+        let group = Group::connect(
+            &rendezvous,
+            topology.rank,
+            topology.world_size,
+            &listen,
+            timeout,
+        )
+        .map_err(|e| {
+            Error::Config(format!(
+                "collectives between processes (group of local replica {l}): {e}; set \
+                 {SOCKET_IFNAME_ENV} to the interface the processes reach each other on"
+            ))
+        })?;
+        groups.push(group);
+    }
+    *slot = Some(Arc::new(Groups {
+        rank: topology.rank,
+        world: topology.world_size,
+        groups,
+    }));
+    Ok(())
+}
+
+/// One call's view: its operands, results and the group of its local replica.
+struct Call {
+    args: Vec<BufferRef>,
+    rets: Vec<BufferRef>,
+    groups: Arc<Groups>,
+    local: usize,
+    tag: u32,
+    op: Reduce,
+    dim: usize,
+}
+
+/// Runs `body` for the call in `frame`, answering XLA's probe and turning a failure into the
+/// execution's error.
+///
+/// # Safety
+/// `frame` is the call frame XLA passed a handler of this module.
+unsafe fn handle(
+    frame: *mut CallFrame,
+    body: impl FnOnce(&Call) -> std::result::Result<(), String>,
+) -> *mut FfiError {
+    // SAFETY: the caller's contract.
+    if unsafe { ffi::answer_probe(frame) } {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: a real call (not the probe): its lists and attributes are live for the call.
+    let result = unsafe { call_of(frame) }.and_then(|c| body(&c));
+    match result {
+        Ok(()) => std::ptr::null_mut(),
+        // SAFETY: as above.
+        Err(m) => unsafe { ffi::error(frame, &m) },
+    }
+}
+
+/// # Safety
+/// As [`handle`], past the probe.
+unsafe fn call_of(frame: *mut CallFrame) -> std::result::Result<Call, String> {
+    let groups = current()
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .ok_or("a collective between processes ran before the groups were connected")?;
+    // SAFETY: the caller's contract.
+    let (args, rets) = unsafe { (ffi::args(frame), ffi::rets(frame)) };
+    // SAFETY: as above.
+    let attr = |name: &str| unsafe { ffi::int_attr(frame, name) }.unwrap_or(0);
+    let local = match args.get(1) {
+        Some(b) if b.dtype == dtype::U32 => {
+            // SAFETY: a u32 scalar operand.
+            unsafe { *(b.data as *const u32) as usize }
+        }
+        _ => 0,
+    };
+    let op = match attr("op") {
+        0 => Reduce::Sum,
+        1 => Reduce::Prod,
+        2 => Reduce::Max,
+        _ => Reduce::Min,
+    };
+    Ok(Call {
+        args,
+        rets,
+        groups,
+        local,
+        tag: attr("tag") as u32,
+        op,
+        dim: attr("dim") as usize,
+    })
+}
+
+impl Call {
+    fn group(&self) -> std::result::Result<&Group, String> {
+        self.groups.groups.get(self.local).ok_or_else(|| {
+            format!(
+                "local replica {} has no group ({} connected)",
+                self.local,
+                self.groups.groups.len()
+            )
+        })
+    }
+
+    fn value(&self) -> std::result::Result<(&BufferRef, &BufferRef), String> {
+        match (self.args.first(), self.rets.first()) {
+            (Some(a), Some(r)) => Ok((a, r)),
+            _ => Err("a process collective without its operand or result".into()),
+        }
+    }
+}
+
+fn element(d: i32) -> std::result::Result<Element, String> {
+    Ok(match d {
+        dtype::F32 => Element::F32,
+        dtype::F64 => Element::F64,
+        dtype::BF16 => Element::Bf16,
+        dtype::F16 => Element::F16,
+        dtype::S8 => Element::S8,
+        dtype::S16 => Element::S16,
+        dtype::S32 => Element::S32,
+        dtype::S64 => Element::S64,
+        dtype::U8 | dtype::PRED => Element::U8,
+        dtype::U16 => Element::U16,
+        dtype::U32 => Element::U32,
+        dtype::U64 => Element::U64,
+        other => {
+            return Err(format!(
+                "element type {other} has no reduction between processes"
+            ))
+        }
+    })
+}
+
+/// The bytes of `b`, `element` wide each.
+///
+/// # Safety
+/// `b` is a buffer of the running call, not aliased by another slice alive at the same time.
+unsafe fn bytes<'a>(b: &BufferRef, element: Element) -> &'a mut [u8] {
+    // SAFETY: the caller's contract; XLA's buffer holds `elements()` elements.
+    unsafe { std::slice::from_raw_parts_mut(b.data, b.elements() * element.size()) }
+}
+
+/// (elements before `dim`, bytes of one slice from `dim` on) of a buffer.
+fn outer_inner(dims: &[i64], dim: usize, element: Element) -> (usize, usize) {
+    let outer: i64 = dims[..dim.min(dims.len())].iter().product();
+    let inner: i64 = dims[dim.min(dims.len())..].iter().product();
+    (
+        outer.max(0) as usize,
+        inner.max(0) as usize * element.size(),
+    )
+}
+
+unsafe extern "C" fn process_index(frame: *mut CallFrame) -> *mut FfiError {
+    // SAFETY: XLA calls this handler with its call frame.
+    unsafe {
+        handle(frame, |c| {
+            let r = c.rets.first().ok_or("process_index without its result")?;
+            *(r.data as *mut u32) = c.groups.rank as u32;
+            Ok(())
+        })
+    }
+}
+
+unsafe extern "C" fn all_reduce(frame: *mut CallFrame) -> *mut FfiError {
+    // SAFETY: XLA calls this handler with its call frame.
+    unsafe {
+        handle(frame, |c| {
+            let (a, r) = c.value()?;
+            let el = element(a.dtype)?;
+            let out = bytes(r, el);
+            std::ptr::copy(a.data, out.as_mut_ptr(), out.len());
+            c.group()?
+                .all_reduce(out, el, c.op, c.tag)
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+unsafe extern "C" fn all_gather(frame: *mut CallFrame) -> *mut FfiError {
+    // SAFETY: XLA calls this handler with its call frame.
+    unsafe {
+        handle(frame, |c| {
+            let (a, r) = c.value()?;
+            let el = element(a.dtype)?;
+            let (input, out) = (bytes(a, el), bytes(r, el));
+            let group = c.group()?;
+            let (outer, inner) = outer_inner(&a.dims, c.dim, el);
+            if outer <= 1 {
+                return group
+                    .all_gather(input, out, c.tag)
+                    .map_err(|e| e.to_string());
+            }
+            // gathered whole per process, then each process's slices put in place
+            let p = group.size();
+            let mut all = vec![0u8; input.len() * p];
+            group
+                .all_gather(input, &mut all, c.tag)
+                .map_err(|e| e.to_string())?;
+            for (k, from) in all.chunks_exact(input.len()).enumerate() {
+                for o in 0..outer {
+                    let to = (o * p + k) * inner;
+                    out[to..to + inner].copy_from_slice(&from[o * inner..(o + 1) * inner]);
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+unsafe extern "C" fn reduce_scatter(frame: *mut CallFrame) -> *mut FfiError {
+    // SAFETY: XLA calls this handler with its call frame.
+    unsafe {
+        handle(frame, |c| {
+            let (a, r) = c.value()?;
+            let el = element(a.dtype)?;
+            let (input, out) = (bytes(a, el), bytes(r, el));
+            let group = c.group()?;
+            let p = group.size();
+            let (outer, inner) = outer_inner(&a.dims, c.dim, el);
+            let block = inner / p;
+            let mut scratch;
+            let ordered: &[u8] = if outer <= 1 {
+                input
+            } else {
+                // process k's block of every outer slice, together: [k][outer][block]
+                scratch = vec![0u8; input.len()];
+                for o in 0..outer {
+                    for k in 0..p {
+                        let from = o * inner + k * block;
+                        let to = (k * outer + o) * block;
+                        scratch[to..to + block].copy_from_slice(&input[from..from + block]);
+                    }
+                }
+                &scratch
+            };
+            group
+                .reduce_scatter(ordered, out, el, c.op, c.tag)
+                .map_err(|e| e.to_string())
+        })
+    }
+}
