@@ -171,6 +171,22 @@ pub fn connect(store: &ScopedStore, topology: &Topology, local: usize) -> Result
     Ok(())
 }
 
+/// `1` (builds with the `test-hooks` feature only): every collective between processes
+/// leaves out the other processes, as if each were alone, so that a test can show that its
+/// comparison would catch a run whose reduction between processes was skipped.
+#[cfg(feature = "test-hooks")]
+pub const SKIP_ENV: &str = "NEURON_PC_TEST_SKIP_PROCESS_COLLECTIVES";
+
+fn skipping() -> bool {
+    #[cfg(feature = "test-hooks")]
+    {
+        static SKIP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *SKIP.get_or_init(|| std::env::var(SKIP_ENV).is_ok_and(|v| v == "1"))
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    false
+}
+
 /// One call's view: its operands, results and the group of its local replica.
 struct Call {
     args: Vec<BufferRef>,
@@ -319,6 +335,9 @@ unsafe extern "C" fn all_reduce(frame: *mut CallFrame) -> *mut FfiError {
             let el = element(a.dtype)?;
             let out = bytes(r, el);
             std::ptr::copy(a.data, out.as_mut_ptr(), out.len());
+            if skipping() {
+                return Ok(());
+            }
             c.group()?
                 .all_reduce(out, el, c.op, c.tag)
                 .map_err(|e| e.to_string())
@@ -383,6 +402,11 @@ unsafe extern "C" fn reduce_scatter(frame: *mut CallFrame) -> *mut FfiError {
                 }
                 &scratch
             };
+            if skipping() {
+                let own = &ordered[group.rank() * out.len()..(group.rank() + 1) * out.len()];
+                out.copy_from_slice(own);
+                return Ok(());
+            }
             group
                 .reduce_scatter(ordered, out, el, c.op, c.tag)
                 .map_err(|e| e.to_string())

@@ -186,6 +186,12 @@ impl Compiler {
     /// A compiler for `client` under `flags`, storing into `cache` (none: memory only).
     pub fn new(client: Client, flags: CompilerFlags, cache: Option<Cache>) -> Result<Compiler> {
         let identity = CompilerIdentity::of(&client)?;
+        // a program of several cpu processes calls the gloo handlers: they must be known to
+        // XLA before it compiles one (here, in a trial run's compile workers, in `cache check`)
+        #[cfg(feature = "gloo")]
+        if client.platform_name() == "cpu" {
+            crate::collectives::register(client.plugin())?;
+        }
         Ok(Compiler {
             options: neuron_pc_compiler::passes::compile_options(&flags),
             client,

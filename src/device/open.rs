@@ -93,12 +93,9 @@ impl LazyDevice {
             .named
             .extend(crate::distributed::allocator_options(target, shared)?);
         let plugin = Plugin::load(&find_plugin(target)?)?;
-        // cpu, several processes: collectives between them are custom calls into gloo, whose
-        // handlers must be registered before the first compile
+        // cpu, several processes: collectives between them are custom calls into gloo (their
+        // handlers registered by `Compiler::new`)
         let gloo = target == Target::Cpu && config.topology.is_multi_process();
-        if gloo {
-            register_collectives(&plugin)?;
-        }
         let client = Client::new(&plugin, &options)?;
         if last > client.device_count() && !config.mesh.is_empty() {
             let axes: Vec<String> = config
@@ -207,11 +204,6 @@ impl LazyDevice {
 }
 
 #[cfg(feature = "gloo")]
-fn register_collectives(plugin: &Plugin) -> Result<()> {
-    crate::collectives::register(plugin)
-}
-
-#[cfg(feature = "gloo")]
 fn connect_collectives(topology: &crate::topology::Topology, local: usize) -> Result<()> {
     let store = crate::store::from_env()?.ok_or_else(|| {
         Error::Config(format!(
@@ -224,12 +216,7 @@ fn connect_collectives(topology: &crate::topology::Topology, local: usize) -> Re
 }
 
 // Without gloo a multi-process cpu run was refused before the plugin loaded (`check_launch`),
-// except in extract mode, which compiles nothing here and runs nothing.
-#[cfg(not(feature = "gloo"))]
-fn register_collectives(_: &Plugin) -> Result<()> {
-    Ok(())
-}
-
+// except in extract mode, which runs nothing.
 #[cfg(not(feature = "gloo"))]
 fn connect_collectives(_: &crate::topology::Topology, _: usize) -> Result<()> {
     Ok(())

@@ -179,16 +179,18 @@ fn no_launcher_is_one_process_and_bad_values_are_one_clear_line() {
 }
 
 #[test]
-fn cross_process_collectives_on_cpu_are_refused_but_extract_mode_is_not() {
+fn several_processes_on_cpu_need_the_store_but_extract_mode_does_not() {
     let t = parse(&[("RANK", "1"), ("WORLD_SIZE", "2")]).unwrap();
-    let e = check_launch(&t, Target::Cpu, false)
+    // cpu: gloo's groups meet through the run's store
+    let e = check_launch_with(&t, Target::Cpu, false, false)
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("rank 1/2") && e.contains("only in-process collectives"),
+        e.contains("rank 1/2") && e.contains("NEURON_PC_STORE=etcd://"),
         "{e}"
     );
-    assert!(check_launch(&t, Target::Cpu, true).is_ok());
+    assert!(check_launch_with(&t, Target::Cpu, false, true).is_ok());
+    assert!(check_launch_with(&t, Target::Cpu, true, false).is_ok());
     assert!(check_launch(&Topology::single(), Target::Cpu, false).is_ok());
     // cuda: several processes need the run's store for the client's key-value callbacks
     let e = check_launch_with(&t, Target::Cuda, false, false)
@@ -198,12 +200,13 @@ fn cross_process_collectives_on_cpu_are_refused_but_extract_mode_is_not() {
     assert!(check_launch_with(&t, Target::Cuda, false, true).is_ok());
     // Neuron: the runtime's own bootstrap (NEURON_RT_ROOT_COMM_ID), no store needed
     assert!(check_launch_with(&t, Target::Trn1, false, false).is_ok());
-    assert!(check_launch_with(&t, Target::Cpu, false, true).is_err());
 
-    // A job launched as rank 1 of 2 on cpu: one line on stderr, a failing exit status.
+    // A job launched as rank 1 of 2 on cpu without a store: one line on stderr, a failing
+    // exit status.
     let out = Command::new(probe())
         .args(["--steps", "1"])
         .env_remove("NEURON_PC_EXTRACT_DIR")
+        .env_remove("NEURON_PC_STORE")
         .env_remove("RUST_BACKTRACE")
         .envs([("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")])
         .envs([("LOCAL_WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1")])
@@ -213,7 +216,7 @@ fn cross_process_collectives_on_cpu_are_refused_but_extract_mode_is_not() {
     let err = stderr(&out);
     let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "{err}");
-    assert!(lines[0].contains("only in-process collectives"), "{err}");
+    assert!(lines[0].contains("NEURON_PC_STORE=etcd://"), "{err}");
 }
 
 #[test]

@@ -52,7 +52,11 @@ pub fn run(cache: &Path, args: &[&str]) -> Run {
 
 /// [`run`] of a command the caller has adjusted (an environment variable set or removed).
 pub fn run_command(mut c: Command, args: &[&str]) -> Run {
-    let out = c.output().unwrap();
+    parse_output(c.output().unwrap(), args)
+}
+
+/// What a finished run of `args` printed; it must have succeeded.
+pub fn parse_output(out: std::process::Output, args: &[&str]) -> Run {
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),
