@@ -41,10 +41,12 @@ pub const DEFAULT_COLLECTIVE_TIMEOUT_SECS: u64 = 900;
 /// The network interface gloo listens on, as torch.distributed's gloo backend reads it.
 pub const SOCKET_IFNAME_ENV: &str = "GLOO_SOCKET_IFNAME";
 
-/// This process's groups: `groups[l]` joins local replica `l` of every process.
+/// This process's groups: `groups[l]` joins the `l`-th device (replica or mesh position) of
+/// every process; the device a call runs on is its ordinal less `first_device`.
 struct Groups {
     rank: usize,
     world: usize,
+    first_device: usize,
     groups: Vec<Group>,
 }
 
@@ -125,13 +127,23 @@ impl Rendezvous for StoreRendezvous<'_> {
     }
 }
 
-/// Connects this process's `local` groups through `store` (every process of the run calls
-/// this with the same `local` before its first step); a second call with the same layout
+/// Connects the groups of this process's `local` devices, the client's devices
+/// `first_device..first_device + local`, through `store` (every process of the run calls
+/// this with the same devices before its first step); a second call with the same layout
 /// keeps the groups.
-pub fn connect(store: &ScopedStore, topology: &Topology, local: usize) -> Result<()> {
+pub fn connect(
+    store: &ScopedStore,
+    topology: &Topology,
+    first_device: usize,
+    local: usize,
+) -> Result<()> {
     let mut slot = current().write().unwrap_or_else(|p| p.into_inner());
     if let Some(g) = slot.as_ref() {
-        if g.rank == topology.rank && g.world == topology.world_size && g.groups.len() == local {
+        if g.rank == topology.rank
+            && g.world == topology.world_size
+            && g.first_device == first_device
+            && g.groups.len() == local
+        {
             return Ok(());
         }
     }
@@ -166,6 +178,7 @@ pub fn connect(store: &ScopedStore, topology: &Topology, local: usize) -> Result
     *slot = Some(Arc::new(Groups {
         rank: topology.rank,
         world: topology.world_size,
+        first_device,
         groups,
     }));
     Ok(())
@@ -232,13 +245,16 @@ unsafe fn call_of(frame: *mut CallFrame) -> std::result::Result<Call, String> {
     let (args, rets) = unsafe { (ffi::args(frame), ffi::rets(frame)) };
     // SAFETY: as above.
     let attr = |name: &str| unsafe { ffi::int_attr(frame, name) }.unwrap_or(0);
-    let local = match args.get(1) {
-        Some(b) if b.dtype == dtype::U32 => {
-            // SAFETY: a u32 scalar operand.
-            unsafe { *(b.data as *const u32) as usize }
-        }
-        _ => 0,
-    };
+    // SAFETY: as above.
+    let ordinal = unsafe { ffi::device_ordinal(frame) }
+        .ok_or("the runtime did not say which device runs a collective between processes")?;
+    let local = ordinal.checked_sub(groups.first_device).ok_or_else(|| {
+        format!(
+            "device {ordinal} runs a collective between processes, but this process's groups \
+             start at device {}",
+            groups.first_device
+        )
+    })?;
     let op = match attr("op") {
         0 => Reduce::Sum,
         1 => Reduce::Prod,

@@ -301,7 +301,13 @@ fn main() -> anyhow::Result<()> {
         mesh.then(|| Arc::new(LlamaSharding { fsdp: fsdp > 1 }) as Arc<dyn ShardingPlan>);
     let replicas = device.global_replicas();
     // what the batch's rows are split over: the replicas, or a mesh's data axis
-    let (split, over) = if mesh {
+    let (split, over) = if mesh && replicas > 1 {
+        // a mesh in each process, the processes its replicas
+        (
+            fsdp * replicas,
+            format!("--fsdp {fsdp} x {replicas} processes"),
+        )
+    } else if mesh {
         (fsdp, format!("--fsdp {fsdp}"))
     } else {
         (replicas, format!("{replicas} replica(s)"))
@@ -689,9 +695,14 @@ fn main() -> anyhow::Result<()> {
     });
     if mesh {
         println!(
-            "mesh: fsdp {fsdp} x tp {tp}, global batch {batch_size} x {seq} tokens, {} per \
+            "mesh: fsdp {fsdp} x tp {tp}{}, global batch {batch_size} x {seq} tokens, {} per \
              data-axis shard",
-            batch_size / fsdp
+            if replicas > 1 {
+                format!(" in each of {replicas} processes")
+            } else {
+                String::new()
+            },
+            batch_size / (fsdp * replicas)
         );
     } else {
         println!(

@@ -95,7 +95,20 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
         .and_then(|one| one.reshape(loss.dims()));
     let result = seed.and_then(|seed| grad_of(&dev, &[(loss, seed)], wrt, location));
     *lock(&dev.autocast) = autocast;
-    result
+    let grads = result?;
+    // A mesh in each of several processes: each gradient keeps its parameter's layout, so that
+    // its mean over the processes (`average_gradients`) runs on every device's block.
+    if dev.mesh.is_some() && dev.global_replicas() > 1 {
+        return grads
+            .into_iter()
+            .zip(wrt)
+            .map(|(g, p)| match p.sharding() {
+                Some(s) if s.dims() == g.dims() => g.with_sharding_constraint(&s),
+                _ => Ok(g),
+            })
+            .collect();
+    }
+    Ok(grads)
 }
 
 /// The vector-Jacobian product: the gradients with respect to `wrt` of the sum of each root

@@ -257,7 +257,8 @@ impl Compiler {
     pub fn with_processes(mut self, processes: usize) -> Compiler {
         self.processes = (processes > 1).then(|| ProcessLayout {
             processes,
-            local: self.options.num_replicas.max(1) * self.partitions(),
+            local: self.options.num_replicas.max(1),
+            partitioned: self.partitions() > 1,
         });
         self
     }

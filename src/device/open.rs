@@ -45,13 +45,15 @@ impl LazyDevice {
                     config.replicas
                 )));
             }
-            // a trial run too: its programs would be laid over the processes' replicas
-            if config.topology.is_multi_process() {
-                return Err(Error::Config(
-                    "a device mesh spans this process's devices; a mesh across processes is \
-                     not supported yet"
-                        .into(),
-                ));
+            // on cpu each process lays the mesh over its own devices and the processes are
+            // its replicas (data parallelism, `collectives`); elsewhere the runtime's program
+            // of every process's devices would need one mesh over all of them
+            if config.topology.is_multi_process() && target != Target::Cpu {
+                return Err(Error::Config(format!(
+                    "{target}: a device mesh spans this process's devices; a mesh across the \
+                     processes of a {target} run is not supported yet (on cpu each process lays \
+                     its own)"
+                )));
             }
         }
         let count = if config.mesh.is_empty() {
@@ -155,7 +157,7 @@ impl LazyDevice {
             compiler
         };
         if gloo && !extracting {
-            connect_collectives(topology, devices.len())?;
+            connect_collectives(topology, config.device_index, devices.len())?;
         }
         if !deferred {
             // a job that runs its steps: load last run's first executables while it builds
@@ -204,7 +206,11 @@ impl LazyDevice {
 }
 
 #[cfg(feature = "gloo")]
-fn connect_collectives(topology: &crate::topology::Topology, local: usize) -> Result<()> {
+fn connect_collectives(
+    topology: &crate::topology::Topology,
+    first_device: usize,
+    local: usize,
+) -> Result<()> {
     let store = crate::store::from_env()?.ok_or_else(|| {
         Error::Config(format!(
             "cpu: this process is {topology}; the processes' collective groups meet through \
@@ -212,12 +218,12 @@ fn connect_collectives(topology: &crate::topology::Topology, local: usize) -> Re
             crate::store::STORE_ENV
         ))
     })?;
-    crate::collectives::connect(&store, topology, local)
+    crate::collectives::connect(&store, topology, first_device, local)
 }
 
 // Without gloo a multi-process cpu run was refused before the plugin loaded (`check_launch`),
 // except in extract mode, which runs nothing.
 #[cfg(not(feature = "gloo"))]
-fn connect_collectives(_: &crate::topology::Topology, _: usize) -> Result<()> {
+fn connect_collectives(_: &crate::topology::Topology, _: usize, _: usize) -> Result<()> {
     Ok(())
 }

@@ -95,7 +95,16 @@ pub fn average_gradients(grads: &[Tensor]) -> Result<Vec<Tensor>> {
     let Some(first) = grads.first() else {
         return Ok(out);
     };
-    if first.device()?.replicas() == 1 {
+    let device = first.device()?;
+    if device.global_replicas() == 1 {
+        return Ok(out);
+    }
+    if device.mesh().is_some() {
+        // the processes of a run with a mesh in each: each gradient's mean over them, on each
+        // device's block of it (`grad` kept the parameter's layout)
+        for (o, g) in out.iter_mut().zip(grads) {
+            *o = g.all_reduce_at_mean(location)?;
+        }
         return Ok(out);
     }
     // Buckets of gradient indices, by dtype, in order.

@@ -127,21 +127,30 @@ impl LazyDevice {
     /// batch, split over every process's replicas; this process keeps its replicas' blocks.
     ///
     /// On a mesh device the batch is split along its first dimension over the mesh's `data`
-    /// axis (whole on every device when the mesh has none).
+    /// axis (whole on every device when the mesh has none); in a multi-process run each
+    /// process's mesh takes its block of the global batch.
     #[track_caller]
     pub fn shard(&self, host: &HostTensor) -> Result<Tensor> {
         let location = Location::caller();
-        if let Some(mesh) = self.mesh() {
-            let spec = match mesh.axis_size(DATA_AXIS) {
-                Some(_) => PartitionSpec::new(&[&[DATA_AXIS]]),
-                None => PartitionSpec::replicated(),
-            };
-            let sharding = self.sharding_for(&spec, host.dims(), location)?;
-            let data = match &sharding {
-                Some(s) => self.inner.upload_sharded(host, s)?,
-                None => self.inner.upload(host, false)?,
-            };
-            return Ok(self.holding(data));
+        if self.mesh().is_some() && self.global_replicas() > 1 {
+            let n = self.global_replicas();
+            let rows = host.dims().first().copied().unwrap_or(0);
+            if host.dims().is_empty() || !rows.is_multiple_of(n) {
+                return Err(Error::Placement {
+                    location,
+                    message: format!(
+                        "cannot split {}{:?} over {n} processes: the first dimension must \
+                         divide by the process count",
+                        host.dtype(),
+                        host.dims()
+                    ),
+                });
+            }
+            let mine = split_rows(host, n)?.swap_remove(self.replica_offset());
+            return self.shard_over_mesh(&mine, location);
+        }
+        if self.mesh().is_some() {
+            return self.shard_over_mesh(host, location);
         }
         let n = self.global_replicas();
         let rows = host.dims().first().copied().unwrap_or(0);
@@ -161,13 +170,32 @@ impl LazyDevice {
         self.from_replicas(&blocks.drain(mine).collect::<Vec<_>>())
     }
 
+    /// `host` (this process's rows) split over the mesh's `data` axis, or whole on every device
+    /// when the mesh has none.
+    fn shard_over_mesh(
+        &self,
+        host: &HostTensor,
+        location: &'static Location<'static>,
+    ) -> Result<Tensor> {
+        let spec = match self.mesh().and_then(|m| m.axis_size(DATA_AXIS)) {
+            Some(_) => PartitionSpec::new(&[&[DATA_AXIS]]),
+            None => PartitionSpec::replicated(),
+        };
+        let sharding = self.sharding_for(&spec, host.dims(), location)?;
+        let data = match &sharding {
+            Some(s) => self.inner.upload_sharded(host, s)?,
+            None => self.inner.upload(host, false)?,
+        };
+        Ok(self.holding(data))
+    }
+
     /// The rows of a global batch of `batch` rows that [`LazyDevice::shard`] leaves on this
     /// process: every row in a one-process run (and on a mesh); in a multi-process run its
     /// replicas' blocks, `offset * b .. (offset + replicas) * b` with `b = batch / global
     /// replicas`. A data source builds only these rows for [`LazyDevice::shard_local`]. A
     /// batch that does not split over the replicas is an error.
     pub fn local_rows(&self, batch: usize) -> Result<std::ops::Range<usize>> {
-        if self.mesh().is_some() {
+        if self.mesh().is_some() && self.global_replicas() == 1 {
             return Ok(0..batch);
         }
         let global = self.global_replicas();
@@ -191,7 +219,10 @@ impl LazyDevice {
     #[track_caller]
     pub fn shard_local(&self, host: &HostTensor) -> Result<Tensor> {
         let n = self.replicas();
-        if self.mesh().is_some() || self.global_replicas() == n {
+        if self.mesh().is_some() {
+            return self.shard_over_mesh(host, Location::caller());
+        }
+        if self.global_replicas() == n {
             return self.shard(host);
         }
         let rows = host.dims().first().copied().unwrap_or(0);

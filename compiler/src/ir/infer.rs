@@ -758,7 +758,7 @@ fn infer_scan(
     }
 }
 
-/// A [`Op::ProcessCollective`]: operands (value, `u32[]` local replica[, ordering edge]).
+/// A [`Op::ProcessCollective`] of one operand.
 fn infer_process_collective(
     op: &Op,
     operands: &[&TensorType],
@@ -766,17 +766,7 @@ fn infer_process_collective(
     processes: usize,
 ) -> Result<TensorType> {
     let e = |m: String| shape_error(op, operands, m);
-    if !(2..=3).contains(&operands.len()) {
-        return Err(e(format!(
-            "expected the value, the local replica and an optional ordering edge, got {} \
-             operands",
-            operands.len()
-        )));
-    }
-    let (x, index) = (operands[0], operands[1]);
-    if index.dtype != DType::U32 || index.rank() != 0 {
-        return Err(e("the local replica must be a u32 scalar".to_string()));
-    }
+    let x = unary(op, operands)?;
     if processes == 0 {
         return Err(e("no processes".to_string()));
     }

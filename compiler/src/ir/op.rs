@@ -223,12 +223,11 @@ pub enum Op {
     /// No operands. Result `u32[]`: the index of the replica running the program (0 on one
     /// device). Lowers to `stablehlo.replica_id`.
     ReplicaId,
-    /// A collective between processes: replica `l` of this process with replica `l` of each of
-    /// the run's `processes` processes (operands: the value, and `u32[]` `l`). Made only by
-    /// [`crate::passes::cross_process`], for a target whose runtime keeps collectives inside a
-    /// process (cpu); lowers to a custom call to a handler of neuron-pc's own, which calls
-    /// the collective library (gloo). Calls run in graph order on every process: each takes
-    /// the previous one's result as a third operand, an ordering edge only.
+    /// A collective between processes of the operand: each device's value with that of the
+    /// same device (replica or partition) of each of the run's `processes` processes. Made only
+    /// by [`crate::passes::cross_process`], for a target whose runtime keeps collectives inside
+    /// a process (cpu); lowers to a custom call to a handler of neuron-pc's own, which calls
+    /// the collective library (gloo) for the device the call runs on.
     ProcessCollective {
         /// What the processes' values make.
         collective: ProcessCollective,
@@ -236,6 +235,9 @@ pub enum Op {
         processes: usize,
         /// This call's number in its program (`0..`), distinct for calls that may overlap.
         tag: u32,
+        /// In a partitioned program, the operand's layout (an `mhlo.sharding` text): the call
+        /// runs on each device's block, in a manual region of that layout.
+        manual: Option<String>,
     },
     /// No operands. Result `u32[]`: this process's index in a multi-process run. Made only by
     /// [`crate::passes::cross_process`] (a global replica index is `index * local + local
@@ -390,21 +392,21 @@ impl fmt::Display for Op {
                 collective,
                 processes,
                 tag,
-            } => match collective {
-                ProcessCollective::AllReduce(op) => write!(
-                    f,
-                    "{n}{{op={}, processes={processes}, tag={tag}}}",
-                    op.name()
-                ),
-                ProcessCollective::AllGather { dim } => {
-                    write!(f, "{n}{{dim={dim}, processes={processes}, tag={tag}}}")
+                manual,
+            } => {
+                match collective {
+                    ProcessCollective::AllReduce(op) => write!(f, "{n}{{op={}", op.name())?,
+                    ProcessCollective::AllGather { dim } => write!(f, "{n}{{dim={dim}")?,
+                    ProcessCollective::ReduceScatter { op, dim } => {
+                        write!(f, "{n}{{op={}, dim={dim}", op.name())?
+                    }
                 }
-                ProcessCollective::ReduceScatter { op, dim } => write!(
-                    f,
-                    "{n}{{op={}, dim={dim}, processes={processes}, tag={tag}}}",
-                    op.name()
-                ),
-            },
+                write!(f, ", processes={processes}, tag={tag}")?;
+                match manual {
+                    Some(s) => write!(f, ", manual={s}}}"),
+                    None => f.write_str("}"),
+                }
+            }
             Op::Convert(d) => write!(f, "{n}{{{d}}}"),
             Op::ShardingConstraint { sharding } => write!(f, "{n}{{{sharding}}}"),
             Op::Iota { dims, dim, dtype } => {

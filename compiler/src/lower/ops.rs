@@ -55,20 +55,72 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
              backend_config = {{}}}} : () -> {ty}"
         ),
         Op::ProcessCollective {
-            collective, tag, ..
+            collective,
+            tag,
+            manual,
+            ..
         } => {
             let (op, dim) = match *collective {
                 ProcessCollective::AllReduce(op) => (op, 0),
                 ProcessCollective::AllGather { dim } => (ReduceOp::Sum, dim),
                 ProcessCollective::ReduceScatter { op, dim } => (op, dim),
             };
-            format!(
-                "{v} = stablehlo.custom_call @{}({arg_list}) {{api_version = 4 : i32, \
-                 backend_config = {{dim = {dim} : i64, op = {} : i64, tag = {tag} : i64}}}} \
-                 : {sig}",
-                process_target(collective),
-                process_reduce_code(op)
-            )
+            let call = |arg: &str, sig: &str| {
+                format!(
+                    "stablehlo.custom_call @{}({arg}) {{api_version = 4 : i32, backend_config = \
+                     {{dim = {dim} : i64, op = {} : i64, tag = {tag} : i64}}}} : {sig}",
+                    process_target(collective),
+                    process_reduce_code(op)
+                )
+            };
+            let Some(layout) = manual else {
+                e.line(&format!("{v} = {}", call(&arg_list, &sig)));
+                return Ok(v);
+            };
+            // each device's block, in a manual region of the operand's layout
+            let in_full = &arg_tys[0];
+            let x = in_ty.ok_or_else(|| missing(i))?;
+            let tiles = sharding_tiles(layout, x.rank())?;
+            let block = |dims: &[usize]| -> Result<String> {
+                let mut b = Vec::with_capacity(dims.len());
+                for (d, t) in dims.iter().zip(&tiles) {
+                    if d % t != 0 {
+                        return Err(Error::InvalidGraph {
+                            message: format!(
+                                "{} over layout {layout}: dims {dims:?} do not split into \
+                                 {tiles:?} blocks",
+                                node.op
+                            ),
+                        });
+                    }
+                    b.push(d / t);
+                }
+                Ok(tensor_of(node.ty.dtype, &b))
+            };
+            let (in_block, out_block) = (block(&x.dims)?, block(&node.ty.dims)?);
+            for line in [
+                format!(
+                    "{v}_s = stablehlo.custom_call @Sharding({}) {{mhlo.sharding = \"{layout}\"}} \
+                     : ({in_full}) -> {in_full}",
+                    args[0]
+                ),
+                format!(
+                    "{v}_m = stablehlo.custom_call @SPMDFullToShardShape({v}_s) \
+                     {{mhlo.sharding = \"{{manual}}\"}} : ({in_full}) -> {in_block}"
+                ),
+                format!("{v}_c = {}", call(&format!("{v}_m"), &format!("({in_block}) -> {out_block}"))),
+                format!(
+                    "{v}_r = stablehlo.custom_call @Sharding({v}_c) {{mhlo.sharding = \"{{manual}}\"}} \
+                     : ({out_block}) -> {out_block}"
+                ),
+                format!(
+                    "{v} = stablehlo.custom_call @SPMDShardToFullShape({v}_r) \
+                     {{mhlo.sharding = \"{layout}\"}} : ({out_block}) -> {ty}"
+                ),
+            ] {
+                e.line(&line);
+            }
+            return Ok(v);
         }
         Op::Iota { dim, .. } => {
             format!("{v} = \"stablehlo.iota\"() {{iota_dimension = {dim} : i64}} : () -> {ty}")
@@ -326,6 +378,33 @@ pub fn process_target(c: &ProcessCollective) -> &'static str {
         ProcessCollective::AllGather { .. } => "neuron_pc_process_all_gather",
         ProcessCollective::ReduceScatter { .. } => "neuron_pc_process_reduce_scatter",
     }
+}
+
+/// The tile count of each of `rank` dimensions in an `mhlo.sharding` text: all 1 for
+/// `{replicated}`, else the `devices=[..]` grid without its trailing replication dimension.
+fn sharding_tiles(layout: &str, rank: usize) -> Result<Vec<usize>> {
+    let bad = || Error::InvalidGraph {
+        message: format!("cannot read the tiles of layout {layout} for a rank-{rank} value"),
+    };
+    if layout.trim() == "{replicated}" {
+        return Ok(vec![1; rank]);
+    }
+    let grid = layout
+        .split_once("devices=[")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .ok_or_else(bad)?
+        .0;
+    let mut tiles = grid
+        .split(',')
+        .map(|t| t.trim().parse::<usize>().map_err(|_| bad()))
+        .collect::<Result<Vec<_>>>()?;
+    if layout.contains("last_tile_dim_replicate") {
+        tiles.pop();
+    }
+    if tiles.len() != rank || tiles.contains(&0) {
+        return Err(bad());
+    }
+    Ok(tiles)
 }
 
 /// The `op` attribute of a process collective's call: 0 sum, 1 product, 2 max, 3 min.

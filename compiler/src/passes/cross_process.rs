@@ -16,9 +16,13 @@
 //! - reduce-scatter: between processes first (process `p` keeps block `p`), then XLA's over
 //!   `S` inside that block, so replica `(p, s)` keeps block `p * |S| + s`.
 //!
+//! In a partitioned program (a mesh in each process) each process is one replica of the run:
+//! a collective over the processes runs on each device's block of its operand, with the same
+//! device of the other processes, inside a manual region of the operand's layout.
+//!
 //! `ReplicaId` becomes `ProcessIndex * local + ReplicaId`. The program text is the same in
 //! every process (the process index is read at run time), so all share one cache entry.
-//! Every process collective takes the previous one's result as an ordering edge: XLA runs
+//! Every process collective's operand waits for the previous one's result (`After`): XLA runs
 //! them in graph order on every process, which a collective library needs.
 
 use crate::dtype::DType;
@@ -32,8 +36,12 @@ use super::rewrite::{rebuild, Builder, NodeRewrite};
 pub struct ProcessLayout {
     /// Processes in the run.
     pub processes: usize,
-    /// Replicas (devices) each process drives.
+    /// Replicas each process drives (1 in a partitioned program).
     pub local: usize,
+    /// The program is partitioned over this process's devices (a mesh): each process
+    /// collective runs on every device's block, in a manual region of the operand's layout
+    /// (the sharding constraint it comes from; else each device's whole copy).
+    pub partitioned: bool,
 }
 
 /// `graph`, recorded over `layout.processes * layout.local` global replicas, as each process
@@ -151,16 +159,25 @@ impl Rewrite {
         collective: ProcessCollective,
         value: NodeId,
     ) -> Result<NodeId> {
-        let index = b.push(Op::ReplicaId, &[])?;
-        let mut operands = vec![value, index];
-        operands.extend(self.last);
+        let manual = self.layout.partitioned.then(|| match &b.node(value) {
+            Ok(Node {
+                op: Op::ShardingConstraint { sharding },
+                ..
+            }) => sharding.clone(),
+            _ => "{replicated}".to_string(),
+        });
+        let value = match self.last {
+            Some(previous) => b.push(Op::After, &[value, previous])?,
+            None => value,
+        };
         let op = Op::ProcessCollective {
             collective,
             processes: self.layout.processes,
             tag: self.tag,
+            manual,
         };
         self.tag += 1;
-        let id = b.push(op, &operands)?;
+        let id = b.push(op, &[value])?;
         self.last = Some(id);
         Ok(id)
     }

@@ -102,7 +102,18 @@ struct ErrorCreateArgs {
     errc: i32,
 }
 
-/// The head of `XLA_FFI_Api`, up to `XLA_FFI_Error_Create`.
+/// `XLA_FFI_DeviceOrdinal_Get_Args`.
+#[repr(C)]
+struct DeviceOrdinalArgs {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    ctx: *mut c_void,
+    device_ordinal: i32,
+}
+
+type Untyped = Option<unsafe extern "C" fn()>;
+
+/// `XLA_FFI_Api`, its functions in the header's order (only two are called).
 #[repr(C)]
 struct ApiHead {
     struct_size: usize,
@@ -110,6 +121,12 @@ struct ApiHead {
     api_version: ApiVersion,
     internal_api: *const c_void,
     error_create: Option<unsafe extern "C" fn(*mut ErrorCreateArgs) -> *mut FfiError>,
+    // GetMessage, Destroy, Handler_Register, Stream_Get, Type_Register,
+    // ExecutionContext_Get, State_Set, State_Get, DeviceMemory_Allocate, DeviceMemory_Free,
+    // ThreadPool_Schedule, ThreadPool_NumThreads, Future_Create, Future_SetAvailable,
+    // Future_SetError, RunId_Get
+    _between: [Untyped; 16],
+    device_ordinal_get: Option<unsafe extern "C" fn(*mut DeviceOrdinalArgs) -> *mut FfiError>,
 }
 
 /// `XLA_FFI_CallFrame`: what XLA passes a handler.
@@ -356,6 +373,30 @@ pub unsafe fn int_attr(frame: *mut CallFrame, name: &str) -> Option<i64> {
         };
     }
     None
+}
+
+/// The ordinal of the device running this call (on cpu: its index among the client's
+/// devices), when the runtime says.
+///
+/// # Safety
+/// As [`args`].
+pub unsafe fn device_ordinal(frame: *mut CallFrame) -> Option<usize> {
+    // SAFETY: the caller's contract: the frame and its API table are XLA's.
+    let (api, ctx) = unsafe { (&*(*frame).api, (*frame).ctx) };
+    let end = std::mem::offset_of!(ApiHead, device_ordinal_get) + std::mem::size_of::<Untyped>();
+    if api.struct_size < end {
+        return None;
+    }
+    let get = api.device_ordinal_get?;
+    let mut args = DeviceOrdinalArgs {
+        struct_size: std::mem::size_of::<DeviceOrdinalArgs>(),
+        extension_start: std::ptr::null_mut(),
+        ctx,
+        device_ordinal: -1,
+    };
+    // SAFETY: a live execution context; the function writes the ordinal.
+    let err = unsafe { get(&mut args) };
+    (err.is_null() && args.device_ordinal >= 0).then_some(args.device_ordinal as usize)
 }
 
 /// An error for XLA to report (the execution fails with `message`).
