@@ -103,36 +103,61 @@ fn assert_close(what: &str, got: &[(u64, f64)], want: &[(u64, f64)]) {
     }
 }
 
-#[test]
-fn two_processes_of_two_devices_train_as_one_process_of_four() {
-    let Some(etcd) = Etcd::start("dp") else {
+/// Each layout of 2 processes x 2 devices against one process of 4 devices: `(name, flags,
+/// check the skip hook)`.
+fn compare(tag: &str, layouts: &[(&str, &[&str], bool)]) {
+    let Some(etcd) = Etcd::start(tag) else {
         return;
     };
-    let cache = tmp("procs-dp");
+    let cache = tmp(&format!("procs-{tag}"));
     let steps = ["--steps", "4", "--loss-log", "--peak-matmul", "0"];
-    for (name, extra) in [("dp", &[][..]), ("zero1", &["--zero1"][..])] {
-        let args = [&steps[..], extra].concat();
-        let four = alone(&cache, &[&args[..], &["--devices", "4"]].concat());
-        let args = [&args[..], &["--devices", "2", "--json"]].concat();
-        // The same launch with the reduction between the processes left out (a test hook)
-        // trains otherwise: the comparison below would catch a run that skipped it.
-        let skipped = launch(&etcd, &cache, &format!("skip-{name}"), 2, &args, true);
-        let differs = skipped[0]
-            .losses
-            .iter()
-            .zip(&four.losses)
-            .any(|((_, a), (_, b))| (a - b).abs() > 1e-4 * b.abs());
-        assert!(
-            differs,
-            "{name}: {:?} vs {:?}",
-            skipped[0].losses, four.losses
-        );
-        let ranks = launch(&etcd, &cache, &format!("dp-{name}"), 2, &args, false);
+    let four = alone(&cache, &[&steps[..], &["--devices", "4"]].concat());
+    assert_eq!(four.losses.len(), 4);
+    for &(name, flags, skip) in layouts {
+        let args = [&steps[..], flags, &["--json"]].concat();
+        if skip {
+            // The same launch with the reduction between the processes left out (a test hook)
+            // trains otherwise: the comparison below would catch a run that skipped it.
+            let skipped = launch(&etcd, &cache, &format!("skip-{name}"), 2, &args, true);
+            let differs = skipped[0]
+                .losses
+                .iter()
+                .zip(&four.losses)
+                .any(|((_, a), (_, b))| (a - b).abs() > 1e-4 * b.abs());
+            assert!(
+                differs,
+                "{name}: {:?} vs {:?}",
+                skipped[0].losses, four.losses
+            );
+        }
+        let ranks = launch(&etcd, &cache, name, 2, &args, false);
         for (rank, r) in ranks.iter().enumerate() {
             assert_close(&format!("{name} rank {rank}"), &r.losses, &four.losses);
-            assert_eq!(r.metrics["global_replicas"], 4, "{}", r.metrics);
-            assert_eq!(r.metrics["replicas"], 2, "{}", r.metrics);
+            assert_eq!(r.metrics["world_size"], 2, "{}", r.metrics);
+            assert_eq!(r.metrics["rank"], rank, "{}", r.metrics);
         }
     }
     let _ = std::fs::remove_dir_all(cache);
+}
+
+#[test]
+fn data_parallel_over_two_processes_of_two_replicas_matches_one_process_of_four() {
+    compare(
+        "dp",
+        &[
+            ("dp", &["--devices", "2"], true),
+            ("zero1", &["--devices", "2", "--zero1"], false),
+        ],
+    );
+}
+
+#[test]
+fn a_mesh_in_each_of_two_processes_matches_one_process_of_four() {
+    compare(
+        "mesh",
+        &[
+            ("fsdp", &["--fsdp", "2"], true),
+            ("tp", &["--tp", "2"], false),
+        ],
+    );
 }

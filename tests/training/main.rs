@@ -1,10 +1,12 @@
 //! The lazy device and training steps: tracing, asynchronous execution, metrics and the timeline,
 //! gradients and optimizers, activation recomputation, scanned layers, step functions, data
-//! parallelism (replicas, ZeRO-1) and sharding over a mesh.
+//! parallelism (replicas, ZeRO-1, collectives between processes) and sharding over a mesh.
 
 #[path = "../common/mod.rs"]
 #[allow(dead_code)]
 mod common;
+#[path = "../cli/etcd_support.rs"]
+mod etcd_support;
 
 mod amp_scaler;
 mod async_exec;
@@ -16,6 +18,7 @@ mod grad_training;
 mod lazy_device;
 mod lazy_persistent;
 mod memory_metrics;
+mod processes;
 mod remat;
 mod remat_program;
 mod scan;

@@ -65,10 +65,16 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
                 ProcessCollective::AllGather { dim } => (ReduceOp::Sum, dim),
                 ProcessCollective::ReduceScatter { op, dim } => (op, dim),
             };
+            // the handler reads and writes row-major buffers: XLA must not pick another layout
+            let layouts = format!(
+                "operand_layouts = [{}], result_layouts = [{}]",
+                row_major(in_ty.map_or(0, TensorType::rank)),
+                row_major(node.ty.rank())
+            );
             let call = |arg: &str, sig: &str| {
                 format!(
                     "stablehlo.custom_call @{}({arg}) {{api_version = 4 : i32, backend_config = \
-                     {{dim = {dim} : i64, op = {} : i64, tag = {tag} : i64}}}} : {sig}",
+                     {{dim = {dim} : i64, op = {} : i64, tag = {tag} : i64}}, {layouts}}} : {sig}",
                     process_target(collective),
                     process_reduce_code(op)
                 )
@@ -378,6 +384,12 @@ pub fn process_target(c: &ProcessCollective) -> &'static str {
         ProcessCollective::AllGather { .. } => "neuron_pc_process_all_gather",
         ProcessCollective::ReduceScatter { .. } => "neuron_pc_process_reduce_scatter",
     }
+}
+
+/// A row-major layout of `rank` dimensions, as a custom call's `operand_layouts` entry.
+fn row_major(rank: usize) -> String {
+    let dims: Vec<String> = (0..rank).rev().map(|d| d.to_string()).collect();
+    format!("dense<[{}]> : tensor<{rank}xindex>", dims.join(", "))
 }
 
 /// The tile count of each of `rank` dimensions in an `mhlo.sharding` text: all 1 for
