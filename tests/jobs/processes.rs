@@ -161,3 +161,44 @@ fn a_mesh_in_each_of_two_processes_matches_one_process_of_four() {
         ],
     );
 }
+
+/// `neuron-pc compile --world-size N --json -- train_llama SMALL.. args..` into `cache`.
+fn precompile(cache: &Path, world: usize, args: &[&str]) -> serde_json::Value {
+    let job = llama_job::job();
+    let world = world.to_string();
+    let mut all = vec!["compile", "--json", "--world-size", &world, "--", job.to_str().unwrap()];
+    all.extend(SMALL);
+    all.extend(args);
+    let out = single(Command::new(env!("CARGO_BIN_EXE_neuron-pc")))
+        .args(&all)
+        .env("NEURON_COMPILE_CACHE_URL", cache)
+        .env_remove("NEURON_CC_FLAGS")
+        .env_remove("NEURON_PC_DEVICES")
+        .env_remove("NEURON_PC_STORE")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn layouts_of_two_processes_and_of_one_precompiled_run_without_compiling() {
+    let Some(etcd) = Etcd::start("aot") else {
+        return;
+    };
+    let cache = tmp("procs-aot");
+    let args = ["--steps", "3", "--peak-matmul", "0", "--devices", "2"];
+    // the trial runs once as rank 0 of 2; then once as the single process of a restart
+    let two = precompile(&cache, 2, &args);
+    assert!(two["compiled"].as_u64().unwrap() >= 1, "{two}");
+    let one = precompile(&cache, 1, &args);
+    assert!(one["compiled"].as_u64().unwrap() >= 1, "{one}");
+    let json = [&args[..], &["--json", "--loss-log"]].concat();
+    for (rank, r) in launch(&etcd, &cache, "aot", 2, &json, false).iter().enumerate() {
+        assert_eq!(r.metrics["compiles"], 0, "rank {rank}: {}", r.metrics);
+        assert_eq!(r.losses.len(), 3);
+    }
+    let alone = alone(&cache, &json);
+    assert_eq!(alone.metrics["compiles"], 0, "{}", alone.metrics);
+    let _ = std::fs::remove_dir_all(cache);
+}

@@ -32,6 +32,11 @@ pub struct CompileArgs {
     /// device phases and each worker's compiles to this file.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// Trace the graphs of a run of N processes on one node: the trial runs once, as rank 0
+    /// of N (torchrun's variables), and every rank of such a run compiles the same programs.
+    /// Run the command again with another N for a restart at another world size.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub world_size: Option<u32>,
     /// The job to run (after `--`).
     #[arg(last = true, required = true)]
     pub command: Vec<String>,
@@ -246,6 +251,11 @@ pub fn run(args: CompileArgs) -> anyhow::Result<i32> {
     // The job's stdout stays the job's stdout; only with --json, where stdout must hold one
     // JSON object, does it go to stderr.
     let mut cmd = job_command(&args.command, &flags, url.as_deref(), &extract, o.json)?;
+    if let Some(n) = args.world_size {
+        let n = n.to_string();
+        cmd.envs([("RANK", "0"), ("LOCAL_RANK", "0"), ("GROUP_RANK", "0")])
+            .envs([("WORLD_SIZE", n.as_str()), ("LOCAL_WORLD_SIZE", &n)]);
+    }
     if timeline.is_some() {
         cmd.env(TRACE_ENV, &job_trace);
     }
