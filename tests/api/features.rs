@@ -21,6 +21,7 @@ const OPT_IN: &[(&str, &str)] = &[
     ("arrow-array", "text"),
     ("parquet", "text"),
     ("zstd-sys", "text"),
+    ("neuron-pc-gloo", "gloo"),
 ];
 
 /// The package names (`name vX.Y.Z`) `cargo tree` lists for a crate depending on this checkout
@@ -84,6 +85,15 @@ fn a_training_crate_builds_no_command_line_http_grpc_tokenizer_or_columnar_stack
     let text = tree_of_a_user_crate("text", ", features = [\"text\"]");
     assert!(text.iter().any(|p| p == "tokenizers") && text.iter().any(|p| p == "parquet"));
     assert!(!text.iter().any(|p| p == "tokio" || p == "clap"));
+    // the command line alone (what scripts/demo builds) holds none of the other stacks
+    let core = tree_of_a_user_crate("cli-core", ", features = [\"cli-core\"]");
+    assert!(core.iter().any(|p| p == "clap"), "{core:?}");
+    for (krate, feature) in OPT_IN.iter().filter(|(_, f)| *f != "cli") {
+        assert!(
+            !core.iter().any(|p| p == krate),
+            "cli-core holds {krate} (feature {feature})"
+        );
+    }
     let cli = tree_of_a_user_crate("cli", ", features = [\"cli\"]");
     for (krate, _) in OPT_IN {
         assert!(

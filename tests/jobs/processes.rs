@@ -166,7 +166,14 @@ fn a_mesh_in_each_of_two_processes_matches_one_process_of_four() {
 fn precompile(cache: &Path, world: usize, args: &[&str]) -> serde_json::Value {
     let job = llama_job::job();
     let world = world.to_string();
-    let mut all = vec!["compile", "--json", "--world-size", &world, "--", job.to_str().unwrap()];
+    let mut all = vec![
+        "compile",
+        "--json",
+        "--world-size",
+        &world,
+        "--",
+        job.to_str().unwrap(),
+    ];
     all.extend(SMALL);
     all.extend(args);
     let out = single(Command::new(env!("CARGO_BIN_EXE_neuron-pc")))
@@ -177,7 +184,11 @@ fn precompile(cache: &Path, world: usize, args: &[&str]) -> serde_json::Value {
         .env_remove("NEURON_PC_STORE")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -194,7 +205,10 @@ fn layouts_of_two_processes_and_of_one_precompiled_run_without_compiling() {
     let one = precompile(&cache, 1, &args);
     assert!(one["compiled"].as_u64().unwrap() >= 1, "{one}");
     let json = [&args[..], &["--json", "--loss-log"]].concat();
-    for (rank, r) in launch(&etcd, &cache, "aot", 2, &json, false).iter().enumerate() {
+    for (rank, r) in launch(&etcd, &cache, "aot", 2, &json, false)
+        .iter()
+        .enumerate()
+    {
         assert_eq!(r.metrics["compiles"], 0, "rank {rank}: {}", r.metrics);
         assert_eq!(r.losses.len(), 3);
     }
