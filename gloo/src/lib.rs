@@ -425,7 +425,7 @@ impl Group {
 }
 
 fn elements(bytes: usize, element: Element) -> Result<usize, Error> {
-    if bytes % element.size() != 0 {
+    if !bytes.is_multiple_of(element.size()) {
         return Err(Error(format!(
             "{bytes} bytes are not whole {element:?} elements"
         )));

@@ -114,10 +114,13 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
                     "{v}_m = stablehlo.custom_call @SPMDFullToShardShape({v}_s) \
                      {{mhlo.sharding = \"{{manual}}\"}} : ({in_full}) -> {in_block}"
                 ),
-                format!("{v}_c = {}", call(&format!("{v}_m"), &format!("({in_block}) -> {out_block}"))),
                 format!(
-                    "{v}_r = stablehlo.custom_call @Sharding({v}_c) {{mhlo.sharding = \"{{manual}}\"}} \
-                     : ({out_block}) -> {out_block}"
+                    "{v}_c = {}",
+                    call(&format!("{v}_m"), &format!("({in_block}) -> {out_block}"))
+                ),
+                format!(
+                    "{v}_r = stablehlo.custom_call @Sharding({v}_c) \
+                     {{mhlo.sharding = \"{{manual}}\"}} : ({out_block}) -> {out_block}"
                 ),
                 format!(
                     "{v} = stablehlo.custom_call @SPMDShardToFullShape({v}_r) \

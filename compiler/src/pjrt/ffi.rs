@@ -181,7 +181,8 @@ struct RegisterHandlerArgs {
     struct_size: usize,
     target_name: *const c_char,
     target_name_size: usize,
-    handler: *mut c_void,
+    // `void*` in the header, holding an `XLA_FFI_Handler*`: a function pointer of the same size
+    handler: Option<Handler>,
     platform_name: *const c_char,
     platform_name_size: usize,
     traits: u32,
@@ -237,7 +238,7 @@ impl Plugin {
             struct_size: std::mem::size_of::<RegisterHandlerArgs>(),
             target_name: name.as_ptr().cast(),
             target_name_size: name.len(),
-            handler: handler as *mut c_void,
+            handler: Some(handler),
             platform_name: platform.as_ptr().cast(),
             platform_name_size: platform.len(),
             traits: 0,
