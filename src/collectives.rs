@@ -48,6 +48,47 @@ struct Groups {
     world: usize,
     first_device: usize,
     groups: Vec<Group>,
+    /// The run's store, where each rank's key lives as long as the rank ([`ALIVE_TTL`]), or
+    /// `None` when the store cannot keep such keys.
+    store: Option<ScopedStore>,
+}
+
+/// How soon after a rank's death the store drops its key: the wait before a failed collective
+/// names the ranks that are gone.
+const ALIVE_TTL: Duration = Duration::from_secs(4);
+
+fn alive_key(rank: usize) -> String {
+    format!("gloo/alive/{rank}")
+}
+
+impl Groups {
+    /// The failure of a collective, with the ranks found gone: a dead rank's key lapses
+    /// within [`ALIVE_TTL`], so this waits up to twice that for it.
+    fn failure(&self, what: String) -> String {
+        let Some(store) = &self.store else {
+            return what;
+        };
+        let started = std::time::Instant::now();
+        loop {
+            let gone: Vec<String> = (0..self.world)
+                .filter(|&r| r != self.rank)
+                .filter(|&r| matches!(store.try_get(&alive_key(r)), Ok(None)))
+                .map(|r| r.to_string())
+                .collect();
+            if !gone.is_empty() {
+                let s = if gone.len() == 1 { "" } else { "s" };
+                return format!(
+                    "lost rank{s} {} of {} (gone from the run's store): {what}",
+                    gone.join(", "),
+                    self.world
+                );
+            }
+            if started.elapsed() > 2 * ALIVE_TTL {
+                return format!("{what} (every rank is still in the run's store)");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
 }
 
 fn current() -> &'static RwLock<Option<Arc<Groups>>> {
@@ -154,6 +195,14 @@ pub fn connect(
         _ if topology.num_nodes == 1 => Listen::Host("127.0.0.1".into()),
         _ => Listen::HostName,
     };
+    // this rank's key, dropped by the store soon after the process dies
+    let alive = store
+        .set_while_alive(
+            &alive_key(topology.rank),
+            std::process::id().to_string().as_bytes(),
+            ALIVE_TTL,
+        )
+        .unwrap_or(false);
     let mut groups = Vec::with_capacity(local);
     for l in 0..local {
         let rendezvous = StoreRendezvous {
@@ -180,6 +229,7 @@ pub fn connect(
         world: topology.world_size,
         first_device,
         groups,
+        store: alive.then(|| store.clone()),
     }));
     Ok(())
 }
@@ -356,7 +406,7 @@ unsafe extern "C" fn all_reduce(frame: *mut CallFrame) -> *mut FfiError {
             }
             c.group()?
                 .all_reduce(out, el, c.op, c.tag)
-                .map_err(|e| e.to_string())
+                .map_err(|e| c.groups.failure(e.to_string()))
         })
     }
 }
@@ -373,14 +423,14 @@ unsafe extern "C" fn all_gather(frame: *mut CallFrame) -> *mut FfiError {
             if outer <= 1 {
                 return group
                     .all_gather(input, out, c.tag)
-                    .map_err(|e| e.to_string());
+                    .map_err(|e| c.groups.failure(e.to_string()));
             }
             // gathered whole per process, then each process's slices put in place
             let p = group.size();
             let mut all = vec![0u8; input.len() * p];
             group
                 .all_gather(input, &mut all, c.tag)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| c.groups.failure(e.to_string()))?;
             for (k, from) in all.chunks_exact(input.len()).enumerate() {
                 for o in 0..outer {
                     let to = (o * p + k) * inner;
@@ -425,7 +475,7 @@ unsafe extern "C" fn reduce_scatter(frame: *mut CallFrame) -> *mut FfiError {
             }
             group
                 .reduce_scatter(ordered, out, el, c.op, c.tag)
-                .map_err(|e| e.to_string())
+                .map_err(|e| c.groups.failure(e.to_string()))
         })
     }
 }

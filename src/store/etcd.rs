@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::{Client, ConnectOptions, PutOptions};
 
 use super::{KvStore, Result, StoreError};
 
@@ -103,5 +103,40 @@ impl KvStore for EtcdStore {
 
     fn describe(&self) -> String {
         describe(&self.endpoints)
+    }
+
+    fn set_while_alive(&self, key: &str, value: &[u8], ttl: Duration) -> Result<bool> {
+        let secs = ttl.as_secs().max(2) as i64;
+        let mut c = self.client.clone();
+        let lease = self.call("lease grant", key, async move {
+            c.lease_grant(secs, None).await
+        })?;
+        let id = lease.id();
+        let mut c = self.client.clone();
+        let options = PutOptions::new().with_lease(id);
+        self.call(
+            "put",
+            key,
+            async move { c.put(key, value, Some(options)).await },
+        )?;
+        // Renewed a few times per period by the store's runtime while the process lives; a
+        // renewal that fails (etcd gone) ends the task, and the key lapses.
+        let mut c = self.client.clone();
+        let every = Duration::from_secs_f64(secs as f64 / 3.0);
+        self.runtime.spawn(async move {
+            let Ok((mut keeper, mut answers)) = c.lease_keep_alive(id).await else {
+                return;
+            };
+            loop {
+                if keeper.keep_alive().await.is_err() {
+                    return;
+                }
+                if !matches!(answers.message().await, Ok(Some(_))) {
+                    return;
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
+        Ok(true)
     }
 }

@@ -165,6 +165,15 @@ pub trait KvStore: Send + Sync {
 
     /// The engine and where it is, for messages (`etcd at 127.0.0.1:2379`).
     fn describe(&self) -> String;
+
+    /// Sets `key` to `value` for as long as this process lives: the store keeps it while the
+    /// process renews it, and drops it within `ttl` of the process's death (an etcd lease, as
+    /// TorchElastic's etcd rendezvous keeps its members'). `false` where the engine has no
+    /// such keys (the caller then cannot tell a dead process from a slow one).
+    fn set_while_alive(&self, key: &str, value: &[u8], ttl: Duration) -> Result<bool> {
+        let _ = (key, value, ttl);
+        Ok(false)
+    }
 }
 
 /// One attempt of one run: the namespace its keys live in.
@@ -292,6 +301,10 @@ impl KvStore for ScopedStore {
 
     fn describe(&self) -> String {
         self.inner.describe()
+    }
+
+    fn set_while_alive(&self, key: &str, value: &[u8], ttl: Duration) -> Result<bool> {
+        self.inner.set_while_alive(&self.full_key(key), value, ttl)
     }
 }
 

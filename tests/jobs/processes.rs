@@ -28,37 +28,42 @@ fn launch(
     args: &[&str],
     skip: bool,
 ) -> Vec<Run> {
+    launch_with(etcd, cache, run, 0, world, args, skip)
+}
+
+/// [`launch`] as attempt `attempt` of run `run` (torchrun's restart count).
+fn launch_attempt(
+    etcd: &Etcd,
+    cache: &Path,
+    run: &str,
+    attempt: usize,
+    world: usize,
+    args: &[&str],
+) -> Vec<Run> {
+    launch_with(etcd, cache, run, attempt, world, args, false)
+}
+
+fn launch_with(
+    etcd: &Etcd,
+    cache: &Path,
+    run: &str,
+    attempt: usize,
+    world: usize,
+    args: &[&str],
+    skip: bool,
+) -> Vec<Run> {
     let mut all: Vec<&str> = SMALL.to_vec();
     all.extend(args);
     let port = free_port().to_string();
     let children: Vec<_> = (0..world)
         .map(|rank| {
             let mut c = command(cache, &all);
-            let (rank, world) = (rank.to_string(), world.to_string());
-            for (k, v) in [
-                ("RANK", rank.as_str()),
-                ("LOCAL_RANK", &rank),
-                ("ROLE_RANK", &rank),
-                ("WORLD_SIZE", &world),
-                ("LOCAL_WORLD_SIZE", &world),
-                ("ROLE_WORLD_SIZE", &world),
-                ("GROUP_RANK", "0"),
-                ("GROUP_WORLD_SIZE", "1"),
-                ("ROLE_NAME", "default"),
-                ("MASTER_ADDR", "127.0.0.1"),
-                ("MASTER_PORT", &port),
-                ("TORCHELASTIC_RUN_ID", run),
-                ("TORCHELASTIC_RESTART_COUNT", "0"),
-                ("TORCHELASTIC_MAX_RESTARTS", "0"),
-                ("NEURON_PC_STORE", &etcd.url),
-            ] {
-                c.env(k, v);
-            }
+            torchrun_env(&mut c, rank, world, run, &port, etcd);
+            c.env("TORCHELASTIC_RESTART_COUNT", attempt.to_string());
             if skip {
                 c.env(neuron_pc::collectives::SKIP_ENV, "1");
             }
-            c.env_remove("NEURON_PC_RUN_ID")
-                .stdin(Stdio::null())
+            c.stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -69,6 +74,32 @@ fn launch(
         .into_iter()
         .map(|c| llama_job::parse_output(c.wait_with_output().unwrap(), &all))
         .collect()
+}
+
+/// What torchrun gives worker `rank` of `world` on one node (run `run`, attempt 0), the
+/// run's store at `etcd`.
+fn torchrun_env(c: &mut Command, rank: usize, world: usize, run: &str, port: &str, etcd: &Etcd) {
+    let (rank, world) = (rank.to_string(), world.to_string());
+    for (k, v) in [
+        ("RANK", rank.as_str()),
+        ("LOCAL_RANK", &rank),
+        ("ROLE_RANK", &rank),
+        ("WORLD_SIZE", &world),
+        ("LOCAL_WORLD_SIZE", &world),
+        ("ROLE_WORLD_SIZE", &world),
+        ("GROUP_RANK", "0"),
+        ("GROUP_WORLD_SIZE", "1"),
+        ("ROLE_NAME", "default"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", port),
+        ("TORCHELASTIC_RUN_ID", run),
+        ("TORCHELASTIC_RESTART_COUNT", "0"),
+        ("TORCHELASTIC_MAX_RESTARTS", "0"),
+        ("NEURON_PC_STORE", &etcd.url),
+    ] {
+        c.env(k, v);
+    }
+    c.env_remove("NEURON_PC_RUN_ID");
 }
 
 fn alone(cache: &Path, args: &[&str]) -> Run {
@@ -214,5 +245,93 @@ fn layouts_of_two_processes_and_of_one_precompiled_run_without_compiling() {
     }
     let alone = alone(&cache, &json);
     assert_eq!(alone.metrics["compiles"], 0, "{}", alone.metrics);
+    let _ = std::fs::remove_dir_all(cache);
+}
+
+#[test]
+fn a_killed_rank_is_named_by_the_other_and_the_run_resumes_where_it_checkpointed() {
+    use std::io::{BufRead, BufReader};
+    let Some(etcd) = Etcd::start("kill") else {
+        return;
+    };
+    let cache = tmp("procs-kill");
+    let ckpt = cache.join("ckpt");
+    let ckpt_args = ["--ckpt-dir", ckpt.to_str().unwrap(), "--ckpt-every", "4"];
+    let base = ["--peak-matmul", "0", "--devices", "2", "--loss-log"];
+    let mut all: Vec<&str> = SMALL.to_vec();
+    all.extend(base);
+    all.extend(ckpt_args);
+    // killed long before its end; the first 10 steps are the warm-up, the same whatever the
+    // run's length, so the resumed run of 14 steps below continues the same trajectory
+    all.extend(["--steps", "100000"]);
+    let port = free_port().to_string();
+    let mut ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let mut c = command(&cache, &all);
+            torchrun_env(&mut c, rank, 2, "kill", &port, &etcd);
+            c.stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // rank 1 is killed once it has passed the second checkpoint
+    let out1 = BufReader::new(ranks[1].stdout.take().unwrap());
+    for line in out1.lines() {
+        let line = line.unwrap();
+        if line.starts_with("{\"step\": 9,") {
+            break;
+        }
+    }
+    ranks[1].kill().unwrap();
+    let killed = std::time::Instant::now();
+    let _ = ranks[1].wait();
+    let survivor = ranks.remove(0).wait_with_output().unwrap();
+    let waited = killed.elapsed();
+    let err = String::from_utf8_lossy(&survivor.stderr);
+    assert!(!survivor.status.success());
+    assert!(waited < std::time::Duration::from_secs(60), "{waited:?}");
+    assert!(
+        err.contains("lost rank 1 of 2 (gone from the run's store)"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+
+    // a new attempt of the run (torchrun's restart count 1) resumes from the newest checkpoint
+    let steps = ["--steps", "14", "--resume", "auto"];
+    let args = [&base[..], &ckpt_args[..], &steps[..]].concat();
+    let resumed = launch_attempt(&etcd, &cache, "kill", 1, 2, &args);
+    let reference = alone(
+        &cache,
+        &[
+            "--peak-matmul",
+            "0",
+            "--devices",
+            "4",
+            "--loss-log",
+            "--steps",
+            "14",
+        ],
+    );
+    for (rank, r) in resumed.iter().enumerate() {
+        assert!(
+            r.stdout.contains("resumed from"),
+            "rank {rank}: {}",
+            r.stdout
+        );
+        let first = r.losses.first().map(|l| l.0).unwrap_or(0);
+        assert!(
+            (5..=10).contains(&first),
+            "rank {rank} resumed at step {first}"
+        );
+        let tail: Vec<(u64, f64)> = reference
+            .losses
+            .iter()
+            .filter(|(s, _)| *s >= first)
+            .copied()
+            .collect();
+        assert_close(&format!("resumed rank {rank}"), &r.losses, &tail);
+    }
     let _ = std::fs::remove_dir_all(cache);
 }
