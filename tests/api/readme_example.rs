@@ -166,13 +166,14 @@ fn every_rust_block_is_an_excerpt_of_compiled_code() {
 }
 
 /// Variables neuron-pc sets (for the Neuron runtime) rather than reads, and test hooks.
-const NOT_USER_FACING: [&str; 6] = [
+const NOT_USER_FACING: [&str; 7] = [
     "NEURON_PJRT_PROCESSES_NUM_DEVICES",
     "NEURON_PJRT_PROCESS_INDEX",
     "NEURON_RT_VISIBLE_CORES",
     "NEURON_PC_TEST_WORKER_CRASH",
     "NEURON_PC_TEST_WORKER_HANG",
     "NEURON_PC_TEST_CKPT_DELAY_MS",
+    "NEURON_PC_TEST_SKIP_PROCESS_COLLECTIVES",
 ];
 
 /// The `NEURON_*` names in `text`.
