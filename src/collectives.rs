@@ -259,6 +259,8 @@ struct Call {
     tag: u32,
     op: Reduce,
     dim: usize,
+    /// Only the process's first device exchanges; the others give zeros.
+    leader: bool,
 }
 
 /// Runs `body` for the call in `frame`, answering XLA's probe and turning a failure into the
@@ -319,6 +321,7 @@ unsafe fn call_of(frame: *mut CallFrame) -> std::result::Result<Call, String> {
         tag: attr("tag") as u32,
         op,
         dim: attr("dim") as usize,
+        leader: attr("leader") == 1,
     })
 }
 
@@ -382,6 +385,16 @@ fn outer_inner(dims: &[i64], dim: usize, element: Element) -> (usize, usize) {
     )
 }
 
+/// A leader's exchange failed: the process's other devices already wait for it in XLA's
+/// all-reduce inside the process, which would never complete (XLA aborts the process after
+/// 40 s with a rendezvous message that names nothing). The run cannot go on, so the process
+/// ends now with the reason, as torch.distributed's watchdog ends a process whose collective
+/// failed.
+fn leader_failed(message: &str) -> ! {
+    eprintln!("error: collective between processes failed: {message}");
+    std::process::exit(1)
+}
+
 unsafe extern "C" fn process_index(frame: *mut CallFrame) -> *mut FfiError {
     // SAFETY: XLA calls this handler with its call frame.
     unsafe {
@@ -400,13 +413,21 @@ unsafe extern "C" fn all_reduce(frame: *mut CallFrame) -> *mut FfiError {
             let (a, r) = c.value()?;
             let el = element(a.dtype)?;
             let out = bytes(r, el);
+            if c.leader && c.local != 0 {
+                // a sum's identity: the process's first device brings the processes' sum
+                out.fill(0);
+                return Ok(());
+            }
             std::ptr::copy(a.data, out.as_mut_ptr(), out.len());
             if skipping() {
                 return Ok(());
             }
-            c.group()?
-                .all_reduce(out, el, c.op, c.tag)
-                .map_err(|e| c.groups.failure(e.to_string()))
+            let result = c.group()?.all_reduce(out, el, c.op, c.tag);
+            match result {
+                Ok(()) => Ok(()),
+                Err(e) if c.leader => leader_failed(&c.groups.failure(e.to_string())),
+                Err(e) => Err(c.groups.failure(e.to_string())),
+            }
         })
     }
 }

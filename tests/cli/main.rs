@@ -21,6 +21,7 @@ mod compile_faults;
 mod compile_ux;
 mod graphs;
 mod shard;
+mod srun;
 mod trial_safety;
 
 mod rank_check;

@@ -237,7 +237,7 @@ impl Drop for Daemon {
 
 /// munged, slurmctld and slurmd on loopback, configured in `dir`. Dropping it cancels the
 /// job it submitted and stops the daemons, slurmd first.
-struct Slurm {
+pub(crate) struct Slurm {
     dir: PathBuf,
     conf: PathBuf,
     job: Option<String>,
@@ -266,7 +266,7 @@ fn wait_for(secs: u64, what: &str, mut ready: impl FnMut() -> bool) {
 impl Slurm {
     /// Starts the three daemons; `None` (after printing one line) where the packages are
     /// missing.
-    fn start(dir: &Path) -> Option<Slurm> {
+    pub(crate) fn start(dir: &Path) -> Option<Slurm> {
         let progs = [
             "munged",
             "slurmctld",
@@ -275,6 +275,7 @@ impl Slurm {
             "squeue",
             "sinfo",
             "scancel",
+            "srun",
         ];
         let found: Vec<Option<PathBuf>> = progs.iter().map(|p| which(p)).collect();
         if let Some(i) = found.iter().position(Option::is_none) {
@@ -385,7 +386,7 @@ impl Slurm {
     }
 
     /// A Slurm client command that talks to this cluster.
-    fn client(&self, name: &str) -> Command {
+    pub(crate) fn client(&self, name: &str) -> Command {
         let mut c = Command::new(which(name).unwrap());
         c.env("SLURM_CONF", &self.conf).stdin(Stdio::null());
         c

@@ -238,6 +238,10 @@ pub enum Op {
         /// In a partitioned program, the operand's layout (an `mhlo.sharding` text): the call
         /// runs on each device's block, in a manual region of that layout.
         manual: Option<String>,
+        /// A sum in which only each process's first device takes part, the others giving zeros
+        /// (an all-reduce inside the process then spreads the result): one exchange between
+        /// processes per process instead of one per local device.
+        leader: bool,
     },
     /// No operands. Result `u32[]`: this process's index in a multi-process run. Made only by
     /// [`crate::passes::cross_process`] (a global replica index is `index * local + local
@@ -393,6 +397,7 @@ impl fmt::Display for Op {
                 processes,
                 tag,
                 manual,
+                leader,
             } => {
                 match collective {
                     ProcessCollective::AllReduce(op) => write!(f, "{n}{{op={}", op.name())?,
@@ -402,6 +407,9 @@ impl fmt::Display for Op {
                     }
                 }
                 write!(f, ", processes={processes}, tag={tag}")?;
+                if *leader {
+                    f.write_str(", leader")?;
+                }
                 match manual {
                     Some(s) => write!(f, ", manual={s}}}"),
                     None => f.write_str("}"),

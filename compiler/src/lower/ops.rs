@@ -58,6 +58,7 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             collective,
             tag,
             manual,
+            leader,
             ..
         } => {
             let (op, dim) = match *collective {
@@ -74,8 +75,10 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             let call = |arg: &str, sig: &str| {
                 format!(
                     "stablehlo.custom_call @{}({arg}) {{api_version = 4 : i32, backend_config = \
-                     {{dim = {dim} : i64, op = {} : i64, tag = {tag} : i64}}, {layouts}}} : {sig}",
+                     {{dim = {dim} : i64, leader = {} : i64, op = {} : i64, tag = {tag} : i64}}, \
+                     {layouts}}} : {sig}",
                     process_target(collective),
+                    i64::from(*leader),
                     process_reduce_code(op)
                 )
             };

@@ -11,6 +11,8 @@
 //! local replicas. The second kind is hierarchical:
 //!
 //! - all-reduce: XLA's over `S`, then between processes (each local replica with its peers);
+//!   a sum over one local group of every replica instead runs between processes on the first
+//!   replica only, the others giving zeros, and XLA's all-reduce over `S` again spreads it;
 //! - all-gather: XLA's over `S`, then between processes (blocks in process order: the global
 //!   group's order, since global ids are process-major);
 //! - reduce-scatter: between processes first (process `p` keeps block `p`), then XLA's over
@@ -27,7 +29,7 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, Graph, Literal, Node, NodeId, Op, ProcessCollective};
+use crate::ir::{BinaryOp, Graph, Literal, Node, NodeId, Op, ProcessCollective, ReduceOp};
 
 use super::rewrite::{rebuild, Builder, NodeRewrite};
 
@@ -159,6 +161,16 @@ impl Rewrite {
         collective: ProcessCollective,
         value: NodeId,
     ) -> Result<NodeId> {
+        self.process_call_as(b, collective, value, false)
+    }
+
+    fn process_call_as(
+        &mut self,
+        b: &mut Builder,
+        collective: ProcessCollective,
+        value: NodeId,
+        leader: bool,
+    ) -> Result<NodeId> {
         let manual = self.layout.partitioned.then(|| match &b.node(value) {
             Ok(Node {
                 op: Op::ShardingConstraint { sharding },
@@ -175,6 +187,7 @@ impl Rewrite {
             processes: self.layout.processes,
             tag: self.tag,
             manual,
+            leader,
         };
         self.tag += 1;
         let id = b.push(op, &[value])?;
@@ -230,6 +243,18 @@ impl NodeRewrite for Rewrite {
                         },
                         &[x],
                     ),
+                    // one local group of several replicas and a sum: the first replica alone
+                    // sums with the other processes, an all-reduce inside the process spreads it
+                    Split::Spanning(g) if g.len() == 1 && g[0].len() > 1 && op == ReduceOp::Sum => {
+                        let all = Op::AllReduce {
+                            op,
+                            replica_groups: g,
+                        };
+                        let inner = b.push(all.clone(), &[x])?;
+                        let sum = ProcessCollective::AllReduce(op);
+                        let led = self.process_call_as(b, sum, inner, true)?;
+                        b.push(all, &[led])
+                    }
                     Split::Spanning(g) => {
                         let inner = Self::local(b, g, x, |replica_groups| Op::AllReduce {
                             op,
