@@ -1,9 +1,10 @@
 //! An all-reduce between processes, timed: one process of a run of several (launched with
 //! torchrun's variables and `NEURON_PC_STORE`, as `scripts/bench collectives` does), one cpu
-//! device each. For each size it records a step that is only `x.all_reduce(Sum)` of a device
-//! tensor of that many bytes of f32, runs it a few times to warm up, then times `--reps` steps
-//! one by one (launch to completion) and prints, on rank 0, one line per size:
-//! `RESULT <bytes> <median seconds>`. The sum is checked once per size.
+//! device each. For each size it records a step that is only `x = x.all_reduce(Sum)` of a
+//! device tensor of that many bytes of f32 (in place: the old buffer is donated, as a gradient
+//! bucket's is), runs it a few times to warm up, then times `--reps` steps one by one (launch
+//! to completion) and prints, on rank 0, one line per size: `RESULT <bytes> <median seconds>`.
+//! The sum is checked once per size.
 //!
 //! `bench_collectives [--sizes-mib 1,4,16,64,256] [--reps 10]`
 
@@ -37,18 +38,19 @@ fn main() -> anyhow::Result<()> {
         let n = mib * (1 << 20) / 4;
         // every process's value: rank + 1 everywhere, so the sum is world * (world + 1) / 2
         let host = HostTensor::from_slice(&vec![(rank + 1) as f32; n], &[n])?;
-        let x = device.tensor(&host)?;
+        let mut x = device.tensor(&host)?;
         let mut times = Vec::with_capacity(reps);
         for i in 0..reps + 3 {
             let started = Instant::now();
-            let y = x.all_reduce(Reduction::Sum)?;
+            // in place, as a gradient's reduction is: the old buffer is donated to the new value
+            x = x.all_reduce(Reduction::Sum)?;
             device.mark_step()?;
             device.synchronize()?;
             if i >= 3 {
                 times.push(started.elapsed().as_secs_f64());
             }
             if i == 0 {
-                let first = y.narrow(0, 0, 1)?.to_dtype(DType::F32)?.to_host()?;
+                let first = x.narrow(0, 0, 1)?.to_dtype(DType::F32)?.to_host()?;
                 let want = (world * (world + 1) / 2) as f32;
                 anyhow::ensure!(first.to_vec::<f32>()? == [want], "wrong sum {first:?}");
             }

@@ -418,7 +418,9 @@ unsafe extern "C" fn all_reduce(frame: *mut CallFrame) -> *mut FfiError {
                 out.fill(0);
                 return Ok(());
             }
-            std::ptr::copy(a.data, out.as_mut_ptr(), out.len());
+            if a.data != out.as_mut_ptr() {
+                std::ptr::copy_nonoverlapping(a.data, out.as_mut_ptr(), out.len());
+            }
             if skipping() {
                 return Ok(());
             }

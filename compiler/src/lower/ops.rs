@@ -67,11 +67,19 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
                 ProcessCollective::ReduceScatter { op, dim } => (op, dim),
             };
             // the handler reads and writes row-major buffers: XLA must not pick another layout
-            let layouts = format!(
+            let mut layouts = format!(
                 "operand_layouts = [{}], result_layouts = [{}]",
                 row_major(in_ty.map_or(0, TensorType::rank)),
                 row_major(node.ty.rank())
             );
+            // an all-reduce works in place: its result may reuse the operand's buffer (XLA
+            // copies the operand first only when something else still reads it)
+            if matches!(collective, ProcessCollective::AllReduce(_)) {
+                layouts.push_str(
+                    ", output_operand_aliases = [#stablehlo.output_operand_alias<\
+                     output_tuple_indices = [], operand_index = 0, operand_tuple_indices = []>]",
+                );
+            }
             let call = |arg: &str, sig: &str| {
                 format!(
                     "stablehlo.custom_call @{}({arg}) {{api_version = 4 : i32, backend_config = \
