@@ -1,8 +1,8 @@
 //! An all-reduce between processes, timed: one process of a run of several (launched with
 //! torchrun's variables and `NEURON_PC_STORE`, as `scripts/bench collectives` does), one cpu
-//! device each. For each size it records a step that is only `x = x.all_reduce(Sum)` of a
-//! device tensor of that many bytes of f32 (in place: the old buffer is donated, as a gradient
-//! bucket's is), runs it a few times to warm up, then times `--reps` steps one by one (launch
+//! device each. For each size it records a step that is only `x.assign(&x.all_reduce(Sum))` of a
+//! device tensor of that many bytes of f32 (in place, `assign`: the old buffer is donated, as a
+//! gradient bucket's would be), runs it a few times to warm up, then times `--reps` steps one by one (launch
 //! to completion) and prints, on rank 0, one line per size: `RESULT <bytes> <median seconds>`.
 //! The sum is checked once per size.
 //!
@@ -38,12 +38,13 @@ fn main() -> anyhow::Result<()> {
         let n = mib * (1 << 20) / 4;
         // every process's value: rank + 1 everywhere, so the sum is world * (world + 1) / 2
         let host = HostTensor::from_slice(&vec![(rank + 1) as f32; n], &[n])?;
-        let mut x = device.tensor(&host)?;
+        let x = device.tensor(&host)?;
         let mut times = Vec::with_capacity(reps);
         for i in 0..reps + 3 {
             let started = Instant::now();
-            // in place, as a gradient's reduction is: the old buffer is donated to the new value
-            x = x.all_reduce(Reduction::Sum)?;
+            // in place (`assign` donates the old buffer to the new value), as XLA reduces a
+            // gradient bucket the step has just computed
+            x.assign(&x.all_reduce(Reduction::Sum)?)?;
             device.mark_step()?;
             device.synchronize()?;
             if i >= 3 {

@@ -177,7 +177,7 @@ fn data_parallel_over_two_processes_of_two_replicas_matches_one_process_of_four(
         "dp",
         &[
             ("dp", &["--devices", "2"], true),
-            ("zero1", &["--devices", "2", "--zero1"], false),
+            ("zero1", &["--devices", "2", "--zero1"], true),
         ],
     );
 }
@@ -332,6 +332,55 @@ fn a_killed_rank_is_named_by_the_other_and_the_run_resumes_where_it_checkpointed
             .copied()
             .collect();
         assert_close(&format!("resumed rank {rank}"), &r.losses, &tail);
+    }
+    let _ = std::fs::remove_dir_all(cache);
+}
+
+#[test]
+fn a_batch_that_does_not_split_over_every_process_is_one_line_on_each_rank() {
+    let Some(etcd) = Etcd::start("bad") else {
+        return;
+    };
+    let cache = tmp("procs-bad");
+    for (name, flags, needle) in [
+        // 2 processes x 2 replicas: 4 replicas in the run
+        (
+            "replicas",
+            &["--devices", "2", "--batch-size", "6"][..],
+            "--batch-size 6 does not split over 4 replica(s)",
+        ),
+        // a mesh of 2 in each of 2 processes
+        (
+            "mesh",
+            &["--fsdp", "2", "--batch-size", "6"][..],
+            "--batch-size 6 does not split over --fsdp 2 x 2 processes",
+        ),
+    ] {
+        let mut all: Vec<&str> = vec!["--hidden", "32", "--intermediate", "64", "--steps", "2"];
+        all.extend(flags);
+        let port = free_port().to_string();
+        let children: Vec<_> = (0..2)
+            .map(|rank| {
+                let mut c = command(&cache, &all);
+                torchrun_env(&mut c, rank, 2, &format!("bad-{name}"), &port, &etcd);
+                // the error alone, without a backtrace
+                c.env_remove("RUST_BACKTRACE")
+                    .env_remove("RUST_LIB_BACKTRACE")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for (rank, child) in children.into_iter().enumerate() {
+            let out = child.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{name} rank {rank} ran");
+            let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+            assert_eq!(lines.len(), 1, "{name} rank {rank}: {err}");
+            assert!(lines[0].contains(needle), "{name} rank {rank}: {err}");
+        }
     }
     let _ = std::fs::remove_dir_all(cache);
 }
