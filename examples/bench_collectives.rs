@@ -1,10 +1,10 @@
 //! An all-reduce between processes, timed: one process of a run of several (launched with
 //! torchrun's variables and `NEURON_PC_STORE`, as `scripts/bench collectives` does), one cpu
-//! device each. For each size it records a step that is only `x.assign(&x.all_reduce(Sum))` of a
-//! device tensor of that many bytes of f32 (in place, `assign`: the old buffer is donated, as a
-//! gradient bucket's would be), runs it a few times to warm up, then times `--reps` steps one by one (launch
-//! to completion) and prints, on rank 0, one line per size: `RESULT <bytes> <median seconds>`.
-//! The sum is checked once per size.
+//! device each. For each size it records a step that is only `x.assign(&x.all_reduce(Sum))`
+//! of a device tensor of that many bytes of f32 (in place: `assign` donates the old buffer, as
+//! a gradient bucket's would be), runs it a few times to warm up, then times `--reps` steps one
+//! by one (launch to completion) and prints, on rank 0, one line per size:
+//! `RESULT <bytes> <median seconds>`. The sum is checked once per size.
 //!
 //! `bench_collectives [--sizes-mib 1,4,16,64,256] [--reps 10]`
 
