@@ -17,6 +17,7 @@ mod ops_random;
 mod ops_reduce;
 mod ops_scan;
 mod passes_autocast;
+mod passes_cross_process;
 mod passes_dce_cse;
 mod passes_device;
 mod passes_fold;
