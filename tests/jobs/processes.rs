@@ -384,3 +384,87 @@ fn a_batch_that_does_not_split_over_every_process_is_one_line_on_each_rank() {
     }
     let _ = std::fs::remove_dir_all(cache);
 }
+
+/// A copy of checkpoint directory `from` at `to` (each resume below starts from the same saves).
+fn copy_dir(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg("-r")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn checkpoints_move_between_two_processes_and_one_process_of_any_size() {
+    let Some(etcd) = Etcd::start("world") else {
+        return;
+    };
+    let cache = tmp("procs-world");
+    // 8 steps saved every 4, then resumed to 12: the warm-up is 10 steps whatever the run's
+    // length, so the first 8 are the same in a run of 8 and in one of 12
+    let save = |dir: &Path| {
+        [
+            "--ckpt-dir".to_string(),
+            dir.display().to_string(),
+            "--ckpt-every".into(),
+            "4".into(),
+        ]
+    };
+    let steps = ["--peak-matmul", "0", "--loss-log"];
+    let reference = alone(
+        &cache,
+        &[&steps[..], &["--devices", "4", "--steps", "12"]].concat(),
+    );
+    let check = |what: &str, r: &Run, dir: &Path| {
+        assert!(
+            r.stdout.contains(&format!(
+                "resumed from {}",
+                dir.join("step-00000008").display()
+            )),
+            "{what}: {}",
+            r.stdout
+        );
+        let tail: Vec<(u64, f64)> = reference.losses[8..].to_vec();
+        assert_close(what, &r.losses, &tail);
+    };
+    // saved by 2 processes (DP 2 x 2, DP 2 x TP 2), resumed by one of 4 devices and of 1
+    for (name, flags) in [("dp", ["--devices", "2"]), ("tp", ["--tp", "2"])] {
+        let dir = cache.join(format!("ckpt-{name}"));
+        let s = save(&dir);
+        let s: Vec<&str> = s.iter().map(String::as_str).collect();
+        let args = [&steps[..], &flags[..], &s[..], &["--steps", "8"]].concat();
+        launch(&etcd, &cache, &format!("world-{name}"), 2, &args, false);
+        for (target, devices) in [("4 devices", "4"), ("1 device", "1")] {
+            let copy = cache.join(format!("ckpt-{name}-{devices}"));
+            copy_dir(&dir, &copy);
+            let s = save(&copy);
+            let s: Vec<&str> = s.iter().map(String::as_str).collect();
+            let resume = ["--devices", devices, "--steps", "12", "--resume", "auto"];
+            let r = alone(&cache, &[&steps[..], &s[..], &resume[..]].concat());
+            check(&format!("2 x {name} -> 1 x {target}"), &r, &copy);
+        }
+    }
+    // saved by one process of 4 devices, resumed by 2 processes of 2
+    let dir = cache.join("ckpt-one");
+    let s = save(&dir);
+    let s: Vec<&str> = s.iter().map(String::as_str).collect();
+    alone(
+        &cache,
+        &[&steps[..], &s[..], &["--devices", "4", "--steps", "8"]].concat(),
+    );
+    let resume = ["--devices", "2", "--steps", "12", "--resume", "auto"];
+    let ranks = launch(
+        &etcd,
+        &cache,
+        "world-up",
+        2,
+        &[&steps[..], &s[..], &resume[..]].concat(),
+        false,
+    );
+    for (rank, r) in ranks.iter().enumerate() {
+        check(&format!("1 x 4 -> 2 x 2, rank {rank}"), r, &dir);
+    }
+    let _ = std::fs::remove_dir_all(cache);
+}
