@@ -385,6 +385,19 @@ fn a_batch_that_does_not_split_over_every_process_is_one_line_on_each_rank() {
     let _ = std::fs::remove_dir_all(cache);
 }
 
+/// The tensor names in a safetensors file's header.
+fn safetensors_names(path: &Path) -> Vec<String> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    header
+        .keys()
+        .filter(|k| *k != "__metadata__")
+        .cloned()
+        .collect()
+}
+
 /// A copy of checkpoint directory `from` at `to` (each resume below starts from the same saves).
 fn copy_dir(from: &Path, to: &Path) {
     let status = Command::new("cp")
@@ -429,13 +442,36 @@ fn checkpoints_move_between_two_processes_and_one_process_of_any_size() {
         let tail: Vec<(u64, f64)> = reference.losses[8..].to_vec();
         assert_close(what, &r.losses, &tail);
     };
-    // saved by 2 processes (DP 2 x 2, DP 2 x TP 2), resumed by one of 4 devices and of 1
-    for (name, flags) in [("dp", ["--devices", "2"]), ("tp", ["--tp", "2"])] {
+    // saved by 2 processes (DP 2 x 2, ZeRO-1 over the 4, DP 2 x TP 2), resumed by one of 4
+    // devices and of 1
+    for (name, flags) in [
+        ("dp", &["--devices", "2"][..]),
+        ("zero1", &["--devices", "2", "--zero1"][..]),
+        ("tp", &["--tp", "2"][..]),
+    ] {
         let dir = cache.join(format!("ckpt-{name}"));
         let s = save(&dir);
         let s: Vec<&str> = s.iter().map(String::as_str).collect();
-        let args = [&steps[..], &flags[..], &s[..], &["--steps", "8"]].concat();
+        let args = [&steps[..], flags, &s[..], &["--steps", "8"]].concat();
         launch(&etcd, &cache, &format!("world-{name}"), 2, &args, false);
+        if name == "zero1" {
+            // each rank wrote only its replicas' blocks of AdamW's moments (#0, #1 and #2, #3)
+            let step = dir.join("step-00000008");
+            for (rank, mine) in [(0, ["#0", "#1"]), (1, ["#2", "#3"])] {
+                let names = safetensors_names(
+                    &step.join(format!("rank-0000{rank}-model-00001-of-00001.safetensors")),
+                );
+                let moments: Vec<&String> =
+                    names.iter().filter(|n| n.contains(".exp_avg")).collect();
+                assert!(!moments.is_empty(), "rank {rank}: {names:?}");
+                for n in &moments {
+                    assert!(mine.iter().any(|m| n.ends_with(m)), "rank {rank} wrote {n}");
+                }
+                // the replicated parameters (and the step count) are rank 0's to write
+                let params = names.iter().filter(|n| !n.contains(".exp_avg")).count();
+                assert_eq!(params > 0, rank == 0, "rank {rank}: {names:?}");
+            }
+        }
         for (target, devices) in [("4 devices", "4"), ("1 device", "1")] {
             let copy = cache.join(format!("ckpt-{name}-{devices}"));
             copy_dir(&dir, &copy);
