@@ -336,6 +336,11 @@ impl Call {
         })
     }
 
+    /// A failure of gloo, with the ranks found gone ([`Groups::failure`]).
+    fn failed(&self, e: neuron_pc_gloo::Error) -> String {
+        self.groups.failure(e.to_string())
+    }
+
     fn value(&self) -> std::result::Result<(&BufferRef, &BufferRef), String> {
         match (self.args.first(), self.rets.first()) {
             (Some(a), Some(r)) => Ok((a, r)),
@@ -427,8 +432,8 @@ unsafe extern "C" fn all_reduce(frame: *mut CallFrame) -> *mut FfiError {
             let result = c.group()?.all_reduce(out, el, c.op, c.tag);
             match result {
                 Ok(()) => Ok(()),
-                Err(e) if c.leader => leader_failed(&c.groups.failure(e.to_string())),
-                Err(e) => Err(c.groups.failure(e.to_string())),
+                Err(e) if c.leader => leader_failed(&c.failed(e)),
+                Err(e) => Err(c.failed(e)),
             }
         })
     }
@@ -443,17 +448,21 @@ unsafe extern "C" fn all_gather(frame: *mut CallFrame) -> *mut FfiError {
             let (input, out) = (bytes(a, el), bytes(r, el));
             let group = c.group()?;
             let (outer, inner) = outer_inner(&a.dims, c.dim, el);
-            if outer <= 1 {
-                return group
-                    .all_gather(input, out, c.tag)
-                    .map_err(|e| c.groups.failure(e.to_string()));
+            if outer <= 1 && !skipping() {
+                return group.all_gather(input, out, c.tag).map_err(|e| c.failed(e));
             }
             // gathered whole per process, then each process's slices put in place
             let p = group.size();
             let mut all = vec![0u8; input.len() * p];
-            group
-                .all_gather(input, &mut all, c.tag)
-                .map_err(|e| c.groups.failure(e.to_string()))?;
+            if skipping() {
+                for block in all.chunks_exact_mut(input.len()) {
+                    block.copy_from_slice(input);
+                }
+            } else {
+                group
+                    .all_gather(input, &mut all, c.tag)
+                    .map_err(|e| c.failed(e))?;
+            }
             for (k, from) in all.chunks_exact(input.len()).enumerate() {
                 for o in 0..outer {
                     let to = (o * p + k) * inner;
@@ -498,7 +507,7 @@ unsafe extern "C" fn reduce_scatter(frame: *mut CallFrame) -> *mut FfiError {
             }
             group
                 .reduce_scatter(ordered, out, el, c.op, c.tag)
-                .map_err(|e| c.groups.failure(e.to_string()))
+                .map_err(|e| c.failed(e))
         })
     }
 }

@@ -132,27 +132,10 @@ impl LazyDevice {
     #[track_caller]
     pub fn shard(&self, host: &HostTensor) -> Result<Tensor> {
         let location = Location::caller();
-        if self.mesh().is_some() && self.global_replicas() > 1 {
-            let n = self.global_replicas();
-            let rows = host.dims().first().copied().unwrap_or(0);
-            if host.dims().is_empty() || !rows.is_multiple_of(n) {
-                return Err(Error::Placement {
-                    location,
-                    message: format!(
-                        "cannot split {}{:?} over {n} processes: the first dimension must \
-                         divide by the process count",
-                        host.dtype(),
-                        host.dims()
-                    ),
-                });
-            }
-            let mine = split_rows(host, n)?.swap_remove(self.replica_offset());
-            return self.shard_over_mesh(&mine, location);
-        }
-        if self.mesh().is_some() {
+        let n = self.global_replicas();
+        if self.mesh().is_some() && n == 1 {
             return self.shard_over_mesh(host, location);
         }
-        let n = self.global_replicas();
         let rows = host.dims().first().copied().unwrap_or(0);
         if host.dims().is_empty() || !rows.is_multiple_of(n) {
             return Err(Error::Placement {
@@ -164,6 +147,11 @@ impl LazyDevice {
                     host.dims()
                 ),
             });
+        }
+        if self.mesh().is_some() {
+            // the processes are the replicas: this process's mesh takes its block
+            let mine = split_rows(host, n)?.swap_remove(self.replica_offset());
+            return self.shard_over_mesh(&mine, location);
         }
         let mut blocks = split_rows(host, n)?;
         let mine = self.replica_offset()..self.replica_offset() + self.replicas();

@@ -3,9 +3,11 @@
 //! A missing server (no `scripts/setup`) panics with the fix: these are test helpers.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+
+use crate::launch::free_port;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -44,13 +46,6 @@ pub fn repo_root() -> PathBuf {
     here.parent()
         .expect("test-support/ has a parent")
         .to_path_buf()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 /// A server of its own (for a test that stops it).

@@ -8,20 +8,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use neuron_pc::store::{self, KvStore, StoreUrl};
+use neuron_pc_test_support::launch::free_port;
 
 /// A running etcd; dropping it stops it (SIGTERM, SIGKILL after 10 s) and removes its data.
 pub struct Etcd {
     child: Child,
     dir: PathBuf,
     pub url: String,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn etcd_binary() -> Option<PathBuf> {

@@ -14,6 +14,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
+use neuron_pc_test_support::launch::free_port;
 use neuron_pc_test_support::s3 as server;
 
 /// Every variable `--shard auto` reads, removed from the commands a test starts unless given.
@@ -244,14 +245,6 @@ pub(crate) struct Slurm {
     slurmd: Option<Daemon>,
     slurmctld: Option<Daemon>,
     munged: Option<Daemon>,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Polls `ready` every 200 ms until it holds or `secs` pass.

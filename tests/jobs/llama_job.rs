@@ -88,15 +88,28 @@ pub fn mean(losses: &[(u64, f64)]) -> f64 {
 
 /// `neuron-pc compile --json -- train_llama SMALL.. args..` into `cache`: its report.
 pub fn precompile(cache: &Path, args: &[&str]) -> serde_json::Value {
+    precompile_with(cache, &[], args)
+}
+
+/// [`precompile`] with `flags` of `neuron-pc compile` itself (`--world-size 2`). The trial
+/// sees no launcher's variables and no store but those the flags give it.
+pub fn precompile_with(cache: &Path, flags: &[&str], args: &[&str]) -> serde_json::Value {
     let job = job();
-    let mut trial: Vec<&str> = vec!["compile", "--json", "--", job.to_str().unwrap()];
+    let mut trial: Vec<&str> = vec!["compile", "--json"];
+    trial.extend(flags);
+    trial.extend(["--", job.to_str().unwrap()]);
     trial.extend(SMALL);
     trial.extend(args);
-    let out = Command::new(env!("CARGO_BIN_EXE_neuron-pc"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_neuron-pc"));
+    for v in LAUNCHER_VARS {
+        c.env_remove(v);
+    }
+    let out = c
         .args(&trial)
         .env("NEURON_COMPILE_CACHE_URL", cache)
         .env_remove("NEURON_CC_FLAGS")
         .env_remove("NEURON_PC_DEVICES")
+        .env_remove("NEURON_PC_STORE")
         .output()
         .unwrap();
     assert!(
@@ -106,6 +119,16 @@ pub fn precompile(cache: &Path, args: &[&str]) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }
+
+/// A launcher's variables, which a job started by a test must not inherit from the test's own
+/// environment (the tests may run under torchrun or Slurm).
+pub const LAUNCHER_VARS: &[&str] = &[
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "SLURM_PROCID",
+];
 
 /// Fails with one line on stderr naming `needle`.
 pub fn fails_with(cache: &Path, args: &[&str], needle: &str) {

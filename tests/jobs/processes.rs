@@ -4,62 +4,34 @@
 //! of 4 devices on the same global batch.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+
+use neuron_pc_test_support::launch::{free_port, torchrun_vars};
 
 use crate::etcd_support::Etcd;
 use crate::llama_job::{self, command, tmp, Run, SMALL};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// `train_llama SMALL.. args..` as `world` processes of one machine, each given what torchrun
-/// gives its workers (run `run`, attempt 0), the run's store at `etcd`.
-/// With `skip`, the collectives between processes leave the other processes out (test hook).
-fn launch(
+/// `train_llama all..` as `world` processes of one machine, each given what torchrun gives its
+/// workers (run `run`, restart count `attempt`), the run's store at `etcd`; their output piped,
+/// their errors without backtraces, as a user sees them. With `skip`, the collectives between
+/// processes leave the other processes out (a test hook).
+fn spawn_ranks(
     etcd: &Etcd,
     cache: &Path,
     run: &str,
-    world: usize,
-    args: &[&str],
-    skip: bool,
-) -> Vec<Run> {
-    launch_with(etcd, cache, run, 0, world, args, skip)
-}
-
-/// [`launch`] as attempt `attempt` of run `run` (torchrun's restart count).
-fn launch_attempt(
-    etcd: &Etcd,
-    cache: &Path,
-    run: &str,
-    attempt: usize,
-    world: usize,
-    args: &[&str],
-) -> Vec<Run> {
-    launch_with(etcd, cache, run, attempt, world, args, false)
-}
-
-fn launch_with(
-    etcd: &Etcd,
-    cache: &Path,
-    run: &str,
-    attempt: usize,
-    world: usize,
-    args: &[&str],
-    skip: bool,
-) -> Vec<Run> {
-    let mut all: Vec<&str> = SMALL.to_vec();
-    all.extend(args);
-    let port = free_port().to_string();
-    let children: Vec<_> = (0..world)
+    (world, attempt, skip): (usize, usize, bool),
+    all: &[&str],
+) -> Vec<Child> {
+    let port = free_port();
+    (0..world)
         .map(|rank| {
-            let mut c = command(cache, &all);
-            torchrun_env(&mut c, rank, world, run, &port, etcd);
-            c.env("TORCHELASTIC_RESTART_COUNT", attempt.to_string());
+            let mut c = command(cache, all);
+            c.envs(torchrun_vars(rank, world, run, port))
+                .env("TORCHELASTIC_RESTART_COUNT", attempt.to_string())
+                .env("NEURON_PC_STORE", &etcd.url)
+                .env_remove("NEURON_PC_RUN_ID")
+                .env_remove("RUST_BACKTRACE")
+                .env_remove("RUST_LIB_BACKTRACE");
             if skip {
                 c.env(neuron_pc::collectives::SKIP_ENV, "1");
             }
@@ -69,37 +41,35 @@ fn launch_with(
                 .spawn()
                 .unwrap()
         })
-        .collect();
-    children
-        .into_iter()
-        .map(|c| llama_job::parse_output(c.wait_with_output().unwrap(), &all))
         .collect()
 }
 
-/// What torchrun gives worker `rank` of `world` on one node (run `run`, attempt 0), the
-/// run's store at `etcd`.
-fn torchrun_env(c: &mut Command, rank: usize, world: usize, run: &str, port: &str, etcd: &Etcd) {
-    let (rank, world) = (rank.to_string(), world.to_string());
-    for (k, v) in [
-        ("RANK", rank.as_str()),
-        ("LOCAL_RANK", &rank),
-        ("ROLE_RANK", &rank),
-        ("WORLD_SIZE", &world),
-        ("LOCAL_WORLD_SIZE", &world),
-        ("ROLE_WORLD_SIZE", &world),
-        ("GROUP_RANK", "0"),
-        ("GROUP_WORLD_SIZE", "1"),
-        ("ROLE_NAME", "default"),
-        ("MASTER_ADDR", "127.0.0.1"),
-        ("MASTER_PORT", port),
-        ("TORCHELASTIC_RUN_ID", run),
-        ("TORCHELASTIC_RESTART_COUNT", "0"),
-        ("TORCHELASTIC_MAX_RESTARTS", "0"),
-        ("NEURON_PC_STORE", &etcd.url),
-    ] {
-        c.env(k, v);
-    }
-    c.env_remove("NEURON_PC_RUN_ID");
+/// `train_llama SMALL.. args..` as `world` ranks ([`spawn_ranks`], attempt 0), each of which
+/// must succeed.
+fn launch(
+    etcd: &Etcd,
+    cache: &Path,
+    run: &str,
+    world: usize,
+    args: &[&str],
+    skip: bool,
+) -> Vec<Run> {
+    launch_attempt(etcd, cache, run, (world, 0, skip), args)
+}
+
+/// [`launch`] as `(world, attempt, skip)`.
+fn launch_attempt(
+    etcd: &Etcd,
+    cache: &Path,
+    run: &str,
+    how: (usize, usize, bool),
+    args: &[&str],
+) -> Vec<Run> {
+    let all = [SMALL, args].concat();
+    spawn_ranks(etcd, cache, run, how, &all)
+        .into_iter()
+        .map(|c| llama_job::parse_output(c.wait_with_output().unwrap(), &all))
+        .collect()
 }
 
 fn alone(cache: &Path, args: &[&str]) -> Run {
@@ -110,14 +80,8 @@ fn alone(cache: &Path, args: &[&str]) -> Run {
 
 /// A command that sees no launcher's variables (the test process may run under one).
 fn single(mut c: Command) -> Command {
-    for k in [
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "SLURM_PROCID",
-    ] {
-        c.env_remove(k);
+    for v in llama_job::LAUNCHER_VARS {
+        c.env_remove(v);
     }
     c
 }
@@ -195,32 +159,7 @@ fn a_mesh_in_each_of_two_processes_matches_one_process_of_four() {
 
 /// `neuron-pc compile --world-size N --json -- train_llama SMALL.. args..` into `cache`.
 fn precompile(cache: &Path, world: usize, args: &[&str]) -> serde_json::Value {
-    let job = llama_job::job();
-    let world = world.to_string();
-    let mut all = vec![
-        "compile",
-        "--json",
-        "--world-size",
-        &world,
-        "--",
-        job.to_str().unwrap(),
-    ];
-    all.extend(SMALL);
-    all.extend(args);
-    let out = single(Command::new(env!("CARGO_BIN_EXE_neuron-pc")))
-        .args(&all)
-        .env("NEURON_COMPILE_CACHE_URL", cache)
-        .env_remove("NEURON_CC_FLAGS")
-        .env_remove("NEURON_PC_DEVICES")
-        .env_remove("NEURON_PC_STORE")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    llama_job::precompile_with(cache, &["--world-size", &world.to_string()], args)
 }
 
 #[test]
@@ -264,18 +203,7 @@ fn a_killed_rank_is_named_by_the_other_and_the_run_resumes_where_it_checkpointed
     // killed long before its end; the first 10 steps are the warm-up, the same whatever the
     // run's length, so the resumed run of 14 steps below continues the same trajectory
     all.extend(["--steps", "100000"]);
-    let port = free_port().to_string();
-    let mut ranks: Vec<_> = (0..2)
-        .map(|rank| {
-            let mut c = command(&cache, &all);
-            torchrun_env(&mut c, rank, 2, "kill", &port, &etcd);
-            c.stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let mut ranks = spawn_ranks(&etcd, &cache, "kill", (2, 0, false), &all);
     // rank 1 is killed once it has passed the second checkpoint
     let out1 = BufReader::new(ranks[1].stdout.take().unwrap());
     for line in out1.lines() {
@@ -301,7 +229,7 @@ fn a_killed_rank_is_named_by_the_other_and_the_run_resumes_where_it_checkpointed
     // a new attempt of the run (torchrun's restart count 1) resumes from the newest checkpoint
     let steps = ["--steps", "14", "--resume", "auto"];
     let args = [&base[..], &ckpt_args[..], &steps[..]].concat();
-    let resumed = launch_attempt(&etcd, &cache, "kill", 1, 2, &args);
+    let resumed = launch_attempt(&etcd, &cache, "kill", (2, 1, false), &args);
     let reference = alone(
         &cache,
         &[
@@ -358,22 +286,8 @@ fn a_batch_that_does_not_split_over_every_process_is_one_line_on_each_rank() {
     ] {
         let mut all: Vec<&str> = vec!["--hidden", "32", "--intermediate", "64", "--steps", "2"];
         all.extend(flags);
-        let port = free_port().to_string();
-        let children: Vec<_> = (0..2)
-            .map(|rank| {
-                let mut c = command(&cache, &all);
-                torchrun_env(&mut c, rank, 2, &format!("bad-{name}"), &port, &etcd);
-                // the error alone, without a backtrace
-                c.env_remove("RUST_BACKTRACE")
-                    .env_remove("RUST_LIB_BACKTRACE")
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        for (rank, child) in children.into_iter().enumerate() {
+        let ranks = spawn_ranks(&etcd, &cache, &format!("bad-{name}"), (2, 0, false), &all);
+        for (rank, child) in ranks.into_iter().enumerate() {
             let out = child.wait_with_output().unwrap();
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(!out.status.success(), "{name} rank {rank} ran");

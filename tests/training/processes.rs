@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use neuron_pc::tensor::Reduction;
 use neuron_pc::topology::Topology;
 use neuron_pc::{DType, HostTensor, LazyDevice, Tensor};
+use neuron_pc_test_support::launch::{free_port, torchrun_vars};
 
 use crate::common::config;
 use crate::etcd_support::Etcd;
@@ -97,18 +98,13 @@ fn every_collective_over_two_processes_matches_one_process() {
         .unwrap(),
         0,
     );
+    let port = free_port();
     let ranks: Vec<_> = (0..2)
         .map(|rank| {
-            let rank = rank.to_string();
             Command::new(std::env::current_exe().unwrap())
                 .args([TEST, "--exact", "--test-threads", "1", "--nocapture"])
-                .env(RANK_ENV, &rank)
-                .envs([("RANK", rank.as_str()), ("LOCAL_RANK", &rank)])
-                .envs([("WORLD_SIZE", "2"), ("LOCAL_WORLD_SIZE", "2")])
-                .envs([
-                    ("MASTER_ADDR", "127.0.0.1"),
-                    ("TORCHELASTIC_RUN_ID", "collectives"),
-                ])
+                .env(RANK_ENV, rank.to_string())
+                .envs(torchrun_vars(rank, 2, "collectives", port))
                 .env("NEURON_PC_STORE", &etcd.url)
                 .env_remove("NEURON_PC_RUN_ID")
                 .stdin(Stdio::null())

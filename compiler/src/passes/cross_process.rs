@@ -54,10 +54,10 @@ pub fn cross_process(graph: &Graph, layout: ProcessLayout) -> Result<Graph> {
     }
     for node in graph.nodes() {
         if let Op::Scan { body, .. } = &node.op {
-            if body.graph.nodes().iter().any(is_collective) {
-                return Err(unsupported(
-                    "a collective inside a scanned loop body of a multi-process cpu run".into(),
-                ));
+            if body.graph.nodes().iter().any(rewritten) {
+                let what = "a collective or replica index inside a scanned loop body of a \
+                            multi-process cpu run";
+                return Err(unsupported(what.into()));
             }
         }
     }
@@ -69,7 +69,8 @@ pub fn cross_process(graph: &Graph, layout: ProcessLayout) -> Result<Graph> {
     rebuild(graph, None, false, &mut rw)
 }
 
-fn is_collective(n: &Node) -> bool {
+/// Whether the rewrite changes `n` (a collective, or the replica index).
+fn rewritten(n: &Node) -> bool {
     matches!(
         n.op,
         Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } | Op::ReplicaId
@@ -155,16 +156,8 @@ struct Rewrite {
 }
 
 impl Rewrite {
+    /// The call between processes of `value`, after the previous one (see [`Op::After`]).
     fn process_call(
-        &mut self,
-        b: &mut Builder,
-        collective: ProcessCollective,
-        value: NodeId,
-    ) -> Result<NodeId> {
-        self.process_call_as(b, collective, value, false)
-    }
-
-    fn process_call_as(
         &mut self,
         b: &mut Builder,
         collective: ProcessCollective,
@@ -252,7 +245,7 @@ impl NodeRewrite for Rewrite {
                         };
                         let inner = b.push(all.clone(), &[x])?;
                         let sum = ProcessCollective::AllReduce(op);
-                        let led = self.process_call_as(b, sum, inner, true)?;
+                        let led = self.process_call(b, sum, inner, true)?;
                         b.push(all, &[led])
                     }
                     Split::Spanning(g) => {
@@ -260,7 +253,7 @@ impl NodeRewrite for Rewrite {
                             op,
                             replica_groups,
                         })?;
-                        self.process_call(b, ProcessCollective::AllReduce(op), inner)
+                        self.process_call(b, ProcessCollective::AllReduce(op), inner, false)
                     }
                 }
             }
@@ -282,7 +275,7 @@ impl NodeRewrite for Rewrite {
                             dim,
                             replica_groups,
                         })?;
-                        self.process_call(b, ProcessCollective::AllGather { dim }, inner)
+                        self.process_call(b, ProcessCollective::AllGather { dim }, inner, false)
                     }
                 }
             }
@@ -302,8 +295,12 @@ impl NodeRewrite for Rewrite {
                         &[x],
                     ),
                     Split::Spanning(g) => {
-                        let outer =
-                            self.process_call(b, ProcessCollective::ReduceScatter { op, dim }, x)?;
+                        let outer = self.process_call(
+                            b,
+                            ProcessCollective::ReduceScatter { op, dim },
+                            x,
+                            false,
+                        )?;
                         Self::local(b, g, outer, |replica_groups| Op::ReduceScatter {
                             op,
                             dim,
