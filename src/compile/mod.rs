@@ -186,11 +186,14 @@ impl Compiler {
     /// A compiler for `client` under `flags`, storing into `cache` (none: memory only).
     pub fn new(client: Client, flags: CompilerFlags, cache: Option<Cache>) -> Result<Compiler> {
         let identity = CompilerIdentity::of(&client)?;
-        // a program of several cpu processes calls the gloo handlers: they must be known to
-        // XLA before it compiles one (here, in a trial run's compile workers, in `cache check`)
+        // A program of several cpu processes calls the gloo handlers: they must be known to
+        // XLA before it compiles or loads one (here, in a trial run's compile workers, in
+        // `cache check`). A plugin that cannot take them (no FFI extension: another cpu
+        // plugin) still serves every program of one process; a run of several processes
+        // registers them again when it opens its device, and stops there with the reason.
         #[cfg(feature = "gloo")]
-        if client.platform_name() == "cpu" {
-            crate::collectives::register(client.plugin())?;
+        if client.platform_name() == "cpu" && client.plugin().has_ffi() {
+            let _ = crate::collectives::register(client.plugin());
         }
         Ok(Compiler {
             options: neuron_pc_compiler::passes::compile_options(&flags),
@@ -254,6 +257,8 @@ impl Compiler {
     /// Lowers every program recorded over `processes` processes of this one's replicas for
     /// this process alone, its collectives between processes made custom calls (the cpu
     /// target's multi-process runs; see `collectives`, with the `gloo` feature).
+    /// Call it after [`Compiler::with_replicas`] or [`Compiler::with_partitions`]: the layout
+    /// is read from them.
     pub fn with_processes(mut self, processes: usize) -> Compiler {
         self.processes = (processes > 1).then(|| ProcessLayout {
             processes,

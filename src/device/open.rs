@@ -95,9 +95,13 @@ impl LazyDevice {
             .named
             .extend(crate::distributed::allocator_options(target, shared)?);
         let plugin = Plugin::load(&find_plugin(target)?)?;
-        // cpu, several processes: collectives between them are custom calls into gloo (their
-        // handlers registered by `Compiler::new`)
+        // cpu, several processes: collectives between them are custom calls into gloo, whose
+        // handlers XLA must know before the first compile (a plugin without the FFI extension
+        // stops here with one line)
         let gloo = target == Target::Cpu && config.topology.is_multi_process();
+        if gloo {
+            register_collectives(&plugin)?;
+        }
         let client = Client::new(&plugin, &options)?;
         if last > client.device_count() && !config.mesh.is_empty() {
             let axes: Vec<String> = config
@@ -206,6 +210,11 @@ impl LazyDevice {
 }
 
 #[cfg(feature = "gloo")]
+fn register_collectives(plugin: &Plugin) -> Result<()> {
+    crate::collectives::register(plugin)
+}
+
+#[cfg(feature = "gloo")]
 fn connect_collectives(
     topology: &crate::topology::Topology,
     first_device: usize,
@@ -223,6 +232,11 @@ fn connect_collectives(
 
 // Without gloo a multi-process cpu run was refused before the plugin loaded (`check_launch`),
 // except in extract mode, which runs nothing.
+#[cfg(not(feature = "gloo"))]
+fn register_collectives(_: &Plugin) -> Result<()> {
+    Ok(())
+}
+
 #[cfg(not(feature = "gloo"))]
 fn connect_collectives(_: &crate::topology::Topology, _: usize, _: usize) -> Result<()> {
     Ok(())
