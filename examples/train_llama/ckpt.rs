@@ -4,7 +4,6 @@
 use anyhow::{bail, Context};
 use neuron_pc::models::llama::LlamaForCausalLM;
 use neuron_pc::optim::AdamW;
-use neuron_pc::state;
 use neuron_pc::state::{CheckpointOptions, Checkpoints};
 
 use crate::Args;
@@ -46,37 +45,73 @@ pub fn resume(
     let (Some(ckpts), Some(which)) = (ckpts, which) else {
         return Ok(0);
     };
-    if which == "auto" {
-        return match ckpts.resume(model, opt)? {
-            Some(r) => {
-                println!("resumed from {} at step {}", r.location, r.checkpoint.step);
-                Ok(r.checkpoint.step)
-            }
+    let before = memory::start();
+    let resumed = if which == "auto" {
+        match ckpts.resume(model, opt)? {
+            Some(r) => r,
             None => {
                 println!(
                     "no checkpoint in {} yet: starting at step 0",
                     ckpts.describe()
                 );
-                Ok(0)
+                return Ok(0);
             }
+        }
+    } else {
+        let all = ckpts.list()?;
+        let Some(info) = all.iter().find(|c| c.name == which) else {
+            let names: Vec<&str> = all.iter().map(|c| c.name.as_str()).collect();
+            bail!(
+                "--resume {which}: no complete checkpoint of that name in {} (there are: {})",
+                ckpts.describe(),
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            );
         };
-    }
-    let all = ckpts.list()?;
-    let Some(info) = all.iter().find(|c| c.name == which) else {
-        let names: Vec<&str> = all.iter().map(|c| c.name.as_str()).collect();
-        bail!(
-            "--resume {which}: no complete checkpoint of that name in {} (there are: {})",
-            ckpts.describe(),
-            if names.is_empty() {
-                "none".to_string()
-            } else {
-                names.join(", ")
-            }
-        );
+        ckpts.resume_from(info, model, opt)?
     };
-    let sd = ckpts.load(info)?;
-    let path = std::path::PathBuf::from(format!("{}/{}", ckpts.describe(), info.name));
-    state::load_training(model, opt, &sd, &path)?;
-    println!("resumed from {} at step {}", path.display(), info.step);
-    Ok(info.step)
+    println!(
+        "resumed from {} at step {}",
+        resumed.location, resumed.checkpoint.step
+    );
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let grew = match (before, memory::peak_kib()) {
+        (Some(b), Some(peak)) => format!(
+            "; resident memory at most {:.1} MiB above the {:.1} MiB before",
+            peak.saturating_sub(b) as f64 / 1024.0,
+            b as f64 / 1024.0
+        ),
+        _ => String::new(),
+    };
+    println!(
+        "resume read {:.3} MiB of the checkpoint's {:.3} MiB ({:.1}%){grew}",
+        mib(resumed.read_bytes),
+        mib(resumed.state_bytes),
+        100.0 * resumed.read_bytes as f64 / resumed.state_bytes.max(1) as f64
+    );
+    Ok(resumed.checkpoint.step)
+}
+
+/// The resident memory a resume adds, on Linux: the kernel's high-water mark (`VmHWM`) is
+/// reset before it (`/proc/self/clear_refs`) and read after.
+mod memory {
+    fn status_kib(field: &str) -> Option<u64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with(field))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// Resets the high-water mark; the resident memory now, in KiB.
+    pub fn start() -> Option<u64> {
+        std::fs::write("/proc/self/clear_refs", "5").ok()?;
+        status_kib("VmRSS:")
+    }
+
+    /// The most resident memory since [`start`], in KiB.
+    pub fn peak_kib() -> Option<u64> {
+        status_kib("VmHWM:")
+    }
 }

@@ -160,6 +160,29 @@ impl Location {
         }
     }
 
+    /// Bytes `from..from + len` of object `name`: what a resume reads of a checkpoint's file
+    /// (one chunk). A missing object or one too short is an error.
+    pub(crate) fn get_range(&self, name: &str, from: u64, len: usize) -> Result<Vec<u8>> {
+        match self {
+            Location::Local(root) => {
+                use std::io::{Read, Seek, SeekFrom};
+                let path = root.join(name);
+                let read = || -> std::io::Result<Vec<u8>> {
+                    let mut f = std::fs::File::open(&path)?;
+                    f.seek(SeekFrom::Start(from))?;
+                    let mut out = vec![0u8; len];
+                    f.read_exact(&mut out)?;
+                    Ok(out)
+                };
+                read().map_err(|source| CheckpointError::Io { path, source })
+            }
+            #[cfg(feature = "s3")]
+            Location::S3 { store, parts } => store
+                .get_range_large(name, from..from + len as u64, parts)
+                .map_err(|e| self.error(name, e)),
+        }
+    }
+
     /// Every object's name (files below the root, one directory level deep), sorted. Writers'
     /// temporary files are not objects.
     pub(crate) fn list(&self) -> Result<Vec<String>> {
@@ -179,9 +202,11 @@ impl Location {
         }
     }
 
-    /// Deletes object `name` (a missing one is not an error); locally, its directory too once
-    /// it is empty.
-    pub(crate) fn delete(&self, name: &str) -> Result<()> {
+    /// Deletes object `name` (a missing one is not an error); locally, with `tidy`, its
+    /// directory too once it is empty. Not while a save may be writing into that directory:
+    /// another rank's `create_dir_all` and its file's creation would have the directory removed
+    /// between them.
+    pub(crate) fn delete(&self, name: &str, tidy: bool) -> Result<()> {
         match self {
             Location::Local(root) => {
                 let path = root.join(name);
@@ -190,7 +215,7 @@ impl Location {
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                     Err(source) => return Err(CheckpointError::Io { path, source }),
                 }
-                if let Some(dir) = path.parent().filter(|d| *d != root.as_path()) {
+                if let Some(dir) = path.parent().filter(|d| tidy && *d != root.as_path()) {
                     // Fails while other files remain: that is the point.
                     let _ = std::fs::remove_dir(dir);
                 }
@@ -198,6 +223,7 @@ impl Location {
             }
             #[cfg(feature = "s3")]
             Location::S3 { store, parts } => {
+                let _ = tidy; // S3 has no directories
                 retried(&format!("DELETE {name}"), parts, || store.delete(name))
                     .map_err(|e| self.error(name, e))
             }

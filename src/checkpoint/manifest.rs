@@ -50,6 +50,10 @@ pub(crate) struct FileEntry {
 /// element `start` of the tensor (flattened, row-major: a ZeRO-1 block), or, with `block`, the
 /// box of the tensor at `block.offset` of shape `block.shape` (a mesh device's block of a
 /// sharded parameter; `len` is its element count, `start` 0).
+///
+/// `at` and `sha256` (written since checkpoints are read chunk by chunk; absent in older ones)
+/// say where the chunk's bytes are in the file (from its first byte) and their SHA-256, so a
+/// reader fetches and checks only the chunks it needs.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Chunk {
     pub file: String,
@@ -58,6 +62,17 @@ pub(crate) struct Chunk {
     pub len: usize,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block: Option<Block>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+impl Chunk {
+    /// Whether a reader can fetch this chunk alone: its place in the file and digest are known.
+    pub(crate) fn addressable(&self) -> bool {
+        self.at.is_some() && self.sha256.is_some()
+    }
 }
 
 /// A box of a tensor: its first element's index along each dimension, and its shape.
@@ -77,7 +92,7 @@ impl Block {
 
     /// Copies `src` (the box's elements, row-major, `size` bytes each) into `dst`, a whole
     /// tensor of shape `dims`: one contiguous run per row of the box's last dimension.
-    fn scatter(&self, dims: &[usize], size: usize, src: &[u8], dst: &mut [u8]) {
+    pub(crate) fn scatter(&self, dims: &[usize], size: usize, src: &[u8], dst: &mut [u8]) {
         let rank = dims.len();
         if rank == 0 {
             dst[..size].copy_from_slice(&src[..size]);
@@ -120,6 +135,10 @@ pub(crate) struct Manifest {
     pub step: u64,
     /// The processes that wrote it.
     pub processes: usize,
+    /// A run of several processes: the save's nonce, agreed by the ranks before they write
+    /// their parts, so rank 0 never merges a part an earlier (killed) save left behind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonce: Option<String>,
     pub metadata: BTreeMap<String, String>,
     pub files: BTreeMap<String, FileEntry>,
     pub tensors: BTreeMap<String, TensorEntry>,
@@ -132,6 +151,7 @@ impl Manifest {
             version: VERSION,
             step,
             processes,
+            nonce: None,
             metadata,
             files: BTreeMap::new(),
             tensors: BTreeMap::new(),
@@ -292,7 +312,7 @@ pub(crate) fn dtype_name(d: DType) -> String {
     d.to_string()
 }
 
-fn parse_dtype(s: &str) -> Option<DType> {
+pub(crate) fn parse_dtype(s: &str) -> Option<DType> {
     DType::ALL.into_iter().find(|d| d.to_string() == s)
 }
 
@@ -332,6 +352,8 @@ mod tests {
             start,
             len,
             block: None,
+            at: None,
+            sha256: None,
         };
         m.tensors.insert(
             "w".into(),

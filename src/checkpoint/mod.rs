@@ -208,34 +208,47 @@ impl StateDict {
         expected: &BTreeMap<String, (DType, Vec<usize>)>,
         optional_prefix: Option<&str>,
     ) -> Result<()> {
-        let mut problems = Vec::new();
-        for (name, (dtype, dims)) in expected {
-            match self.tensors.get(name) {
-                None if optional_prefix.is_some_and(|p| name.starts_with(p)) => {}
-                None => problems.push(format!("  missing: {name} ({dtype}{dims:?})")),
-                Some(t) if t.dtype() != *dtype || t.dims() != dims.as_slice() => {
-                    problems.push(format!(
-                        "  {name}: file has {}{:?}, model expects {dtype}{dims:?}",
-                        t.dtype(),
-                        t.dims()
-                    ))
-                }
-                Some(_) => {}
-            }
+        let have = self
+            .tensors
+            .iter()
+            .map(|(n, t)| (n.clone(), (t.dtype(), t.dims().to_vec())))
+            .collect();
+        check_types(path, &have, expected, optional_prefix)
+    }
+}
+
+/// Checks that `have` (name → dtype and shape, what a file holds) is exactly `expected`, and
+/// lists every missing, unexpected or mismatched tensor; names under `optional_prefix` may be
+/// missing.
+pub(crate) fn check_types(
+    path: &Path,
+    have: &BTreeMap<String, (DType, Vec<usize>)>,
+    expected: &BTreeMap<String, (DType, Vec<usize>)>,
+    optional_prefix: Option<&str>,
+) -> Result<()> {
+    let mut problems = Vec::new();
+    for (name, (dtype, dims)) in expected {
+        match have.get(name) {
+            None if optional_prefix.is_some_and(|p| name.starts_with(p)) => {}
+            None => problems.push(format!("  missing: {name} ({dtype}{dims:?})")),
+            Some((d, s)) if d != dtype || s != dims => problems.push(format!(
+                "  {name}: file has {d}{s:?}, model expects {dtype}{dims:?}"
+            )),
+            Some(_) => {}
         }
-        for name in self.tensors.keys() {
-            if !expected.contains_key(name) {
-                problems.push(format!("  unexpected: {name}"));
-            }
+    }
+    for name in have.keys() {
+        if !expected.contains_key(name) {
+            problems.push(format!("  unexpected: {name}"));
         }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(CheckpointError::Mismatch {
-                path: path.to_path_buf(),
-                problems,
-            })
-        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(CheckpointError::Mismatch {
+            path: path.to_path_buf(),
+            problems,
+        })
     }
 }
 

@@ -68,6 +68,11 @@ pub struct Resumed {
     pub checkpoint: CheckpointInfo,
     /// Where it is, for messages (`/ckpt/step-00000100`, `s3://bucket/run/step-00000100`).
     pub location: String,
+    /// Bytes of tensor data this process read: less than [`Resumed::state_bytes`] where it
+    /// needs only some of the state (its ZeRO-1 blocks of the optimizer's moments).
+    pub read_bytes: u64,
+    /// Bytes of tensor data in the checkpoint.
+    pub state_bytes: u64,
 }
 
 /// A save on its way.
@@ -113,6 +118,10 @@ pub struct Checkpoints {
     location: Arc<Location>,
     options: CheckpointOptions,
     pending: Option<Pending>,
+    /// A run of several processes: this attempt's nonce (agreed at the first save; `None`
+    /// inside when there is none to agree on) and the saves made so far.
+    nonce: Option<Option<String>>,
+    saves: u64,
 }
 
 impl Checkpoints {
@@ -128,6 +137,8 @@ impl Checkpoints {
             location: Arc::new(Location::open(spec, &options.parts, options.s3.as_ref())?),
             options,
             pending: None,
+            nonce: None,
+            saves: 0,
         })
     }
 
@@ -155,7 +166,19 @@ impl Checkpoints {
         if let Err(e) = self.wait() {
             tracing::warn!("{e}");
         }
-        let snapshot = Snapshot::take(module, opt, step)?;
+        let mut snapshot = Snapshot::take(module, opt, step)?;
+        if snapshot.processes > 1 {
+            self.saves += 1;
+            let attempt = match &self.nonce {
+                Some(n) => n.clone(),
+                None => {
+                    let n = attempt_nonce(snapshot.rank, snapshot.processes, &self.options)?;
+                    self.nonce = Some(n.clone());
+                    n
+                }
+            };
+            snapshot.nonce = attempt.map(|a| format!("{a}.{}", self.saves));
+        }
         let location = self.location.clone();
         let options = self.options.clone();
         if !self.options.background {
@@ -230,14 +253,19 @@ impl Checkpoints {
         let mut failed = Vec::new();
         for info in all.iter().rev() {
             let path = self.location.display_path(&info.name);
-            match self.load(info) {
-                Ok(sd) => {
-                    crate::state::load_training(module, opt, &sd, &path)?;
+            match self.restore(info, module, opt, &path) {
+                Ok((read_bytes, state_bytes)) => {
                     return Ok(Some(Resumed {
                         checkpoint: info.clone(),
                         location: path.display().to_string(),
+                        read_bytes,
+                        state_bytes,
                     }));
                 }
+                // a checkpoint that does not fit the model is not damaged: no fallback
+                Err(crate::Error::Checkpoint(
+                    e @ (CheckpointError::Mismatch { .. } | CheckpointError::Metadata { .. }),
+                )) => return Err(e.into()),
                 Err(e) => {
                     tracing::warn!(
                         "checkpoint {} cannot be used ({e}); falling back to the one before",
@@ -257,6 +285,53 @@ impl Checkpoints {
         .into())
     }
 
+    /// Loads checkpoint `info` (at `path`, for messages) into `module` and `opt`: chunk by
+    /// chunk, only what this process holds ([`super::restore`]), or, for a checkpoint written
+    /// before its chunks had digests, read whole. The bytes read and the state's bytes.
+    fn restore<M, O>(
+        &self,
+        info: &CheckpointInfo,
+        module: &M,
+        opt: &O,
+        path: &std::path::Path,
+    ) -> Result<(u64, u64)>
+    where
+        M: Module + ?Sized,
+        O: OptimizerState + ?Sized,
+    {
+        let m = read_manifest(&self.location, &info.name)?;
+        match super::restore::Reader::new(&self.location, &info.name, m) {
+            Some(mut reader) => {
+                super::restore::restore(module, opt, &mut reader, path)?;
+                Ok((reader.read, reader.state_bytes()))
+            }
+            None => {
+                let sd = load(&self.location, &info.name)?;
+                crate::state::load_training(module, opt, &sd, path)?;
+                let bytes: u64 = sd.tensors.values().map(|t| t.bytes().len() as u64).sum();
+                Ok((bytes, bytes))
+            }
+        }
+    }
+
+    /// Loads checkpoint `info` (one of [`Checkpoints::list`]) into `module` and `opt`, as
+    /// [`Checkpoints::resume`] loads the newest: a tensor at a time, each process reading only
+    /// what it holds. No fallback: a damaged checkpoint is an error.
+    pub fn resume_from<M, O>(&self, info: &CheckpointInfo, module: &M, opt: &O) -> Result<Resumed>
+    where
+        M: Module + ?Sized,
+        O: OptimizerState + ?Sized,
+    {
+        let path = self.location.display_path(&info.name);
+        let (read_bytes, state_bytes) = self.restore(info, module, opt, &path)?;
+        Ok(Resumed {
+            checkpoint: info.clone(),
+            location: path.display().to_string(),
+            read_bytes,
+            state_bytes,
+        })
+    }
+
     /// A directory holding no step directory but [`LEGACY_FILE`] (the layout before step
     /// directories, one file rewritten at each save): that file, so such a run resumes too.
     fn resume_single_file<M, O>(&self, module: &M, opt: &O) -> Result<Option<Resumed>>
@@ -274,6 +349,7 @@ impl Checkpoints {
             return Ok(None);
         }
         let sd = StateDict::load(&path)?;
+        let bytes: u64 = sd.tensors.values().map(|t| t.bytes().len() as u64).sum();
         let restored = crate::state::load_training(module, opt, &sd, &path)?;
         let step = restored.step.ok_or_else(|| {
             storage(
@@ -292,6 +368,8 @@ impl Checkpoints {
                 step,
             },
             location: path.display().to_string(),
+            read_bytes: bytes,
+            state_bytes: bytes,
         }))
     }
 }
@@ -327,6 +405,7 @@ fn commit(
     blocked: Option<Duration>,
 ) -> Result<CheckpointInfo> {
     let (step, rank, processes) = (snapshot.step, snapshot.rank, snapshot.processes);
+    let snapshot_nonce = snapshot.nonce.clone();
     let device = snapshot.device();
     let dir = dir_name(step);
     let info = CheckpointInfo {
@@ -337,7 +416,8 @@ fn commit(
     let result = (|| -> Result<()> {
         // A step saved again (after a resume from an older one) withdraws its old commit
         // point before any of its files is replaced.
-        loc.delete(&format!("{dir}/{MANIFEST}"))?;
+        // (the directory stays: the other ranks may be writing their files into it)
+        loc.delete(&format!("{dir}/{MANIFEST}"), false)?;
         let part = snapshot.write(loc, &dir, options.shard_size)?;
         bytes = part.files.values().map(|f| f.bytes).sum::<u64>();
         let manifest = if processes == 1 {
@@ -348,7 +428,7 @@ fn commit(
             if rank != 0 {
                 return Ok(());
             }
-            gather_parts(loc, &dir, processes, options.rank_timeout)?
+            gather_parts(loc, &dir, processes, part.nonce.as_deref(), options.rank_timeout)?
         };
         let json = serde_json::to_vec_pretty(&manifest).expect("a manifest is JSON");
         // Never commit a manifest that would not load.
@@ -363,41 +443,152 @@ fn commit(
         }
         Ok(())
     })();
+    if let (Err(e), true) = (&result, rank != 0) {
+        // so that rank 0 stops waiting for this rank's part and says why
+        let failed = serde_json::json!({ "nonce": snapshot_nonce, "error": e.to_string() });
+        let _ = loc.put(&failed_name(&dir, rank), failed.to_string().as_bytes());
+    }
     let total = started.elapsed().as_secs_f64() * 1e3;
     let blocked = blocked.map_or(total, |b| b.as_secs_f64() * 1e3);
     device.record_checkpoint(blocked, total, bytes);
     result.map(|()| info)
 }
 
-/// Rank 0 of a run of several processes: waits for every rank's part of the manifest, then
-/// merges them.
-fn gather_parts(loc: &Location, dir: &str, ranks: usize, timeout: Duration) -> Result<Manifest> {
+/// Rank 0 of a run of several processes: waits for every rank's part of the manifest of the
+/// save whose nonce is `nonce` (a part of another save, left by a killed run, is not this
+/// save's: it is waited past), then merges them.
+fn gather_parts(
+    loc: &Location,
+    dir: &str,
+    ranks: usize,
+    nonce: Option<&str>,
+    timeout: Duration,
+) -> Result<Manifest> {
     let deadline = Instant::now() + timeout;
     let mut merged: Option<Manifest> = None;
     let mut next = 0;
+    let mut stale = None;
     while next < ranks {
         let name = format!("{dir}/rank-{next:05}.json");
-        match loc.get(&name)? {
+        let part = match loc.get(&name)? {
             Some(bytes) => {
                 let part: Manifest =
                     serde_json::from_slice(&bytes).map_err(|e| manifest::corrupt(&name, e))?;
+                if part.nonce.as_deref() == nonce {
+                    Some(part)
+                } else {
+                    stale = Some(part.nonce.unwrap_or_else(|| "none".into()));
+                    None
+                }
+            }
+            None => None,
+        };
+        match part {
+            Some(part) => {
                 match &mut merged {
                     None => merged = Some(part),
                     Some(m) => m.merge(part)?,
                 }
                 next += 1;
+                stale = None;
             }
-            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
             None => {
+                if let Some(why) = failed_part(loc, dir, next, nonce)? {
+                    let message = format!("{dir}: rank {next} could not write its part: {why}");
+                    return Err(storage(&loc.describe(), &message).into());
+                }
+                if Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
+                }
+                let found = match stale.take() {
+                    Some(other) => format!(
+                        "; its part there is of another save (nonce {other}, this save's {})",
+                        nonce.unwrap_or("none")
+                    ),
+                    None => String::new(),
+                };
                 return Err(storage(
                     &loc.describe(),
-                    &format!("{dir}: rank {next} did not write its part in {timeout:?}"),
+                    &format!("{dir}: rank {next} did not write its part in {timeout:?}{found}"),
                 )
-                .into())
+                .into());
             }
         }
     }
     Ok(merged.expect("at least one rank"))
+}
+
+/// What a rank whose save failed leaves for rank 0 instead of its part.
+fn failed_name(dir: &str, rank: usize) -> String {
+    format!("{dir}/rank-{rank:05}.failed.json")
+}
+
+/// Why rank `rank` could not write its part of the save whose nonce is `nonce`, if it said so.
+fn failed_part(
+    loc: &Location,
+    dir: &str,
+    rank: usize,
+    nonce: Option<&str>,
+) -> Result<Option<String>> {
+    let Some(bytes) = loc.get(&failed_name(dir, rank))? else {
+        return Ok(None);
+    };
+    let said: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    if said["nonce"].as_str() != nonce {
+        return Ok(None);
+    }
+    Ok(Some(said["error"].as_str().unwrap_or("no reason given").to_string()))
+}
+
+/// Where a run of several processes keeps the nonce of its attempt's saves, in the run's store.
+const NONCE_KEY: &str = "checkpoint/nonce";
+
+/// The nonce this attempt's saves are told apart by, agreed by its `processes` ranks: rank 0
+/// draws one and sets it in the run's store (the attempt's namespace, so a restart never sees
+/// the last attempt's); the others read it. Without a store, the launcher's run id and attempt
+/// (a restart has another); without either, none, said once in a warning: a part left by a
+/// killed save could then be merged into a new save of the same step.
+fn attempt_nonce(
+    rank: usize,
+    processes: usize,
+    options: &CheckpointOptions,
+) -> Result<Option<String>> {
+    use crate::store::KvStore;
+    if let Some(store) = crate::store::from_env()? {
+        if rank == 0 {
+            let nonce = random_hex();
+            store.set(NONCE_KEY, nonce.as_bytes())?;
+            return Ok(Some(nonce));
+        }
+        let value = store.get(NONCE_KEY, options.rank_timeout)?;
+        return Ok(Some(String::from_utf8_lossy(&value).into_owned()));
+    }
+    let var = |name: &str| std::env::var(name).ok();
+    match crate::store::RunScope::from_vars(var) {
+        Ok(scope) => Ok(Some(format!("{}/{}", scope.run_id, scope.attempt))),
+        Err(_) => {
+            tracing::warn!(
+                "checkpoints of this run of {processes} processes carry no nonce: with neither a                  store ({}) nor a run id ({}), a part a killed save left could be merged into a                  new save of its step",
+                crate::store::STORE_ENV,
+                crate::store::RUN_ID_ENV
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// 64 random bits, in hex: from the standard library's randomly keyed hasher, fed the time.
+fn random_hex() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
 }
 
 /// Deletes the ranks' parts (`rank-NNNNN.json`) of unfinished saves: what a killed run of
@@ -410,7 +601,7 @@ fn clear_stale_parts(loc: &Location) -> std::result::Result<(), CheckpointError>
             continue;
         };
         if file.starts_with("rank-") && file.ends_with(".json") && !done.iter().any(|d| d == dir) {
-            loc.delete(n)?;
+            loc.delete(n, true)?;
         }
     }
     Ok(())
@@ -467,22 +658,27 @@ fn prune(loc: &Location, keep: usize) -> std::result::Result<(), CheckpointError
     }
     for dir in doomed {
         let commit_point = format!("{dir}/{MANIFEST}");
-        loc.delete(&commit_point)?;
+        loc.delete(&commit_point, true)?;
         let rest = names.iter().filter(|n| n.starts_with(&format!("{dir}/")));
         for n in rest.filter(|n| **n != commit_point) {
-            loc.delete(n)?;
+            loc.delete(n, true)?;
         }
     }
     Ok(())
 }
 
-/// Reads checkpoint `dir` whole, checking every file.
-fn load(loc: &Location, dir: &str) -> std::result::Result<StateDict, CheckpointError> {
+/// The manifest of checkpoint `dir`, checked.
+fn read_manifest(loc: &Location, dir: &str) -> std::result::Result<Manifest, CheckpointError> {
     let name = format!("{dir}/{MANIFEST}");
     let bytes = loc
         .get(&name)?
         .ok_or_else(|| manifest::corrupt(&name, "missing"))?;
-    let m = Manifest::parse(&name, &bytes)?;
+    Manifest::parse(&name, &bytes)
+}
+
+/// Reads checkpoint `dir` whole, checking every file.
+fn load(loc: &Location, dir: &str) -> std::result::Result<StateDict, CheckpointError> {
+    let m = read_manifest(loc, dir)?;
     let mut assembly = Assembly::new(&m);
     for (file, entry) in &m.files {
         let path = format!("{dir}/{file}");
@@ -507,16 +703,19 @@ mod tests {
 
     /// What rank `rank` of two writes of a 6-element `w` (rank 0) and of its moments (3
     /// elements each): its file, and its part of the manifest.
-    fn write_rank(loc: &Location, dir: &str, rank: usize, moments: &[f32]) {
+    fn write_rank(loc: &Location, dir: &str, rank: usize, moments: &[f32], nonce: &str) {
         let file = format!("rank-{rank:05}-model-00001-of-00001.safetensors");
         let mut sd = StateDict::default();
         let mut part = Manifest::new(7, 2, BTreeMap::from([("step".into(), "7".into())]));
+        part.nonce = Some(nonce.to_string());
         let chunk = |key: &str, start, len| Chunk {
             block: None,
             file: file.clone(),
             key: key.to_string(),
             start,
             len,
+            at: None,
+            sha256: None,
         };
         if rank == 0 {
             let w = HostTensor::from_slice(&[1f32, 2., 3., 4., 5., 6.], &[2, 3]).unwrap();
@@ -562,15 +761,18 @@ mod tests {
         let _ = std::fs::remove_dir_all(&root);
         let loc = Arc::new(Location::Local(root.clone()));
         let dir = dir_name(7);
-        write_rank(&loc, &dir, 0, &[0.1, 0.2, 0.3]);
-        // rank 1 is late: rank 0 waits for its part
+        // a killed save of the same step left rank 1's part and file, of another nonce
+        write_rank(&loc, &dir, 1, &[9.0, 9.0, 9.0], "killed.1");
+        write_rank(&loc, &dir, 0, &[0.1, 0.2, 0.3], "now.1");
+        // rank 1 is late: rank 0 waits past the old part for this save's
         let late = loc.clone();
         let d = dir.clone();
         let writer = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
-            write_rank(&late, &d, 1, &[0.4, 0.5, 0.6]);
+            std::thread::sleep(Duration::from_millis(600));
+            write_rank(&late, &d, 1, &[0.4, 0.5, 0.6], "now.1");
         });
-        let merged = gather_parts(&loc, &dir, 2, Duration::from_secs(20)).unwrap();
+        let nonce = Some("now.1");
+        let merged = gather_parts(&loc, &dir, 2, nonce, Duration::from_secs(20)).unwrap();
         writer.join().unwrap();
         let json = serde_json::to_vec(&merged).unwrap();
         Manifest::parse(&dir, &json).unwrap();
@@ -582,14 +784,37 @@ mod tests {
         assert_eq!(sd.tensors["w"].dims(), [2, 3]);
         assert_eq!(sd.metadata["step"], "7");
         // a rank that never writes its part fails the save after the timeout
-        let err = gather_parts(&loc, &dir, 3, Duration::from_millis(300)).unwrap_err();
+        let err = gather_parts(&loc, &dir, 3, nonce, Duration::from_millis(300)).unwrap_err();
         assert!(
             err.to_string().contains("rank 2 did not write its part"),
             "{err}"
         );
+        // ... and one whose only part there is another save's says so
+        let next = Some("now.2");
+        let err = gather_parts(&loc, &dir, 2, next, Duration::from_millis(300)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("rank 0 did not write its part in 300ms; its part there is of another save (nonce now.1, this save's now.2)"),
+            "{err}"
+        );
+        // a rank whose save failed says so, and rank 0 stops waiting at once
+        let other = dir_name(8);
+        write_rank(&loc, &other, 0, &[0.1, 0.2, 0.3], "now.3");
+        let failed = serde_json::json!({ "nonce": "now.3", "error": "disk full" });
+        loc.put(&failed_name(&other, 1), failed.to_string().as_bytes())
+            .unwrap();
+        let started = Instant::now();
+        let long = Duration::from_secs(600);
+        let err = gather_parts(&loc, &other, 2, Some("now.3"), long).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(60));
+        assert!(
+            err.to_string()
+                .contains("rank 1 could not write its part: disk full"),
+            "{err}"
+        );
         // a killed attempt's part at a later step goes at resume; committed ones stay
         let late = dir_name(9);
-        write_rank(&loc, &late, 1, &[0.0; 3]);
+        write_rank(&loc, &late, 1, &[0.0; 3], "killed.2");
         clear_stale_parts(&loc).unwrap();
         let names = loc.list().unwrap();
         assert!(

@@ -37,6 +37,7 @@
 //! ([`crate::checkpoint::CheckpointError::Mismatch`]); on any error nothing is loaded.
 
 mod checkpoints;
+mod restore;
 mod snapshot;
 
 pub use checkpoints::{CheckpointInfo, CheckpointOptions, Checkpoints, Resumed, LEGACY_FILE};

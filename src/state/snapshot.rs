@@ -60,6 +60,8 @@ pub(crate) struct Snapshot {
     entries: Vec<Entry>,
     pub(crate) rank: usize,
     pub(crate) processes: usize,
+    /// A run of several processes: the save's nonce, written into this rank's part.
+    pub(crate) nonce: Option<String>,
     replica_offset: usize,
     local_replicas: usize,
 }
@@ -118,6 +120,7 @@ impl Snapshot {
             entries,
             rank,
             processes,
+            nonce: None,
             replica_offset: device.replica_offset(),
             local_replicas: device.replicas(),
             dev,
@@ -151,6 +154,7 @@ impl Snapshot {
         }
         files.retain(|f| !f.is_empty());
         let mut part = Manifest::new(self.step, self.processes, self.metadata.clone());
+        part.nonce = self.nonce.clone();
         let n = files.len();
         for (k, members) in files.into_iter().enumerate() {
             let file = match self.processes {
@@ -162,13 +166,15 @@ impl Snapshot {
                 ),
             };
             let mut stored: Vec<(String, HostTensor)> = Vec::new();
+            // (tensor, chunk index) of each chunk in this file, placed once it is serialized
+            let mut placed: Vec<(String, usize)> = Vec::new();
             for i in members {
                 let data = self.entries[i].data.take().expect("written once");
                 let e = &self.entries[i];
                 for piece in self.pieces(e, &data)? {
                     let entry = part
                         .tensors
-                        .entry(piece.tensor)
+                        .entry(piece.tensor.clone())
                         .or_insert_with(|| TensorEntry {
                             dtype: manifest::dtype_name(e.dtype),
                             shape: match (&e.block, is_stacked(&e.name)) {
@@ -183,12 +189,16 @@ impl Snapshot {
                         start: piece.start,
                         len: piece.host.dims().iter().product(),
                         block: piece.block,
+                        at: None,
+                        sha256: None,
                     });
+                    placed.push((piece.tensor, entry.chunks.len() - 1));
                     stored.push((piece.key, piece.host));
                 }
             }
             let bytes = serialize(&stored, &file)?;
             drop(stored);
+            place_chunks(&mut part, &placed, &file, &bytes)?;
             test_delay();
             loc.put(&format!("{dir}/{file}"), &bytes)?;
             let entry = FileEntry {
@@ -275,6 +285,30 @@ impl Snapshot {
         }
         Ok(out)
     }
+}
+
+/// Fills in where each chunk `placed` names lies in `bytes` (file `file`, safetensors) and its
+/// digest, so a resume can fetch it alone.
+pub(crate) fn place_chunks(
+    part: &mut Manifest,
+    placed: &[(String, usize)],
+    file: &str,
+    bytes: &[u8],
+) -> Result<()> {
+    let (header, meta) = safetensors::SafeTensors::read_metadata(bytes)
+        .map_err(|e| manifest::corrupt(file, e))?;
+    // the data follows the 8 bytes of the header's length and the header
+    let data = 8 + header;
+    for (tensor, i) in placed {
+        let chunk = &mut part.tensors.get_mut(tensor).expect("pushed above").chunks[*i];
+        let info = meta
+            .info(&chunk.key)
+            .ok_or_else(|| manifest::corrupt(file, format!("{} was not written", chunk.key)))?;
+        let (from, to) = (data + info.data_offsets.0, data + info.data_offsets.1);
+        chunk.at = Some(from as u64);
+        chunk.sha256 = Some(manifest::sha256(&bytes[from..to]));
+    }
+    Ok(())
 }
 
 /// Some of a tensor's elements as written: a whole tensor, a ZeRO-1 block or a mesh block.

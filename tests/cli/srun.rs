@@ -1,6 +1,7 @@
-//! `train_llama` under a real `srun` (the single-node Slurm of `shard.rs`): 2 tasks of 2 cpu
-//! devices each, their rank layout read from Slurm's variables, their groups meeting through a
-//! real etcd; the losses must be those of one process of 4 devices.
+//! `train_llama` under a real `srun` (the single-node Slurm of `shard.rs`), as the guide's
+//! two-node command runs it: 2 tasks, each with a tensor-parallel mesh over its 2 cpu devices and
+//! the tasks its data-parallel replicas, their rank layout read from Slurm's variables, their
+//! groups meeting through a real etcd; the losses must be those of one process of 4 devices.
 
 use std::process::Command;
 
@@ -41,7 +42,7 @@ fn losses(text: &str) -> Vec<f64> {
 const LAUNCHER_VARS: &[&str] = &["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"];
 
 #[test]
-fn two_srun_tasks_of_two_devices_train_as_one_process_of_four() {
+fn two_srun_tasks_of_tensor_parallel_2_train_as_one_process_of_four() {
     let d = tmp("srun");
     let Some(etcd) = Etcd::start("srun") else {
         return;
@@ -77,7 +78,7 @@ fn two_srun_tasks_of_two_devices_train_as_one_process_of_four() {
         .arg(format!("--error={}/task-%t.err", outputs.display()))
         .arg(train_llama())
         .args(SMALL)
-        .args(["--devices", "2", "--json"])
+        .args(["--tp", "2", "--json"])
         .env("NEURON_PC_STORE", &etcd.url)
         .env("NEURON_COMPILE_CACHE_URL", &cache)
         .env_remove("NEURON_PC_RUN_ID")

@@ -226,6 +226,10 @@ fn a_killed_rank_is_named_by_the_other_and_the_run_resumes_where_it_checkpointed
     );
     assert!(!err.contains("panicked"), "{err}");
 
+    // the checkpoints the killed run left also resume at another world size: 1 process of 4
+    let other = cache.join("ckpt-one");
+    copy_dir(&ckpt, &other);
+    let other_args = ["--ckpt-dir", other.to_str().unwrap(), "--ckpt-every", "4"];
     // a new attempt of the run (torchrun's restart count 1) resumes from the newest checkpoint
     let steps = ["--steps", "14", "--resume", "auto"];
     let args = [&base[..], &ckpt_args[..], &steps[..]].concat();
@@ -261,6 +265,15 @@ fn a_killed_rank_is_named_by_the_other_and_the_run_resumes_where_it_checkpointed
             .collect();
         assert_close(&format!("resumed rank {rank}"), &r.losses, &tail);
     }
+    let one = ["--peak-matmul", "0", "--devices", "4", "--loss-log"];
+    let r = alone(&cache, &[&one[..], &other_args[..], &steps[..]].concat());
+    let first = r.losses.first().map(|l| l.0).unwrap_or(0);
+    assert!((5..=10).contains(&first), "1 x 4 resumed at step {first}");
+    let tail: Vec<(u64, f64)> = (reference.losses.iter())
+        .filter(|(s, _)| *s >= first)
+        .copied()
+        .collect();
+    assert_close("resumed by 1 process of 4", &r.losses, &tail);
     let _ = std::fs::remove_dir_all(cache);
 }
 
@@ -310,6 +323,18 @@ fn safetensors_names(path: &Path) -> Vec<String> {
         .filter(|k| *k != "__metadata__")
         .cloned()
         .collect()
+}
+
+/// What a resume says it read: (MiB read, MiB in the checkpoint, the share in percent).
+fn resume_read(stdout: &str) -> (f64, f64, f64) {
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("resume read "))
+        .unwrap_or_else(|| panic!("no resume line: {stdout}"));
+    let words: Vec<&str> = line.split(' ').collect();
+    let pct = words[7].trim_start_matches('(').split('%').next().unwrap();
+    let number = |w: &str| w.parse::<f64>().unwrap_or_else(|_| panic!("{w:?} in {line}"));
+    (number(words[0]), number(words[5]), number(pct))
 }
 
 /// A copy of checkpoint directory `from` at `to` (each resume below starts from the same saves).
@@ -394,6 +419,25 @@ fn checkpoints_move_between_two_processes_and_one_process_of_any_size() {
             let resume = ["--devices", devices, "--steps", "12", "--resume", "auto"];
             let r = alone(&cache, &[&steps[..], &s[..], &resume[..]].concat());
             check(&format!("2 x {name} -> 1 x {target}"), &r, &copy);
+            // one process holds the whole state: it reads all of it
+            let (read, state, _) = resume_read(&r.stdout);
+            assert_eq!(read, state, "2 x {name} -> 1 x {target}: {}", r.stdout);
+        }
+        if name == "zero1" {
+            // resumed by 2 processes of ZeRO-1 again: each reads the parameters and only its
+            // replicas' blocks of the moments (2/3 of AdamW's state), never the whole
+            let copy = cache.join("ckpt-zero1-again");
+            copy_dir(&dir, &copy);
+            let s = save(&copy);
+            let s: Vec<&str> = s.iter().map(String::as_str).collect();
+            let resume = ["--steps", "12", "--resume", "auto"];
+            let args = [&steps[..], flags, &s[..], &resume[..]].concat();
+            let ranks = launch(&etcd, &cache, "world-zero1-again", 2, &args, false);
+            for (rank, r) in ranks.iter().enumerate() {
+                check(&format!("2 x zero1 -> 2 x zero1, rank {rank}"), r, &copy);
+                let (_, _, share) = resume_read(&r.stdout);
+                assert!((60.0..70.0).contains(&share), "rank {rank}: {}", r.stdout);
+            }
         }
     }
     // saved by one process of 4 devices, resumed by 2 processes of 2

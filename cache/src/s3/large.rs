@@ -77,35 +77,62 @@ impl S3Store {
                 Err(Error::NotFound { .. }) => return Ok(None),
                 Err(e) => return Err(e),
             };
-            let ranges: Vec<std::ops::Range<u64>> = (0..size.div_ceil(part))
-                .map(|i| i * part..((i + 1) * part).min(size))
-                .collect();
-            let reads = ranges.iter().enumerate().map(|(i, r)| {
-                let path = &path;
-                async move {
-                    let what = format!("range {} of {name}", i + 1);
-                    let get = || self.store.get_range(path, r.clone());
-                    self.retried(&what, o, get).await
-                }
-            });
-            let chunks: Vec<bytes::Bytes> = futures::stream::iter(reads)
-                .buffered(o.concurrency.max(1))
-                .try_collect()
-                .await?;
-            let mut out = Vec::with_capacity(size as usize);
-            for c in chunks {
-                out.extend_from_slice(&c);
-            }
-            if out.len() as u64 != size {
-                return Err(Error::Unavailable {
-                    store: self.url.clone(),
-                    message: format!("{name}: read {} of {size} bytes", out.len()),
-                    timed_out: false,
-                    throttled: false,
-                });
-            }
-            Ok(Some(out))
+            self.read_range(name, 0..size, part, o).await.map(Some)
         })
+    }
+
+    /// Bytes `range` of object `name` (a checkpoint chunk): ranged GETs of at most
+    /// [`PartOptions::part_size`], several at once, each retried as [`S3Store::put_large`]
+    /// retries. A missing object, or one shorter than the range, is an error.
+    pub fn get_range_large(
+        &self,
+        name: &str,
+        range: std::ops::Range<u64>,
+        o: &PartOptions,
+    ) -> Result<Vec<u8>> {
+        let part = o.part_size.max(1) as u64;
+        self.runtime
+            .block_on(self.read_range(name, range, part, o))
+    }
+
+    /// `range` of `name` in GETs of `part` bytes at most, in order.
+    async fn read_range(
+        &self,
+        name: &str,
+        range: std::ops::Range<u64>,
+        part: u64,
+        o: &PartOptions,
+    ) -> Result<Vec<u8>> {
+        let path = self.path(name);
+        let size = range.end.saturating_sub(range.start);
+        let ranges: Vec<std::ops::Range<u64>> = (0..size.div_ceil(part))
+            .map(|i| range.start + i * part..range.start + ((i + 1) * part).min(size))
+            .collect();
+        let reads = ranges.iter().enumerate().map(|(i, r)| {
+            let path = &path;
+            async move {
+                let what = format!("range {} of {name}", i + 1);
+                let get = || self.store.get_range(path, r.clone());
+                self.retried(&what, o, get).await
+            }
+        });
+        let chunks: Vec<bytes::Bytes> = futures::stream::iter(reads)
+            .buffered(o.concurrency.max(1))
+            .try_collect()
+            .await?;
+        let mut out = Vec::with_capacity(size as usize);
+        for c in chunks {
+            out.extend_from_slice(&c);
+        }
+        if out.len() as u64 != size {
+            return Err(Error::Unavailable {
+                store: self.url.clone(),
+                message: format!("{name}: read {} of {size} bytes", out.len()),
+                timed_out: false,
+                throttled: false,
+            });
+        }
+        Ok(out)
     }
 
     /// Runs one request up to `o.attempts` times, each within the per-request budget, waiting
