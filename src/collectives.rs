@@ -168,15 +168,58 @@ impl Rendezvous for StoreRendezvous<'_> {
     }
 }
 
+/// Publishes this rank's `layout` under `layout/<rank>` and compares every rank's: the same
+/// error on every rank when they differ, listing each rank's.
+fn agree_on_layout(
+    store: &ScopedStore,
+    topology: &Topology,
+    layout: &str,
+    timeout: Duration,
+) -> Result<()> {
+    let key = |r: usize| format!("layout/{r}");
+    let failed = |e: crate::store::StoreError| {
+        Error::Config(format!(
+            "collectives between processes: the ranks' layouts: {e}"
+        ))
+    };
+    store
+        .set(&key(topology.rank), layout.as_bytes())
+        .map_err(failed)?;
+    let mut all = Vec::with_capacity(topology.world_size);
+    for r in 0..topology.world_size {
+        let theirs = match r == topology.rank {
+            true => layout.to_string(),
+            false => {
+                String::from_utf8_lossy(&store.get(&key(r), timeout).map_err(failed)?).into_owned()
+            }
+        };
+        all.push(theirs);
+    }
+    if all.iter().all(|l| *l == all[0]) {
+        return Ok(());
+    }
+    let each: Vec<String> = (all.iter().enumerate())
+        .map(|(r, l)| format!("rank {r}: {l}"))
+        .collect();
+    Err(Error::Config(format!(
+        "the ranks' devices disagree ({}): every process of a run needs the same devices and \
+         mesh (--devices, --fsdp, --tp)",
+        each.join("; ")
+    )))
+}
+
 /// Connects the groups of this process's `local` devices, the client's devices
 /// `first_device..first_device + local`, through `store` (every process of the run calls
 /// this with the same devices before its first step); a second call with the same layout
-/// keeps the groups.
+/// keeps the groups. `layout` describes this process's devices (their count and mesh): the
+/// ranks compare theirs first, so ranks that disagree stop with one line each rather than
+/// wait for groups that never fill.
 pub fn connect(
     store: &ScopedStore,
     topology: &Topology,
     first_device: usize,
     local: usize,
+    layout: &str,
 ) -> Result<()> {
     let mut slot = current().write().unwrap_or_else(|p| p.into_inner());
     if let Some(g) = slot.as_ref() {
@@ -189,6 +232,7 @@ pub fn connect(
         }
     }
     let timeout = timeout_from_env()?;
+    agree_on_layout(store, topology, layout, timeout)?;
     let listen = match std::env::var(SOCKET_IFNAME_ENV) {
         Ok(i) if !i.trim().is_empty() => Listen::Interface(i.trim().to_string()),
         // every process on this machine: loopback needs no name to resolve

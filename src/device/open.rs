@@ -78,7 +78,13 @@ impl LazyDevice {
         // max(cores, devices): ask for the devices this run uses, never the plugin's default
         // of 4 (4 pools' threads on 2 cores made every step 4-5% slower).
         let cpu_device_count = match target {
-            Target::Cpu => Some(config.cpu_device_count.unwrap_or(0).max(last as i64)),
+            Target::Cpu => Some(
+                config
+                    .cpu_device_count
+                    .unwrap_or(0)
+                    .max(last as i64)
+                    .max(gloo_pool_devices(&config.topology, count)),
+            ),
             _ => None,
         };
         let mut options = ClientOptions {
@@ -161,7 +167,18 @@ impl LazyDevice {
             compiler
         };
         if gloo && !extracting {
-            connect_collectives(topology, config.device_index, devices.len())?;
+            let layout = match config.mesh.is_empty() {
+                true => format!("{} device(s)", devices.len()),
+                false => {
+                    let axes: Vec<String> = config
+                        .mesh
+                        .iter()
+                        .map(|(n, s)| format!("{n} {s}"))
+                        .collect();
+                    format!("a mesh of ({})", axes.join(", "))
+                }
+            };
+            connect_collectives(topology, config.device_index, devices.len(), &layout)?;
         }
         if !deferred {
             // a job that runs its steps: load last run's first executables while it builds
@@ -209,6 +226,20 @@ impl LazyDevice {
     }
 }
 
+/// The cpu devices a process of a multi-process cpu run with `local` devices asks for, at
+/// least: twice its own, so that XLA's thread pool (as many threads as cores or devices) has
+/// a thread for each device blocked in a call between processes (it waits for the other
+/// processes) and one for the same device's collectives inside the process (which wait for
+/// its other devices). With fewer, on a machine of few cores, every thread of the pool can be
+/// blocked and the step hangs: seen with FSDP over scanned layers, 2 processes of 2 devices
+/// on 2 cores. The extra devices are never used.
+fn gloo_pool_devices(topology: &crate::topology::Topology, local: usize) -> i64 {
+    match topology.is_multi_process() && local > 1 {
+        true => 2 * local as i64,
+        false => 0,
+    }
+}
+
 #[cfg(feature = "gloo")]
 fn register_collectives(plugin: &Plugin) -> Result<()> {
     crate::collectives::register(plugin)
@@ -219,6 +250,7 @@ fn connect_collectives(
     topology: &crate::topology::Topology,
     first_device: usize,
     local: usize,
+    layout: &str,
 ) -> Result<()> {
     let store = crate::store::from_env()?.ok_or_else(|| {
         Error::Config(format!(
@@ -227,7 +259,7 @@ fn connect_collectives(
             crate::store::STORE_ENV
         ))
     })?;
-    crate::collectives::connect(&store, topology, first_device, local)
+    crate::collectives::connect(&store, topology, first_device, local, layout)
 }
 
 // Without gloo a multi-process cpu run was refused before the plugin loaded (`check_launch`),
@@ -238,6 +270,6 @@ fn register_collectives(_: &Plugin) -> Result<()> {
 }
 
 #[cfg(not(feature = "gloo"))]
-fn connect_collectives(_: &crate::topology::Topology, _: usize, _: usize) -> Result<()> {
+fn connect_collectives(_: &crate::topology::Topology, _: usize, _: usize, _: &str) -> Result<()> {
     Ok(())
 }

@@ -428,7 +428,13 @@ fn commit(
             if rank != 0 {
                 return Ok(());
             }
-            gather_parts(loc, &dir, processes, part.nonce.as_deref(), options.rank_timeout)?
+            gather_parts(
+                loc,
+                &dir,
+                processes,
+                part.nonce.as_deref(),
+                options.rank_timeout,
+            )?
         };
         let json = serde_json::to_vec_pretty(&manifest).expect("a manifest is JSON");
         // Never commit a manifest that would not load.
@@ -538,7 +544,12 @@ fn failed_part(
     if said["nonce"].as_str() != nonce {
         return Ok(None);
     }
-    Ok(Some(said["error"].as_str().unwrap_or("no reason given").to_string()))
+    Ok(Some(
+        said["error"]
+            .as_str()
+            .unwrap_or("no reason given")
+            .to_string(),
+    ))
 }
 
 /// Where a run of several processes keeps the nonce of its attempt's saves, in the run's store.
@@ -569,7 +580,9 @@ fn attempt_nonce(
         Ok(scope) => Ok(Some(format!("{}/{}", scope.run_id, scope.attempt))),
         Err(_) => {
             tracing::warn!(
-                "checkpoints of this run of {processes} processes carry no nonce: with neither a                  store ({}) nor a run id ({}), a part a killed save left could be merged into a                  new save of its step",
+                "checkpoints of this run of {processes} processes carry no nonce: with neither a \
+                 store ({}) nor a run id ({}), a part a killed save left could be merged into a \
+                 new save of its step",
                 crate::store::STORE_ENV,
                 crate::store::RUN_ID_ENV
             );

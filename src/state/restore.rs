@@ -38,7 +38,10 @@ impl<'a> Reader<'a> {
     /// The checkpoint whose manifest is `m`, in `dir` of `loc`; `None` when one of its chunks
     /// has no place or digest (a checkpoint written before chunks had them, read whole).
     pub(crate) fn new(loc: &'a Location, dir: &'a str, m: Manifest) -> Option<Reader<'a>> {
-        let addressable = m.tensors.values().all(|e| e.chunks.iter().all(Chunk::addressable));
+        let addressable = m
+            .tensors
+            .values()
+            .all(|e| e.chunks.iter().all(Chunk::addressable));
         addressable.then_some(Reader {
             loc,
             dir,
@@ -100,8 +103,7 @@ impl<'a> Reader<'a> {
                 let bytes = self.chunk(c, size)?;
                 match &c.block {
                     Some(b) => b.scatter(&e.shape, size, &bytes, &mut whole),
-                    None => whole[c.start * size..(c.start + c.len) * size]
-                        .copy_from_slice(&bytes),
+                    None => whole[c.start * size..(c.start + c.len) * size].copy_from_slice(&bytes),
                 }
             }
             out.copy_from_slice(&whole[lo * size..hi * size]);
@@ -241,7 +243,12 @@ fn place(target: &Tensor, host: &HostTensor) -> Result<()> {
 
 /// ZeRO-1 state: each local replica's block of tensor `name` (of shape `dims`, flattened and
 /// padded to the blocks' length), read alone and put on its replica's device.
-fn place_blocks(reader: &mut Reader<'_>, name: &str, blocks: &Tensor, dims: &[usize]) -> Result<()> {
+fn place_blocks(
+    reader: &mut Reader<'_>,
+    name: &str,
+    blocks: &Tensor,
+    dims: &[usize],
+) -> Result<()> {
     let device = blocks.device()?;
     let block = blocks.dims()[0];
     let numel: usize = dims.iter().product();
@@ -275,14 +282,26 @@ mod tests {
                 "a.safetensors",
                 vec![
                     ("m", "m#0", f32s(&[1., 2., 3.], &[3]), 0, None),
-                    ("w", "w@0,0", f32s(&[1., 2., 5., 6.], &[2, 2]), 0, Some(vec![0, 0])),
+                    (
+                        "w",
+                        "w@0,0",
+                        f32s(&[1., 2., 5., 6.], &[2, 2]),
+                        0,
+                        Some(vec![0, 0]),
+                    ),
                 ],
             ),
             (
                 "b.safetensors",
                 vec![
                     ("m", "m#1", f32s(&[4., 5., 6.], &[3]), 3, None),
-                    ("w", "w@0,2", f32s(&[3., 4., 7., 8.], &[2, 2]), 0, Some(vec![0, 2])),
+                    (
+                        "w",
+                        "w@0,2",
+                        f32s(&[3., 4., 7., 8.], &[2, 2]),
+                        0,
+                        Some(vec![0, 2]),
+                    ),
                 ],
             ),
         ];
@@ -291,7 +310,11 @@ mod tests {
             for (tensor, key, host, start, offset) in &pieces {
                 let e = m.tensors.entry(tensor.to_string()).or_insert(TensorEntry {
                     dtype: "f32".into(),
-                    shape: if *tensor == "m" { vec![2, 3] } else { vec![2, 4] },
+                    shape: if *tensor == "m" {
+                        vec![2, 3]
+                    } else {
+                        vec![2, 4]
+                    },
                     chunks: Vec::new(),
                 });
                 e.chunks.push(Chunk {

@@ -172,17 +172,17 @@ impl Snapshot {
                 let data = self.entries[i].data.take().expect("written once");
                 let e = &self.entries[i];
                 for piece in self.pieces(e, &data)? {
-                    let entry = part
-                        .tensors
-                        .entry(piece.tensor.clone())
-                        .or_insert_with(|| TensorEntry {
-                            dtype: manifest::dtype_name(e.dtype),
-                            shape: match (&e.block, is_stacked(&e.name)) {
-                                (None, true) => e.dims[1..].to_vec(),
-                                _ => e.dims.clone(),
-                            },
-                            chunks: Vec::new(),
-                        });
+                    let entry =
+                        part.tensors
+                            .entry(piece.tensor.clone())
+                            .or_insert_with(|| TensorEntry {
+                                dtype: manifest::dtype_name(e.dtype),
+                                shape: match (&e.block, is_stacked(&e.name)) {
+                                    (None, true) => e.dims[1..].to_vec(),
+                                    _ => e.dims.clone(),
+                                },
+                                chunks: Vec::new(),
+                            });
                     entry.chunks.push(Chunk {
                         file: file.clone(),
                         key: piece.key.clone(),
@@ -295,8 +295,8 @@ pub(crate) fn place_chunks(
     file: &str,
     bytes: &[u8],
 ) -> Result<()> {
-    let (header, meta) = safetensors::SafeTensors::read_metadata(bytes)
-        .map_err(|e| manifest::corrupt(file, e))?;
+    let (header, meta) =
+        safetensors::SafeTensors::read_metadata(bytes).map_err(|e| manifest::corrupt(file, e))?;
     // the data follows the 8 bytes of the header's length and the header
     let data = 8 + header;
     for (tensor, i) in placed {

@@ -153,6 +153,9 @@ fn a_mesh_in_each_of_two_processes_matches_one_process_of_four() {
         &[
             ("fsdp", &["--fsdp", "2"], true),
             ("tp", &["--tp", "2"], false),
+            // the layers as one loop: on 2 cores its collectives inside the process once
+            // starved those between processes of XLA's threads, and the second step hung
+            ("fsdp-scan", &["--fsdp", "2", "--scan-layers"], false),
         ],
     );
 }
@@ -312,6 +315,52 @@ fn a_batch_that_does_not_split_over_every_process_is_one_line_on_each_rank() {
     let _ = std::fs::remove_dir_all(cache);
 }
 
+#[test]
+fn ranks_that_disagree_on_their_devices_stop_before_step_1_with_one_line_each() {
+    let Some(etcd) = Etcd::start("layout") else {
+        return;
+    };
+    let cache = tmp("procs-layout");
+    let port = free_port();
+    // rank 0 lays a tensor-parallel mesh over its 2 devices, rank 1 two data-parallel replicas
+    let flags = [["--tp", "2"], ["--devices", "2"]];
+    let ranks: Vec<Child> = (0..2)
+        .map(|rank| {
+            let all = [&SMALL[..], &flags[rank][..], &["--steps", "2"]].concat();
+            command(&cache, &all)
+                .envs(torchrun_vars(rank, 2, "layout", port))
+                .env("NEURON_PC_STORE", &etcd.url)
+                .env_remove("NEURON_PC_RUN_ID")
+                .env_remove("RUST_BACKTRACE")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (rank, child) in ranks.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "rank {rank} ran");
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "rank {rank}: {err}");
+        assert!(
+            lines[0].contains(concat!(
+                "the ranks' devices disagree (rank 0: a mesh of (data 1, model 2); ",
+                "rank 1: 2 device(s))"
+            )),
+            "rank {rank}: {err}"
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !stdout.contains("\"step\""),
+            "rank {rank} stepped: {stdout}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(cache);
+}
+
 /// The tensor names in a safetensors file's header.
 fn safetensors_names(path: &Path) -> Vec<String> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -333,7 +382,10 @@ fn resume_read(stdout: &str) -> (f64, f64, f64) {
         .unwrap_or_else(|| panic!("no resume line: {stdout}"));
     let words: Vec<&str> = line.split(' ').collect();
     let pct = words[7].trim_start_matches('(').split('%').next().unwrap();
-    let number = |w: &str| w.parse::<f64>().unwrap_or_else(|_| panic!("{w:?} in {line}"));
+    let number = |w: &str| {
+        w.parse::<f64>()
+            .unwrap_or_else(|_| panic!("{w:?} in {line}"))
+    };
     (number(words[0]), number(words[5]), number(pct))
 }
 

@@ -91,8 +91,7 @@ impl S3Store {
         o: &PartOptions,
     ) -> Result<Vec<u8>> {
         let part = o.part_size.max(1) as u64;
-        self.runtime
-            .block_on(self.read_range(name, range, part, o))
+        self.runtime.block_on(self.read_range(name, range, part, o))
     }
 
     /// `range` of `name` in GETs of `part` bytes at most, in order.
