@@ -83,7 +83,7 @@ impl LazyDevice {
                     .cpu_device_count
                     .unwrap_or(0)
                     .max(last as i64)
-                    .max(gloo_pool_devices(&config.topology, count)),
+                    .max(gloo_pool_devices(&config, count)),
             ),
             _ => None,
         };
@@ -226,15 +226,18 @@ impl LazyDevice {
     }
 }
 
-/// The cpu devices a process of a multi-process cpu run with `local` devices asks for, at
-/// least: twice its own, so that XLA's thread pool (as many threads as cores or devices) has
-/// a thread for each device blocked in a call between processes (it waits for the other
-/// processes) and one for the same device's collectives inside the process (which wait for
-/// its other devices). With fewer, on a machine of few cores, every thread of the pool can be
-/// blocked and the step hangs: seen with FSDP over scanned layers, 2 processes of 2 devices
-/// on 2 cores. The extra devices are never used.
-fn gloo_pool_devices(topology: &crate::topology::Topology, local: usize) -> i64 {
-    match topology.is_multi_process() && local > 1 {
+/// The cpu devices a process of a multi-process cpu run with a mesh of `local` devices asks
+/// for, at least: twice its own, so that XLA's thread pool (as many threads as cores or
+/// devices) has a thread for each device blocked in a call between processes (it waits for the
+/// other processes) and one for the same device's collectives that XLA's partitioner put
+/// inside the process (which wait for its other devices, in an order the program does not
+/// fix). With fewer, on a machine of few cores, every thread of the pool can be blocked and
+/// the step hangs: seen with FSDP over scanned layers, 2 processes of 2 devices on 2 cores.
+/// The extra devices are never used. Replicas without a mesh are left as they were: their
+/// collectives inside the process are the rewrite's own, around each call between processes,
+/// no hang was seen there, and extra threads slow their steps on few cores.
+fn gloo_pool_devices(config: &DeviceConfig, local: usize) -> i64 {
+    match config.topology.is_multi_process() && !config.mesh.is_empty() && local > 1 {
         true => 2 * local as i64,
         false => 0,
     }

@@ -326,7 +326,7 @@ fn ranks_that_disagree_on_their_devices_stop_before_step_1_with_one_line_each() 
     let flags = [["--tp", "2"], ["--devices", "2"]];
     let ranks: Vec<Child> = (0..2)
         .map(|rank| {
-            let all = [&SMALL[..], &flags[rank][..], &["--steps", "2"]].concat();
+            let all = [SMALL, &flags[rank][..], &["--steps", "2"]].concat();
             command(&cache, &all)
                 .envs(torchrun_vars(rank, 2, "layout", port))
                 .env("NEURON_PC_STORE", &etcd.url)
