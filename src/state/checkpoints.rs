@@ -805,11 +805,11 @@ mod tests {
         // ... and one whose only part there is another save's says so
         let next = Some("now.2");
         let err = gather_parts(&loc, &dir, 2, next, Duration::from_millis(300)).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("rank 0 did not write its part in 300ms; its part there is of another save (nonce now.1, this save's now.2)"),
-            "{err}"
+        let want = concat!(
+            "rank 0 did not write its part in 300ms; its part there is of another save ",
+            "(nonce now.1, this save's now.2)"
         );
+        assert!(err.to_string().contains(want), "{err}");
         // a rank whose save failed says so, and rank 0 stops waiting at once
         let other = dir_name(8);
         write_rank(&loc, &other, 0, &[0.1, 0.2, 0.3], "now.3");
