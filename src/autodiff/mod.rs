@@ -243,7 +243,7 @@ fn vjp(
         | Op::ReplicaId
         | Op::ProcessIndex => Ok(vec![None; x.len()]),
         // made after differentiation, when a program is lowered for several processes
-        Op::ProcessCollective { .. } => Err(crate::error::Error::Op {
+        Op::ProcessCollective { .. } | Op::ProcessBucket { .. } => Err(crate::error::Error::Op {
             location,
             source: neuron_pc_compiler::Error::Shape {
                 op: op.name(),

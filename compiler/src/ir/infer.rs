@@ -89,6 +89,22 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             processes,
             ..
         } => infer_process_collective(op, operands, *collective, *processes),
+        Op::ProcessBucket {
+            op: r,
+            layouts,
+            output,
+            ..
+        } => {
+            let e = |m: String| shape_error(op, operands, m);
+            let Some(x) = operands.get(*output) else {
+                return Err(e(format!("output {output} of {} operands", operands.len())));
+            };
+            if layouts.len() != operands.len() || operands.iter().any(|o| o.dtype != x.dtype) {
+                return Err(e("one layout per operand, all of one dtype".to_string()));
+            }
+            dtype_in(op, x.dtype, r.dtypes())?;
+            Ok((*x).clone())
+        }
         Op::Iota { dims, dim, dtype } => {
             arity(op, operands, 0)?;
             if *dim >= dims.len() {

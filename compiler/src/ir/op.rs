@@ -243,6 +243,23 @@ pub enum Op {
         /// processes per process instead of one per local device.
         leader: bool,
     },
+    /// Several all-reduces between processes in a partitioned program as one exchange (as
+    /// DDP's buckets are): operands are the values, result `output` is the reduction of operand
+    /// `output`. Each device's blocks of all of them (each in a manual region of its layout,
+    /// `layouts[k]`) are flattened and joined, reduced by one call, and split again. Made only
+    /// by [`crate::passes::cross_process`]; every result of one bucket lowers from one region.
+    ProcessBucket {
+        /// The combining op.
+        op: ReduceOp,
+        /// Processes in the run.
+        processes: usize,
+        /// The call's number in its program (see [`Op::ProcessCollective`]).
+        tag: u32,
+        /// Each operand's layout (an `mhlo.sharding` text).
+        layouts: Vec<String>,
+        /// Which operand's reduction this node is.
+        output: usize,
+    },
     /// No operands. Result `u32[]`: this process's index in a multi-process run. Made only by
     /// [`crate::passes::cross_process`] (a global replica index is `index * local + local
     /// replica`); lowers to a custom call, so every process compiles the same program.
@@ -304,6 +321,7 @@ impl Op {
             Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => false,
             Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => false,
             Op::ReplicaId | Op::ProcessCollective { .. } | Op::ProcessIndex => false,
+            Op::ProcessBucket { .. } => false,
             // a whole loop is no constant to fold ahead of time
             Op::Scan { .. } => false,
             // a layout the user asked for, kept where it was put
@@ -371,6 +389,7 @@ impl Op {
             Op::ReduceScatter { .. } => "reduce_scatter",
             Op::ReplicaId => "replica_id",
             Op::ProcessCollective { collective, .. } => collective.name(),
+            Op::ProcessBucket { .. } => "process_all_reduce_bucket",
             Op::ProcessIndex => "process_index",
             Op::Scan { .. } => "scan",
         }
@@ -415,6 +434,18 @@ impl fmt::Display for Op {
                     None => f.write_str("}"),
                 }
             }
+            Op::ProcessBucket {
+                op,
+                processes,
+                tag,
+                layouts,
+                output,
+            } => write!(
+                f,
+                "{n}{{op={}, processes={processes}, tag={tag}, output={output}, layouts=[{}]}}",
+                op.name(),
+                layouts.join(", ")
+            ),
             Op::Convert(d) => write!(f, "{n}{{{d}}}"),
             Op::ShardingConstraint { sharding } => write!(f, "{n}{{{sharding}}}"),
             Op::Iota { dims, dim, dtype } => {

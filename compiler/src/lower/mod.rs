@@ -185,6 +185,8 @@ pub(crate) struct Emitter {
     pub(crate) prefix: String,
     /// The loops emitted so far and the names of the results read from each.
     pub(crate) scans: Vec<scan::Emitted>,
+    /// The buckets of process all-reduces emitted so far: tag and base name.
+    pub(crate) buckets: Vec<(u32, String)>,
     /// A partitioned program: reductions take the bare combiner, since XLA's SPMD partitioner
     /// turns a reduction over a split dimension into an all-reduce with the same combiner,
     /// and the CPU backend's collectives accept nothing else (so there a float max/min
@@ -199,6 +201,7 @@ impl Emitter {
             names: Vec::with_capacity(nodes),
             prefix,
             scans: Vec::new(),
+            buckets: Vec::new(),
             partitioned,
         }
     }

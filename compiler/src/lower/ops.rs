@@ -54,6 +54,7 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             "{v} = stablehlo.custom_call @{PROCESS_INDEX_TARGET}() {{api_version = 4 : i32, \
              backend_config = {{}}}} : () -> {ty}"
         ),
+        Op::ProcessBucket { .. } => return emit_bucket(e, graph, i, node),
         Op::ProcessCollective {
             collective,
             tag,
@@ -390,6 +391,113 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
 
 /// The custom-call target of [`Op::ProcessIndex`].
 pub const PROCESS_INDEX_TARGET: &str = "neuron_pc_process_index";
+
+/// Emits node `i`, a result of an [`Op::ProcessBucket`]: the bucket's region the first time
+/// one of its results is needed, and the name of this result.
+fn emit_bucket(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Result<String> {
+    let Op::ProcessBucket {
+        op,
+        tag,
+        layouts,
+        output,
+        ..
+    } = &node.op
+    else {
+        return Err(Error::InvalidGraph {
+            message: format!("node {i} ({}) lowered as a bucket", node.op.name()),
+        });
+    };
+    let result = |base: &str| format!("{base}_o{output}");
+    if let Some((_, base)) = e.buckets.iter().find(|(t, _)| t == tag) {
+        return Ok(result(base));
+    }
+    let v = format!("%{}v{i}", e.prefix);
+    let dtype = node.ty.dtype;
+    // each operand's block on this device: (elements, block type, whole type, layout)
+    let mut blocks = Vec::with_capacity(node.operands.len());
+    for (k, (o, layout)) in node.operands.iter().zip(layouts).enumerate() {
+        let full_ty = graph.node_type(*o);
+        let full = tensor(full_ty);
+        let tiles = sharding_tiles(layout, full_ty.rank())?;
+        let mut dims = Vec::with_capacity(tiles.len());
+        for (d, t) in full_ty.dims.iter().zip(&tiles) {
+            if d % t != 0 {
+                return Err(Error::InvalidGraph {
+                    message: format!(
+                        "{} over layout {layout}: dims {:?} do not split into {tiles:?} \
+                         blocks",
+                        node.op, full_ty.dims
+                    ),
+                });
+            }
+            dims.push(d / t);
+        }
+        let n: usize = dims.iter().product();
+        let block = tensor_of(dtype, &dims);
+        let flat = tensor_of(dtype, &[n]);
+        let arg = &e.names[o.0];
+        for line in [
+            format!(
+                "{v}_s{k} = stablehlo.custom_call @Sharding({arg}) {{mhlo.sharding = \
+                 \"{layout}\"}} : ({full}) -> {full}"
+            ),
+            format!(
+                "{v}_m{k} = stablehlo.custom_call @SPMDFullToShardShape({v}_s{k}) \
+                 {{mhlo.sharding = \"{{manual}}\"}} : ({full}) -> {block}"
+            ),
+            format!("{v}_f{k} = \"stablehlo.reshape\"({v}_m{k}) : ({block}) -> {flat}"),
+        ] {
+            e.line(&line);
+        }
+        blocks.push((n, block, full, layout));
+    }
+    let total: usize = blocks.iter().map(|b| b.0).sum();
+    let joined = tensor_of(dtype, &[total]);
+    let names: Vec<String> = (0..blocks.len()).map(|k| format!("{v}_f{k}")).collect();
+    let types: Vec<String> = blocks.iter().map(|b| tensor_of(dtype, &[b.0])).collect();
+    e.line(&format!(
+        "{v}_j = \"stablehlo.concatenate\"({}) {{dimension = 0 : i64}} : ({}) -> {joined}",
+        names.join(", "),
+        types.join(", ")
+    ));
+    e.line(&format!(
+        "{v}_c = stablehlo.custom_call @{}({v}_j) {{api_version = 4 : i32, backend_config = \
+         {{dim = 0 : i64, leader = 0 : i64, op = {} : i64, tag = {tag} : i64}}, \
+         operand_layouts = [{}], result_layouts = [{}], output_operand_aliases = \
+         [#stablehlo.output_operand_alias<output_tuple_indices = [], operand_index = 0, \
+         operand_tuple_indices = []>]}} : ({joined}) -> {joined}",
+        process_target(&ProcessCollective::AllReduce(*op)),
+        process_reduce_code(*op),
+        row_major(1),
+        row_major(1)
+    ));
+    let mut at = 0;
+    for (k, (n, block, full, layout)) in blocks.iter().enumerate() {
+        let flat = tensor_of(dtype, &[*n]);
+        for line in [
+            format!(
+                "{v}_x{k} = \"stablehlo.slice\"({v}_c) {{start_indices = array<i64: {at}>, \
+                 limit_indices = array<i64: {}>, strides = array<i64: 1>}} : ({joined}) -> \
+                 {flat}",
+                at + n
+            ),
+            format!("{v}_y{k} = \"stablehlo.reshape\"({v}_x{k}) : ({flat}) -> {block}"),
+            format!(
+                "{v}_r{k} = stablehlo.custom_call @Sharding({v}_y{k}) {{mhlo.sharding = \
+                 \"{{manual}}\"}} : ({block}) -> {block}"
+            ),
+            format!(
+                "{v}_o{k} = stablehlo.custom_call @SPMDShardToFullShape({v}_r{k}) \
+                 {{mhlo.sharding = \"{layout}\"}} : ({block}) -> {full}"
+            ),
+        ] {
+            e.line(&line);
+        }
+        at += n;
+    }
+    e.buckets.push((*tag, v.clone()));
+    Ok(result(&v))
+}
 
 /// The custom-call target a [`ProcessCollective`] lowers to (`neuron_pc_<name>`).
 pub fn process_target(c: &ProcessCollective) -> &'static str {

@@ -22,10 +22,16 @@
 //! a collective over the processes runs on each device's block of its operand, with the same
 //! device of the other processes, inside a manual region of the operand's layout.
 //!
+//! There the all-reduces between processes whose operands need no such call themselves (the
+//! gradients' means) are joined into buckets ([`Op::ProcessBucket`]): one exchange for many
+//! values, as DDP's buckets are, instead of one per value and device.
+//!
 //! `ReplicaId` becomes `ProcessIndex * local + ReplicaId`. The program text is the same in
 //! every process (the process index is read at run time), so all share one cache entry.
 //! Every process collective's operand waits for the previous one's result (`After`): XLA runs
 //! them in graph order on every process, which a collective library needs.
+
+use std::collections::HashMap;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -62,11 +68,92 @@ pub fn cross_process(graph: &Graph, layout: ProcessLayout) -> Result<Graph> {
         }
     }
     let mut rw = Rewrite {
+        graph,
         layout,
         last: None,
         tag: 0,
+        buckets: if layout.partitioned {
+            buckets(graph, layout)?
+        } else {
+            HashMap::new()
+        },
+        built: HashMap::new(),
     };
     rebuild(graph, None, false, &mut rw)
+}
+
+/// The most bytes of (whole) operands one bucket joins: DDP's default bucket is 25 MiB; the
+/// joined blocks are one temporary buffer on each device.
+const BUCKET_BYTES: usize = 32 << 20;
+
+/// One member of a bucket: the all-reduce (its index in the recorded graph), its operand's
+/// index, and the operand's layout.
+#[derive(Clone)]
+struct Member {
+    node: usize,
+    operand: usize,
+    layout: String,
+}
+
+/// In a partitioned program, the all-reduces between processes whose operands need no
+/// collective between processes (the gradients' means), in runs of one combiner and dtype, by
+/// their first member's index: each run becomes one exchange ([`Op::ProcessBucket`]) instead of
+/// one per value and device. The step's graph interleaves them with their uses (each
+/// parameter's update after its gradient's mean), so the later members' operands are built
+/// ahead, when the first member is ([`Rewrite::ensure`]).
+fn buckets(graph: &Graph, layout: ProcessLayout) -> Result<HashMap<usize, Vec<Member>>> {
+    let mut out: HashMap<usize, Vec<Member>> = HashMap::new();
+    let mut run: Vec<Member> = Vec::new();
+    let mut key = None;
+    let mut bytes = 0;
+    let mut close = |run: &mut Vec<Member>| {
+        if run.len() > 1 {
+            out.insert(run[0].node, std::mem::take(run));
+        }
+        run.clear();
+    };
+    // whether a node needs a collective between processes
+    let mut crosses = vec![false; graph.len()];
+    for (i, node) in graph.nodes().iter().enumerate() {
+        let spanning = match &node.op {
+            Op::AllReduce { replica_groups, .. }
+            | Op::AllGather { replica_groups, .. }
+            | Op::ReduceScatter { replica_groups, .. } => {
+                matches!(split(replica_groups, layout)?, Split::Spanning(_))
+            }
+            _ => false,
+        };
+        let below = node.operands.iter().any(|o| crosses[o.index()]);
+        crosses[i] = spanning || below;
+        let (Op::AllReduce { op, .. }, true, Some(&x)) =
+            (&node.op, spanning, node.operands.first())
+        else {
+            continue;
+        };
+        if crosses[x.index()] {
+            continue;
+        }
+        let operand = graph.nodes().get(x.index()).ok_or_else(|| missing(node))?;
+        let size = node.ty.dims.iter().product::<usize>() * node.ty.dtype.size_in_bytes();
+        let fits = key == Some((*op, node.ty.dtype)) && bytes + size <= BUCKET_BYTES;
+        if !fits {
+            close(&mut run);
+            key = Some((*op, node.ty.dtype));
+            bytes = 0;
+        }
+        let layout = match &operand.op {
+            Op::ShardingConstraint { sharding } => sharding.clone(),
+            _ => "{replicated}".to_string(),
+        };
+        run.push(Member {
+            node: i,
+            operand: x.index(),
+            layout,
+        });
+        bytes += size;
+    }
+    close(&mut run);
+    Ok(out)
 }
 
 /// Whether the rewrite changes `n` (a collective, or the replica index).
@@ -148,14 +235,21 @@ fn split(groups: &[Vec<usize>], layout: ProcessLayout) -> Result<Split> {
     Ok(Split::Spanning(locals))
 }
 
-struct Rewrite {
+struct Rewrite<'g> {
+    /// The recorded graph.
+    graph: &'g Graph,
     layout: ProcessLayout,
     /// The previous process collective: the next one's ordering edge.
     last: Option<NodeId>,
     tag: u32,
+    /// The buckets, by their first member's index in the recorded graph (see [`buckets`]).
+    buckets: HashMap<usize, Vec<Member>>,
+    /// What each node of the recorded graph became (some ahead of their turn: a bucket's
+    /// later members and their operands).
+    built: HashMap<usize, NodeId>,
 }
 
-impl Rewrite {
+impl Rewrite<'_> {
     /// The call between processes of `value`, after the previous one (see [`Op::After`]).
     fn process_call(
         &mut self,
@@ -188,6 +282,70 @@ impl Rewrite {
         Ok(id)
     }
 
+    /// The bucket whose first member is being rewritten: one exchange, after the previous
+    /// one, and a node per member; the first member's node.
+    fn bucket(&mut self, b: &mut Builder, members: &[Member], op: ReduceOp) -> Result<NodeId> {
+        let mut operands = Vec::with_capacity(members.len());
+        for m in members {
+            operands.push(self.ensure(b, m.operand)?);
+        }
+        if let Some(previous) = self.last {
+            operands[0] = b.push(Op::After, &[operands[0], previous])?;
+        }
+        let layouts: Vec<String> = members.iter().map(|m| m.layout.clone()).collect();
+        let mut first = None;
+        for (k, m) in members.iter().enumerate() {
+            let node = Op::ProcessBucket {
+                op,
+                processes: self.layout.processes,
+                tag: self.tag,
+                layouts: layouts.clone(),
+                output: k,
+            };
+            let id = b.push(node, &operands)?;
+            self.built.insert(m.node, id);
+            first.get_or_insert(id);
+        }
+        self.tag += 1;
+        let first = first.expect("a bucket has members");
+        self.last = Some(first);
+        Ok(first)
+    }
+
+    /// What node `i` of the recorded graph becomes, built now (with what it needs) if it is
+    /// not yet: the rewrite of each, as its turn would have made it. Parameters are the new
+    /// graph's first nodes, in order.
+    fn ensure(&mut self, b: &mut Builder, i: usize) -> Result<NodeId> {
+        let graph = self.graph;
+        let mut stack = vec![(i, false)];
+        while let Some((n, ready)) = stack.pop() {
+            if self.built.contains_key(&n) {
+                continue;
+            }
+            let node = graph.nodes().get(n).ok_or_else(|| Error::InvalidGraph {
+                message: format!("node {n} is not in the graph"),
+            })?;
+            if let Op::Parameter { .. } = node.op {
+                let at = graph.parameters().iter().position(|p| p.index() == n);
+                let at = at.ok_or_else(|| missing(node))?;
+                self.built.insert(n, NodeId(at));
+                continue;
+            }
+            if !ready {
+                stack.push((n, true));
+                stack.extend(node.operands.iter().map(|o| (o.index(), false)));
+                continue;
+            }
+            let operands: Vec<NodeId> = node
+                .operands
+                .iter()
+                .map(|o| self.built[&o.index()])
+                .collect();
+            self.rewrite(b, NodeId(n), node, &operands)?;
+        }
+        Ok(self.built[&i])
+    }
+
     /// XLA's collective `make(groups)` over the local groups, unless they are all single.
     fn local(
         b: &mut Builder,
@@ -202,11 +360,33 @@ impl Rewrite {
     }
 }
 
-impl NodeRewrite for Rewrite {
+impl NodeRewrite for Rewrite<'_> {
     fn rewrite(
         &mut self,
         b: &mut Builder,
-        _: NodeId,
+        old: NodeId,
+        node: &Node,
+        operands: &[NodeId],
+    ) -> Result<NodeId> {
+        if let Some(&id) = self.built.get(&old.index()) {
+            return Ok(id);
+        }
+        let id = match &node.op {
+            Op::AllReduce { op, .. } if self.buckets.contains_key(&old.index()) => {
+                let members = self.buckets.remove(&old.index()).expect("checked");
+                self.bucket(b, &members, *op)?
+            }
+            _ => self.rewrite_node(b, node, operands)?,
+        };
+        self.built.insert(old.index(), id);
+        Ok(id)
+    }
+}
+
+impl Rewrite<'_> {
+    fn rewrite_node(
+        &mut self,
+        b: &mut Builder,
         node: &Node,
         operands: &[NodeId],
     ) -> Result<NodeId> {

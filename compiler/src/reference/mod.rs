@@ -159,7 +159,7 @@ fn eval_node(node: &Node, a: &[&Value]) -> Result<Data> {
         // evaluated alone, the program runs as replica 0
         Op::ReplicaId => Data::from_scalars(out.dtype, std::iter::once(Scalar::U(0))),
         // the reference is one process; the cross-process rewrite's result runs on devices
-        Op::ProcessIndex | Op::ProcessCollective { .. } => {
+        Op::ProcessIndex | Op::ProcessCollective { .. } | Op::ProcessBucket { .. } => {
             return Err(Error::Evaluate {
                 op: node.op.name(),
                 message: "a collective between processes runs only on a device".into(),

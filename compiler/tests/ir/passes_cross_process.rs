@@ -231,3 +231,65 @@ fn in_a_partitioned_program_the_call_runs_in_a_manual_region_of_the_operand_layo
         "{text}"
     );
 }
+
+#[test]
+fn in_a_partitioned_program_the_means_recorded_together_are_one_exchange() {
+    // two values, each in its own layout, reduced between processes one after the other (as
+    // `average_gradients` records the gradients' means), then a third that reads the first
+    // reduction: the first two share one call, the third waits for it
+    let mut g = Graph::new();
+    let a = g.parameter(TensorType::new(DType::F32, vec![4, 8]));
+    let b = g.parameter(TensorType::new(DType::F32, vec![6]));
+    let constrain = |g: &mut Graph, x, sharding: &str| {
+        let op = Op::ShardingConstraint {
+            sharding: sharding.into(),
+        };
+        g.push(op, &[x]).unwrap()
+    };
+    let ca = constrain(&mut g, a, "{devices=[1,2]0,1}");
+    let cb = constrain(&mut g, b, "{devices=[2]0,1}");
+    let sum = || Op::AllReduce {
+        op: ReduceOp::Sum,
+        replica_groups: vec![vec![0, 1]],
+    };
+    let ra = g.push(sum(), &[ca]).unwrap();
+    let rb = g.push(sum(), &[cb]).unwrap();
+    let rc = g.push(sum(), &[ra]).unwrap();
+    g.set_outputs(&[ra, rb, rc]).unwrap();
+    let layout = ProcessLayout {
+        processes: 2,
+        local: 1,
+        partitioned: true,
+    };
+    let out = cross_process(&g, layout).unwrap();
+    let names = ops(&out);
+    let buckets: Vec<&String> = names
+        .iter()
+        .filter(|n| n.starts_with("process_all_reduce_bucket"))
+        .collect();
+    assert_eq!(buckets.len(), 2, "{names:?}");
+    for (k, n) in buckets.iter().enumerate() {
+        assert!(n.contains(&format!("tag=0, output={k}")), "{n}");
+        assert!(
+            n.contains("layouts=[{devices=[1,2]0,1}, {devices=[2]0,1}]"),
+            "{n}"
+        );
+    }
+    // the third reads the first's result, so it cannot join: a call of its own, tag 1
+    assert_eq!(
+        names
+            .iter()
+            .filter(|n| n.starts_with("process_all_reduce{"))
+            .count(),
+        1,
+        "{names:?}"
+    );
+    assert!(names.iter().any(|n| n.contains("tag=1")), "{names:?}");
+    let text = to_stablehlo(&out).unwrap();
+    // one call for both: blocks of 4x4 and 3 elements, joined into 19
+    let calls = text.matches("@neuron_pc_process_all_reduce(").count();
+    assert_eq!(calls, 2, "{text}");
+    assert!(text.contains("-> tensor<19xf32>"), "{text}");
+    assert!(text.contains("-> tensor<4x4xf32>"), "{text}");
+    assert!(text.contains("-> tensor<3xf32>"), "{text}");
+}
