@@ -132,6 +132,11 @@ impl RankCheck {
         )))
     }
 
+    /// The run's store the check goes through (the attempt's namespace).
+    pub(crate) fn store(&self) -> &ScopedStore {
+        &self.store
+    }
+
     /// Publishes this rank's record of its next new graph and returns once every rank has
     /// published the same key; an error when one differs or is missing after the wait.
     pub fn agree(&self, note: &GraphNote) -> Result<()> {

@@ -37,6 +37,7 @@
 //! ([`crate::checkpoint::CheckpointError::Mismatch`]); on any error nothing is loaded.
 
 mod checkpoints;
+mod parts;
 mod restore;
 mod snapshot;
 
@@ -149,15 +150,7 @@ pub fn load_training<M: Module + ?Sized, O: OptimizerState + ?Sized>(
         want.extend(expected(&state, OPTIMIZER_PREFIX));
     }
     sd.check_against(source, &want, None)?;
-    let step = match sd.metadata.get(STEP_KEY) {
-        None => None,
-        Some(v) => Some(v.parse::<u64>().map_err(|e| CheckpointError::Metadata {
-            path: source.to_path_buf(),
-            key: STEP_KEY.to_string(),
-            value: v.clone(),
-            message: e.to_string(),
-        })?),
-    };
+    let step = step_in(&sd.metadata, source)?;
     // Everything is uploaded before anything is assigned, so a failed upload loads nothing.
     let params = stage(sd, named.iter().map(|(n, t)| (n.clone(), t)), source)?;
     let optimizer = if has_optimizer {
@@ -183,6 +176,21 @@ pub fn load_training<M: Module + ?Sized, O: OptimizerState + ?Sized>(
         step,
         optimizer: has_optimizer,
     })
+}
+
+/// The step a checkpoint's metadata records under [`STEP_KEY`], if any (PyTorch's files have
+/// none); `source` names it in the error when the value is not a number.
+fn step_in(metadata: &BTreeMap<String, String>, source: &Path) -> Result<Option<u64>> {
+    let Some(v) = metadata.get(STEP_KEY) else {
+        return Ok(None);
+    };
+    let step = v.parse::<u64>().map_err(|e| CheckpointError::Metadata {
+        path: source.to_path_buf(),
+        key: STEP_KEY.to_string(),
+        value: v.clone(),
+        message: e.to_string(),
+    })?;
+    Ok(Some(step))
 }
 
 fn expected(named: &[(String, Tensor)], prefix: &str) -> BTreeMap<String, (DType, Vec<usize>)> {

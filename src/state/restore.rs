@@ -15,11 +15,9 @@ use std::path::Path;
 
 use neuron_pc_compiler::{DType, HostTensor};
 
-use super::{Restored, OPTIMIZER_PREFIX, STEP_KEY};
+use super::{step_in, Restored, OPTIMIZER_PREFIX};
 use crate::checkpoint::manifest::{self, Chunk, Manifest, TensorEntry};
-use crate::checkpoint::{
-    check_types, is_stacked, stack_rows, stacked_row_name, CheckpointError, Location,
-};
+use crate::checkpoint::{check_types, is_stacked, stack_rows, stacked_row_name, Location};
 use crate::error::Result;
 use crate::nn::Module;
 use crate::optim::{HeldState, OptimizerState};
@@ -197,15 +195,7 @@ where
         }
     }
     check_types(source, &have, &want, None)?;
-    let step = match reader.manifest.metadata.get(STEP_KEY) {
-        None => None,
-        Some(v) => Some(v.parse::<u64>().map_err(|e| CheckpointError::Metadata {
-            path: source.to_path_buf(),
-            key: STEP_KEY.to_string(),
-            value: v.clone(),
-            message: e.to_string(),
-        })?),
-    };
+    let step = step_in(&reader.manifest.metadata, source)?;
     for (name, target) in &named {
         if target.name().is_none() {
             target.set_name(name);
