@@ -73,13 +73,8 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
                 row_major(in_ty.map_or(0, TensorType::rank)),
                 row_major(node.ty.rank())
             );
-            // an all-reduce works in place: its result may reuse the operand's buffer (XLA
-            // copies the operand first only when something else still reads it)
             if matches!(collective, ProcessCollective::AllReduce(_)) {
-                layouts.push_str(
-                    ", output_operand_aliases = [#stablehlo.output_operand_alias<\
-                     output_tuple_indices = [], operand_index = 0, operand_tuple_indices = []>]",
-                );
+                layouts.push_str(IN_PLACE);
             }
             let call = |arg: &str, sig: &str| {
                 format!(
@@ -98,49 +93,13 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             // each device's block, in a manual region of the operand's layout
             let in_full = &arg_tys[0];
             let x = in_ty.ok_or_else(|| missing(i))?;
-            let tiles = sharding_tiles(layout, x.rank())?;
-            let block = |dims: &[usize]| -> Result<String> {
-                let mut b = Vec::with_capacity(dims.len());
-                for (d, t) in dims.iter().zip(&tiles) {
-                    if d % t != 0 {
-                        return Err(Error::InvalidGraph {
-                            message: format!(
-                                "{} over layout {layout}: dims {dims:?} do not split into \
-                                 {tiles:?} blocks",
-                                node.op
-                            ),
-                        });
-                    }
-                    b.push(d / t);
-                }
-                Ok(tensor_of(node.ty.dtype, &b))
-            };
-            let (in_block, out_block) = (block(&x.dims)?, block(&node.ty.dims)?);
-            for line in [
-                format!(
-                    "{v}_s = stablehlo.custom_call @Sharding({}) {{mhlo.sharding = \"{layout}\"}} \
-                     : ({in_full}) -> {in_full}",
-                    args[0]
-                ),
-                format!(
-                    "{v}_m = stablehlo.custom_call @SPMDFullToShardShape({v}_s) \
-                     {{mhlo.sharding = \"{{manual}}\"}} : ({in_full}) -> {in_block}"
-                ),
-                format!(
-                    "{v}_c = {}",
-                    call(&format!("{v}_m"), &format!("({in_block}) -> {out_block}"))
-                ),
-                format!(
-                    "{v}_r = stablehlo.custom_call @Sharding({v}_c) \
-                     {{mhlo.sharding = \"{{manual}}\"}} : ({out_block}) -> {out_block}"
-                ),
-                format!(
-                    "{v} = stablehlo.custom_call @SPMDShardToFullShape({v}_r) \
-                     {{mhlo.sharding = \"{layout}\"}} : ({out_block}) -> {ty}"
-                ),
-            ] {
-                e.line(&line);
-            }
+            let dtype = node.ty.dtype;
+            let in_block = tensor_of(dtype, &manual_block(&node.op, layout, &x.dims)?);
+            let out_block = tensor_of(dtype, &manual_block(&node.op, layout, &node.ty.dims)?);
+            let m = enter_manual(e, &v, &args[0], layout, in_full, &in_block);
+            let sig = format!("({in_block}) -> {out_block}");
+            e.line(&format!("{v}_c = {}", call(&m, &sig)));
+            leave_manual(e, &format!("{v}_c"), &v, layout, &out_block, &ty);
             return Ok(v);
         }
         Op::Iota { dim, .. } => {
@@ -418,37 +377,15 @@ fn emit_bucket(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Result<
     for (k, (o, layout)) in node.operands.iter().zip(layouts).enumerate() {
         let full_ty = graph.node_type(*o);
         let full = tensor(full_ty);
-        let tiles = sharding_tiles(layout, full_ty.rank())?;
-        let mut dims = Vec::with_capacity(tiles.len());
-        for (d, t) in full_ty.dims.iter().zip(&tiles) {
-            if d % t != 0 {
-                return Err(Error::InvalidGraph {
-                    message: format!(
-                        "{} over layout {layout}: dims {:?} do not split into {tiles:?} \
-                         blocks",
-                        node.op, full_ty.dims
-                    ),
-                });
-            }
-            dims.push(d / t);
-        }
+        let dims = manual_block(&node.op, layout, &full_ty.dims)?;
         let n: usize = dims.iter().product();
         let block = tensor_of(dtype, &dims);
         let flat = tensor_of(dtype, &[n]);
-        let arg = &e.names[o.0];
-        for line in [
-            format!(
-                "{v}_s{k} = stablehlo.custom_call @Sharding({arg}) {{mhlo.sharding = \
-                 \"{layout}\"}} : ({full}) -> {full}"
-            ),
-            format!(
-                "{v}_m{k} = stablehlo.custom_call @SPMDFullToShardShape({v}_s{k}) \
-                 {{mhlo.sharding = \"{{manual}}\"}} : ({full}) -> {block}"
-            ),
-            format!("{v}_f{k} = \"stablehlo.reshape\"({v}_m{k}) : ({block}) -> {flat}"),
-        ] {
-            e.line(&line);
-        }
+        let arg = e.names[o.0].clone();
+        let m = enter_manual(e, &format!("{v}_{k}"), &arg, layout, &full, &block);
+        e.line(&format!(
+            "{v}_f{k} = \"stablehlo.reshape\"({m}) : ({block}) -> {flat}"
+        ));
         blocks.push((n, block, full, layout));
     }
     let total: usize = blocks.iter().map(|b| b.0).sum();
@@ -463,9 +400,7 @@ fn emit_bucket(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Result<
     e.line(&format!(
         "{v}_c = stablehlo.custom_call @{}({v}_j) {{api_version = 4 : i32, backend_config = \
          {{dim = 0 : i64, leader = 0 : i64, op = {} : i64, tag = {tag} : i64}}, \
-         operand_layouts = [{}], result_layouts = [{}], output_operand_aliases = \
-         [#stablehlo.output_operand_alias<output_tuple_indices = [], operand_index = 0, \
-         operand_tuple_indices = []>]}} : ({joined}) -> {joined}",
+         operand_layouts = [{}], result_layouts = [{}]{IN_PLACE}}} : ({joined}) -> {joined}",
         process_target(&ProcessCollective::AllReduce(*op)),
         process_reduce_code(*op),
         row_major(1),
@@ -474,29 +409,83 @@ fn emit_bucket(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Result<
     let mut at = 0;
     for (k, (n, block, full, layout)) in blocks.iter().enumerate() {
         let flat = tensor_of(dtype, &[*n]);
-        for line in [
-            format!(
-                "{v}_x{k} = \"stablehlo.slice\"({v}_c) {{start_indices = array<i64: {at}>, \
-                 limit_indices = array<i64: {}>, strides = array<i64: 1>}} : ({joined}) -> \
-                 {flat}",
-                at + n
-            ),
-            format!("{v}_y{k} = \"stablehlo.reshape\"({v}_x{k}) : ({flat}) -> {block}"),
-            format!(
-                "{v}_r{k} = stablehlo.custom_call @Sharding({v}_y{k}) {{mhlo.sharding = \
-                 \"{{manual}}\"}} : ({block}) -> {block}"
-            ),
-            format!(
-                "{v}_o{k} = stablehlo.custom_call @SPMDShardToFullShape({v}_r{k}) \
-                 {{mhlo.sharding = \"{layout}\"}} : ({block}) -> {full}"
-            ),
-        ] {
-            e.line(&line);
-        }
+        e.line(&format!(
+            "{v}_x{k} = \"stablehlo.slice\"({v}_c) {{start_indices = array<i64: {at}>, \
+             limit_indices = array<i64: {}>, strides = array<i64: 1>}} : ({joined}) -> {flat}",
+            at + n
+        ));
+        e.line(&format!(
+            "{v}_y{k} = \"stablehlo.reshape\"({v}_x{k}) : ({flat}) -> {block}"
+        ));
+        leave_manual(
+            e,
+            &format!("{v}_y{k}"),
+            &format!("{v}_o{k}"),
+            layout,
+            block,
+            full,
+        );
         at += n;
     }
     e.buckets.push((*tag, v.clone()));
     Ok(result(&v))
+}
+
+/// A process all-reduce works in place: its result may reuse the operand's buffer (XLA copies
+/// the operand first only when something else still reads it).
+const IN_PLACE: &str = ", output_operand_aliases = [#stablehlo.output_operand_alias<\
+                        output_tuple_indices = [], operand_index = 0, operand_tuple_indices = \
+                        []>]";
+
+/// The shape of each device's block of a value of shape `dims` laid out as `layout`; an error
+/// naming `op` when the layout's tiles do not divide it.
+fn manual_block(op: &Op, layout: &str, dims: &[usize]) -> Result<Vec<usize>> {
+    let tiles = sharding_tiles(layout, dims.len())?;
+    dims.iter()
+        .zip(&tiles)
+        .map(|(d, t)| match d % t {
+            0 => Ok(d / t),
+            _ => Err(Error::InvalidGraph {
+                message: format!(
+                    "{op} over layout {layout}: dims {dims:?} do not split into {tiles:?} blocks"
+                ),
+            }),
+        })
+        .collect()
+}
+
+/// Enters a manual region of `layout` with `arg` (of type `full`): `{base}_s` pins the layout,
+/// `{base}_m` is this device's block (of type `block`), whose name it returns.
+fn enter_manual(
+    e: &mut Emitter,
+    base: &str,
+    arg: &str,
+    layout: &str,
+    full: &str,
+    block: &str,
+) -> String {
+    e.line(&format!(
+        "{base}_s = stablehlo.custom_call @Sharding({arg}) {{mhlo.sharding = \"{layout}\"}} \
+         : ({full}) -> {full}"
+    ));
+    e.line(&format!(
+        "{base}_m = stablehlo.custom_call @SPMDFullToShardShape({base}_s) \
+         {{mhlo.sharding = \"{{manual}}\"}} : ({full}) -> {block}"
+    ));
+    format!("{base}_m")
+}
+
+/// Leaves a manual region: `value`, each device's block (of type `block`), becomes `out` (of
+/// type `full`) laid out as `layout`, through `{out}_r`.
+fn leave_manual(e: &mut Emitter, value: &str, out: &str, layout: &str, block: &str, full: &str) {
+    e.line(&format!(
+        "{out}_r = stablehlo.custom_call @Sharding({value}) \
+         {{mhlo.sharding = \"{{manual}}\"}} : ({block}) -> {block}"
+    ));
+    e.line(&format!(
+        "{out} = stablehlo.custom_call @SPMDShardToFullShape({out}_r) \
+         {{mhlo.sharding = \"{layout}\"}} : ({block}) -> {full}"
+    ));
 }
 
 /// The custom-call target a [`ProcessCollective`] lowers to (`neuron_pc_<name>`).

@@ -292,4 +292,14 @@ fn in_a_partitioned_program_the_means_recorded_together_are_one_exchange() {
     assert!(text.contains("-> tensor<19xf32>"), "{text}");
     assert!(text.contains("-> tensor<4x4xf32>"), "{text}");
     assert!(text.contains("-> tensor<3xf32>"), "{text}");
+    // each member leaves the manual region as a value of its own, in its own layout
+    for (k, (block, full)) in [("4x4", "4x8"), ("3", "6")].iter().enumerate() {
+        let leaves = format!("_o{k} = stablehlo.custom_call @SPMDShardToFullShape(%v");
+        let typed = format!("(tensor<{block}xf32>) -> tensor<{full}xf32>");
+        assert!(
+            text.lines()
+                .any(|l| l.contains(&leaves) && l.contains(&typed)),
+            "{text}"
+        );
+    }
 }
