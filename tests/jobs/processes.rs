@@ -24,24 +24,33 @@ fn spawn_ranks(
 ) -> Vec<Child> {
     let port = free_port();
     (0..world)
-        .map(|rank| {
-            let mut c = command(cache, all);
-            c.envs(torchrun_vars(rank, world, run, port))
-                .env("TORCHELASTIC_RESTART_COUNT", attempt.to_string())
-                .env("NEURON_PC_STORE", &etcd.url)
-                .env_remove("NEURON_PC_RUN_ID")
-                .env_remove("RUST_BACKTRACE")
-                .env_remove("RUST_LIB_BACKTRACE");
-            if skip {
-                c.env(neuron_pc::collectives::SKIP_ENV, "1");
-            }
-            c.stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
+        .map(|rank| spawn_rank(etcd, cache, (run, port), (rank, world, attempt, skip), all))
         .collect()
+}
+
+/// Rank `rank` of [`spawn_ranks`], its master at `port`: `train_llama all..`.
+fn spawn_rank(
+    etcd: &Etcd,
+    cache: &Path,
+    (run, port): (&str, u16),
+    (rank, world, attempt, skip): (usize, usize, usize, bool),
+    all: &[&str],
+) -> Child {
+    let mut c = command(cache, all);
+    c.envs(torchrun_vars(rank, world, run, port))
+        .env("TORCHELASTIC_RESTART_COUNT", attempt.to_string())
+        .env("NEURON_PC_STORE", &etcd.url)
+        .env_remove("NEURON_PC_RUN_ID")
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE");
+    if skip {
+        c.env(neuron_pc::collectives::SKIP_ENV, "1");
+    }
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// `train_llama SMALL.. args..` as `world` ranks ([`spawn_ranks`], attempt 0), each of which
@@ -327,16 +336,7 @@ fn ranks_that_disagree_on_their_devices_stop_before_step_1_with_one_line_each() 
     let ranks: Vec<Child> = (0..2)
         .map(|rank| {
             let all = [SMALL, &flags[rank][..], &["--steps", "2"]].concat();
-            command(&cache, &all)
-                .envs(torchrun_vars(rank, 2, "layout", port))
-                .env("NEURON_PC_STORE", &etcd.url)
-                .env_remove("NEURON_PC_RUN_ID")
-                .env_remove("RUST_BACKTRACE")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
+            spawn_rank(&etcd, &cache, ("layout", port), (rank, 2, 0, false), &all)
         })
         .collect();
     for (rank, child) in ranks.into_iter().enumerate() {
