@@ -5,7 +5,8 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 use super::families::DTypeClass;
-use super::op::{Op, ProcessCollective, ScanBody, ScanOutput};
+use super::infer_process::{infer_process_bucket, infer_process_collective};
+use super::op::{Op, ScanBody, ScanOutput};
 use super::types::TensorType;
 
 /// The result type of `op` applied to operands of types `operands`.
@@ -94,17 +95,7 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             layouts,
             output,
             ..
-        } => {
-            let e = |m: String| shape_error(op, operands, m);
-            let Some(x) = operands.get(*output) else {
-                return Err(e(format!("output {output} of {} operands", operands.len())));
-            };
-            if layouts.len() != operands.len() || operands.iter().any(|o| o.dtype != x.dtype) {
-                return Err(e("one layout per operand, all of one dtype".to_string()));
-            }
-            dtype_in(op, x.dtype, r.dtypes())?;
-            Ok((*x).clone())
-        }
+        } => infer_process_bucket(op, operands, *r, layouts.len(), *output),
         Op::Iota { dims, dim, dtype } => {
             arity(op, operands, 0)?;
             if *dim >= dims.len() {
@@ -494,7 +485,7 @@ fn arity(op: &Op, operands: &[&TensorType], n: usize) -> Result<()> {
     Ok(())
 }
 
-fn unary<'a>(op: &Op, operands: &[&'a TensorType]) -> Result<&'a TensorType> {
+pub(super) fn unary<'a>(op: &Op, operands: &[&'a TensorType]) -> Result<&'a TensorType> {
     arity(op, operands, 1)?;
     Ok(operands[0])
 }
@@ -619,7 +610,7 @@ fn reduce_window(
     Ok(TensorType::new(x.dtype, dims))
 }
 
-fn dtype_in(op: &Op, dtype: DType, class: DTypeClass) -> Result<()> {
+pub(super) fn dtype_in(op: &Op, dtype: DType, class: DTypeClass) -> Result<()> {
     if class.contains(dtype) {
         Ok(())
     } else {
@@ -772,43 +763,4 @@ fn infer_scan(
             None => Err(e(format!("stacked {n} of a body of {} nodes", g.len()))),
         },
     }
-}
-
-/// A [`Op::ProcessCollective`] of one operand.
-fn infer_process_collective(
-    op: &Op,
-    operands: &[&TensorType],
-    collective: ProcessCollective,
-    processes: usize,
-) -> Result<TensorType> {
-    let e = |m: String| shape_error(op, operands, m);
-    let x = unary(op, operands)?;
-    if processes == 0 {
-        return Err(e("no processes".to_string()));
-    }
-    let mut dims = x.dims.clone();
-    match collective {
-        ProcessCollective::AllReduce(r) => dtype_in(op, x.dtype, r.dtypes())?,
-        ProcessCollective::AllGather { dim } => {
-            if dim >= x.rank() {
-                return Err(e(format!(
-                    "dim {dim} is out of range for rank {}",
-                    x.rank()
-                )));
-            }
-            dims[dim] = dims[dim]
-                .checked_mul(processes)
-                .ok_or_else(|| e("the result is too large".to_string()))?;
-        }
-        ProcessCollective::ReduceScatter { op: r, dim } => {
-            dtype_in(op, x.dtype, r.dtypes())?;
-            if dim >= x.rank() || x.dims[dim] % processes != 0 {
-                return Err(e(format!(
-                    "dimension {dim} must exist and divide by the process count {processes}"
-                )));
-            }
-            dims[dim] /= processes;
-        }
-    }
-    Ok(TensorType::new(x.dtype, dims))
 }

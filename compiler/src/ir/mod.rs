@@ -17,6 +17,7 @@
 mod families;
 mod graph;
 mod infer;
+mod infer_process;
 mod op;
 mod types;
 
