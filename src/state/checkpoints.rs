@@ -175,7 +175,12 @@ impl Checkpoints {
                 None => {
                     let dev = snapshot.device();
                     let store = dev.inner.rank_check.as_ref().map(|c| c.store());
-                    let n = attempt_nonce(store, snapshot.rank, snapshot.processes, &self.options)?;
+                    let n = attempt_nonce(
+                        store,
+                        snapshot.rank,
+                        snapshot.processes,
+                        self.options.rank_timeout,
+                    )?;
                     self.nonce = Some(n.clone());
                     n
                 }
@@ -249,7 +254,9 @@ impl Checkpoints {
             let topology = &t.device()?.inner.config.topology;
             if topology.world_size > 1 && topology.rank == 0 {
                 // before any rank saves again: a killed run's parts must not join a new save
-                clear_stale_parts(&self.location)?;
+                let names = self.location.list()?;
+                let done: Vec<String> = committed(&names).into_iter().map(|c| c.name).collect();
+                clear_stale_parts(&self.location, &names, &done)?;
             }
         }
         let all = self.list()?;
@@ -391,7 +398,7 @@ impl Drop for Checkpoints {
     }
 }
 
-pub(super) fn storage(location: &str, message: &str) -> CheckpointError {
+fn storage(location: &str, message: &str) -> CheckpointError {
     CheckpointError::Storage {
         location: location.to_string(),
         message: message.to_string(),
@@ -469,7 +476,7 @@ fn complete(loc: &Location) -> std::result::Result<Vec<CheckpointInfo>, Checkpoi
 }
 
 /// The committed checkpoints among a location's object names, oldest first.
-pub(super) fn committed(names: &[String]) -> Vec<CheckpointInfo> {
+fn committed(names: &[String]) -> Vec<CheckpointInfo> {
     let mut out: Vec<CheckpointInfo> = names
         .iter()
         .filter_map(|n| {
@@ -533,7 +540,7 @@ fn read_manifest(loc: &Location, dir: &str) -> std::result::Result<Manifest, Che
 }
 
 /// Reads checkpoint `dir` whole, checking every file.
-pub(super) fn load(loc: &Location, dir: &str) -> std::result::Result<StateDict, CheckpointError> {
+fn load(loc: &Location, dir: &str) -> std::result::Result<StateDict, CheckpointError> {
     let m = read_manifest(loc, dir)?;
     let mut assembly = Assembly::new(&m);
     for (file, entry) in &m.files {
@@ -548,4 +555,145 @@ pub(super) fn load(loc: &Location, dir: &str) -> std::result::Result<StateDict, 
         tensors: assembly.finish()?,
         metadata: m.metadata,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::manifest::{dir_name, MANIFEST};
+    use crate::checkpoint::manifest::{sha256, Chunk, FileEntry, TensorEntry};
+    use crate::checkpoint::StateDict;
+    use crate::state::checkpoints::load;
+    use neuron_pc_compiler::HostTensor;
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    /// What rank `rank` of two writes of a 6-element `w` (rank 0) and of its moments (3
+    /// elements each): its file, and its part of the manifest.
+    fn write_rank(loc: &Location, dir: &str, rank: usize, moments: &[f32], nonce: &str) {
+        let file = format!("rank-{rank:05}-model-00001-of-00001.safetensors");
+        let mut sd = StateDict::default();
+        let mut part = Manifest::new(7, 2, BTreeMap::from([("step".into(), "7".into())]));
+        part.nonce = Some(nonce.to_string());
+        let chunk = |key: &str, start, len| Chunk {
+            block: None,
+            file: file.clone(),
+            key: key.to_string(),
+            start,
+            len,
+            at: None,
+            sha256: None,
+        };
+        if rank == 0 {
+            let w = HostTensor::from_slice(&[1f32, 2., 3., 4., 5., 6.], &[2, 3]).unwrap();
+            sd.tensors.insert("w".into(), w);
+            part.tensors.insert(
+                "w".into(),
+                TensorEntry {
+                    dtype: "f32".into(),
+                    shape: vec![2, 3],
+                    chunks: vec![chunk("w", 0, 6)],
+                },
+            );
+        }
+        let key = format!("optimizer.w.exp_avg#{rank}");
+        sd.tensors
+            .insert(key.clone(), HostTensor::from_slice(moments, &[3]).unwrap());
+        part.tensors.insert(
+            "optimizer.w.exp_avg".into(),
+            TensorEntry {
+                dtype: "f32".into(),
+                shape: vec![2, 3],
+                chunks: vec![chunk(&key, 3 * rank, 3)],
+            },
+        );
+        let path = std::env::temp_dir().join(format!("npc-rank-{}-{rank}", std::process::id()));
+        sd.save(&path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        loc.put(&format!("{dir}/{file}"), &bytes).unwrap();
+        let entry = FileEntry {
+            bytes: bytes.len() as u64,
+            sha256: sha256(&bytes),
+        };
+        part.files.insert(file, entry);
+        let json = serde_json::to_vec(&part).unwrap();
+        loc.put(&format!("{dir}/rank-{rank:05}.json"), &json)
+            .unwrap();
+    }
+
+    #[test]
+    fn rank_zero_merges_every_ranks_part_and_the_whole_tensors_load() {
+        let root = std::env::temp_dir().join(format!("npc-ckpt-ranks-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let loc = Arc::new(Location::Local(root.clone()));
+        let dir = dir_name(7);
+        // a killed save of the same step left rank 1's part and file, of another nonce
+        write_rank(&loc, &dir, 1, &[9.0, 9.0, 9.0], "killed.1");
+        write_rank(&loc, &dir, 0, &[0.1, 0.2, 0.3], "now.1");
+        // rank 1 is late: rank 0 waits past the old part for this save's
+        let late = loc.clone();
+        let d = dir.clone();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(600));
+            write_rank(&late, &d, 1, &[0.4, 0.5, 0.6], "now.1");
+        });
+        let nonce = Some("now.1");
+        let merged = gather_parts(&loc, &dir, 2, nonce, Duration::from_secs(20)).unwrap();
+        writer.join().unwrap();
+        let json = serde_json::to_vec(&merged).unwrap();
+        Manifest::parse(&dir, &json).unwrap();
+        loc.put(&format!("{dir}/{MANIFEST}"), &json).unwrap();
+        let sd = load(&loc, &dir).unwrap();
+        let m = sd.tensors["optimizer.w.exp_avg"].to_f64_vec();
+        let want = [0.1f32, 0.2, 0.3, 0.4, 0.5, 0.6].map(f64::from);
+        assert_eq!(m, want);
+        assert_eq!(sd.tensors["w"].dims(), [2, 3]);
+        assert_eq!(sd.metadata["step"], "7");
+        // a rank that never writes its part fails the save after the timeout
+        let err = gather_parts(&loc, &dir, 3, nonce, Duration::from_millis(300)).unwrap_err();
+        assert!(
+            err.to_string().contains("rank 2 did not write its part"),
+            "{err}"
+        );
+        // ... and one whose only part there is another save's says so
+        let next = Some("now.2");
+        let err = gather_parts(&loc, &dir, 2, next, Duration::from_millis(300)).unwrap_err();
+        let want = concat!(
+            "rank 0 did not write its part in 300ms; its part there is of another save ",
+            "(nonce now.1, this save's now.2)"
+        );
+        assert!(err.to_string().contains(want), "{err}");
+        // a rank whose save failed says so, and rank 0 stops waiting at once
+        let other = dir_name(8);
+        write_rank(&loc, &other, 0, &[0.1, 0.2, 0.3], "now.3");
+        let failed = serde_json::json!({ "nonce": "now.3", "error": "disk full" });
+        loc.put(&failed_name(&other, 1), failed.to_string().as_bytes())
+            .unwrap();
+        let started = Instant::now();
+        let long = Duration::from_secs(600);
+        let err = gather_parts(&loc, &other, 2, Some("now.3"), long).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(60));
+        assert!(
+            err.to_string()
+                .contains("rank 1 could not write its part: disk full"),
+            "{err}"
+        );
+        // a killed attempt's part at a later step goes at resume; committed ones stay
+        let late = dir_name(9);
+        write_rank(&loc, &late, 1, &[0.0; 3], "killed.2");
+        let names = loc.list().unwrap();
+        let done: Vec<String> = committed(&names).into_iter().map(|c| c.name).collect();
+        clear_stale_parts(&loc, &names, &done).unwrap();
+        let names = loc.list().unwrap();
+        assert!(
+            !names.contains(&format!("{late}/rank-00001.json")),
+            "{names:?}"
+        );
+        assert!(
+            names.contains(&format!("{dir}/rank-00001.json")),
+            "{names:?}"
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }

@@ -17,7 +17,6 @@
 mod families;
 mod graph;
 mod infer;
-mod infer_process;
 mod op;
 mod types;
 

@@ -3,10 +3,8 @@
 
 use crate::error::Result;
 
-use super::families::ReduceOp;
-use super::infer::{dtype_in, shape_error, unary};
-use super::op::{Op, ProcessCollective};
-use super::types::TensorType;
+use super::{dtype_in, shape_error, unary};
+use crate::ir::{Op, ProcessCollective, ReduceOp, TensorType};
 
 /// A [`Op::ProcessCollective`] of one operand.
 pub(super) fn infer_process_collective(

@@ -5,9 +5,11 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 
 use super::families::DTypeClass;
-use super::infer_process::{infer_process_bucket, infer_process_collective};
 use super::op::{Op, ScanBody, ScanOutput};
 use super::types::TensorType;
+
+mod process;
+use process::{infer_process_bucket, infer_process_collective};
 
 /// The result type of `op` applied to operands of types `operands`.
 ///
