@@ -141,6 +141,16 @@ extern "C" {
         tag: u32,
         timeout_ms: i64,
     ) -> *mut c_char;
+    fn npc_gloo_reduce_scatter(
+        group: *mut c_void,
+        input: *const c_void,
+        output: *mut c_void,
+        count: usize,
+        dtype: c_int,
+        op: c_int,
+        tag: u32,
+        timeout_ms: i64,
+    ) -> *mut c_char;
     fn npc_gloo_allgather(
         group: *mut c_void,
         input: *const c_void,
@@ -392,7 +402,8 @@ impl Group {
     /// Reduces `input` over the group and leaves this member block `rank` of the result
     /// (`output` is `input`'s length over the group's size).
     ///
-    /// Runs as an all-reduce of a copy (twice the bytes of a reduce-scatter on the wire).
+    /// One all-to-all of the blocks and a local combine: each member sends and receives
+    /// `(size - 1) / size` of `input`, half of what an all-reduce moves.
     pub fn reduce_scatter(
         &self,
         input: &[u8],
@@ -409,11 +420,25 @@ impl Group {
                 self.size
             )));
         }
-        let mut all = input.to_vec();
-        self.all_reduce(&mut all, element, op, tag)?;
-        let block = output.len();
-        output.copy_from_slice(&all[self.rank * block..(self.rank + 1) * block]);
-        Ok(())
+        let count = elements(input.len(), element)?;
+        if count == 0 {
+            return Ok(());
+        }
+        // SAFETY: `input` holds `count` elements and `output` `count / size` (checked above);
+        // the call blocks until the reduction is done.
+        unsafe {
+            check(npc_gloo_reduce_scatter(
+                self.raw.as_ptr(),
+                input.as_ptr().cast(),
+                output.as_mut_ptr().cast(),
+                count,
+                element.code(),
+                op as c_int,
+                tag,
+                millis(self.timeout),
+            ))
+        }
+        .map_err(|e| self.failed("reduce-scatter", e))
     }
 
     fn failed(&self, what: &str, e: Error) -> Error {

@@ -14,6 +14,7 @@
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
@@ -175,6 +176,26 @@ enum Dtype {
   kU8 = 8, kU16 = 9, kU32 = 10, kU64 = 11,
 };
 
+// The combiner of `op` for element type `dtype` and the element's size in bytes; a null
+// combiner for an unknown type.
+gloo::AllreduceOptions::Func combiner(int dtype, int op, size_t* size) {
+  switch (dtype) {
+    case kF32: *size = 4; return plain_func<float>(op);
+    case kF64: *size = 8; return plain_func<double>(op);
+    case kBf16: *size = 2; return half_func<Bf16>(op);
+    case kF16: *size = 2; return half_func<F16>(op);
+    case kS8: *size = 1; return plain_func<int8_t>(op);
+    case kS16: *size = 2; return plain_func<int16_t>(op);
+    case kS32: *size = 4; return plain_func<int32_t>(op);
+    case kS64: *size = 8; return plain_func<int64_t>(op);
+    case kU8: *size = 1; return plain_func<uint8_t>(op);
+    case kU16: *size = 2; return plain_func<uint16_t>(op);
+    case kU32: *size = 4; return plain_func<uint32_t>(op);
+    case kU64: *size = 8; return plain_func<uint64_t>(op);
+    default: *size = 0; return nullptr;
+  }
+}
+
 template <typename T>
 void set_reduce(gloo::AllreduceOptions& opts, void* data, size_t count,
                 gloo::AllreduceOptions::Func f) {
@@ -264,6 +285,36 @@ char* npc_gloo_allgather(void* group, const void* input, void* output, size_t by
     opts.setTag(tag);
     opts.setTimeout(std::chrono::milliseconds(timeout_ms));
     gloo::allgather(opts);
+  });
+}
+
+// Reduces `count` elements at `input` over the group; this member keeps block `rank` of the
+// result (count / size elements) in `output`. Block k of every member's input goes to member
+// k in one all-to-all (each member sends and receives (size - 1) / size of the input, as a
+// ring's reduce-scatter does), and each member combines the blocks it received.
+char* npc_gloo_reduce_scatter(void* group, const void* input, void* output, size_t count,
+                              int dtype, int op, uint32_t tag, int64_t timeout_ms) {
+  return guarded([&] {
+    auto* g = static_cast<Group*>(group);
+    size_t size = 0;
+    auto combine_into = combiner(dtype, op, &size);
+    if (combine_into == nullptr) {
+      throw std::runtime_error("unsupported element type " + std::to_string(dtype));
+    }
+    const size_t members = static_cast<size_t>(g->context->size);
+    const size_t block = count / members;
+    std::vector<char> received(count * size);
+    gloo::AlltoallOptions opts(g->context);
+    opts.setInput(const_cast<char*>(static_cast<const char*>(input)), count * size);
+    opts.setOutput(received.data(), received.size());
+    opts.setTag(tag);
+    opts.setTimeout(std::chrono::milliseconds(timeout_ms));
+    gloo::alltoall(opts);
+    char* out = static_cast<char*>(output);
+    std::memcpy(out, received.data(), block * size);
+    for (size_t k = 1; k < members; k++) {
+      combine_into(out, out, received.data() + k * block * size, block);
+    }
   });
 }
 
