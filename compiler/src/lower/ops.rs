@@ -90,9 +90,17 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
                 e.line(&format!("{v} = {}", call(&arg_list, &sig)));
                 return Ok(v);
             };
-            // each device's block, in a manual region of the operand's layout
-            let in_full = &arg_tys[0];
             let x = in_ty.ok_or_else(|| missing(i))?;
+            // each device's block, in a manual region of the operand's layout; a gather or a
+            // scatter along a dimension the layout splits runs on whole copies instead (the
+            // processes' blocks of a device's block do not make that device's block)
+            let along = !matches!(collective, ProcessCollective::AllReduce(_));
+            let layout = if along && sharding_tiles(layout, x.rank())?.get(dim) > Some(&1) {
+                "{replicated}"
+            } else {
+                layout.as_str()
+            };
+            let in_full = &arg_tys[0];
             let dtype = node.ty.dtype;
             let in_block = tensor_of(dtype, &manual_block(&node.op, layout, &x.dims)?);
             let out_block = tensor_of(dtype, &manual_block(&node.op, layout, &node.ty.dims)?);

@@ -233,6 +233,52 @@ fn in_a_partitioned_program_the_call_runs_in_a_manual_region_of_the_operand_layo
 }
 
 #[test]
+fn a_gather_between_processes_along_a_split_dimension_runs_on_whole_copies() {
+    // [4, 8] split into [4, 4] columns over 2 devices, gathered over 2 processes along the
+    // rows (each device's block: [8, 4]) and along the split columns (whole copies: [4, 16])
+    let gathered = |dim: usize| {
+        let mut g = Graph::new();
+        let x = g.parameter(TensorType::new(DType::F32, vec![4, 8]));
+        let op = Op::ShardingConstraint {
+            sharding: "{devices=[1,2]0,1}".into(),
+        };
+        let c = g.push(op, &[x]).unwrap();
+        let op = Op::AllGather {
+            dim,
+            replica_groups: vec![vec![0, 1]],
+        };
+        let y = g.push(op, &[c]).unwrap();
+        g.set_outputs(&[y]).unwrap();
+        let layout = ProcessLayout {
+            processes: 2,
+            local: 1,
+            partitioned: true,
+        };
+        to_stablehlo(&cross_process(&g, layout).unwrap()).unwrap()
+    };
+    let call = |text: &str| -> String {
+        let line = text
+            .lines()
+            .find(|l| l.contains("@neuron_pc_process_all_gather("));
+        line.unwrap_or_else(|| panic!("{text}")).to_string()
+    };
+    let rows = gathered(0);
+    assert!(
+        call(&rows).contains("(tensor<4x4xf32>) -> tensor<8x4xf32>"),
+        "{rows}"
+    );
+    let columns = gathered(1);
+    assert!(
+        call(&columns).contains("(tensor<4x8xf32>) -> tensor<4x16xf32>"),
+        "{columns}"
+    );
+    assert!(
+        columns.contains("mhlo.sharding = \"{replicated}\""),
+        "{columns}"
+    );
+}
+
+#[test]
 fn in_a_partitioned_program_the_means_recorded_together_are_one_exchange() {
     // two values, each in its own layout, reduced between processes one after the other (as
     // `average_gradients` records the gradients' means), then a third that reads the first
