@@ -19,9 +19,10 @@
 //! AdamW update, so the run compiles it once (plus the matmul that measures the peak).
 //! `--buckets 16,32,64` trains on rows of random length padded to length buckets (one graph per
 //! bucket), `--grad-accum K` takes K micro-batches per update (a micro-batch graph and an
-//! update graph), `--zero1` shards AdamW's moments over the replicas. `--fsdp F --tp T` lays a
-//! mesh of F x T devices: FSDP over its `data` axis, tensor parallelism (the Megatron layout)
-//! over its `model` axis, each step one program partitioned by XLA's SPMD partitioner.
+//! update graph), `--zero1` shards AdamW's moments over the replicas (over the processes, with a
+//! mesh in each). `--fsdp F --tp T` lays a mesh of F x T devices: FSDP over its `data` axis,
+//! tensor parallelism (the Megatron layout) over its `model` axis, each step one program
+//! partitioned by XLA's SPMD partitioner.
 //! `--remat full|dots` checkpoints every decoder layer, `--precision bf16` computes the matrix
 //! products in bfloat16 over float32 master weights, `--loss-chunk N` computes the head and
 //! the loss N tokens at a time: the three trade step time for memory at long context.
@@ -189,7 +190,8 @@ struct Args {
     /// `batch-size / K` sequences (the same update as one batch of `batch-size`).
     #[arg(long, default_value_t = 1)]
     grad_accum: usize,
-    /// ZeRO-1: shard AdamW's moments over the replicas (each keeps 1/N of them).
+    /// ZeRO-1: shard AdamW's moments over the replicas (each keeps 1/N of them); with
+    /// `--fsdp`/`--tp` in a launch of several processes, over the processes.
     #[arg(long)]
     zero1: bool,
     /// FSDP (ZeRO-3) over F devices: parameters, gradients and AdamW's moments split over the
@@ -287,10 +289,15 @@ fn main() -> anyhow::Result<()> {
         if fsdp == 0 || tp == 0 {
             bail!("--fsdp {fsdp} --tp {tp}: each needs at least 1 device");
         }
-        if args.devices.is_some_and(|n| n > 1) || args.zero1 {
+        if args.devices.is_some_and(|n| n > 1) {
+            bail!("--fsdp/--tp lay a mesh over the devices: its data axis replaces --devices");
+        }
+        // with a mesh in each process, ZeRO-1 shards the moments over the processes (its
+        // replicas); inside one process FSDP shards what it would
+        if args.zero1 && !device_config.topology.is_multi_process() {
             bail!(
-                "--fsdp/--tp lay a mesh over the devices: its data axis replaces --devices, and \
-                 FSDP shards what --zero1 would"
+                "--zero1 with --fsdp/--tp shards AdamW's moments over the processes of a \
+                 multi-process launch; in one process, --fsdp shards them over the devices"
             );
         }
         device_config.replicas = 1;

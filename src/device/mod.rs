@@ -649,7 +649,7 @@ impl DeviceInner {
             return (exe.output_types.iter().zip(per_replica))
                 .enumerate()
                 .map(|(k, (ty, &p))| match exe.out_sharding(k) {
-                    Some(s) => self.upload_zeros_sharded(ty.dtype, s, true),
+                    Some(s) => self.upload_zeros_sharded(ty.dtype, s, p, true),
                     None => self.upload_zeros(ty.dtype, &ty.dims, p, true),
                 })
                 .collect();

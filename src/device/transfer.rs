@@ -28,8 +28,20 @@ impl DeviceInner {
         host: &HostTensor,
         sharding: &Sharding,
     ) -> Result<Arc<DeviceData>> {
+        self.upload_sharded_as(host, sharding, false)
+    }
+
+    /// [`DeviceInner::upload_sharded`]; `per_replica`: each replica's (process's) own value,
+    /// free to diverge (a ZeRO-1 block), else the same on every replica.
+    pub(crate) fn upload_sharded_as(
+        &self,
+        host: &HostTensor,
+        sharding: &Sharding,
+        per_replica: bool,
+    ) -> Result<Arc<DeviceData>> {
         if sharding.is_replicated() {
-            return self.upload(host, false);
+            let copies = vec![host; self.devices.len()];
+            return self.upload_replicas(&copies, per_replica, false);
         }
         let started = Instant::now();
         let buffers = (self.devices.iter().enumerate())
@@ -39,14 +51,16 @@ impl DeviceInner {
                     .buffer_from_host(&sharding.block(host, p)?, d)?)
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(self.transferred(started, buffers, false, Some(sharding), false))
+        Ok(self.transferred(started, buffers, per_replica, Some(sharding), false))
     }
 
-    /// Zeros laid out as `sharding` says, each device holding its block.
+    /// Zeros laid out as `sharding` says, each device holding its block (`per_replica` as for
+    /// [`DeviceInner::upload_sharded_as`]).
     pub(crate) fn upload_zeros_sharded(
         &self,
         dtype: DType,
         sharding: &Sharding,
+        per_replica: bool,
         zero_filled: bool,
     ) -> Result<Arc<DeviceData>> {
         let started = Instant::now();
@@ -54,7 +68,7 @@ impl DeviceInner {
         let buffers = (self.devices.iter())
             .map(|&d| self.client().zeros_buffer(dtype, &block, d))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(self.transferred(started, buffers, false, Some(sharding), zero_filled))
+        Ok(self.transferred(started, buffers, per_replica, Some(sharding), zero_filled))
     }
 
     /// Copies `hosts[r]` to replica `r`'s device (all of one type).

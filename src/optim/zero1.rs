@@ -11,7 +11,15 @@
 //!
 //! Checkpoints hold the whole state under PyTorch's names ([`Zero1::gather`]), so a file saved
 //! with ZeRO-1 at N replicas loads at any other N, with or without ZeRO-1.
+//!
+//! On a mesh in each process (the processes its replicas: tensor parallelism inside a node,
+//! ZeRO-1 across nodes, as NeuronX Distributed lays it out) a process's block is split further
+//! over every device of its mesh, so a device holds `1/(N x devices)` of the state. The block is
+//! padded to a multiple of the mesh's size, and the `[N, block]` views are split along the
+//! block, never along the replicas: the exchanges between processes then run on each device's
+//! piece alone.
 
+use neuron_pc_compiler::sharding::PartitionSpec;
 use neuron_pc_compiler::DType;
 
 use crate::device::LazyDevice;
@@ -35,27 +43,44 @@ pub(crate) struct Zero1 {
     layouts: Vec<Layout>,
     /// Replicas of the whole run (the blocks are numbered globally).
     replicas: usize,
+    /// On a mesh: every axis of it, the split of a block (see the module documentation).
+    axes: Option<Vec<String>>,
 }
 
 impl Zero1 {
     pub(crate) fn new(device: &LazyDevice, params: &[Tensor]) -> Zero1 {
         let replicas = device.global_replicas();
+        let mesh = device.mesh();
+        // a block splits evenly over the mesh's devices
+        let split = mesh.map_or(1, |m| m.size());
         let layouts = params
             .iter()
             .map(|p| {
                 let numel = p.elem_count();
                 Layout {
                     numel,
-                    block: numel.div_ceil(replicas).max(1),
+                    block: numel.div_ceil(replicas * split).max(1) * split,
                     dims: p.dims().to_vec(),
                 }
             })
             .collect();
+        let axes = mesh.map(|m| m.axes().map(|(name, _)| name.to_string()).collect());
         Zero1 {
             device: device.clone(),
             layouts,
             replicas,
+            axes,
         }
+    }
+
+    /// On a mesh, `t` (a block, or `[N, block]`) split along the block over every device.
+    fn split(&self, t: Tensor) -> Result<Tensor> {
+        let Some(axes) = &self.axes else {
+            return Ok(t);
+        };
+        let mut spec = vec![Vec::new(); t.dims().len() - 1];
+        spec.push(axes.clone());
+        t.constrain(&PartitionSpec(spec))
     }
 
     /// Parameter `i`'s shape.
@@ -65,8 +90,14 @@ impl Zero1 {
 
     /// Zeros of parameter `i`'s block, each replica's own.
     pub(crate) fn zeros(&self, i: usize, dtype: DType) -> Result<Tensor> {
-        self.device
-            .zeros_data(&[self.layouts[i].block], dtype, true)
+        let dims = [self.layouts[i].block];
+        match &self.axes {
+            Some(axes) => {
+                let spec = PartitionSpec(vec![axes.clone()]);
+                self.device.zeros_data_split(&dims, dtype, &spec)
+            }
+            None => self.device.zeros_data(&dims, dtype, true),
+        }
     }
 
     /// `t` (shaped like parameter `i`) flattened and padded with zeros to N blocks: `[N, block]`.
@@ -79,16 +110,18 @@ impl Zero1 {
             let high = (block * self.replicas - numel) as i64;
             flat.pad(&[0], &[high], &[0], &flat.constant_like(0.0)?)?
         };
-        padded.reshape(&[self.replicas, block])
+        self.split(padded.reshape(&[self.replicas, block])?)
     }
 
     /// This replica's block of the replicas' mean of `grad` (parameter `i`'s gradient, each
     /// replica's own or already averaged): one reduce-scatter.
     pub(crate) fn grad_block(&self, i: usize, grad: &Tensor) -> Result<Tensor> {
         let block = self.layouts[i].block;
-        self.blocks(i, grad)?
+        let block = self
+            .blocks(i, grad)?
             .reduce_scatter(Reduction::Mean, 0)?
-            .reshape(&[block])
+            .reshape(&[block])?;
+        self.split(block)
     }
 
     /// This replica's block of `t` (shaped like parameter `i`, the same on every replica).
@@ -96,15 +129,22 @@ impl Zero1 {
         let block = self.layouts[i].block;
         let r = self.device.replica_index()?.to_dtype(DType::I32)?;
         let zero = r.constant_like(0.0)?;
-        self.blocks(i, t)?
+        let block = self
+            .blocks(i, t)?
             .dynamic_slice(&[&r, &zero], &[1, block])?
-            .reshape(&[block])
+            .reshape(&[block])?;
+        self.split(block)
     }
 
     /// The whole of parameter `i`'s `blocks` (each replica's block, shape `[block]`), shaped like
     /// the parameter and the same on every replica: one all-gather.
     pub(crate) fn gather(&self, i: usize, block: &Tensor) -> Result<Tensor> {
         let l = &self.layouts[i];
-        block.all_gather(0)?.narrow(0, 0, l.numel)?.reshape(&l.dims)
+        let row = self.split(block.reshape(&[1, l.block])?)?;
+        let blocks = self.split(row.all_gather(0)?)?;
+        blocks
+            .reshape(&[self.replicas * l.block])?
+            .narrow(0, 0, l.numel)?
+            .reshape(&l.dims)
     }
 }

@@ -251,7 +251,12 @@ fn place_blocks(
         bytes.resize(block * size, 0);
         hosts.push(HostTensor::from_bytes(blocks.dtype(), &[block], bytes)?);
     }
-    blocks.assign(&device.from_replicas(&hosts)?)
+    // on a mesh the process's one block is split over its devices, as it was made
+    let value = match blocks.sharding() {
+        Some(s) => device.per_replica_sharded(&hosts[0], &s)?,
+        None => device.from_replicas(&hosts)?,
+    };
+    blocks.assign(&value)
 }
 
 #[cfg(test)]

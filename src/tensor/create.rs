@@ -94,13 +94,40 @@ impl LazyDevice {
         Ok((!sharding.is_replicated()).then_some(sharding))
     }
 
+    /// Zeros of shape `dims` laid out over the device's mesh as `spec` says (whole without a
+    /// mesh, or where the spec splits nothing): a block of optimizer state each device holds a
+    /// piece of.
+    pub(crate) fn zeros_data_split(
+        &self,
+        dims: &[usize],
+        dtype: DType,
+        spec: &PartitionSpec,
+    ) -> Result<Tensor> {
+        match self.sharding_for(spec, dims, Location::caller())? {
+            Some(s) => Ok(self.holding(self.inner.upload_zeros_sharded(dtype, &s, true, false)?)),
+            None => self.zeros_data(dims, dtype, true),
+        }
+    }
+
+    /// `host` laid out as `sharding` says, each replica's (process's) own value: a ZeRO-1
+    /// block read back from a checkpoint.
+    pub(crate) fn per_replica_sharded(
+        &self,
+        host: &HostTensor,
+        sharding: &Sharding,
+    ) -> Result<Tensor> {
+        Ok(self.holding(self.inner.upload_sharded_as(host, sharding, true)?))
+    }
+
     /// Zeros laid out like `like`'s value: its blocks on a mesh when it is sharded, else whole
     /// (`per_replica` as for [`LazyDevice::zeros_data`]). Optimizer state starts this way, so
     /// each moment is split as its parameter is.
     pub(crate) fn zeros_like_data(&self, like: &Tensor, per_replica: bool) -> Result<Tensor> {
         match like.sharding() {
             Some(s) => {
-                let data = self.inner.upload_zeros_sharded(like.dtype(), &s, false)?;
+                let data = self
+                    .inner
+                    .upload_zeros_sharded(like.dtype(), &s, false, false)?;
                 Ok(self.holding(data))
             }
             None => self.zeros_data(like.dims(), like.dtype(), per_replica),

@@ -1,7 +1,8 @@
 //! `train_llama` under a real `srun` (the single-node Slurm of `shard.rs`), as the guide's
 //! two-node command runs it: 2 tasks, each with a tensor-parallel mesh over its 2 cpu devices and
-//! the tasks its data-parallel replicas, their rank layout read from Slurm's variables, their
-//! groups meeting through a real etcd; the losses must be those of one process of 4 devices.
+//! the tasks its data-parallel replicas with AdamW's moments sharded over them (ZeRO-1), their
+//! rank layout read from Slurm's variables, their groups meeting through a real etcd; the losses
+//! must be those of one process of 4 devices.
 
 use std::process::Command;
 
@@ -42,7 +43,7 @@ fn losses(text: &str) -> Vec<f64> {
 const LAUNCHER_VARS: &[&str] = &["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"];
 
 #[test]
-fn two_srun_tasks_of_tensor_parallel_2_train_as_one_process_of_four() {
+fn two_srun_tasks_of_tensor_parallel_2_and_zero1_train_as_one_process_of_four() {
     let d = tmp("srun");
     let Some(etcd) = Etcd::start("srun") else {
         return;
@@ -78,7 +79,7 @@ fn two_srun_tasks_of_tensor_parallel_2_train_as_one_process_of_four() {
         .arg(format!("--error={}/task-%t.err", outputs.display()))
         .arg(train_llama())
         .args(SMALL)
-        .args(["--tp", "2", "--json"])
+        .args(["--tp", "2", "--zero1", "--json"])
         .env("NEURON_PC_STORE", &etcd.url)
         .env("NEURON_COMPILE_CACHE_URL", &cache)
         .env_remove("NEURON_PC_RUN_ID")

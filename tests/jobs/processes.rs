@@ -115,8 +115,12 @@ fn compare(tag: &str, layouts: &[(&str, &[&str], bool)]) {
     };
     let cache = tmp(&format!("procs-{tag}"));
     let steps = ["--steps", "4", "--loss-log", "--peak-matmul", "0"];
-    let four = alone(&cache, &[&steps[..], &["--devices", "4"]].concat());
+    let four = alone(
+        &cache,
+        &[&steps[..], &["--devices", "4", "--json"]].concat(),
+    );
     assert_eq!(four.losses.len(), 4);
+    let state_bytes = |r: &Run| r.metrics["optimizer_state_bytes"].as_u64().unwrap();
     for &(name, flags, skip) in layouts {
         let args = [&steps[..], flags, &["--json"]].concat();
         if skip {
@@ -139,6 +143,15 @@ fn compare(tag: &str, layouts: &[(&str, &[&str], bool)]) {
             assert_close(&format!("{name} rank {rank}"), &r.losses, &four.losses);
             assert_eq!(r.metrics["world_size"], 2, "{}", r.metrics);
             assert_eq!(r.metrics["rank"], rank, "{}", r.metrics);
+            if name.contains("zero1") {
+                // a device holds 1/4 of AdamW's moments (plus a block's padding), measured
+                // from its buffers: its replica's, or its process's block split over its mesh
+                let (held, whole) = (state_bytes(r), state_bytes(&four));
+                assert!(
+                    held * 4 >= whole && held as f64 <= 0.26 * whole as f64,
+                    "{name}: {held} bytes of {whole}"
+                );
+            }
         }
     }
     let _ = std::fs::remove_dir_all(cache);
@@ -162,6 +175,8 @@ fn a_mesh_in_each_of_two_processes_matches_one_process_of_four() {
         &[
             ("fsdp", &["--fsdp", "2"], true),
             ("tp", &["--tp", "2"], false),
+            // NeuronX Distributed's layout: TP inside each process, ZeRO-1 across them
+            ("tp-zero1", &["--tp", "2", "--zero1"], true),
             // the layers as one loop: on 2 cores its collectives inside the process once
             // starved those between processes of XLA's threads, and the second step hung
             ("fsdp-scan", &["--fsdp", "2", "--scan-layers"], false),
@@ -433,22 +448,29 @@ fn checkpoints_move_between_two_processes_and_one_process_of_any_size() {
         let tail: Vec<(u64, f64)> = reference.losses[8..].to_vec();
         assert_close(what, &r.losses, &tail);
     };
-    // saved by 2 processes (DP 2 x 2, ZeRO-1 over the 4, DP 2 x TP 2), resumed by one of 4
-    // devices and of 1
+    // saved by 2 processes (DP 2 x 2, ZeRO-1 over the 4, DP 2 x TP 2, and TP 2 with ZeRO-1 over
+    // the 2 processes), resumed by one of 4 devices and of 1
     for (name, flags) in [
         ("dp", &["--devices", "2"][..]),
         ("zero1", &["--devices", "2", "--zero1"][..]),
         ("tp", &["--tp", "2"][..]),
+        ("tp-zero1", &["--tp", "2", "--zero1"][..]),
     ] {
+        // the blocks of AdamW's moments each rank holds: its 2 replicas' of 4, or its own of 2
+        let blocks = match name {
+            "zero1" => Some([["#0", "#1"], ["#2", "#3"]]),
+            "tp-zero1" => Some([["#0", "#0"], ["#1", "#1"]]),
+            _ => None,
+        };
         let dir = cache.join(format!("ckpt-{name}"));
         let s = save(&dir);
         let s: Vec<&str> = s.iter().map(String::as_str).collect();
         let args = [&steps[..], flags, &s[..], &["--steps", "8"]].concat();
         launch(&etcd, &cache, &format!("world-{name}"), 2, &args, false);
-        if name == "zero1" {
-            // each rank wrote only its replicas' blocks of AdamW's moments (#0, #1 and #2, #3)
+        if let Some(blocks) = blocks {
+            // each rank wrote only its blocks of AdamW's moments
             let step = dir.join("step-00000008");
-            for (rank, mine) in [(0, ["#0", "#1"]), (1, ["#2", "#3"])] {
+            for (rank, mine) in blocks.into_iter().enumerate() {
                 let names = safetensors_names(
                     &step.join(format!("rank-0000{rank}-model-00001-of-00001.safetensors")),
                 );
@@ -475,18 +497,19 @@ fn checkpoints_move_between_two_processes_and_one_process_of_any_size() {
             let (read, state, _) = resume_read(&r.stdout);
             assert_eq!(read, state, "2 x {name} -> 1 x {target}: {}", r.stdout);
         }
-        if name == "zero1" {
+        if blocks.is_some() {
             // resumed by 2 processes of ZeRO-1 again: each reads the parameters and only its
-            // replicas' blocks of the moments (2/3 of AdamW's state), never the whole
-            let copy = cache.join("ckpt-zero1-again");
+            // blocks of the moments (2/3 of AdamW's state), never the whole
+            let copy = cache.join(format!("ckpt-{name}-again"));
             copy_dir(&dir, &copy);
             let s = save(&copy);
             let s: Vec<&str> = s.iter().map(String::as_str).collect();
             let resume = ["--steps", "12", "--resume", "auto"];
             let args = [&steps[..], flags, &s[..], &resume[..]].concat();
-            let ranks = launch(&etcd, &cache, "world-zero1-again", 2, &args, false);
+            let run = format!("world-{name}-again");
+            let ranks = launch(&etcd, &cache, &run, 2, &args, false);
             for (rank, r) in ranks.iter().enumerate() {
-                check(&format!("2 x zero1 -> 2 x zero1, rank {rank}"), r, &copy);
+                check(&format!("2 x {name} -> 2 x {name}, rank {rank}"), r, &copy);
                 let (_, _, share) = resume_read(&r.stdout);
                 assert!((60.0..70.0).contains(&share), "rank {rank}: {}", r.stdout);
             }

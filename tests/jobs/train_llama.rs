@@ -316,7 +316,12 @@ fn bad_input_is_one_clear_error() {
         ),
         (
             vec!["--fsdp", "2", "--zero1"],
-            "its data axis replaces --devices, and FSDP shards what --zero1 would",
+            "--zero1 with --fsdp/--tp shards AdamW's moments over the processes of a \
+             multi-process launch",
+        ),
+        (
+            vec!["--tp", "2", "--devices", "2"],
+            "its data axis replaces --devices",
         ),
         (vec!["--tp", "0"], "each needs at least 1 device"),
         (
