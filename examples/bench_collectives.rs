@@ -4,9 +4,11 @@
 //! of a device tensor of that many bytes of f32 (in place: `assign` donates the old buffer, as
 //! a gradient bucket's would be), runs it a few times to warm up, then times `--reps` steps one
 //! by one (launch to completion) and prints, on rank 0, one line per size:
-//! `RESULT <bytes> <median seconds>`. The sum is checked once per size.
+//! `RESULT <bytes> <median seconds>`. The sum is checked once per size. With `--op
+//! reduce-scatter` the step is `x.reduce_scatter(Sum, 0)` instead (each process keeping its
+//! block of the sum), timed the same way.
 //!
-//! `bench_collectives [--sizes-mib 1,4,16,64,256] [--reps 10]`
+//! `bench_collectives [--sizes-mib 1,4,16,64,256] [--reps 10] [--op all-reduce|reduce-scatter]`
 
 use std::time::Instant;
 
@@ -21,6 +23,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() -> anyhow::Result<()> {
     let mut sizes = vec![1usize, 4, 16, 64, 256];
     let mut reps = 10usize;
+    let mut scatter = false;
     let args: Vec<String> = std::env::args().skip(1).collect();
     for pair in args.chunks(2) {
         match (pair[0].as_str(), pair.get(1)) {
@@ -28,7 +31,14 @@ fn main() -> anyhow::Result<()> {
                 sizes = v.split(',').map(str::parse).collect::<Result<_, _>>()?
             }
             ("--reps", Some(v)) => reps = v.parse()?,
-            (flag, _) => anyhow::bail!("unknown flag {flag} (use --sizes-mib, --reps)"),
+            ("--op", Some(v)) => {
+                scatter = match v.as_str() {
+                    "all-reduce" => false,
+                    "reduce-scatter" => true,
+                    _ => anyhow::bail!("--op {v}: use all-reduce or reduce-scatter"),
+                }
+            }
+            (flag, _) => anyhow::bail!("unknown flag {flag} (use --sizes-mib, --reps, --op)"),
         }
     }
     let device = LazyDevice::from_env()?;
@@ -42,16 +52,23 @@ fn main() -> anyhow::Result<()> {
         let mut times = Vec::with_capacity(reps);
         for i in 0..reps + 3 {
             let started = Instant::now();
-            // in place (`assign` donates the old buffer to the new value), as XLA reduces a
-            // gradient bucket the step has just computed
-            x.assign(&x.all_reduce(Reduction::Sum)?)?;
-            device.mark_step()?;
+            let sum = if scatter {
+                let block = x.reduce_scatter(Reduction::Sum, 0)?;
+                device.mark_step()?;
+                block
+            } else {
+                // in place (`assign` donates the old buffer to the new value), as XLA reduces
+                // a gradient bucket the step has just computed
+                x.assign(&x.all_reduce(Reduction::Sum)?)?;
+                device.mark_step()?;
+                x.clone()
+            };
             device.synchronize()?;
             if i >= 3 {
                 times.push(started.elapsed().as_secs_f64());
             }
             if i == 0 {
-                let first = x.narrow(0, 0, 1)?.to_dtype(DType::F32)?.to_host()?;
+                let first = sum.narrow(0, 0, 1)?.to_dtype(DType::F32)?.to_host()?;
                 let want = (world * (world + 1) / 2) as f32;
                 anyhow::ensure!(first.to_vec::<f32>()? == [want], "wrong sum {first:?}");
             }

@@ -407,12 +407,18 @@ impl AdamW {
         let bc2_rsqrt = bc2.rsqrt()?;
         let decay = lr.mul_scalar(-self.weight_decay)?.add_scalar(1.0)?;
         let done = gradients_done(grads)?;
+        // with ZeRO-1, this replica's block of each averaged gradient (one exchange a bucket)
+        let blocks = match &self.zero1 {
+            Some(z) => Some(z.grad_blocks(grads)?),
+            None => None,
+        };
+        let mut updates = Vec::new();
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
             let w = read_for_update(p, &done)?;
             // with ZeRO-1, this replica's block of the averaged gradient and of the parameter
-            let (g, w) = match &self.zero1 {
-                Some(z) => (z.grad_block(i, g)?, z.local_block(i, &w)?),
-                None => (g.clone(), w),
+            let (g, w) = match (&self.zero1, &blocks) {
+                (Some(z), Some(b)) => (b[i].clone(), z.local_block(i, &w)?),
+                _ => (g.clone(), w),
             };
             let m = self.exp_avg[i]
                 .mul_scalar(self.beta1)?
@@ -423,11 +429,16 @@ impl AdamW {
             let denom = v.sqrt()?.mul(&bc2_rsqrt)?.add_scalar(self.eps)?;
             let updated = w.mul(&decay)?.sub(&m.div(&denom)?.mul(&step_size)?)?;
             match &self.zero1 {
-                Some(z) => p.assign(&z.gather(i, &updated)?)?,
+                Some(_) => updates.push(updated),
                 None => p.assign(&updated)?,
             }
             self.exp_avg[i].assign(&m)?;
             self.exp_avg_sq[i].assign(&v)?;
+        }
+        if let Some(z) = &self.zero1 {
+            for (p, whole) in params.iter().zip(z.gather_all(&updates)?) {
+                p.assign(&whole)?;
+            }
         }
         self.step.assign(&t)
     }
@@ -560,11 +571,16 @@ impl Sgd {
     #[track_caller]
     pub fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: &Tensor) -> Result<()> {
         let done = gradients_done(grads)?;
+        let blocks = match &self.zero1 {
+            Some(z) => Some(z.grad_blocks(grads)?),
+            None => None,
+        };
+        let mut updates = Vec::new();
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
             let w = read_for_update(p, &done)?;
-            let (g, w) = match &self.zero1 {
-                Some(z) => (z.grad_block(i, g)?, z.local_block(i, &w)?),
-                None => (g.clone(), w),
+            let (g, w) = match (&self.zero1, &blocks) {
+                (Some(z), Some(b)) => (b[i].clone(), z.local_block(i, &w)?),
+                _ => (g.clone(), w),
             };
             let g = if self.weight_decay != 0.0 {
                 g.add(&w.mul_scalar(self.weight_decay)?)?
@@ -580,8 +596,13 @@ impl Sgd {
             };
             let updated = w.sub(&d.mul(lr)?)?;
             match &self.zero1 {
-                Some(z) => p.assign(&z.gather(i, &updated)?)?,
+                Some(_) => updates.push(updated),
                 None => p.assign(&updated)?,
+            }
+        }
+        if let Some(z) = &self.zero1 {
+            for (p, whole) in params.iter().zip(z.gather_all(&updates)?) {
+                p.assign(&whole)?;
             }
         }
         Ok(())

@@ -28,8 +28,14 @@
 //!
 //! `ReplicaId` becomes `ProcessIndex * local + ReplicaId`. The program text is the same in
 //! every process (the process index is read at run time), so all share one cache entry.
-//! Every process collective's operand waits for the previous one's result (`After`): XLA runs
-//! them in graph order on every process, which a collective library needs.
+//! Every collective's operand, between processes or inside one, waits for the previous one's
+//! result (`After`): XLA runs them in one order on every device of every process. A collective
+//! library needs that order; and XLA's cpu runtime runs independent operations concurrently
+//! on a pool of as many threads as cores, so without it a device could block a thread in a call
+//! between processes while another device of its process blocks the other thread in XLA's
+//! collective waiting for the first device (a ZeRO-1 step of 2 processes of 2 replicas hung so
+//! on 2 cores: its reduce-scatter between processes and the loss's all-reduce inside the
+//! process ran in different orders on the two devices).
 
 use std::collections::HashMap;
 
@@ -348,6 +354,7 @@ impl Rewrite<'_> {
 
     /// XLA's collective `make(groups)` over the local groups, unless they are all single.
     fn local(
+        &mut self,
         b: &mut Builder,
         groups: Vec<Vec<usize>>,
         value: NodeId,
@@ -356,7 +363,18 @@ impl Rewrite<'_> {
         if groups.iter().all(|g| g.len() == 1) {
             return Ok(value);
         }
-        b.push(make(groups), &[value])
+        self.inside(b, make(groups), value)
+    }
+
+    /// XLA's collective `op` of `value` inside the process, after the previous collective.
+    fn inside(&mut self, b: &mut Builder, op: Op, value: NodeId) -> Result<NodeId> {
+        let value = match self.last {
+            Some(previous) => b.push(Op::After, &[value, previous])?,
+            None => value,
+        };
+        let id = b.push(op, &[value])?;
+        self.last = Some(id);
+        Ok(id)
     }
 }
 
@@ -409,13 +427,13 @@ impl Rewrite<'_> {
                 let x = x.ok_or_else(|| missing(node))?;
                 let op = *op;
                 match split(replica_groups, self.layout)? {
-                    Split::Local(g) => b.push(
-                        Op::AllReduce {
+                    Split::Local(g) => {
+                        let all = Op::AllReduce {
                             op,
                             replica_groups: g,
-                        },
-                        &[x],
-                    ),
+                        };
+                        self.inside(b, all, x)
+                    }
                     // one local group of several replicas and a sum: the first replica alone
                     // sums with the other processes, an all-reduce inside the process spreads it
                     Split::Spanning(g) if g.len() == 1 && g[0].len() > 1 && op == ReduceOp::Sum => {
@@ -423,13 +441,13 @@ impl Rewrite<'_> {
                             op,
                             replica_groups: g,
                         };
-                        let inner = b.push(all.clone(), &[x])?;
+                        let inner = self.inside(b, all.clone(), x)?;
                         let sum = ProcessCollective::AllReduce(op);
                         let led = self.process_call(b, sum, inner, true)?;
-                        b.push(all, &[led])
+                        self.inside(b, all, led)
                     }
                     Split::Spanning(g) => {
-                        let inner = Self::local(b, g, x, |replica_groups| Op::AllReduce {
+                        let inner = self.local(b, g, x, |replica_groups| Op::AllReduce {
                             op,
                             replica_groups,
                         })?;
@@ -443,15 +461,15 @@ impl Rewrite<'_> {
             } => {
                 let (x, dim) = (x.ok_or_else(|| missing(node))?, *dim);
                 match split(replica_groups, self.layout)? {
-                    Split::Local(g) => b.push(
-                        Op::AllGather {
+                    Split::Local(g) => {
+                        let gather = Op::AllGather {
                             dim,
                             replica_groups: g,
-                        },
-                        &[x],
-                    ),
+                        };
+                        self.inside(b, gather, x)
+                    }
                     Split::Spanning(g) => {
-                        let inner = Self::local(b, g, x, |replica_groups| Op::AllGather {
+                        let inner = self.local(b, g, x, |replica_groups| Op::AllGather {
                             dim,
                             replica_groups,
                         })?;
@@ -466,14 +484,14 @@ impl Rewrite<'_> {
             } => {
                 let (x, op, dim) = (x.ok_or_else(|| missing(node))?, *op, *dim);
                 match split(replica_groups, self.layout)? {
-                    Split::Local(g) => b.push(
-                        Op::ReduceScatter {
+                    Split::Local(g) => {
+                        let scatter = Op::ReduceScatter {
                             op,
                             dim,
                             replica_groups: g,
-                        },
-                        &[x],
-                    ),
+                        };
+                        self.inside(b, scatter, x)
+                    }
                     Split::Spanning(g) => {
                         let outer = self.process_call(
                             b,
@@ -481,7 +499,7 @@ impl Rewrite<'_> {
                             x,
                             false,
                         )?;
-                        Self::local(b, g, outer, |replica_groups| Op::ReduceScatter {
+                        self.local(b, g, outer, |replica_groups| Op::ReduceScatter {
                             op,
                             dim,
                             replica_groups,

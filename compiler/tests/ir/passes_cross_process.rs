@@ -22,12 +22,42 @@ fn one(op: Op) -> Graph {
     g
 }
 
+/// The ops of `g` but its parameters and its ordering edges (`after`).
 fn ops(g: &Graph) -> Vec<String> {
     g.nodes()
         .iter()
-        .filter(|n| !matches!(n.op, Op::Parameter { .. }))
+        .filter(|n| !matches!(n.op, Op::Parameter { .. } | Op::After))
         .map(|n| n.op.to_string())
         .collect()
+}
+
+/// Every collective of `g`, inside the process or between processes, waits for the one before
+/// it: its operand is an `after` of the previous collective.
+fn assert_chained(g: &Graph) {
+    let collectives: Vec<usize> = (g.nodes().iter().enumerate())
+        .filter(|(_, n)| {
+            matches!(
+                n.op,
+                Op::AllReduce { .. }
+                    | Op::AllGather { .. }
+                    | Op::ReduceScatter { .. }
+                    | Op::ProcessCollective { .. }
+            )
+        })
+        .map(|(i, _)| i)
+        .collect();
+    assert!(collectives.len() > 1, "{:?}", ops(g));
+    for pair in collectives.windows(2) {
+        let node = &g.nodes()[pair[1]];
+        let operand = &g.nodes()[node.operands[0].index()];
+        assert!(
+            matches!(operand.op, Op::After),
+            "{} after {}",
+            node.op,
+            operand.op
+        );
+        assert_eq!(operand.operands[1].index(), pair[0], "{}", node.op);
+    }
 }
 
 #[test]
@@ -62,6 +92,7 @@ fn a_data_parallel_sum_is_one_exchange_per_process_and_a_max_one_per_device() {
             "all_reduce{op=reduce_sum, replica_groups=[[0, 1]]}",
         ]
     );
+    assert_chained(&sum);
     let max = cross_process(
         &one(Op::AllReduce {
             op: ReduceOp::Max,
@@ -88,7 +119,7 @@ fn a_data_parallel_sum_is_one_exchange_per_process_and_a_max_one_per_device() {
 }
 
 #[test]
-fn a_reduce_scatter_goes_between_processes_first_and_the_calls_are_chained() {
+fn a_reduce_scatter_goes_between_processes_first_and_every_collective_is_chained() {
     let mut g = Graph::new();
     let x = g.parameter(TensorType::new(DType::F32, vec![4, 8]));
     let all = vec![vec![0, 1, 2, 3]];
@@ -137,11 +168,18 @@ fn a_reduce_scatter_goes_between_processes_first_and_the_calls_are_chained() {
             ..
         }
     ));
-    // the second call's operand waits for the first call (an `after` edge)
-    let second = &out.nodes()[calls[1].0];
-    let operand = &out.nodes()[second.operands[0].index()];
-    assert!(matches!(operand.op, Op::After), "{}", operand.op);
-    assert!(operand.operands.iter().any(|o| o.index() == calls[0].0));
+    // each collective, between processes or inside one, waits for the one before it: the
+    // call, XLA's reduce-scatter inside, XLA's gather inside, the call
+    assert_chained(&out);
+    assert_eq!(
+        ops(&out),
+        [
+            "process_reduce_scatter{op=reduce_sum, dim=1, processes=2, tag=0}",
+            "reduce_scatter{op=reduce_sum, dim=1, replica_groups=[[0, 1]]}",
+            "all_gather{dim=0, replica_groups=[[0, 1]]}",
+            "process_all_gather{dim=0, processes=2, tag=1}",
+        ]
+    );
     // types: [4, 8] -> [4, 4] between processes -> [4, 2] inside -> gathered [16, 2]
     assert_eq!(out.output_types(), g.output_types());
 }
