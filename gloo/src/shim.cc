@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -95,9 +96,16 @@ class CallbackStore : public gloo::rendezvous::Store {
   int64_t timeout_ms_;
 };
 
+// The most bytes of received blocks a group keeps between reduce-scatters: a fresh buffer of
+// a bucket's size for every call costs its page faults each time.
+constexpr size_t kKeptScratch = size_t(64) << 20;
+
 struct Group {
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
+  // where a reduce-scatter receives the blocks (one call at a time uses a group)
+  std::mutex scratch_lock;
+  std::vector<char> scratch;
 };
 
 // bfloat16 as its bits: widened to f32 to combine, rounded to nearest even back.
@@ -303,10 +311,13 @@ char* npc_gloo_reduce_scatter(void* group, const void* input, void* output, size
     }
     const size_t members = static_cast<size_t>(g->context->size);
     const size_t block = count / members;
-    std::vector<char> received(count * size);
+    std::lock_guard<std::mutex> held(g->scratch_lock);
+    std::vector<char> fresh;
+    std::vector<char>& received = count * size <= kKeptScratch ? g->scratch : fresh;
+    if (received.size() < count * size) received.resize(count * size);
     gloo::AlltoallOptions opts(g->context);
     opts.setInput(const_cast<char*>(static_cast<const char*>(input)), count * size);
-    opts.setOutput(received.data(), received.size());
+    opts.setOutput(received.data(), count * size);
     opts.setTag(tag);
     opts.setTimeout(std::chrono::milliseconds(timeout_ms));
     gloo::alltoall(opts);
