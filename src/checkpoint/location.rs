@@ -202,6 +202,67 @@ impl Location {
         }
     }
 
+    /// What unfinished saves leave locally that is not an object: writers' temporary files in
+    /// step directories (`step-…/.name.tmp.pid`) and empty step directories (`step-…/`, with
+    /// the slash). Nothing on S3, where an upload is whole or absent.
+    pub(crate) fn stray(&self) -> Result<Vec<String>> {
+        let Location::Local(root) = self else {
+            return Ok(Vec::new());
+        };
+        let io = |path: &Path, source| CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let entries = match std::fs::read_dir(root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(root, e)),
+        };
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let dir = entry.file_name().to_string_lossy().into_owned();
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            if !is_dir || super::manifest::step_of(&dir).is_none() {
+                continue;
+            }
+            let path = entry.path();
+            let mut empty = true;
+            for file in std::fs::read_dir(&path)
+                .map_err(|e| io(&path, e))?
+                .flatten()
+            {
+                empty = false;
+                let name = file.file_name().to_string_lossy().into_owned();
+                if name.starts_with('.') && name.contains(".tmp.") {
+                    out.push(format!("{dir}/{name}"));
+                }
+            }
+            if empty {
+                out.push(format!("{dir}/"));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Deletes one of [`Location::stray`]'s names (a missing one is not an error).
+    pub(crate) fn remove_stray(&self, name: &str) -> Result<()> {
+        let Location::Local(root) = self else {
+            return Ok(());
+        };
+        let path = root.join(name);
+        let removed = match name.strip_suffix('/') {
+            Some(_) => std::fs::remove_dir(&path),
+            None => std::fs::remove_file(&path),
+        };
+        match removed {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(CheckpointError::Io { path, source: e })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Deletes object `name` (a missing one is not an error); locally, with `tidy`, its
     /// directory too once it is empty. Not while a save may be writing into that directory:
     /// another rank's `create_dir_all` and its file's creation would have the directory removed

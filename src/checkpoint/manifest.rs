@@ -41,6 +41,7 @@ pub(crate) fn step_of(dir: &str) -> Option<u64> {
 
 /// One file of a checkpoint.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct FileEntry {
     pub bytes: u64,
     pub sha256: String,
@@ -55,6 +56,7 @@ pub(crate) struct FileEntry {
 /// say where the chunk's bytes are in the file (from its first byte) and their SHA-256, so a
 /// reader fetches and checks only the chunks it needs.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Chunk {
     pub file: String,
     pub key: String,
@@ -77,6 +79,7 @@ impl Chunk {
 
 /// A box of a tensor: its first element's index along each dimension, and its shape.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Block {
     pub offset: Vec<usize>,
     pub shape: Vec<usize>,
@@ -121,6 +124,7 @@ impl Block {
 
 /// One tensor of a checkpoint.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct TensorEntry {
     pub dtype: String,
     pub shape: Vec<usize>,
@@ -129,6 +133,7 @@ pub(crate) struct TensorEntry {
 
 /// `manifest.json` (and, in a run of several processes, each rank's part of it).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Manifest {
     pub format: String,
     pub version: u32,
@@ -142,6 +147,13 @@ pub(crate) struct Manifest {
     pub metadata: BTreeMap<String, String>,
     pub files: BTreeMap<String, FileEntry>,
     pub tensors: BTreeMap<String, TensorEntry>,
+    /// The SHA-256 of the Hugging Face index written beside it (a committed manifest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_sha256: Option<String>,
+    /// The SHA-256 of this manifest's own JSON written without this field ([`Manifest::seal`]):
+    /// a committed manifest whose bytes changed is not used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 impl Manifest {
@@ -155,12 +167,37 @@ impl Manifest {
             metadata,
             files: BTreeMap::new(),
             tensors: BTreeMap::new(),
+            index_sha256: None,
+            sha256: None,
         }
+    }
+
+    /// The JSON to commit: this manifest with the digest of its index (`index`, the bytes
+    /// written beside it) and, last, the digest of its own JSON without that field.
+    pub(crate) fn seal(&self, index: &[u8]) -> Vec<u8> {
+        let mut m = self.clone();
+        m.index_sha256 = Some(sha256(index));
+        m.sha256 = None;
+        m.sha256 = Some(sha256(&m.unsealed_json()));
+        serde_json::to_vec_pretty(&m).expect("a manifest is JSON")
+    }
+
+    /// The JSON whose digest [`Manifest::seal`] records: this manifest without it.
+    fn unsealed_json(&self) -> Vec<u8> {
+        let mut m = self.clone();
+        m.sha256 = None;
+        serde_json::to_vec_pretty(&m).expect("a manifest is JSON")
     }
 
     /// Parses and checks a manifest read from `name`.
     pub(crate) fn parse(name: &str, bytes: &[u8]) -> Result<Manifest> {
         let m: Manifest = serde_json::from_slice(bytes).map_err(|e| corrupt(name, e))?;
+        if let Some(want) = &m.sha256 {
+            // the digest covers what the bytes say, so a changed value, key or field fails
+            if sha256(&m.unsealed_json()) != *want {
+                return Err(corrupt(name, "its SHA-256 does not match its contents"));
+            }
+        }
         if m.format != FORMAT || m.version != VERSION {
             return Err(corrupt(
                 name,
@@ -379,6 +416,54 @@ mod tests {
         }];
         let bytes = serde_json::to_vec(&m).unwrap();
         assert!(Manifest::parse("m", &bytes).is_err());
+    }
+
+    #[test]
+    fn a_sealed_manifest_with_any_one_bit_flipped_does_not_parse() {
+        let mut meta = BTreeMap::new();
+        meta.insert("step".to_string(), "7".to_string());
+        let mut m = Manifest::new(7, 2, meta);
+        m.nonce = Some("9f3a.2".into());
+        let file = FileEntry {
+            bytes: 1234,
+            sha256: sha256(b"file"),
+        };
+        m.files.insert("rank-00000-model.safetensors".into(), file);
+        m.tensors.insert(
+            "model.w".into(),
+            TensorEntry {
+                dtype: "f32".into(),
+                shape: vec![2, 3],
+                chunks: vec![Chunk {
+                    file: "rank-00000-model.safetensors".into(),
+                    key: "model.w@0,0".into(),
+                    start: 0,
+                    len: 6,
+                    block: Some(Block {
+                        offset: vec![0, 0],
+                        shape: vec![2, 3],
+                    }),
+                    at: Some(80),
+                    sha256: Some(sha256(b"chunk")),
+                }],
+            },
+        );
+        let sealed = m.seal(b"{\"weight_map\": {}}");
+        let parsed = Manifest::parse("m", &sealed).unwrap();
+        assert_eq!(parsed.index_sha256, Some(sha256(b"{\"weight_map\": {}}")));
+        // every bit of it: a value, a key, a digest, a bracket or the white space between
+        for at in 0..sealed.len() * 8 {
+            let mut flipped = sealed.clone();
+            flipped[at / 8] ^= 1 << (at % 8);
+            assert!(
+                Manifest::parse("m", &flipped).is_err(),
+                "bit {at} of {:?}",
+                String::from_utf8_lossy(&flipped)
+            );
+        }
+        // a manifest written before the digest (none) still parses
+        let old = serde_json::to_vec_pretty(&m).unwrap();
+        assert_eq!(Manifest::parse("m", &old).unwrap(), m);
     }
 
     #[test]

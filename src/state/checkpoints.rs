@@ -9,9 +9,8 @@ use neuron_pc_cache::{PartOptions, S3Options};
 
 use super::parts::{attempt_nonce, clear_stale_parts, failed_name, gather_parts};
 use super::snapshot::Snapshot;
-use crate::checkpoint::manifest::{
-    self, dir_name, step_of, Assembly, Manifest, HF_INDEX, MANIFEST,
-};
+use super::tidy::{committed_dirs, remove_failed, tidy, Undeletable};
+use crate::checkpoint::manifest::{self, dir_name, Assembly, Manifest, HF_INDEX, MANIFEST};
 use crate::checkpoint::{CheckpointError, Location, StateDict};
 use crate::error::Result;
 use crate::nn::Module;
@@ -123,6 +122,8 @@ pub struct Checkpoints {
     /// inside when there is none to agree on) and the saves made so far.
     nonce: Option<Option<String>>,
     saves: u64,
+    /// What this location could not delete, said once each.
+    undeletable: Undeletable,
 }
 
 impl Checkpoints {
@@ -140,6 +141,7 @@ impl Checkpoints {
             pending: None,
             nonce: None,
             saves: 0,
+            undeletable: Undeletable::default(),
         })
     }
 
@@ -189,15 +191,22 @@ impl Checkpoints {
         }
         let location = self.location.clone();
         let options = self.options.clone();
+        let undeletable = self.undeletable.clone();
         if !self.options.background {
-            return commit(&location, snapshot, &options, started, None).map(drop);
+            return commit(&location, snapshot, &options, &undeletable, (started, None)).map(drop);
         }
         let blocked = started.elapsed();
         let handle = std::thread::Builder::new()
             .name(format!("checkpoint-{step}"))
             .spawn(move || {
                 let from = Instant::now();
-                commit(&location, snapshot, &options, from, Some(blocked))
+                commit(
+                    &location,
+                    snapshot,
+                    &options,
+                    &undeletable,
+                    (from, Some(blocked)),
+                )
             })
             .map_err(|source| CheckpointError::Io {
                 path: target,
@@ -257,6 +266,12 @@ impl Checkpoints {
                 let names = self.location.list()?;
                 let done: Vec<String> = committed(&names).into_iter().map(|c| c.name).collect();
                 clear_stale_parts(&self.location, &names, &done)?;
+            }
+            // what a killed run left below its newest checkpoint (before any rank writes)
+            if topology.rank == 0 && !crate::trial::is_trial_run() {
+                if let Err(e) = tidy(&self.location, None, &self.undeletable) {
+                    tracing::warn!("checkpoints in {}: {e}", self.location.describe());
+                }
             }
         }
         let all = self.list()?;
@@ -411,8 +426,8 @@ fn commit(
     loc: &Location,
     snapshot: Snapshot,
     options: &CheckpointOptions,
-    started: Instant,
-    blocked: Option<Duration>,
+    undeletable: &Undeletable,
+    (started, blocked): (Instant, Option<Duration>),
 ) -> Result<CheckpointInfo> {
     let (step, rank, processes) = (snapshot.step, snapshot.rank, snapshot.processes);
     let snapshot_nonce = snapshot.nonce.clone();
@@ -446,23 +461,30 @@ fn commit(
                 options.rank_timeout,
             )?
         };
-        let json = serde_json::to_vec_pretty(&manifest).expect("a manifest is JSON");
+        // the manifest covers the index and itself with digests
+        let index = manifest.hf_index();
+        let json = manifest.seal(index.as_bytes());
         // Never commit a manifest that would not load.
         Manifest::parse(&dir, &json)?;
-        loc.put(&format!("{dir}/{HF_INDEX}"), manifest.hf_index().as_bytes())?;
+        loc.put(&format!("{dir}/{HF_INDEX}"), index.as_bytes())?;
         super::snapshot::test_delay();
         loc.put(&format!("{dir}/{MANIFEST}"), &json)?;
-        if let Some(keep) = options.keep {
-            if let Err(e) = prune(loc, keep) {
-                tracing::warn!("checkpoints in {}: deleting old ones: {e}", loc.describe());
-            }
+        // what keep-K no longer keeps, and what unfinished saves left below this one
+        if let Err(e) = tidy(loc, options.keep, undeletable) {
+            tracing::warn!("checkpoints in {}: deleting old ones: {e}", loc.describe());
         }
         Ok(())
     })();
-    if let (Err(e), true) = (&result, rank != 0) {
-        // so that rank 0 stops waiting for this rank's part and says why
-        let failed = serde_json::json!({ "nonce": snapshot_nonce, "error": e.to_string() });
-        let _ = loc.put(&failed_name(&dir, rank), failed.to_string().as_bytes());
+    if let Err(e) = &result {
+        // its files go, so that a save that ran out of room leaves the next one that room
+        if let Err(cleanup) = remove_failed(loc, &dir, rank, processes) {
+            tracing::warn!("checkpoints in {}: {cleanup}", loc.describe());
+        }
+        if rank != 0 {
+            // so that rank 0 stops waiting for this rank's part and says why
+            let failed = serde_json::json!({ "nonce": snapshot_nonce, "error": e.to_string() });
+            let _ = loc.put(&failed_name(&dir, rank), failed.to_string().as_bytes());
+        }
     }
     let total = started.elapsed().as_secs_f64() * 1e3;
     let blocked = blocked.map_or(total, |b| b.as_secs_f64() * 1e3);
@@ -477,57 +499,10 @@ fn complete(loc: &Location) -> std::result::Result<Vec<CheckpointInfo>, Checkpoi
 
 /// The committed checkpoints among a location's object names, oldest first.
 fn committed(names: &[String]) -> Vec<CheckpointInfo> {
-    let mut out: Vec<CheckpointInfo> = names
-        .iter()
-        .filter_map(|n| {
-            let (dir, file) = n.split_once('/')?;
-            (file == MANIFEST).then_some(())?;
-            Some(CheckpointInfo {
-                name: dir.to_string(),
-                step: step_of(dir)?,
-            })
-        })
-        .collect();
-    out.sort_by_key(|c| c.step);
-    out
-}
-
-/// Deletes the committed checkpoints older than the newest `keep` (commit point first, so a
-/// kill midway leaves an incomplete directory, never a damaged complete one), and what
-/// unfinished saves older than the newest left behind.
-fn prune(loc: &Location, keep: usize) -> std::result::Result<(), CheckpointError> {
-    let names = loc.list()?;
-    let done = committed(&names);
-    let Some(newest) = done.last().map(|c| c.step) else {
-        return Ok(());
-    };
-    let kept: Vec<&str> = done
-        .iter()
-        .rev()
-        .take(keep)
-        .map(|c| c.name.as_str())
-        .collect();
-    let mut doomed: Vec<&str> = Vec::new();
-    for n in &names {
-        let Some((dir, _)) = n.split_once('/') else {
-            continue;
-        };
-        if step_of(dir).is_some_and(|s| s < newest)
-            && !kept.contains(&dir)
-            && !doomed.contains(&dir)
-        {
-            doomed.push(dir);
-        }
-    }
-    for dir in doomed {
-        let commit_point = format!("{dir}/{MANIFEST}");
-        loc.delete(&commit_point, true)?;
-        let rest = names.iter().filter(|n| n.starts_with(&format!("{dir}/")));
-        for n in rest.filter(|n| **n != commit_point) {
-            loc.delete(n, true)?;
-        }
-    }
-    Ok(())
+    committed_dirs(names)
+        .into_iter()
+        .map(|(step, name)| CheckpointInfo { name, step })
+        .collect()
 }
 
 /// The manifest of checkpoint `dir`, checked.
@@ -536,7 +511,22 @@ fn read_manifest(loc: &Location, dir: &str) -> std::result::Result<Manifest, Che
     let bytes = loc
         .get(&name)?
         .ok_or_else(|| manifest::corrupt(&name, "missing"))?;
-    Manifest::parse(&name, &bytes)
+    let m = Manifest::parse(&name, &bytes)?;
+    if let Some(want) = &m.index_sha256 {
+        // the index is what Hugging Face's loaders read: a changed one makes the checkpoint
+        // unusable as a whole, as a changed file does
+        let index = format!("{dir}/{HF_INDEX}");
+        let bytes = loc
+            .get(&index)?
+            .ok_or_else(|| manifest::corrupt(&index, "missing"))?;
+        if manifest::sha256(&bytes) != *want {
+            return Err(manifest::corrupt(
+                &index,
+                "its SHA-256 does not match the manifest",
+            ));
+        }
+    }
+    Ok(m)
 }
 
 /// Reads checkpoint `dir` whole, checking every file.

@@ -40,6 +40,7 @@ mod checkpoints;
 mod parts;
 mod restore;
 mod snapshot;
+mod tidy;
 
 pub use checkpoints::{CheckpointInfo, CheckpointOptions, Checkpoints, Resumed, LEGACY_FILE};
 

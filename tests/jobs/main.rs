@@ -9,6 +9,7 @@ mod common;
 mod etcd_support;
 mod llama_job;
 
+mod checkpoint_faults;
 mod checkpoint_kill;
 mod checkpoints;
 mod checkpoints_s3;

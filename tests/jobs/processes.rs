@@ -405,7 +405,7 @@ fn resume_read(stdout: &str) -> (f64, f64, f64) {
 }
 
 /// A copy of checkpoint directory `from` at `to` (each resume below starts from the same saves).
-fn copy_dir(from: &Path, to: &Path) {
+pub(crate) fn copy_dir(from: &Path, to: &Path) {
     let status = Command::new("cp")
         .arg("-r")
         .arg(from)
