@@ -87,8 +87,8 @@ impl Location {
                 ..S3Options::default()
             },
         };
-        let store = S3Store::open(spec, &options).map_err(|e| storage(spec, &e.to_string()))?;
-        store.probe().map_err(|e| storage(spec, &e.to_string()))?;
+        let store = S3Store::open(spec, &options).map_err(|e| s3_error(spec, e))?;
+        store.probe().map_err(|e| s3_error(spec, e))?;
         Ok(Location::S3 {
             store: Box::new(store),
             parts: parts.clone(),
@@ -322,6 +322,19 @@ fn storage(location: &str, message: &str) -> CheckpointError {
     CheckpointError::Storage {
         location: location.to_string(),
         message: message.to_string(),
+    }
+}
+
+/// An error of the S3 client opening checkpoint location `spec`, said as a checkpoint
+/// location's (the client is the compile cache's, whose words are about a cache).
+#[cfg(feature = "s3")]
+fn s3_error(spec: &str, e: neuron_pc_cache::Error) -> CheckpointError {
+    match e {
+        neuron_pc_cache::Error::InvalidUrl { url, message } => storage(
+            spec,
+            &format!("invalid checkpoint location {url:?}: {message}"),
+        ),
+        e => storage(spec, &e.to_string()),
     }
 }
 

@@ -77,9 +77,14 @@ pub struct Metrics {
     /// [`crate::DeviceConfig::max_bytes_in_flight`]).
     #[serde(default)]
     pub peak_bytes_in_flight: u64,
-    /// Checkpoints saved ([`crate::state::Checkpoints::save`]), in the background or not.
+    /// Checkpoints saved ([`crate::state::Checkpoints::save`]), in the background or not:
+    /// committed (this process's part written, in a run of several).
     #[serde(default)]
     pub checkpoint_saves: u64,
+    /// Saves that failed (each a warning, or the error of the last one): not in
+    /// `checkpoint_saves`.
+    #[serde(default)]
+    pub checkpoint_failures: u64,
     /// The time those saves blocked the training loop, in ms: taking the snapshot and waiting
     /// for the save before to finish; a background save's writing is not in it.
     #[serde(default)]
@@ -256,12 +261,16 @@ impl Metrics {
                 ),
             );
         }
-        if self.checkpoint_saves > 0 {
+        if self.checkpoint_saves + self.checkpoint_failures > 0 {
+            let failed = match self.checkpoint_failures {
+                0 => String::new(),
+                n => format!(" ({n} failed, not saved)"),
+            };
             line(
                 "checkpoints",
                 format!(
-                    "{} saved, {:.2} MiB; loop blocked {:.1} ms in all (longest {:.1} ms), \
-                     writing took {:.1} ms",
+                    "{} saved{failed}, {:.2} MiB; loop blocked {:.1} ms in all (longest {:.1} \
+                     ms), writing took {:.1} ms",
                     self.checkpoint_saves,
                     mib(self.checkpoint_bytes),
                     self.checkpoint_blocked_ms,

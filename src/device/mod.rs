@@ -260,15 +260,15 @@ impl LazyDevice {
         m.batch_wait_ms += ms;
     }
 
-    /// Counts a checkpoint save that blocked the loop for `blocked_ms`, wrote `bytes` in
-    /// `write_ms` (in the background or not).
-    pub(crate) fn record_checkpoint(&self, blocked_ms: f64, write_ms: f64, bytes: u64) {
+    /// Counts a checkpoint save (`saved` or failed): `blocked_ms` of the loop, `n` bytes written.
+    pub(crate) fn record_checkpoint(&self, saved: bool, blocked_ms: f64, write_ms: f64, n: u64) {
         let mut m = lock(&self.inner.metrics);
-        m.checkpoint_saves += 1;
+        m.checkpoint_saves += u64::from(saved);
+        m.checkpoint_failures += u64::from(!saved);
         m.checkpoint_blocked_ms += blocked_ms;
         m.checkpoint_blocked_max_ms = m.checkpoint_blocked_max_ms.max(blocked_ms);
         m.checkpoint_write_ms += write_ms;
-        m.checkpoint_bytes += bytes;
+        m.checkpoint_bytes += n;
     }
 
     /// A snapshot of the counters (steps still running are not in `execute_ms` yet).

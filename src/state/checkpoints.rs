@@ -488,7 +488,7 @@ fn commit(
     }
     let total = started.elapsed().as_secs_f64() * 1e3;
     let blocked = blocked.map_or(total, |b| b.as_secs_f64() * 1e3);
-    device.record_checkpoint(blocked, total, bytes);
+    device.record_checkpoint(result.is_ok(), blocked, total, bytes);
     result.map(|()| info)
 }
 

@@ -148,6 +148,29 @@ fn a_background_save_holds_its_step_while_training_goes_on() {
 }
 
 #[test]
+fn a_failed_save_is_counted_as_failed_not_as_saved() {
+    let dir = fresh_dir("npc-ckpt", "failed");
+    std::fs::create_dir_all(&dir).unwrap();
+    // a file where step 1's directory would go: that save cannot write
+    std::fs::write(dir.join("step-00000001"), b"in the way").unwrap();
+    let mut job = Job::new(1, false);
+    let mut ckpts = open(&dir, None, 2 << 30);
+    job.step(0);
+    ckpts.save(&job.model, &job.opt, 1).unwrap();
+    let err = ckpts.wait().unwrap_err().to_string();
+    assert!(err.contains("was not saved"), "{err}");
+    job.step(1);
+    ckpts.save(&job.model, &job.opt, 2).unwrap();
+    ckpts.wait().unwrap();
+    assert_eq!(steps(&ckpts), [2]);
+    let m = job.dev.metrics();
+    assert_eq!((m.checkpoint_saves, m.checkpoint_failures), (1, 1));
+    let report = m.report();
+    assert!(report.contains("1 saved (1 failed, not saved)"), "{report}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn zero1_moments_are_written_per_replica_and_load_at_any_replica_count() {
     let dir = fresh_dir("npc-ckpt", "zero1");
     let mut four = Job::new(4, true);
@@ -356,4 +379,9 @@ fn bad_locations_are_one_clear_error() {
         .unwrap()
         .to_string();
     assert!(e.contains("bucket name"), "{e}");
+    // said as a checkpoint location's, not in the compile cache's words
+    assert!(
+        e.contains("invalid checkpoint location") && !e.contains("cache"),
+        "{e}"
+    );
 }
