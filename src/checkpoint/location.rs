@@ -105,6 +105,11 @@ impl Location {
         ))
     }
 
+    /// Whether it is a remote store (S3), whose requests can hang on the network.
+    pub(crate) fn is_remote(&self) -> bool {
+        !matches!(self, Location::Local(_))
+    }
+
     /// The directory or URL, for messages.
     pub(crate) fn describe(&self) -> String {
         match self {

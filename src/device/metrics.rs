@@ -81,8 +81,8 @@ pub struct Metrics {
     /// committed (this process's part written, in a run of several).
     #[serde(default)]
     pub checkpoint_saves: u64,
-    /// Saves that failed (each a warning, or the error of the last one): not in
-    /// `checkpoint_saves`.
+    /// Saves that failed (each a warning, or the error of the last one) or were skipped (the
+    /// one before still writing): not in `checkpoint_saves`.
     #[serde(default)]
     pub checkpoint_failures: u64,
     /// The time those saves blocked the training loop, in ms: taking the snapshot and waiting
@@ -264,7 +264,7 @@ impl Metrics {
         if self.checkpoint_saves + self.checkpoint_failures > 0 {
             let failed = match self.checkpoint_failures {
                 0 => String::new(),
-                n => format!(" ({n} failed, not saved)"),
+                n => format!(" ({n} not saved: failed or skipped)"),
             };
             line(
                 "checkpoints",

@@ -37,6 +37,12 @@ pub struct CheckpointOptions {
     /// A run of several processes: how long rank 0 waits for the other ranks' files before it
     /// gives up on a save. Default 30 minutes.
     pub rank_timeout: Duration,
+    /// S3, one process: how long a save waits for the one before it that is still writing.
+    /// Past that, this save is skipped with a warning and training goes on (a slow or
+    /// unreachable store costs saves, not the loop); the next due save tries again. Default
+    /// 2 s. A local directory, or a run of several processes (whose ranks must save the same
+    /// steps), waits for the save before as long as it takes.
+    pub busy_wait: Duration,
 }
 
 impl Default for CheckpointOptions {
@@ -48,6 +54,7 @@ impl Default for CheckpointOptions {
             parts: PartOptions::default(),
             s3: None,
             rank_timeout: Duration::from_secs(1800),
+            busy_wait: Duration::from_secs(2),
         }
     }
 }
@@ -166,6 +173,9 @@ impl Checkpoints {
         if crate::trial::skip_write("checkpoints in", &self.location.display_path("")) {
             return Ok(());
         }
+        if self.still_writing(module, step)? {
+            return Ok(());
+        }
         if let Err(e) = self.wait() {
             tracing::warn!("{e}");
         }
@@ -214,6 +224,40 @@ impl Checkpoints {
             })?;
         self.pending = Some(Pending { step, handle });
         Ok(())
+    }
+
+    /// S3, one process: whether the save before is still writing after
+    /// [`CheckpointOptions::busy_wait`], in which case the save of `step` is skipped (one
+    /// warning, counted as not saved).
+    fn still_writing<M: Module + ?Sized>(&self, module: &M, step: u64) -> Result<bool> {
+        let Some(p) = &self.pending else {
+            return Ok(false);
+        };
+        let Some((_, t)) = module.parameters().into_iter().next() else {
+            return Ok(false);
+        };
+        let device = t.device()?;
+        if device.inner.config.topology.world_size > 1 || !self.location.is_remote() {
+            return Ok(false);
+        }
+        let started = Instant::now();
+        while !p.handle.is_finished() {
+            if started.elapsed() >= self.options.busy_wait {
+                tracing::warn!(
+                    "checkpoint of step {step} skipped: the save of step {} is still writing to \
+                     {} after {:.1} s (a slow or unreachable store); training goes on, and the \
+                     next due save tries again",
+                    p.step,
+                    self.location.describe(),
+                    started.elapsed().as_secs_f64()
+                );
+                let blocked = started.elapsed().as_secs_f64() * 1e3;
+                device.record_checkpoint(false, blocked, 0.0, 0);
+                return Ok(true);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(false)
     }
 
     /// Waits for the save in the background, if any; its checkpoint, or why it failed.

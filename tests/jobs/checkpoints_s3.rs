@@ -1,7 +1,8 @@
 //! Checkpoints on S3 (a loopback moto_server behind the fault-injecting proxy): saved in the
 //! background as multipart uploads, the newest K kept, resumed by reading straight from the
-//! bucket; 500s, dropped connections and a slow server cost a warning and a retry, and a
-//! server that stays down costs the save, never the training.
+//! bucket; 500s, dropped connections and a slow server cost a warning and a retry, a server
+//! that stays down costs the save, never the training, and one that stops answering costs the
+//! loop at most 2 s a save (the save skipped, one warning).
 
 use neuron_pc_test_support::process::run_alone;
 use std::io::Write;
@@ -91,8 +92,15 @@ fn bucket(tag: &str) -> Bucket {
 }
 
 fn open(b: &Bucket, keep: Option<usize>) -> Checkpoints {
+    // every save waits for the one before, however slow (as a local directory's do)
+    open_waiting(b, keep, Duration::from_secs(600))
+}
+
+/// [`open`], a save waiting `busy_wait` for the one before before it is skipped.
+fn open_waiting(b: &Bucket, keep: Option<usize>, busy_wait: Duration) -> Checkpoints {
     let options = CheckpointOptions {
         keep,
+        busy_wait,
         parts: PartOptions {
             part_size: 5 << 20,
             concurrency: 2,
@@ -244,6 +252,52 @@ fn a_server_that_stays_down_costs_the_save_not_the_training() {
     // the next save, with the server back, commits
     ckpts.save(&job.model, &job.opt, 3).unwrap();
     assert_eq!(ckpts.wait().unwrap().unwrap().step, 3);
+}
+
+#[test]
+fn a_save_still_writing_to_a_store_that_stopped_answering_is_skipped_not_waited_on() {
+    // alone in a process of its own: it reads the process's log, where other tests would write
+    if !run_alone(
+        module_path!(),
+        "a_save_still_writing_to_a_store_that_stopped_answering_is_skipped_not_waited_on",
+    ) {
+        return;
+    }
+    log();
+    let b = bucket("held");
+    let mut job = Job::new();
+    let mut ckpts = open_waiting(&b, None, Duration::from_secs(2));
+    job.step(0);
+    ckpts.save(&job.model, &job.opt, 1).unwrap();
+    ckpts.wait().unwrap();
+    // the server stops answering: every request held 8 s (past the client's 2 s bound)
+    b.proxy
+        .set_always(Some(Fault::Delay(Duration::from_secs(8))));
+    job.step(1);
+    ckpts.save(&job.model, &job.opt, 2).unwrap();
+    job.step(2);
+    let started = std::time::Instant::now();
+    ckpts.save(&job.model, &job.opt, 3).unwrap();
+    let blocked = started.elapsed();
+    // the loop waited its 2 s for the save still writing, then went on without this one
+    assert!(
+        blocked >= Duration::from_secs(2) && blocked < Duration::from_millis(2600),
+        "{blocked:?}"
+    );
+    assert_eq!(logged("checkpoint of step 3 skipped"), 1);
+    assert!(job.step(3).is_finite(), "training goes on");
+    b.proxy.set_always(None);
+    // the held save ends on its own (retried, or failed); the next due save commits
+    let _ = ckpts.wait();
+    ckpts.save(&job.model, &job.opt, 4).unwrap();
+    assert_eq!(ckpts.wait().unwrap().unwrap().step, 4);
+    let m = job.dev.metrics();
+    assert!(m.checkpoint_failures >= 1, "{}", m.report());
+    assert!(
+        m.report().contains("not saved: failed or skipped"),
+        "{}",
+        m.report()
+    );
 }
 
 #[test]
