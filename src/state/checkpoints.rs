@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use neuron_pc_cache::{PartOptions, S3Options};
 
+use super::lease;
 use super::parts::{attempt_nonce, clear_stale_parts, failed_name, gather_parts};
 use super::snapshot::Snapshot;
 use super::tidy::{committed_dirs, remove_failed, tidy, Undeletable};
@@ -131,6 +132,8 @@ pub struct Checkpoints {
     saves: u64,
     /// What this location could not delete, said once each.
     undeletable: Undeletable,
+    /// This process holds the location's lease (rank 0, not a trial run; [`lease`]).
+    leased: bool,
 }
 
 impl Checkpoints {
@@ -142,8 +145,16 @@ impl Checkpoints {
         if options.keep == Some(0) {
             return Err(storage(spec, "keeping 0 checkpoints would delete every one").into());
         }
+        let location = Location::open(spec, &options.parts, options.s3.as_ref())?;
+        // the job that writes here: rank 0 (the others' parts are its to commit)
+        let rank0 = crate::topology::Topology::from_env().map_or(true, |t| t.rank == 0);
+        let leased = rank0 && !crate::trial::is_trial_run();
+        if leased {
+            lease::acquire(&location)?;
+        }
         Ok(Checkpoints {
-            location: Arc::new(Location::open(spec, &options.parts, options.s3.as_ref())?),
+            location: Arc::new(location),
+            leased,
             options,
             pending: None,
             nonce: None,
@@ -201,22 +212,16 @@ impl Checkpoints {
         }
         let location = self.location.clone();
         let options = self.options.clone();
-        let undeletable = self.undeletable.clone();
+        let owner = (self.undeletable.clone(), self.leased);
         if !self.options.background {
-            return commit(&location, snapshot, &options, &undeletable, (started, None)).map(drop);
+            return commit(&location, snapshot, &options, &owner, (started, None)).map(drop);
         }
         let blocked = started.elapsed();
         let handle = std::thread::Builder::new()
             .name(format!("checkpoint-{step}"))
             .spawn(move || {
                 let from = Instant::now();
-                commit(
-                    &location,
-                    snapshot,
-                    &options,
-                    &undeletable,
-                    (from, Some(blocked)),
-                )
+                commit(&location, snapshot, &options, &owner, (from, Some(blocked)))
             })
             .map_err(|source| CheckpointError::Io {
                 path: target,
@@ -449,10 +454,13 @@ pub const LEGACY_FILE: &str = "last.safetensors";
 
 impl Drop for Checkpoints {
     /// A save still being written is finished first, so a job that ends normally never leaves
-    /// its last checkpoint half-written.
+    /// its last checkpoint half-written; then the location's lease is given back.
     fn drop(&mut self) {
         if let Err(e) = self.wait() {
             tracing::error!("{e}");
+        }
+        if self.leased {
+            lease::release(&self.location);
         }
     }
 }
@@ -470,7 +478,7 @@ fn commit(
     loc: &Location,
     snapshot: Snapshot,
     options: &CheckpointOptions,
-    undeletable: &Undeletable,
+    (undeletable, leased): &(Undeletable, bool),
     (started, blocked): (Instant, Option<Duration>),
 ) -> Result<CheckpointInfo> {
     let (step, rank, processes) = (snapshot.step, snapshot.rank, snapshot.processes);
@@ -510,6 +518,10 @@ fn commit(
         let json = manifest.seal(index.as_bytes());
         // Never commit a manifest that would not load.
         Manifest::parse(&dir, &json)?;
+        if *leased {
+            // never commit over another job's checkpoints
+            lease::check(loc)?;
+        }
         loc.put(&format!("{dir}/{HF_INDEX}"), index.as_bytes())?;
         super::snapshot::test_delay();
         loc.put(&format!("{dir}/{MANIFEST}"), &json)?;

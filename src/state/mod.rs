@@ -37,6 +37,7 @@
 //! ([`crate::checkpoint::CheckpointError::Mismatch`]); on any error nothing is loaded.
 
 mod checkpoints;
+mod lease;
 mod parts;
 mod restore;
 mod snapshot;

@@ -1,8 +1,9 @@
 //! `train_llama`'s checkpoints under the faults a chaos run found (issue 56): what killed saves
 //! leave behind goes at the next commit and at resume, a save that ran out of disk leaves its
 //! room to the next (a real full tmpfs), an old checkpoint that cannot be deleted (a real
-//! immutable file) is said once and keep-K still holds for the rest, and a flipped bit in a
-//! manifest or an index makes that checkpoint unusable, the resume falling back past it.
+//! immutable file) is said once and keep-K still holds for the rest, a flipped bit in a
+//! manifest or an index makes that checkpoint unusable, the resume falling back past it, and a
+//! second job on a location another job writes stops before step 1.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -134,7 +135,8 @@ fn a_save_that_ran_out_of_disk_leaves_its_room_to_the_next() {
     let ckpt = ["--ckpt-dir", &arg(&dir), "--ckpt-every", "1"];
     let result = std::panic::catch_unwind(|| {
         ok(&cache, &[&ckpt[..], &["--steps", "1"]].concat());
-        // fill the disk, then free exactly a save's data and index: its manifest cannot fit
+        // fill the disk, then free exactly a save's data and index and the job's lease: its
+        // manifest cannot fit
         let filler = mount.join("filler");
         {
             use std::io::Write;
@@ -142,7 +144,7 @@ fn a_save_that_ran_out_of_disk_leaves_its_room_to_the_next() {
             let block = vec![0u8; 1 << 16];
             while f.write_all(&block).is_ok() {}
             let len = f.metadata().unwrap().len();
-            f.set_len((pages(len) - data) * 4096).unwrap();
+            f.set_len((pages(len) - data - 1) * 4096).unwrap();
         }
         let out = train(
             &cache,
@@ -244,5 +246,50 @@ fn a_flipped_bit_in_a_manifest_or_an_index_makes_the_resume_fall_back() {
         );
         assert!(stderr.contains("cannot be used"), "{file}: {stderr}");
     }
+    let _ = std::fs::remove_dir_all(d);
+}
+
+#[test]
+fn a_second_job_on_a_location_stops_before_step_1_and_a_gone_one_is_taken_over() {
+    let d = tmp("ckpt-lease");
+    let (cache, dir) = (d.join("cache"), d.join("ckpt"));
+    let lease = dir.join(".lease.json");
+    // job A: a long run, saving
+    let at = arg(&dir);
+    let all = [SMALL, &["--peak-matmul", "0", "--steps", "100000"]].concat();
+    let all = [&all[..], &["--ckpt-dir", &at, "--ckpt-every", "50"]].concat();
+    let mut a = command(&cache, &all)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while !lease.exists() && started.elapsed() < std::time::Duration::from_secs(120) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let result = std::panic::catch_unwind(|| {
+        assert!(lease.exists(), "job A took no lease");
+        // job B, on the same directory while A runs: one line naming A, no step taken
+        let out = train(&cache, &["--ckpt-dir", &arg(&dir), "--steps", "2"]);
+        let (stdout, stderr) = texts(&out);
+        assert!(!out.status.success(), "{stdout}");
+        let named = format!("another job writes checkpoints here (pid {}", a.id());
+        assert!(stderr.contains(&named), "{stderr}");
+        assert!(!stdout.contains("step     1"), "{stdout}");
+    });
+    // A is killed: its lease stays, and the next job takes it over, saying so
+    a.kill().unwrap();
+    a.wait().unwrap();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+    assert!(lease.exists());
+    let (_, stderr) = ok(&cache, &["--ckpt-dir", &arg(&dir), "--steps", "2"]);
+    assert!(
+        stderr.contains("taking them over from a job that is gone"),
+        "{stderr}"
+    );
+    // given back when the job ends
+    assert!(!lease.exists());
     let _ = std::fs::remove_dir_all(d);
 }

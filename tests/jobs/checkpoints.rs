@@ -174,6 +174,45 @@ fn a_failed_save_is_counted_as_failed_not_as_saved() {
 }
 
 #[test]
+fn a_save_is_not_committed_once_another_job_holds_the_location() {
+    let dir = fresh_dir("npc-ckpt", "lease");
+    let mut job = Job::new(1, false);
+    let mut ckpts = open(&dir, None, 2 << 30);
+    job.step(0);
+    ckpts.save(&job.model, &job.opt, 1).unwrap();
+    ckpts.wait().unwrap();
+    // another live process of this host takes the location's lease
+    let mut other = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let lease = serde_json::json!({ "host": host.trim(), "pid": other.id(), "since": 0 });
+    std::fs::write(dir.join(".lease.json"), lease.to_string()).unwrap();
+    job.step(1);
+    ckpts.save(&job.model, &job.opt, 2).unwrap();
+    let err = ckpts.wait().unwrap_err().to_string();
+    assert!(
+        err.contains("another job took these checkpoints over"),
+        "{err}"
+    );
+    assert_eq!(steps(&ckpts), [1]);
+    // and a job that opens the location now is refused, naming the holder
+    let e = Checkpoints::open(dir.to_str().unwrap(), Default::default())
+        .err()
+        .unwrap()
+        .to_string();
+    let holder = format!("another job writes checkpoints here (pid {}", other.id());
+    assert!(e.contains(&holder), "{e}");
+    drop(ckpts);
+    // not ours: dropping ours leaves it
+    assert!(dir.join(".lease.json").exists());
+    other.kill().unwrap();
+    other.wait().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn zero1_moments_are_written_per_replica_and_load_at_any_replica_count() {
     let dir = fresh_dir("npc-ckpt", "zero1");
     let mut four = Job::new(4, true);
