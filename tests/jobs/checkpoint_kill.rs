@@ -195,7 +195,37 @@ fn kill_and_resume(cache: &Path, place: &Place, reference: &[(u64, f64)], kills:
         Place::Local(_) => format!(", {inside} of them inside a save"),
         Place::S3 { .. } => String::new(),
     };
+    if let Place::Local(dir) = place {
+        assert_tidy(dir);
+    }
     eprintln!("{landed} kills landed{at}; finished at step {done}");
+}
+
+/// After the last run ended normally: nothing the kills left below the newest checkpoint (no
+/// step directory without a manifest, no writer's temporary file, no empty directory) and no
+/// lease (given back at the end).
+fn assert_tidy(dir: &Path) {
+    let mut entries: Vec<(u64, PathBuf)> = (std::fs::read_dir(dir).unwrap().flatten())
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_string();
+            Some((name.strip_prefix("step-")?.parse().ok()?, e.path()))
+        })
+        .collect();
+    entries.sort();
+    let newest = entries
+        .iter()
+        .filter(|(_, p)| p.join("manifest.json").exists())
+        .map(|(s, _)| *s)
+        .max()
+        .expect("a committed checkpoint");
+    for (step, path) in entries.iter().filter(|(s, _)| *s <= newest) {
+        assert!(path.join("manifest.json").exists(), "step {step} is unfinished");
+        for f in std::fs::read_dir(path).unwrap().flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            assert!(!name.contains(".tmp."), "step {step}: {name} left behind");
+        }
+    }
+    assert!(!dir.join(".lease.json").exists(), "the lease was not given back");
 }
 
 fn reference(cache: &Path, steps: u64) -> Vec<(u64, f64)> {
