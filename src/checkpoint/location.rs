@@ -211,60 +211,31 @@ impl Location {
     /// step directories (`step-…/.name.tmp.pid`) and empty step directories (`step-…/`, with
     /// the slash). Nothing on S3, where an upload is whole or absent.
     pub(crate) fn stray(&self) -> Result<Vec<String>> {
-        let Location::Local(root) = self else {
-            return Ok(Vec::new());
-        };
-        let io = |path: &Path, source| CheckpointError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let entries = match std::fs::read_dir(root) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(io(root, e)),
-        };
-        let mut out = Vec::new();
-        for entry in entries.flatten() {
-            let dir = entry.file_name().to_string_lossy().into_owned();
-            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-            if !is_dir || super::manifest::step_of(&dir).is_none() {
-                continue;
-            }
-            let path = entry.path();
-            let mut empty = true;
-            for file in std::fs::read_dir(&path)
-                .map_err(|e| io(&path, e))?
-                .flatten()
-            {
-                empty = false;
-                let name = file.file_name().to_string_lossy().into_owned();
-                if name.starts_with('.') && name.contains(".tmp.") {
-                    out.push(format!("{dir}/{name}"));
-                }
-            }
-            if empty {
-                out.push(format!("{dir}/"));
-            }
+        match self {
+            Location::Local(root) => stray_local(root),
+            #[cfg(feature = "s3")]
+            Location::S3 { .. } => Ok(Vec::new()),
         }
-        out.sort();
-        Ok(out)
     }
 
     /// Deletes one of [`Location::stray`]'s names (a missing one is not an error).
     pub(crate) fn remove_stray(&self, name: &str) -> Result<()> {
-        let Location::Local(root) = self else {
-            return Ok(());
-        };
-        let path = root.join(name);
-        let removed = match name.strip_suffix('/') {
-            Some(_) => std::fs::remove_dir(&path),
-            None => std::fs::remove_file(&path),
-        };
-        match removed {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(CheckpointError::Io { path, source: e })
+        match self {
+            Location::Local(root) => {
+                let path = root.join(name);
+                let removed = match name.strip_suffix('/') {
+                    Some(_) => std::fs::remove_dir(&path),
+                    None => std::fs::remove_file(&path),
+                };
+                match removed {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        Err(CheckpointError::Io { path, source: e })
+                    }
+                    _ => Ok(()),
+                }
             }
-            _ => Ok(()),
+            #[cfg(feature = "s3")]
+            Location::S3 { .. } => Ok(()),
         }
     }
 
@@ -341,6 +312,44 @@ fn s3_error(spec: &str, e: neuron_pc_cache::Error) -> CheckpointError {
         ),
         e => storage(spec, &e.to_string()),
     }
+}
+
+/// [`Location::stray`] of local directory `root`.
+fn stray_local(root: &Path) -> Result<Vec<String>> {
+    let io = |path: &Path, source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let entries = match std::fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io(root, e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let dir = entry.file_name().to_string_lossy().into_owned();
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if !is_dir || super::manifest::step_of(&dir).is_none() {
+            continue;
+        }
+        let path = entry.path();
+        let mut empty = true;
+        for file in std::fs::read_dir(&path)
+            .map_err(|e| io(&path, e))?
+            .flatten()
+        {
+            empty = false;
+            let name = file.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') && name.contains(".tmp.") {
+                out.push(format!("{dir}/{name}"));
+            }
+        }
+        if empty {
+            out.push(format!("{dir}/"));
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 /// Files below `dir`, `depth` levels deep at most, as paths relative to `root`; temporary files

@@ -219,13 +219,19 @@ fn assert_tidy(dir: &Path) {
         .max()
         .expect("a committed checkpoint");
     for (step, path) in entries.iter().filter(|(s, _)| *s <= newest) {
-        assert!(path.join("manifest.json").exists(), "step {step} is unfinished");
+        assert!(
+            path.join("manifest.json").exists(),
+            "step {step} is unfinished"
+        );
         for f in std::fs::read_dir(path).unwrap().flatten() {
             let name = f.file_name().to_string_lossy().into_owned();
             assert!(!name.contains(".tmp."), "step {step}: {name} left behind");
         }
     }
-    assert!(!dir.join(".lease.json").exists(), "the lease was not given back");
+    assert!(
+        !dir.join(".lease.json").exists(),
+        "the lease was not given back"
+    );
 }
 
 fn reference(cache: &Path, steps: u64) -> Vec<(u64, f64)> {
