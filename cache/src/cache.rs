@@ -611,6 +611,33 @@ impl Cache {
     ) -> Result<()> {
         let exe_obj = exe_name(key, &record.executable_sha256);
         tier.store.put(&exe_obj, exe, PutMode::Overwrite)?;
+        let written = self.write_record(tier, key, &exe_obj, program, record, replace);
+        if written.is_err() {
+            // an executable no record names would be an orphan (a full disk fails the record
+            // after the executable): take it back, unless a record names these bytes
+            let named = self
+                .read_entry(tier, key)
+                .ok()
+                .flatten()
+                .is_some_and(|e| e.record.executable_sha256 == record.executable_sha256);
+            if !named {
+                let _ = tier.store.delete(&exe_obj);
+            }
+        }
+        written
+    }
+
+    /// [`Cache::write_entry`] once the executable `exe_obj` is written: the program and the
+    /// record.
+    fn write_record(
+        &self,
+        tier: &TierState,
+        key: &CacheKey,
+        exe_obj: &str,
+        program: &[u8],
+        record: &EntryRecord,
+        replace: bool,
+    ) -> Result<()> {
         tier.store
             .put(&program_name(key), program, PutMode::Overwrite)?;
         let rec = serde_json::to_vec_pretty(record).map_err(|e| Error::Corrupt {
@@ -627,21 +654,31 @@ impl Cache {
         if !replace {
             if let Ok(Some(existing)) = self.read_entry(tier, key) {
                 if existing.record.executable_sha256 != record.executable_sha256 {
-                    tier.store.delete(&exe_obj)?;
+                    tier.store.delete(exe_obj)?;
                 }
                 return Ok(());
             }
         }
-        let old = tier
-            .store
-            .get(&record_name(key))
-            .ok()
-            .flatten()
-            .and_then(|b| EntryRecord::parse(key, &b).ok());
+        let old_bytes = tier.store.get(&record_name(key)).ok().flatten();
+        let old = (old_bytes.as_ref()).and_then(|b| EntryRecord::parse(key, b).ok());
         tier.store
             .put(&record_name(key), &rec, PutMode::Overwrite)?;
-        if let Some(old) = old.filter(|o| o.executable_sha256 != record.executable_sha256) {
-            let _ = tier.store.delete(&exe_name(key, &old.executable_sha256));
+        match old {
+            Some(old) if old.executable_sha256 != record.executable_sha256 => {
+                let _ = tier.store.delete(&exe_name(key, &old.executable_sha256));
+            }
+            Some(_) => {}
+            // a record that did not parse names no executable: every other one of this key
+            // would be an orphan
+            None if old_bytes.is_some() => {
+                let prefix = format!("entries/{}/{key}.", key.shard());
+                for o in tier.store.list(&prefix).unwrap_or_default() {
+                    if o.name.ends_with(".exe") && o.name != exe_obj {
+                        let _ = tier.store.delete(&o.name);
+                    }
+                }
+            }
+            None => {}
         }
         Ok(())
     }

@@ -563,3 +563,40 @@ fn a_missing_bucket_fails_at_open_naming_it() {
     assert_eq!(text.lines().count(), 1, "{text}");
     fault_report("missing bucket", 1, "error at open naming the bucket", 0, 0);
 }
+
+/// A record whose bytes were damaged (a server that mangles what it stores) and rewritten by
+/// the next job: the executable the damaged record named is deleted with it, not left as an
+/// executable no record names.
+#[test]
+fn a_damaged_record_rewritten_leaves_no_orphan_executable() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = local(dir.path());
+    let k = key("damaged record");
+    let a = exe_for(&k, 1000);
+    assert!(matches!(
+        c.put(&k, &a, "", &inputs("d"), 1.0),
+        PutOutcome::Stored
+    ));
+    let shard = dir.path().join("entries").join(&k.as_str()[..2]);
+    std::fs::write(shard.join(format!("{k}.json")), b"{ not a record").unwrap();
+    assert!(matches!(c.get(&k), Lookup::Miss));
+    // the next job compiles other bytes (a compiler that is not deterministic) and stores them
+    let b: Vec<u8> = a.iter().map(|x| x ^ 0x5a).collect();
+    let got = c
+        .get_or_compile(&k, "", &inputs("d"), false, || Ok(b.clone()))
+        .unwrap();
+    assert!(matches!(got, Obtained::Compiled { .. }));
+    assert_eq!(hit_bytes(&c, &k), Some(b));
+    let exes: Vec<String> = (std::fs::read_dir(&shard).unwrap().flatten())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(k.as_str()) && n.ends_with(".exe"))
+        .collect();
+    assert_eq!(exes.len(), 1, "{exes:?}");
+    fault_report(
+        "damaged record rewritten",
+        1,
+        "the damaged record's executable deleted with it",
+        0,
+        0,
+    );
+}

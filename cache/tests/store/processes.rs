@@ -346,6 +346,21 @@ impl Drop for Mount {
     }
 }
 
+/// Every file below `dir`, as paths.
+fn files(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            match e.path().is_dir() {
+                true => stack.push(e.path()),
+                false => out.push(e.path().display().to_string()),
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn a_full_disk_fails_writes_softly_and_keeps_serving_reads() {
     let dir = tempfile::tempdir().unwrap();
@@ -397,6 +412,42 @@ fn a_full_disk_fails_writes_softly_and_keeps_serving_reads() {
         .get_or_compile(&fk, "", &inputs("f"), false, || Ok(vec![1; 10]))
         .unwrap();
     assert!(matches!(got, Obtained::Compiled { ref executable, .. } if executable == &vec![1; 10]));
+    // room for an executable and not one page more: its record cannot be written, and the
+    // executable is taken back rather than left as an orphan
+    let ok2 = key("full orphan");
+    let exe2 = exe_for(&ok2, 150_000);
+    let (first, _) = stored.remove(0);
+    for p in files(&mnt)
+        .iter()
+        .filter(|p| p.contains(&first.to_string()))
+    {
+        std::fs::remove_file(p).unwrap();
+    }
+    let filler = mnt.join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        while f.write_all(&[0u8; 4096]).is_ok() {}
+        let pages = f.metadata().unwrap().len().div_ceil(4096);
+        f.set_len((pages - 150_000u64.div_ceil(4096)) * 4096)
+            .unwrap();
+    }
+    assert!(matches!(
+        c.put(&ok2, &exe2, "", &inputs("f"), 1.0),
+        PutOutcome::Failed(_)
+    ));
+    let orphans: Vec<String> = files(&mnt)
+        .into_iter()
+        .filter(|p| p.contains(&ok2.to_string()) && p.ends_with(".exe"))
+        .collect();
+    assert!(orphans.is_empty(), "orphans: {orphans:?}");
+    // with room again, the next job compiles and stores it, and the one after hits it
+    std::fs::remove_file(&filler).unwrap();
+    let got = c
+        .get_or_compile(&ok2, "", &inputs("f"), false, || Ok(exe2.clone()))
+        .unwrap();
+    assert!(matches!(got, Obtained::Compiled { .. }));
+    assert_eq!(hit_bytes(&c, &ok2), Some(exe2));
     fault_report(
         "full disk (1 MiB tmpfs)",
         stored.len() + 1,
