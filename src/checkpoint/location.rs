@@ -147,6 +147,38 @@ impl Location {
         }
     }
 
+    /// Writes object `name` whole unless it exists: `Ok(false)` when it does (another writer
+    /// was first). Locally a hard link of a complete temporary file, which fails if the name
+    /// exists; on S3 a conditional PUT (`If-None-Match: *`).
+    pub(crate) fn put_new(&self, name: &str, bytes: &[u8]) -> Result<bool> {
+        match self {
+            Location::Local(root) => {
+                let path = root.join(name);
+                let tmp = root.join(format!(".{name}.new.{}", std::process::id()));
+                let io = |source| CheckpointError::Io {
+                    path: path.clone(),
+                    source,
+                };
+                std::fs::create_dir_all(root).map_err(io)?;
+                std::fs::write(&tmp, bytes).map_err(io)?;
+                let linked = std::fs::hard_link(&tmp, &path);
+                let _ = std::fs::remove_file(&tmp);
+                match linked {
+                    Ok(()) => Ok(true),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+                    Err(e) => Err(io(e)),
+                }
+            }
+            #[cfg(feature = "s3")]
+            Location::S3 { store, .. } => {
+                use neuron_pc_cache::{PutMode, Store};
+                store
+                    .put(name, bytes, PutMode::CreateOnly)
+                    .map_err(|e| self.error(name, e))
+            }
+        }
+    }
+
     /// Reads object `name`; `Ok(None)` when it does not exist.
     pub(crate) fn get(&self, name: &str) -> Result<Option<Vec<u8>>> {
         match self {

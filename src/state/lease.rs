@@ -7,7 +7,8 @@
 //! [`super::Checkpoints`] is dropped. Another live process on this host holding it is an error
 //! naming that process; one that is gone (killed, its lease left behind) is taken over with a
 //! warning, as is one held from another host, whose liveness this host cannot see: that warning
-//! says that both would write here if it still runs.
+//! says that both would write here if it still runs. A free lease is taken by a create-only
+//! write, so two jobs opening one location at the same instant cannot both take it.
 
 use crate::checkpoint::{CheckpointError, Location};
 
@@ -65,8 +66,14 @@ fn holder(loc: &Location) -> Result<Option<Holder>, CheckpointError> {
         .and_then(|b| serde_json::from_slice::<Holder>(&b).ok()))
 }
 
-/// Takes the lease of `loc` for this process (see the module documentation).
+/// Takes the lease of `loc` for this process (see the module documentation). A free lease is
+/// taken with a write that fails if another job wrote it first, so of two jobs opening one
+/// location at once, one holds it and the other sees it held.
 pub(super) fn acquire(loc: &Location) -> Result<(), CheckpointError> {
+    let me = serde_json::to_vec(&Holder::me()).expect("a holder is JSON");
+    if loc.get(LEASE)?.is_none() && loc.put_new(LEASE, &me)? {
+        return Ok(());
+    }
     match holder(loc)? {
         Some(h) if h.is_me() => return Ok(()),
         Some(h) if h.host == host() && alive(h.pid) => {
@@ -92,7 +99,6 @@ pub(super) fn acquire(loc: &Location) -> Result<(), CheckpointError> {
         ),
         None => {}
     }
-    let me = serde_json::to_vec(&Holder::me()).expect("a holder is JSON");
     loc.put(LEASE, &me)
 }
 
@@ -116,5 +122,47 @@ pub(super) fn release(loc: &Location) {
         if h.is_me() {
             let _ = loc.delete(LEASE, false);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_free_lease_is_taken_once_a_live_holder_refuses_and_a_gone_one_is_taken_over() {
+        let root = std::env::temp_dir().join(format!("npc-lease-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let loc = Location::Local(root.clone());
+        acquire(&loc).unwrap();
+        acquire(&loc).unwrap(); // ours already
+                                // a create-only write over it fails and changes nothing
+        assert!(!loc.put_new(LEASE, b"another job").unwrap());
+        assert!(holder(&loc).unwrap().unwrap().is_me());
+        // another live process of this host holds it
+        let mut other = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let theirs = Holder {
+            pid: other.id(),
+            ..Holder::me()
+        };
+        loc.put(LEASE, &serde_json::to_vec(&theirs).unwrap())
+            .unwrap();
+        let e = acquire(&loc).unwrap_err().to_string();
+        assert!(e.contains(&format!("pid {}", other.id())), "{e}");
+        assert!(check(&loc).is_err());
+        release(&loc); // not ours: stays
+        assert_eq!(holder(&loc).unwrap(), Some(theirs));
+        // gone: taken over
+        other.kill().unwrap();
+        other.wait().unwrap();
+        acquire(&loc).unwrap();
+        assert!(holder(&loc).unwrap().unwrap().is_me());
+        check(&loc).unwrap();
+        release(&loc);
+        assert_eq!(holder(&loc).unwrap(), None);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }
