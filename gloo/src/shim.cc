@@ -211,21 +211,17 @@ void set_reduce(gloo::AllreduceOptions& opts, void* data, size_t count,
   opts.setReduceFunction(f);
 }
 
-// Fills in the buffer and the combiner; false for an unknown element type.
+// Fills in the buffer and the combiner; false for an unknown element type. gloo reads the
+// buffer as elements of the pointer type's size and combines them only through the combiner,
+// so an unsigned type of the element's size stands for every type of that size.
 bool configure(gloo::AllreduceOptions& opts, void* data, size_t count, int dtype, int op) {
-  switch (dtype) {
-    case kF32: set_reduce<float>(opts, data, count, plain_func<float>(op)); return true;
-    case kF64: set_reduce<double>(opts, data, count, plain_func<double>(op)); return true;
-    case kBf16: set_reduce<uint16_t>(opts, data, count, half_func<Bf16>(op)); return true;
-    case kF16: set_reduce<gloo::float16>(opts, data, count, half_func<F16>(op)); return true;
-    case kS8: set_reduce<int8_t>(opts, data, count, plain_func<int8_t>(op)); return true;
-    case kS16: set_reduce<int16_t>(opts, data, count, plain_func<int16_t>(op)); return true;
-    case kS32: set_reduce<int32_t>(opts, data, count, plain_func<int32_t>(op)); return true;
-    case kS64: set_reduce<int64_t>(opts, data, count, plain_func<int64_t>(op)); return true;
-    case kU8: set_reduce<uint8_t>(opts, data, count, plain_func<uint8_t>(op)); return true;
-    case kU16: set_reduce<uint16_t>(opts, data, count, plain_func<uint16_t>(op)); return true;
-    case kU32: set_reduce<uint32_t>(opts, data, count, plain_func<uint32_t>(op)); return true;
-    case kU64: set_reduce<uint64_t>(opts, data, count, plain_func<uint64_t>(op)); return true;
+  size_t size = 0;
+  auto f = combiner(dtype, op, &size);
+  switch (size) {
+    case 1: set_reduce<uint8_t>(opts, data, count, f); return true;
+    case 2: set_reduce<uint16_t>(opts, data, count, f); return true;
+    case 4: set_reduce<uint32_t>(opts, data, count, f); return true;
+    case 8: set_reduce<uint64_t>(opts, data, count, f); return true;
     default: return false;
   }
 }

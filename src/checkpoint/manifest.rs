@@ -178,25 +178,24 @@ impl Manifest {
         let mut m = self.clone();
         m.index_sha256 = Some(sha256(index));
         m.sha256 = None;
-        m.sha256 = Some(sha256(&m.unsealed_json()));
-        serde_json::to_vec_pretty(&m).expect("a manifest is JSON")
+        m.sha256 = Some(sha256(&m.json()));
+        m.json()
     }
 
-    /// The JSON whose digest [`Manifest::seal`] records: this manifest without it.
-    fn unsealed_json(&self) -> Vec<u8> {
-        let mut m = self.clone();
-        m.sha256 = None;
-        serde_json::to_vec_pretty(&m).expect("a manifest is JSON")
+    /// The JSON written for this manifest.
+    fn json(&self) -> Vec<u8> {
+        serde_json::to_vec_pretty(self).expect("a manifest is JSON")
     }
 
     /// Parses and checks a manifest read from `name`.
     pub(crate) fn parse(name: &str, bytes: &[u8]) -> Result<Manifest> {
-        let m: Manifest = serde_json::from_slice(bytes).map_err(|e| corrupt(name, e))?;
-        if let Some(want) = &m.sha256 {
+        let mut m: Manifest = serde_json::from_slice(bytes).map_err(|e| corrupt(name, e))?;
+        if let Some(want) = m.sha256.take() {
             // the digest covers what the bytes say, so a changed value, key or field fails
-            if sha256(&m.unsealed_json()) != *want {
+            if sha256(&m.json()) != want {
                 return Err(corrupt(name, "its SHA-256 does not match its contents"));
             }
+            m.sha256 = Some(want);
         }
         if m.format != FORMAT || m.version != VERSION {
             return Err(corrupt(

@@ -54,6 +54,8 @@ pub(crate) struct Zero1 {
     replicas: usize,
     /// On a mesh: every axis of it, the split of a block (see the module documentation).
     axes: Option<Vec<String>>,
+    /// Devices a block is split over (the mesh's size; 1 without a mesh).
+    pieces: usize,
 }
 
 impl Zero1 {
@@ -61,14 +63,14 @@ impl Zero1 {
         let replicas = device.global_replicas();
         let mesh = device.mesh();
         // a block splits evenly over the mesh's devices
-        let split = mesh.map_or(1, |m| m.size());
+        let pieces = mesh.map_or(1, |m| m.size());
         let layouts = params
             .iter()
             .map(|p| {
                 let numel = p.elem_count();
                 Layout {
                     numel,
-                    block: numel.div_ceil(replicas * split).max(1) * split,
+                    block: numel.div_ceil(replicas * pieces).max(1) * pieces,
                     dims: p.dims().to_vec(),
                 }
             })
@@ -79,6 +81,7 @@ impl Zero1 {
             layouts,
             replicas,
             axes,
+            pieces,
         }
     }
 
@@ -122,11 +125,6 @@ impl Zero1 {
         self.split(padded.reshape(&[self.replicas, block])?)
     }
 
-    /// Devices a block is split over (1 without a mesh).
-    fn pieces(&self) -> usize {
-        self.device.mesh().map_or(1, |m| m.size())
-    }
-
     /// Runs of consecutive parameters of one dtype whose `[N, block]` views fit a bucket.
     fn buckets(&self, tensors: &[&Tensor]) -> Vec<Vec<usize>> {
         let mut out: Vec<Vec<usize>> = Vec::new();
@@ -162,7 +160,7 @@ impl Zero1 {
     /// gradient, each replica's own or already averaged), by one reduce-scatter per bucket: the
     /// blocks' views joined, each device's pieces of all of them exchanged at once.
     pub(crate) fn grad_blocks(&self, grads: &[Tensor]) -> Result<Vec<Tensor>> {
-        let d = self.pieces();
+        let d = self.pieces;
         let mut out: Vec<Option<Tensor>> = vec![None; grads.len()];
         for bucket in self.buckets(&grads.iter().collect::<Vec<_>>()) {
             let views = (bucket.iter())
@@ -190,7 +188,7 @@ impl Zero1 {
     /// Each parameter whole from this replica's updated block of it (`blocks[i]`, as
     /// [`Zero1::gather`]), by one all-gather per bucket.
     pub(crate) fn gather_all(&self, blocks: &[Tensor]) -> Result<Vec<Tensor>> {
-        let d = self.pieces();
+        let d = self.pieces;
         let mut out: Vec<Option<Tensor>> = vec![None; blocks.len()];
         for bucket in self.buckets(&blocks.iter().collect::<Vec<_>>()) {
             let views = (bucket.iter())

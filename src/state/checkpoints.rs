@@ -235,14 +235,14 @@ impl Checkpoints {
     /// [`CheckpointOptions::busy_wait`], in which case the save of `step` is skipped (one
     /// warning, counted as not saved).
     fn still_writing<M: Module + ?Sized>(&self, module: &M, step: u64) -> Result<bool> {
-        let Some(p) = &self.pending else {
+        let Some(p) = self.pending.as_ref().filter(|_| self.location.is_remote()) else {
             return Ok(false);
         };
         let Some((_, t)) = module.parameters().into_iter().next() else {
             return Ok(false);
         };
         let device = t.device()?;
-        if device.inner.config.topology.world_size > 1 || !self.location.is_remote() {
+        if device.inner.config.topology.world_size > 1 {
             return Ok(false);
         }
         let started = Instant::now();

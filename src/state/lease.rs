@@ -71,10 +71,13 @@ fn holder(loc: &Location) -> Result<Option<Holder>, CheckpointError> {
 /// location at once, one holds it and the other sees it held.
 pub(super) fn acquire(loc: &Location) -> Result<(), CheckpointError> {
     let me = serde_json::to_vec(&Holder::me()).expect("a holder is JSON");
-    if loc.get(LEASE)?.is_none() && loc.put_new(LEASE, &me)? {
-        return Ok(());
-    }
-    match holder(loc)? {
+    let current = match loc.get(LEASE)? {
+        None if loc.put_new(LEASE, &me)? => return Ok(()),
+        // another job wrote it between the read and the write
+        None => holder(loc)?,
+        Some(b) => serde_json::from_slice::<Holder>(&b).ok(),
+    };
+    match current {
         Some(h) if h.is_me() => return Ok(()),
         Some(h) if h.host == host() && alive(h.pid) => {
             return Err(CheckpointError::Storage {

@@ -30,7 +30,7 @@ pub(super) fn committed_dirs(names: &[String]) -> Vec<(u64, String)> {
 pub(super) struct Undeletable(Arc<Mutex<BTreeSet<String>>>);
 
 impl Undeletable {
-    /// Whether `name` failed before (and says so, once, if not).
+    /// Notes that `name` could not be deleted, and says so the first time.
     fn note(&self, loc: &Location, name: &str, e: &CheckpointError) {
         let mut said = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if said.insert(name.to_string()) {

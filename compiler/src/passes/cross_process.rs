@@ -271,10 +271,6 @@ impl Rewrite<'_> {
             }) => sharding.clone(),
             _ => "{replicated}".to_string(),
         });
-        let value = match self.last {
-            Some(previous) => b.push(Op::After, &[value, previous])?,
-            None => value,
-        };
         let op = Op::ProcessCollective {
             collective,
             processes: self.layout.processes,
@@ -283,6 +279,20 @@ impl Rewrite<'_> {
             leader,
         };
         self.tag += 1;
+        self.chained(b, op, value)
+    }
+
+    /// `value` waiting for the previous collective's result, if any (`After`).
+    fn after_last(&self, b: &mut Builder, value: NodeId) -> Result<NodeId> {
+        match self.last {
+            Some(previous) => b.push(Op::After, &[value, previous]),
+            None => Ok(value),
+        }
+    }
+
+    /// Collective `op` of `value`, after the previous collective; the next one's predecessor.
+    fn chained(&mut self, b: &mut Builder, op: Op, value: NodeId) -> Result<NodeId> {
+        let value = self.after_last(b, value)?;
         let id = b.push(op, &[value])?;
         self.last = Some(id);
         Ok(id)
@@ -295,9 +305,7 @@ impl Rewrite<'_> {
         for m in members {
             operands.push(self.ensure(b, m.operand)?);
         }
-        if let Some(previous) = self.last {
-            operands[0] = b.push(Op::After, &[operands[0], previous])?;
-        }
+        operands[0] = self.after_last(b, operands[0])?;
         let layouts: Vec<String> = members.iter().map(|m| m.layout.clone()).collect();
         let mut first = None;
         for (k, m) in members.iter().enumerate() {
@@ -363,18 +371,7 @@ impl Rewrite<'_> {
         if groups.iter().all(|g| g.len() == 1) {
             return Ok(value);
         }
-        self.inside(b, make(groups), value)
-    }
-
-    /// XLA's collective `op` of `value` inside the process, after the previous collective.
-    fn inside(&mut self, b: &mut Builder, op: Op, value: NodeId) -> Result<NodeId> {
-        let value = match self.last {
-            Some(previous) => b.push(Op::After, &[value, previous])?,
-            None => value,
-        };
-        let id = b.push(op, &[value])?;
-        self.last = Some(id);
-        Ok(id)
+        self.chained(b, make(groups), value)
     }
 }
 
@@ -432,7 +429,7 @@ impl Rewrite<'_> {
                             op,
                             replica_groups: g,
                         };
-                        self.inside(b, all, x)
+                        self.chained(b, all, x)
                     }
                     // one local group of several replicas and a sum: the first replica alone
                     // sums with the other processes, an all-reduce inside the process spreads it
@@ -441,10 +438,10 @@ impl Rewrite<'_> {
                             op,
                             replica_groups: g,
                         };
-                        let inner = self.inside(b, all.clone(), x)?;
+                        let inner = self.chained(b, all.clone(), x)?;
                         let sum = ProcessCollective::AllReduce(op);
                         let led = self.process_call(b, sum, inner, true)?;
-                        self.inside(b, all, led)
+                        self.chained(b, all, led)
                     }
                     Split::Spanning(g) => {
                         let inner = self.local(b, g, x, |replica_groups| Op::AllReduce {
@@ -466,7 +463,7 @@ impl Rewrite<'_> {
                             dim,
                             replica_groups: g,
                         };
-                        self.inside(b, gather, x)
+                        self.chained(b, gather, x)
                     }
                     Split::Spanning(g) => {
                         let inner = self.local(b, g, x, |replica_groups| Op::AllGather {
@@ -490,7 +487,7 @@ impl Rewrite<'_> {
                             dim,
                             replica_groups: g,
                         };
-                        self.inside(b, scatter, x)
+                        self.chained(b, scatter, x)
                     }
                     Split::Spanning(g) => {
                         let outer = self.process_call(
