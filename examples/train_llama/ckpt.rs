@@ -11,8 +11,8 @@ use crate::Args;
 /// The checkpoints `--ckpt-dir` names, if any.
 pub fn open(args: &Args) -> anyhow::Result<Option<Checkpoints>> {
     let Some(dir) = &args.ckpt_dir else {
-        if args.resume.is_some() || args.keep_checkpoints.is_some() {
-            bail!("--resume and --keep-checkpoints need --ckpt-dir");
+        if args.resume.is_some() || args.keep_checkpoints.is_some() || args.adopt_run {
+            bail!("--resume, --adopt-run and --keep-checkpoints need --ckpt-dir");
         }
         return Ok(None);
     };
@@ -28,11 +28,17 @@ pub fn open(args: &Args) -> anyhow::Result<Option<Checkpoints>> {
         keep: args.keep_checkpoints,
         shard_size,
         background: !args.ckpt_sync,
+        adopt_run: args.adopt_run,
         ..Default::default()
     };
-    Ok(Some(
-        Checkpoints::open(dir, options).with_context(|| format!("--ckpt-dir {dir}"))?,
-    ))
+    let ckpts = Checkpoints::open(dir, options).with_context(|| format!("--ckpt-dir {dir}"))?;
+    if args.resume.is_none() {
+        // before step 1: a run from scratch never saves among checkpoints already there
+        ckpts
+            .start_fresh()
+            .with_context(|| format!("--ckpt-dir {dir}"))?;
+    }
+    Ok(Some(ckpts))
 }
 
 /// Loads what `--resume` asks for; the step to continue from (0: nothing to resume).
@@ -77,6 +83,7 @@ pub fn resume(
         "resumed from {} at step {}",
         resumed.location, resumed.checkpoint.step
     );
+    println!("continuing run {}", ckpts.run_id());
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let grew = match (before, memory::peak_kib()) {
         (Some(b), Some(peak)) => format!(

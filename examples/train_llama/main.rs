@@ -170,6 +170,10 @@ struct Args {
     /// alone means) or from the named one (`step-00000100`); none there yet: start at step 0.
     #[arg(long, num_args = 0..=1, default_missing_value = "auto")]
     resume: Option<String>,
+    /// Let --resume continue a checkpoint of another run: one whose run id is not this run's
+    /// NEURON_PC_RUN_ID (without it, that resume is refused).
+    #[arg(long)]
+    adopt_run: bool,
     #[arg(long, default_value_t = 50)]
     log_every: u64,
     /// Print each step's loss as a JSON line (for tests and scripts).

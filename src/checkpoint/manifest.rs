@@ -144,6 +144,10 @@ pub(crate) struct Manifest {
     /// their parts, so rank 0 never merges a part an earlier (killed) save left behind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nonce: Option<String>,
+    /// The run that wrote it ([`crate::state::CheckpointOptions::run_id`]); none in
+    /// manifests written before run ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
     pub metadata: BTreeMap<String, String>,
     pub files: BTreeMap<String, FileEntry>,
     pub tensors: BTreeMap<String, TensorEntry>,
@@ -164,6 +168,7 @@ impl Manifest {
             step,
             processes,
             nonce: None,
+            run: None,
             metadata,
             files: BTreeMap::new(),
             tensors: BTreeMap::new(),

@@ -117,6 +117,22 @@ pub enum CheckpointError {
         /// Why it is not valid (the parser's error).
         message: String,
     },
+    /// A checkpoint another run wrote, which this run (named otherwise) may not continue
+    /// without being told to ([`crate::state::CheckpointOptions::adopt_run`]).
+    #[error(
+        "checkpoint {location} belongs to run {theirs}, and this run is {ours}: to continue it, \
+         run under its id ({}={theirs}) or adopt it on purpose (train_llama: --adopt-run); to \
+         start over, give this run another checkpoint location",
+        crate::store::RUN_ID_ENV
+    )]
+    OtherRun {
+        /// The checkpoint.
+        location: String,
+        /// The run that wrote it.
+        theirs: String,
+        /// This run's id.
+        ours: String,
+    },
 }
 
 /// The `Result` of saving and loading checkpoints.

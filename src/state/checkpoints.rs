@@ -9,6 +9,7 @@ use neuron_pc_cache::{PartOptions, S3Options};
 
 use super::lease;
 use super::parts::{attempt_nonce, clear_stale_parts, failed_name, gather_parts};
+use super::run::Run;
 use super::snapshot::Snapshot;
 use super::tidy::{committed_dirs, remove_failed, tidy, Undeletable};
 use crate::checkpoint::manifest::{self, dir_name, Assembly, Manifest, HF_INDEX, MANIFEST};
@@ -44,6 +45,13 @@ pub struct CheckpointOptions {
     /// 2 s. A local directory, or a run of several processes (whose ranks must save the same
     /// steps), waits for the save before as long as it takes.
     pub busy_wait: Duration,
+    /// This run's name, written into every manifest it commits. `None`: `NEURON_PC_RUN_ID`,
+    /// else a drawn one, which a resume replaces by the resumed checkpoint's run. A named run
+    /// resumes only its own checkpoints (see [`CheckpointOptions::adopt_run`]).
+    pub run_id: Option<String>,
+    /// Let a named run resume a checkpoint another run wrote (a run id other than its own).
+    /// Without it that resume is refused, as `train_llama` refuses it without `--adopt-run`.
+    pub adopt_run: bool,
 }
 
 impl Default for CheckpointOptions {
@@ -56,6 +64,8 @@ impl Default for CheckpointOptions {
             s3: None,
             rank_timeout: Duration::from_secs(1800),
             busy_wait: Duration::from_secs(2),
+            run_id: None,
+            adopt_run: false,
         }
     }
 }
@@ -81,6 +91,8 @@ pub struct Resumed {
     pub read_bytes: u64,
     /// Bytes of tensor data in the checkpoint.
     pub state_bytes: u64,
+    /// The run that wrote it (`None`: written before run ids); this run continues it.
+    pub run: Option<String>,
 }
 
 /// A save on its way.
@@ -134,6 +146,8 @@ pub struct Checkpoints {
     undeletable: Undeletable,
     /// This process holds the location's lease (rank 0, not a trial run; [`lease`]).
     leased: bool,
+    /// Which run this is, and whether it may save yet ([`super::run`]).
+    run: std::sync::Mutex<Run>,
 }
 
 impl Checkpoints {
@@ -155,6 +169,7 @@ impl Checkpoints {
         Ok(Checkpoints {
             location: Arc::new(location),
             leased,
+            run: std::sync::Mutex::new(Run::new(&options)),
             options,
             pending: None,
             nonce: None,
@@ -166,6 +181,47 @@ impl Checkpoints {
     /// The directory or URL.
     pub fn describe(&self) -> String {
         self.location.describe()
+    }
+
+    /// This run's id, as its manifests carry it ([`CheckpointOptions::run_id`]); after a
+    /// resume by a run without a name, the resumed checkpoint's run.
+    pub fn run_id(&self) -> String {
+        self.run().id.clone()
+    }
+
+    fn run(&self) -> std::sync::MutexGuard<'_, Run> {
+        crate::device::lock(&self.run)
+    }
+
+    /// Says that this run starts from scratch, not from a checkpoint: an error when the
+    /// location already holds complete checkpoints, whichever run wrote them (a new run never
+    /// saves among them; resume them, or give this run another location). The first
+    /// [`Checkpoints::save`] of a run that did not resume checks this too; calling it before
+    /// the first step fails sooner. A trial run writes nothing and is not refused.
+    pub fn start_fresh(&self) -> Result<()> {
+        if self.run().started || crate::trial::is_trial_run() {
+            return Ok(());
+        }
+        let done = self.list()?;
+        if let Some(newest) = done.last() {
+            let theirs = read_manifest(&self.location, &newest.name)
+                .ok()
+                .and_then(|m| m.run)
+                .map_or_else(String::new, |r| format!(" of run {r}"));
+            return Err(storage(
+                &self.location.describe(),
+                &format!(
+                    "a run that does not resume would save among {} complete checkpoint(s) \
+                     already here (the newest {}{theirs}): resume them (train_llama --resume), \
+                     or give this run another checkpoint location",
+                    done.len(),
+                    newest.name
+                ),
+            )
+            .into());
+        }
+        self.run().started = true;
+        Ok(())
     }
 
     /// Saves the state of `module` and `opt` (made for `module.parameters()` in that order)
@@ -184,6 +240,7 @@ impl Checkpoints {
         if crate::trial::skip_write("checkpoints in", &self.location.display_path("")) {
             return Ok(());
         }
+        self.start_fresh()?;
         if self.still_writing(module, step)? {
             return Ok(());
         }
@@ -211,7 +268,10 @@ impl Checkpoints {
             snapshot.nonce = attempt.map(|a| format!("{a}.{}", self.saves));
         }
         let location = self.location.clone();
-        let options = self.options.clone();
+        let options = CheckpointOptions {
+            run_id: Some(self.run_id()),
+            ..self.options.clone()
+        };
         let owner = (self.undeletable.clone(), self.leased);
         if !self.options.background {
             return commit(&location, snapshot, &options, &owner, (started, None)).map(drop);
@@ -326,31 +386,28 @@ impl Checkpoints {
         let all = self.list()?;
         let mut failed = Vec::new();
         for info in all.iter().rev() {
-            let path = self.location.display_path(&info.name);
-            match self.restore(info, module, opt, &path) {
-                Ok((read_bytes, state_bytes)) => {
-                    return Ok(Some(Resumed {
-                        checkpoint: info.clone(),
-                        location: path.display().to_string(),
-                        read_bytes,
-                        state_bytes,
-                    }));
-                }
-                // a checkpoint that does not fit the model is not damaged: no fallback
+            match self.restore(info, module, opt) {
+                Ok(resumed) => return Ok(Some(resumed)),
+                // a checkpoint that does not fit the model, or is another run's, is not
+                // damaged: no fallback
                 Err(crate::Error::Checkpoint(
-                    e @ (CheckpointError::Mismatch { .. } | CheckpointError::Metadata { .. }),
+                    e @ (CheckpointError::Mismatch { .. }
+                    | CheckpointError::Metadata { .. }
+                    | CheckpointError::OtherRun { .. }),
                 )) => return Err(e.into()),
                 Err(e) => {
                     tracing::warn!(
                         "checkpoint {} cannot be used ({e}); falling back to the one before",
-                        path.display()
+                        self.location.display_path(&info.name).display()
                     );
                     failed.push(info.name.clone());
                 }
             }
         }
         if failed.is_empty() {
-            return self.resume_single_file(module, opt);
+            let resumed = self.resume_single_file(module, opt)?;
+            self.run().continued(None, "");
+            return Ok(resumed);
         }
         Err(storage(
             &self.location.describe(),
@@ -361,31 +418,39 @@ impl Checkpoints {
 
     /// Loads checkpoint `info` (at `path`, for messages) into `module` and `opt`: chunk by
     /// chunk, only what this process holds ([`super::restore`]), or, for a checkpoint written
-    /// before its chunks had digests, read whole. The bytes read and the state's bytes.
-    fn restore<M, O>(
-        &self,
-        info: &CheckpointInfo,
-        module: &M,
-        opt: &O,
-        path: &std::path::Path,
-    ) -> Result<(u64, u64)>
+    /// before its chunks had digests, read whole. Another run's checkpoint is refused first
+    /// where this run may not continue it ([`super::run`]).
+    fn restore<M, O>(&self, info: &CheckpointInfo, module: &M, opt: &O) -> Result<Resumed>
     where
         M: Module + ?Sized,
         O: OptimizerState + ?Sized,
     {
+        let path = self.location.display_path(&info.name);
+        let shown = path.display().to_string();
         let m = read_manifest(&self.location, &info.name)?;
-        match super::restore::Reader::new(&self.location, &info.name, m) {
-            Some(mut reader) => {
-                super::restore::restore(module, opt, &mut reader, path)?;
-                Ok((reader.read, reader.state_bytes()))
-            }
-            None => {
-                let sd = load(&self.location, &info.name)?;
-                crate::state::load_training(module, opt, &sd, path)?;
-                let bytes: u64 = sd.tensors.values().map(|t| t.bytes().len() as u64).sum();
-                Ok((bytes, bytes))
-            }
-        }
+        let run = m.run.clone();
+        self.run().admit(run.as_deref(), &shown)?;
+        let (read_bytes, state_bytes) =
+            match super::restore::Reader::new(&self.location, &info.name, m) {
+                Some(mut reader) => {
+                    super::restore::restore(module, opt, &mut reader, &path)?;
+                    (reader.read, reader.state_bytes())
+                }
+                None => {
+                    let sd = load(&self.location, &info.name)?;
+                    crate::state::load_training(module, opt, &sd, &path)?;
+                    let bytes: u64 = sd.tensors.values().map(|t| t.bytes().len() as u64).sum();
+                    (bytes, bytes)
+                }
+            };
+        self.run().continued(run.as_deref(), &shown);
+        Ok(Resumed {
+            checkpoint: info.clone(),
+            location: shown,
+            read_bytes,
+            state_bytes,
+            run,
+        })
     }
 
     /// Loads checkpoint `info` (one of [`Checkpoints::list`]) into `module` and `opt`, as
@@ -396,14 +461,7 @@ impl Checkpoints {
         M: Module + ?Sized,
         O: OptimizerState + ?Sized,
     {
-        let path = self.location.display_path(&info.name);
-        let (read_bytes, state_bytes) = self.restore(info, module, opt, &path)?;
-        Ok(Resumed {
-            checkpoint: info.clone(),
-            location: path.display().to_string(),
-            read_bytes,
-            state_bytes,
-        })
+        self.restore(info, module, opt)
     }
 
     /// A directory holding no step directory but [`LEGACY_FILE`] (the layout before step
@@ -444,6 +502,7 @@ impl Checkpoints {
             location: path.display().to_string(),
             read_bytes: bytes,
             state_bytes: bytes,
+            run: None,
         }))
     }
 }
@@ -497,7 +556,7 @@ fn commit(
         loc.delete(&format!("{dir}/{MANIFEST}"), false)?;
         let part = snapshot.write(loc, &dir, options.shard_size)?;
         bytes = part.files.values().map(|f| f.bytes).sum::<u64>();
-        let manifest = if processes == 1 {
+        let mut manifest = if processes == 1 {
             part
         } else {
             let json = serde_json::to_vec_pretty(&part).expect("a manifest is JSON");
@@ -513,6 +572,7 @@ fn commit(
                 options.rank_timeout,
             )?
         };
+        manifest.run = options.run_id.clone();
         // the manifest covers the index and itself with digests
         let index = manifest.hf_index();
         let json = manifest.seal(index.as_bytes());

@@ -40,6 +40,7 @@ mod checkpoints;
 mod lease;
 mod parts;
 mod restore;
+mod run;
 mod snapshot;
 mod tidy;
 

@@ -150,7 +150,7 @@ pub(super) fn attempt_nonce(
 }
 
 /// 64 random bits, in hex: from the standard library's randomly keyed hasher, fed the time.
-fn random_hex() -> String {
+pub(super) fn random_hex() -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(

@@ -3,7 +3,8 @@
 //! room to the next (a real full tmpfs), an old checkpoint that cannot be deleted (a real
 //! immutable file) is said once and keep-K still holds for the rest, a flipped bit in a
 //! manifest or an index makes that checkpoint unusable, the resume falling back past it, and a
-//! second job on a location another job writes stops before step 1.
+//! second job on a location another job writes stops before step 1, and a run neither resumes
+//! another run's checkpoints nor saves among them unless told to.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -12,12 +13,27 @@ use crate::llama_job::{command, tmp, SMALL};
 
 /// `train_llama SMALL.. args..` (no launcher's variables); its output, succeeded or not.
 fn train(cache: &Path, args: &[&str]) -> Output {
+    train_as(cache, None, args)
+}
+
+/// [`train`] as run `id` (`NEURON_PC_RUN_ID`; `None`: unset).
+fn train_as(cache: &Path, id: Option<&str>, args: &[&str]) -> Output {
     let all = [SMALL, &["--peak-matmul", "0"], args].concat();
     let mut c = command(cache, &all);
-    for v in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"] {
+    for v in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "RUST_BACKTRACE",
+    ] {
         c.env_remove(v);
     }
-    c.env_remove("RUST_BACKTRACE").output().unwrap()
+    match id {
+        Some(id) => c.env("NEURON_PC_RUN_ID", id),
+        None => c.env_remove("NEURON_PC_RUN_ID"),
+    };
+    c.output().unwrap()
 }
 
 /// [`train`], which must succeed: its stdout and stderr.
@@ -86,10 +102,13 @@ fn what_killed_saves_leave_goes_at_resume_and_at_the_next_commit() {
         .join(".model-00001-of-00001.safetensors.tmp.4242")
         .exists());
     assert_eq!(committed(&dir), [2, 4, 6]);
-    // and at the next commit of a run that does not resume (step 2 saved again)
+    // and at the next commit of a run resumed from an older checkpoint (step 4 saved again)
     plant(5, "model-00001-of-00001.safetensors");
     plant(4, ".model-00001-of-00001.safetensors.tmp.77");
-    ok(&cache, &[&ckpt[..], &["--steps", "2"]].concat());
+    ok(
+        &cache,
+        &[&ckpt[..], &["--steps", "4", "--resume", "step-00000002"]].concat(),
+    );
     assert!(!step_dir(&dir, 5).exists());
     assert!(!step_dir(&dir, 4)
         .join(".model-00001-of-00001.safetensors.tmp.77")
@@ -284,12 +303,77 @@ fn a_second_job_on_a_location_stops_before_step_1_and_a_gone_one_is_taken_over()
         std::panic::resume_unwind(e);
     }
     assert!(lease.exists());
-    let (_, stderr) = ok(&cache, &["--ckpt-dir", &arg(&dir), "--steps", "2"]);
+    let (_, stderr) = ok(
+        &cache,
+        &["--ckpt-dir", &arg(&dir), "--steps", "2", "--resume"],
+    );
     assert!(
         stderr.contains("taking them over from a job that is gone"),
         "{stderr}"
     );
     // given back when the job ends
     assert!(!lease.exists());
+    let _ = std::fs::remove_dir_all(d);
+}
+
+/// The run id in the manifest of `dir`'s checkpoint of `step`.
+fn run_of(dir: &Path, step: u64) -> String {
+    let m = std::fs::read(step_dir(dir, step).join("manifest.json")).unwrap();
+    let m: serde_json::Value = serde_json::from_slice(&m).unwrap();
+    m["run"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_run_neither_continues_nor_writes_among_another_runs_checkpoints_unless_told() {
+    let d = tmp("ckpt-run-id");
+    let (cache, dir) = (d.join("cache"), d.join("ckpt"));
+    let ckpt = ["--ckpt-dir", &arg(&dir), "--ckpt-every", "2"];
+    let run = |id, extra: &[&str]| {
+        let out = train_as(&cache, id, &[&ckpt[..], extra].concat());
+        let (stdout, stderr) = texts(&out);
+        (out.status.success(), stdout, stderr)
+    };
+    let (done, stdout, stderr) = run(Some("llama-a"), &["--steps", "2"]);
+    assert!(done, "{stdout}{stderr}");
+    assert_eq!(run_of(&dir, 2), "llama-a");
+    // a run from scratch on that directory: refused before step 1, whatever its name
+    for id in [None, Some("llama-a"), Some("llama-b")] {
+        let (done, stdout, stderr) = run(id, &["--steps", "4"]);
+        assert!(!done, "{stdout}");
+        assert!(
+            stderr.contains("would save among 1 complete checkpoint(s) already here")
+                && stderr.contains("(the newest step-00000002 of run llama-a)"),
+            "{stderr}"
+        );
+        assert!(!stdout.contains("step     1"), "{stdout}");
+    }
+    // another named run does not resume it without --adopt-run
+    let (done, stdout, stderr) = run(Some("llama-b"), &["--steps", "4", "--resume"]);
+    assert!(!done, "{stdout}");
+    assert!(
+        stderr.contains("belongs to run llama-a, and this run is llama-b")
+            && stderr.contains("--adopt-run"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("step     3"), "{stdout}");
+    assert_eq!(committed(&dir), [2]);
+    // told to: it continues the state under its own name
+    let (done, stdout, stderr) = run(
+        Some("llama-b"),
+        &["--steps", "4", "--resume", "--adopt-run"],
+    );
+    assert!(done, "{stdout}{stderr}");
+    assert!(stdout.contains("continuing run llama-b"), "{stdout}");
+    assert!(stderr.contains("of run llama-a, as asked"), "{stderr}");
+    assert_eq!(run_of(&dir, 4), "llama-b");
+    // a restart without a name continues the run it resumes
+    let (done, stdout, stderr) = run(None, &["--steps", "6", "--resume"]);
+    assert!(done, "{stdout}{stderr}");
+    assert!(stdout.contains("continuing run llama-b"), "{stdout}");
+    assert_eq!(run_of(&dir, 6), "llama-b");
+    // and its own name resumes it silently
+    let (done, stdout, stderr) = run(Some("llama-b"), &["--steps", "8", "--resume"]);
+    assert!(done && !stderr.contains("as asked"), "{stdout}{stderr}");
+    assert_eq!(committed(&dir), [2, 4, 6, 8]);
     let _ = std::fs::remove_dir_all(d);
 }
