@@ -135,7 +135,12 @@ fn main() -> anyhow::Result<()> {
                 keep: args.keep_checkpoints,
                 ..Default::default()
             };
-            Some(Checkpoints::open(dir, options).with_context(|| format!("--ckpt-dir {dir}"))?)
+            let c = Checkpoints::open(dir, options).with_context(|| format!("--ckpt-dir {dir}"))?;
+            if args.resume.is_none() {
+                // before step 1, not at the first save
+                c.start_fresh()?;
+            }
+            Some(c)
         }
         None => None,
     };
