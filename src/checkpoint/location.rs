@@ -19,6 +19,11 @@ use super::{write_atomic, CheckpointError, Result};
 /// a small file, a listing); default 120. A request that takes longer is retried.
 pub const CKPT_S3_TIMEOUT_ENV: &str = "NEURON_PC_CKPT_S3_TIMEOUT";
 
+/// How long a checkpoint's S3 request waits for the server's answer beyond the time its bytes
+/// take at 1 MiB/s ([`S3Options::answer_timeout`]): a server that accepts requests and never
+/// answers fails a small request in these seconds, not in [`CKPT_S3_TIMEOUT_ENV`]'s 120.
+pub const CKPT_S3_ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The storage of one checkpoint directory.
 pub(crate) enum Location {
     /// A local (or mounted: FSx, EFS) directory.
@@ -84,10 +89,19 @@ impl Location {
                 connect_timeout: Duration::from_secs(5).min(timeout),
                 max_retries: 0,
                 retry_timeout: Duration::ZERO,
+                answer_timeout: Some(CKPT_S3_ANSWER_TIMEOUT.min(timeout)),
                 ..S3Options::default()
             },
         };
-        let store = S3Store::open(spec, &options).map_err(|e| s3_error(spec, e))?;
+        let store = S3Store::open(spec, &options)
+            .map_err(|e| s3_error(spec, e))?
+            .bounds_from(match options.answer_timeout {
+                Some(a) => format!(
+                    "{CKPT_S3_TIMEOUT_ENV}, with {:.1} s for an answer",
+                    a.as_secs_f64()
+                ),
+                None => CKPT_S3_TIMEOUT_ENV.to_string(),
+            });
         store.probe().map_err(|e| s3_error(spec, e))?;
         Ok(Location::S3 {
             store: Box::new(store),

@@ -37,7 +37,7 @@ mod location;
 pub(crate) mod manifest;
 
 pub(crate) use location::Location;
-pub use location::CKPT_S3_TIMEOUT_ENV;
+pub use location::{CKPT_S3_ANSWER_TIMEOUT, CKPT_S3_TIMEOUT_ENV};
 pub use neuron_pc_cache::{PartOptions, S3Options};
 
 use std::collections::{BTreeMap, HashMap};

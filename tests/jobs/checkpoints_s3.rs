@@ -327,3 +327,45 @@ fn a_missing_bucket_or_refused_credentials_fail_at_open() {
         .to_string();
     assert!(e.contains("access denied"), "{e}");
 }
+
+#[test]
+fn a_store_that_never_answers_fails_a_save_in_seconds_not_minutes() {
+    let b = bucket("black-hole");
+    let mut job = Job::new();
+    let options = CheckpointOptions {
+        background: false,
+        parts: PartOptions {
+            part_size: 5 << 20,
+            concurrency: 2,
+            attempts: 2,
+            backoff: Duration::from_millis(50),
+        },
+        s3: Some(S3Options {
+            // the whole-request bound of a checkpoint's requests; the answer's is 1 s here
+            timeout: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(1),
+            retry_timeout: Duration::ZERO,
+            answer_timeout: Some(Duration::from_secs(1)),
+            endpoint: Some(b.proxy.endpoint()),
+            credentials: Some(("testing".into(), "testing".into())),
+            ..S3Options::default()
+        }),
+        ..Default::default()
+    };
+    let mut ckpts = Checkpoints::open(&b.url, options).unwrap();
+    job.step(0);
+    ckpts.save(&job.model, &job.opt, 1).unwrap();
+    // a black hole: every request is taken and never answered (for 10 minutes)
+    b.proxy
+        .set_always(Some(Fault::Delay(Duration::from_secs(600))));
+    job.step(1);
+    let started = std::time::Instant::now();
+    let err = ckpts.save(&job.model, &job.opt, 2).unwrap_err().to_string();
+    let took = started.elapsed();
+    b.proxy.set_always(None);
+    assert!(err.contains("no answer within 1.0 s"), "{err}");
+    // each request: 1 s, tried twice; a whole-request bound would have taken 120 s a try
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    let steps: Vec<u64> = ckpts.list().unwrap().iter().map(|c| c.step).collect();
+    assert_eq!(steps, [1]);
+}

@@ -27,12 +27,16 @@ impl S3Store {
             let what = format!("PUT {name}");
             let payload = PutPayload::from(bytes::Bytes::copy_from_slice(bytes));
             let put = || self.store.put(&path, payload.clone());
-            return self.runtime.block_on(self.retried(&what, o, put)).map(drop);
+            let n = bytes.len() as u64;
+            return self
+                .runtime
+                .block_on(self.retried(&what, o, n, put))
+                .map(drop);
         }
         self.runtime.block_on(async {
             let what = format!("start upload of {name}");
             let id = self
-                .retried(&what, o, || self.store.create_multipart(&path))
+                .retried(&what, o, 0, || self.store.create_multipart(&path))
                 .await?;
             let parts = bytes.chunks(part).enumerate().map(|(i, chunk)| {
                 let payload = PutPayload::from(bytes::Bytes::copy_from_slice(chunk));
@@ -40,7 +44,8 @@ impl S3Store {
                 async move {
                     let what = format!("part {} of {name}", i + 1);
                     let put = || self.store.put_part(path, id, i, payload.clone());
-                    self.retried(&what, o, put).await.map(|p| (i, p))
+                    let n = chunk.len() as u64;
+                    self.retried(&what, o, n, put).await.map(|p| (i, p))
                 }
             });
             let sent: Result<Vec<(usize, PartId)>> = futures::stream::iter(parts)
@@ -53,7 +58,9 @@ impl S3Store {
                     let ids: Vec<PartId> = sent.into_iter().map(|(_, p)| p).collect();
                     let what = format!("completion of {name}");
                     let complete = || self.store.complete_multipart(&path, &id, ids.clone());
-                    self.retried(&what, o, complete).await.map(drop)
+                    // a server may take a while to assemble a large object
+                    let n = bytes.len() as u64;
+                    self.retried(&what, o, n, complete).await.map(drop)
                 }
                 Err(e) => Err(e),
             };
@@ -72,7 +79,7 @@ impl S3Store {
         let part = o.part_size.max(1) as u64;
         self.runtime.block_on(async {
             let what = format!("HEAD {name}");
-            let size = match self.retried(&what, o, || self.store.head(&path)).await {
+            let size = match self.retried(&what, o, 0, || self.store.head(&path)).await {
                 Ok(meta) => meta.size,
                 Err(Error::NotFound { .. }) => return Ok(None),
                 Err(e) => return Err(e),
@@ -112,7 +119,7 @@ impl S3Store {
             async move {
                 let what = format!("range {} of {name}", i + 1);
                 let get = || self.store.get_range(path, r.clone());
-                self.retried(&what, o, get).await
+                self.retried(&what, o, r.end - r.start, get).await
             }
         });
         let chunks: Vec<bytes::Bytes> = futures::stream::iter(reads)
@@ -134,17 +141,25 @@ impl S3Store {
         Ok(out)
     }
 
-    /// Runs one request up to `o.attempts` times, each within the per-request budget, waiting
-    /// (doubling) between tries and saying so in a warning. A missing object is
-    /// [`Error::NotFound`] at once; refused credentials are not retried.
-    async fn retried<T, F, Fut>(&self, what: &str, o: &PartOptions, mut request: F) -> Result<T>
+    /// Runs one request, moving `bytes`, up to `o.attempts` times, each within its bound
+    /// ([`super::S3Options::request_bound`]), waiting (doubling) between tries and saying so in
+    /// a warning. A missing object is [`Error::NotFound`] at once; refused credentials are not
+    /// retried.
+    async fn retried<T, F, Fut>(
+        &self,
+        what: &str,
+        o: &PartOptions,
+        bytes: u64,
+        mut request: F,
+    ) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = object_store::Result<T>>,
     {
+        let bound = self.opts.request_bound(bytes);
         let mut attempt = 1;
         loop {
-            let err = match tokio::time::timeout(self.budget, request()).await {
+            let err = match tokio::time::timeout(bound, request()).await {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(object_store::Error::NotFound { .. })) => {
                     return Err(Error::NotFound {
@@ -155,7 +170,7 @@ impl S3Store {
                 Ok(Err(e)) => self.map(e),
                 Err(_) => Error::Unavailable {
                     store: self.url.clone(),
-                    message: format!("no answer within {:.1} s", self.budget.as_secs_f64()),
+                    message: format!("no answer within {:.1} s", bound.as_secs_f64()),
                     timed_out: true,
                     throttled: false,
                 },

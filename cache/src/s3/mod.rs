@@ -46,6 +46,14 @@ pub struct S3Options {
     pub endpoint: Option<String>,
     /// Access key id and secret, overriding the environment and profile.
     pub credentials: Option<(String, String)>,
+    /// A tighter bound than [`S3Options::timeout`] on each request, fitted to it: this long
+    /// for the server to answer, plus the request's body (or the range it reads) at
+    /// [`S3Options::min_rate`]. A server that accepts requests and never answers (a black hole)
+    /// then fails a small request in these seconds, while a large part keeps the time its
+    /// bytes need. `None`: only the whole-request timeout.
+    pub answer_timeout: Option<Duration>,
+    /// Bytes per second a transfer is allowed at least (see [`S3Options::answer_timeout`]).
+    pub min_rate: u64,
 }
 
 impl Default for S3Options {
@@ -58,6 +66,8 @@ impl Default for S3Options {
             initial_backoff: Duration::from_millis(100),
             endpoint: None,
             credentials: None,
+            answer_timeout: None,
+            min_rate: 1 << 20,
         }
     }
 }
@@ -87,6 +97,19 @@ impl S3Options {
     /// timed out, whatever the server does.
     pub fn budget(&self) -> Duration {
         self.timeout + self.retry_timeout
+    }
+
+    /// The bound on one request moving `bytes` ([`S3Options::answer_timeout`]), within the
+    /// whole operation's [`S3Options::budget`].
+    pub fn request_bound(&self, bytes: u64) -> Duration {
+        let budget = self.budget();
+        match self.answer_timeout {
+            None => budget,
+            Some(answer) => {
+                let body = Duration::from_secs_f64(bytes as f64 / self.min_rate.max(1) as f64);
+                (answer + body).min(budget)
+            }
+        }
     }
 }
 

@@ -21,7 +21,12 @@ use crate::store::{ObjectMeta, PutMode, Store, Tier};
 /// An S3 bucket and key prefix.
 pub struct S3Store {
     pub(crate) runtime: tokio::runtime::Runtime,
+    /// The bound on one request of no body, [`S3Options::request_bound`] of 0 bytes.
     pub(crate) budget: Duration,
+    /// The options, for the bounds of requests with a body ([`S3Options::request_bound`]).
+    pub(crate) opts: S3Options,
+    /// What sets the bounds, as messages about a request without an answer name it.
+    bounds_from: String,
     pub(crate) store: AmazonS3,
     prefix: String,
     pub(crate) url: String,
@@ -219,12 +224,22 @@ impl S3Store {
             })?;
         Ok(S3Store {
             runtime,
-            budget: opts.budget(),
+            budget: opts.request_bound(0),
+            opts: opts.clone(),
+            bounds_from: S3_TIMEOUT_ENV.to_string(),
             store,
             prefix,
             url: url.trim_end_matches('/').to_string(),
             conditional: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Names `what` (a variable, an option) in messages about requests that got no answer in
+    /// time, instead of the cache's `NEURON_PC_CACHE_S3_TIMEOUT`: for a store whose bounds
+    /// another setting gives (checkpoints).
+    pub fn bounds_from(mut self, what: impl Into<String>) -> S3Store {
+        self.bounds_from = what.into();
+        self
     }
 
     /// Whether the server honours `If-None-Match: *` on PUT: a second create-only PUT of one
@@ -270,7 +285,8 @@ impl S3Store {
     fn put_raw(&self, name: &str, bytes: &[u8], mode: object_store::PutMode) -> Result<bool> {
         let path = self.path(name);
         let payload = PutPayload::from(bytes.to_vec());
-        let r = self.block(self.store.put_opts(&path, payload, mode.into()))?;
+        let bound = self.opts.request_bound(bytes.len() as u64);
+        let r = self.block_within(bound, self.store.put_opts(&path, payload, mode.into()))?;
         match r {
             Ok(_) => Ok(true),
             Err(
@@ -325,18 +341,33 @@ impl S3Store {
     /// Runs one operation on the runtime within the budget; running out of it is a timed-out
     /// [`Error::Unavailable`].
     fn block<T>(&self, fut: impl std::future::Future<Output = T>) -> Result<T> {
+        self.block_within(self.budget, fut)
+    }
+
+    /// [`S3Store::block`] within `bound`.
+    fn block_within<T>(
+        &self,
+        bound: Duration,
+        fut: impl std::future::Future<Output = T>,
+    ) -> Result<T> {
         THREAD_REQUESTS.with(|n| n.set(n.get() + 1));
         self.runtime
-            .block_on(async { tokio::time::timeout(self.budget, fut).await })
-            .map_err(|_| Error::Unavailable {
-                store: self.url.clone(),
-                message: format!(
-                    "no answer within {:.1} s ({S3_TIMEOUT_ENV})",
-                    self.budget.as_secs_f64()
-                ),
-                timed_out: true,
-                throttled: false,
-            })
+            .block_on(async { tokio::time::timeout(bound, fut).await })
+            .map_err(|_| self.no_answer(bound))
+    }
+
+    /// A request that got no answer within `bound`.
+    fn no_answer(&self, bound: Duration) -> Error {
+        Error::Unavailable {
+            store: self.url.clone(),
+            message: format!(
+                "no answer within {:.1} s ({})",
+                bound.as_secs_f64(),
+                self.bounds_from
+            ),
+            timed_out: true,
+            throttled: false,
+        }
     }
 
     /// Everything under `base`, one page (request) at a time, each page within the per-request
@@ -368,10 +399,11 @@ impl S3Store {
         r.map_err(|listed| Error::Unavailable {
             store: self.url.clone(),
             message: format!(
-                "no answer within {:.1} s for page {} of a listing ({S3_TIMEOUT_ENV} bounds each \
-                 request; a listing may take that long per page of {PAGE} objects)",
+                "no answer within {:.1} s for page {} of a listing ({} bounds each request; a \
+                 listing may take that long per page of {PAGE} objects)",
                 self.budget.as_secs_f64(),
-                listed / PAGE + 1
+                listed / PAGE + 1,
+                self.bounds_from
             ),
             timed_out: true,
             throttled: false,
@@ -463,10 +495,18 @@ impl Store for S3Store {
 
     fn get(&self, name: &str) -> Result<Option<Vec<u8>>> {
         let path = self.path(name);
-        let r = self.block(async {
-            let got = self.store.get(&path).await?;
-            got.bytes().await
+        // the answer within the bound of a request of no body, the body within the budget
+        let answer = self.budget;
+        let r = self.block_within(self.opts.budget(), async {
+            match tokio::time::timeout(answer, self.store.get(&path)).await {
+                Err(_) => None,
+                Ok(Err(e)) => Some(Err(e)),
+                Ok(Ok(got)) => Some(got.bytes().await),
+            }
         })?;
+        let Some(r) = r else {
+            return Err(self.no_answer(answer));
+        };
         match r {
             Ok(b) => Ok(Some(b.to_vec())),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
