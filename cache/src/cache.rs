@@ -814,12 +814,16 @@ impl Cache {
                 if tier.is_down() {
                     break;
                 }
-                match try_acquire(
-                    &tier.store,
-                    &tier.health,
-                    &lock_name(key),
-                    self.opts.lease_secs,
-                ) {
+                // a look: its throttled reads slow this loop down instead of being retried
+                let look = crate::s3::polling(|| {
+                    try_acquire(
+                        &tier.store,
+                        &tier.health,
+                        &lock_name(key),
+                        self.opts.lease_secs,
+                    )
+                });
+                match look {
                     Ok(Attempt::Acquired(g)) => {
                         guard = Some(g);
                         break;
@@ -851,7 +855,7 @@ impl Cache {
                     }
                 }
                 std::thread::sleep(backoff.pause());
-                match self.get(key) {
+                match crate::s3::polling(|| self.get(key)) {
                     Lookup::Hit(h) => {
                         tracing::warn!(
                             "compile cache: {key} arrived after waiting {:.1} s",

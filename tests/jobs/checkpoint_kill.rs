@@ -202,8 +202,8 @@ fn kill_and_resume(cache: &Path, place: &Place, reference: &[(u64, f64)], kills:
 }
 
 /// After the last run ended normally: nothing the kills left below the newest checkpoint (no
-/// step directory without a manifest, no writer's temporary file, no empty directory) and no
-/// lease (given back at the end).
+/// step directory without a manifest, no writer's temporary file, no empty directory), no
+/// lease (given back at the end), and one run id in every manifest.
 fn assert_tidy(dir: &Path) {
     let mut entries: Vec<(u64, PathBuf)> = (std::fs::read_dir(dir).unwrap().flatten())
         .filter_map(|e| {
@@ -232,6 +232,17 @@ fn assert_tidy(dir: &Path) {
         !dir.join(".lease.json").exists(),
         "the lease was not given back"
     );
+    // every restart continued the one run: each committed manifest names the same run
+    let runs: std::collections::BTreeSet<String> = entries
+        .iter()
+        .filter_map(|(_, p)| std::fs::read(p.join("manifest.json")).ok())
+        .map(|m| {
+            let m: serde_json::Value = serde_json::from_slice(&m).unwrap();
+            m["run"].as_str().unwrap_or_default().to_string()
+        })
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert!(runs.iter().all(|r| r.starts_with("run-")), "{runs:?}");
 }
 
 fn reference(cache: &Path, steps: u64) -> Vec<(u64, f64)> {

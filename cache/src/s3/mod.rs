@@ -124,6 +124,29 @@ pub(crate) fn thread_requests() -> u64 {
     THREAD_REQUESTS.with(|n| n.get())
 }
 
+thread_local! {
+    /// This thread is polling (see [`polling`]).
+    static POLLING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` as a poll: a loop that looks again soon anyway, under back-off of its own (a
+/// waiter on another process's compile). Its reads are not retried by the S3 client when the
+/// server throttles them (503 SlowDown): the poll's own back-off slows down instead, so a storm
+/// of 503s costs one request a look, not one per client retry. Reads that fail otherwise (a
+/// dropped connection, a 500) still get the usual retries.
+pub(crate) fn polling<T>(f: impl FnOnce() -> T) -> T {
+    let before = POLLING.with(|p| p.replace(true));
+    let out = f();
+    POLLING.with(|p| p.set(before));
+    out
+}
+
+/// Whether this thread is inside [`polling`].
+#[cfg(feature = "s3")]
+fn is_polling() -> bool {
+    POLLING.with(|p| p.get())
+}
+
 /// How large objects (`S3Store::put_large`, `S3Store::get_large`) are split and retried.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PartOptions {

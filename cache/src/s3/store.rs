@@ -28,6 +28,8 @@ pub struct S3Store {
     /// What sets the bounds, as messages about a request without an answer name it.
     bounds_from: String,
     pub(crate) store: AmazonS3,
+    /// The same client without retries of its own, for reads of a poll ([`super::polling`]).
+    once: AmazonS3,
     prefix: String,
     pub(crate) url: String,
     /// Whether the server honours `If-None-Match: *` on PUT; probed once, on the first
@@ -207,14 +209,22 @@ impl S3Store {
             max_retries: opts.max_retries,
             retry_timeout: opts.retry_timeout,
         };
-        let store = builder
-            .with_client_options(client)
-            .with_retry(retry)
-            .build()
-            .map_err(|e| Error::InvalidUrl {
-                url: url.to_string(),
-                message: e.to_string(),
-            })?;
+        let builder = builder.with_client_options(client);
+        let build = |retry: RetryConfig| {
+            builder
+                .clone()
+                .with_retry(retry)
+                .build()
+                .map_err(|e| Error::InvalidUrl {
+                    url: url.to_string(),
+                    message: e.to_string(),
+                })
+        };
+        let once = build(RetryConfig {
+            max_retries: 0,
+            ..retry.clone()
+        })?;
+        let store = build(retry)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -228,6 +238,7 @@ impl S3Store {
             opts: opts.clone(),
             bounds_from: S3_TIMEOUT_ENV.to_string(),
             store,
+            once,
             prefix,
             url: url.trim_end_matches('/').to_string(),
             conditional: std::sync::OnceLock::new(),
@@ -410,6 +421,28 @@ impl S3Store {
         })
     }
 
+    /// A GET of `name` through `client`.
+    fn get_with(&self, client: &AmazonS3, name: &str) -> Result<Option<Vec<u8>>> {
+        let path = self.path(name);
+        // the answer within the bound of a request of no body, the body within the budget
+        let answer = self.budget;
+        let r = self.block_within(self.opts.budget(), async {
+            match tokio::time::timeout(answer, client.get(&path)).await {
+                Err(_) => None,
+                Ok(Err(e)) => Some(Err(e)),
+                Ok(Ok(got)) => Some(got.bytes().await),
+            }
+        })?;
+        let Some(r) = r else {
+            return Err(self.no_answer(answer));
+        };
+        match r {
+            Ok(b) => Ok(Some(b.to_vec())),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.map(e)),
+        }
+    }
+
     pub(crate) fn path(&self, name: &str) -> ObjectPath {
         if self.prefix.is_empty() {
             ObjectPath::from(name)
@@ -494,24 +527,18 @@ impl Store for S3Store {
     }
 
     fn get(&self, name: &str) -> Result<Option<Vec<u8>>> {
-        let path = self.path(name);
-        // the answer within the bound of a request of no body, the body within the budget
-        let answer = self.budget;
-        let r = self.block_within(self.opts.budget(), async {
-            match tokio::time::timeout(answer, self.store.get(&path)).await {
-                Err(_) => None,
-                Ok(Err(e)) => Some(Err(e)),
-                Ok(Ok(got)) => Some(got.bytes().await),
+        if super::is_polling() {
+            match self.get_with(&self.once, name) {
+                // a look that failed otherwise than by throttling or a timeout gets the retries
+                Err(Error::Unavailable {
+                    throttled: false,
+                    timed_out: false,
+                    ..
+                }) => {}
+                r => return r,
             }
-        })?;
-        let Some(r) = r else {
-            return Err(self.no_answer(answer));
-        };
-        match r {
-            Ok(b) => Ok(Some(b.to_vec())),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(self.map(e)),
         }
+        self.get_with(&self.store, name)
     }
 
     fn put(&self, name: &str, bytes: &[u8], mode: PutMode) -> Result<bool> {

@@ -163,3 +163,78 @@ fn throttling_is_told_from_other_trouble() {
     let e = neuron_pc_cache::Store::get(&dead, "entries/ab/x.json").unwrap_err();
     assert!(!e.is_throttled(), "{e}");
 }
+
+/// Requests per second of waiting that a waiter sends through its own proxy while a holder
+/// (straight to the server, so the proxy sees the waiter alone) compiles for 3 s; with
+/// `storm`, every request the waiter sends is answered 503 SlowDown until the holder is done.
+fn waiter_request_rate(storm: bool) -> f64 {
+    let m = moto();
+    let bucket = common::server::new_bucket(&m, "storm");
+    let url = format!("s3://{bucket}/pre/fix");
+    let direct = neuron_pc_cache::S3Store::open(&url, &s3_opts(&m.endpoint())).unwrap();
+    let p = Proxy::start(m.port);
+    let proxied = neuron_pc_cache::S3Store::open(&url, &s3_opts(&p.endpoint())).unwrap();
+    let cache = |s: neuron_pc_cache::S3Store| {
+        let stores: Vec<Arc<dyn neuron_pc_cache::Store>> = vec![Arc::new(s)];
+        Arc::new(neuron_pc_cache::Cache::with_stores(stores, waiting_opts()).unwrap())
+    };
+    let (holder, waiter) = (cache(direct), cache(proxied));
+    let k = key(if storm {
+        "storm waiter"
+    } else {
+        "quiet waiter"
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let hk = k.clone();
+    let h = std::thread::spawn(move || {
+        holder.get_or_compile(&hk, "prog", &inputs("w"), false, || {
+            tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_secs(3));
+            Ok(exe_for(&hk, 400))
+        })
+    });
+    rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    if storm {
+        p.set_always(Some(Fault::Status(503)));
+    }
+    let w = waiter.clone();
+    let wk = k.clone();
+    let t = std::thread::spawn(move || {
+        w.get_or_compile(&wk, "prog", &inputs("w"), false, || {
+            Err("the waiter compiled".into())
+        })
+    });
+    assert!(matches!(h.join().unwrap(), Ok(Obtained::Compiled { .. })));
+    p.set_always(None);
+    let got = t.join().unwrap();
+    // waited for it, or took the lease the holder had just given back and found its entry
+    assert!(
+        matches!(got, Ok(Obtained::Waited(_) | Obtained::Hit(_))),
+        "{got:?}"
+    );
+    let m = waiter.wait_metrics();
+    assert_eq!(m.waits, 1, "{m:?}");
+    p.state.requests.load(Ordering::SeqCst) as f64 / m.wait_secs
+}
+
+#[test]
+fn a_503_storm_costs_a_waiter_no_more_requests_than_a_quiet_server() {
+    let quiet = waiter_request_rate(false);
+    let storm = waiter_request_rate(true);
+    // Before: every look retried each throttled read twice (the client's own retries under
+    // the waiter's back-off), 1.76x a quiet server's requests in the chaos run.
+    assert!(
+        storm <= 1.1 * quiet,
+        "{storm:.2} requests/s in a 503 storm against {quiet:.2} from a quiet server"
+    );
+    fault_report(
+        "503 storm while waiting on a remote lease (request rate)",
+        1,
+        &format!(
+            "{:.2}x a quiet server's requests per second of waiting",
+            storm / quiet
+        ),
+        0,
+        0,
+    );
+}

@@ -51,6 +51,7 @@ pub fn s3_opts(endpoint: &str) -> S3Options {
         initial_backoff: Duration::from_millis(20),
         endpoint: Some(endpoint.to_string()),
         credentials: Some(("testing".into(), "testing".into())),
+        ..S3Options::default()
     }
 }
 
