@@ -9,10 +9,11 @@ use neuron_pc_cache::{PartOptions, S3Options};
 
 use super::lease;
 use super::parts::{attempt_nonce, clear_stale_parts, failed_name, gather_parts};
+use super::restore::{load, read_manifest};
 use super::run::Run;
 use super::snapshot::Snapshot;
 use super::tidy::{committed_dirs, remove_failed, tidy, Undeletable};
-use crate::checkpoint::manifest::{self, dir_name, Assembly, Manifest, HF_INDEX, MANIFEST};
+use crate::checkpoint::manifest::{dir_name, Manifest, HF_INDEX, MANIFEST};
 use crate::checkpoint::{CheckpointError, Location, StateDict};
 use crate::error::Result;
 use crate::nn::Module;
@@ -146,6 +147,8 @@ pub struct Checkpoints {
     undeletable: Undeletable,
     /// This process holds the location's lease (rank 0, not a trial run; [`lease`]).
     leased: bool,
+    /// Renews the lease while this job runs.
+    renewer: Option<lease::Renewer>,
     /// Which run this is, and whether it may save yet ([`super::run`]).
     run: std::sync::Mutex<Run>,
 }
@@ -166,8 +169,10 @@ impl Checkpoints {
         if leased {
             lease::acquire(&location)?;
         }
+        let location = Arc::new(location);
         Ok(Checkpoints {
-            location: Arc::new(location),
+            renewer: leased.then(|| lease::Renewer::start(location.clone(), lease::RENEW_EVERY)),
+            location,
             leased,
             run: std::sync::Mutex::new(Run::new(&options)),
             options,
@@ -518,6 +523,7 @@ impl Drop for Checkpoints {
         if let Err(e) = self.wait() {
             tracing::error!("{e}");
         }
+        drop(self.renewer.take());
         if self.leased {
             lease::release(&self.location);
         }
@@ -619,48 +625,6 @@ fn committed(names: &[String]) -> Vec<CheckpointInfo> {
         .into_iter()
         .map(|(step, name)| CheckpointInfo { name, step })
         .collect()
-}
-
-/// The manifest of checkpoint `dir`, checked.
-fn read_manifest(loc: &Location, dir: &str) -> std::result::Result<Manifest, CheckpointError> {
-    let name = format!("{dir}/{MANIFEST}");
-    let bytes = loc
-        .get(&name)?
-        .ok_or_else(|| manifest::corrupt(&name, "missing"))?;
-    let m = Manifest::parse(&name, &bytes)?;
-    if let Some(want) = &m.index_sha256 {
-        // the index is what Hugging Face's loaders read: a changed one makes the checkpoint
-        // unusable as a whole, as a changed file does
-        let index = format!("{dir}/{HF_INDEX}");
-        let bytes = loc
-            .get(&index)?
-            .ok_or_else(|| manifest::corrupt(&index, "missing"))?;
-        if manifest::sha256(&bytes) != *want {
-            return Err(manifest::corrupt(
-                &index,
-                "its SHA-256 does not match the manifest",
-            ));
-        }
-    }
-    Ok(m)
-}
-
-/// Reads checkpoint `dir` whole, checking every file.
-fn load(loc: &Location, dir: &str) -> std::result::Result<StateDict, CheckpointError> {
-    let m = read_manifest(loc, dir)?;
-    let mut assembly = Assembly::new(&m);
-    for (file, entry) in &m.files {
-        let path = format!("{dir}/{file}");
-        let bytes = loc
-            .get(&path)?
-            .ok_or_else(|| manifest::corrupt(&path, "missing"))?;
-        manifest::verify(&path, entry, &bytes)?;
-        assembly.fill(&m, file, &bytes)?;
-    }
-    Ok(StateDict {
-        tensors: assembly.finish()?,
-        metadata: m.metadata,
-    })
 }
 
 #[cfg(test)]

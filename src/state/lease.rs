@@ -3,18 +3,30 @@
 //! would resume the other's state; the lease makes the second one stop before step 1 instead.
 //!
 //! Taken when the location is opened (by rank 0 of a run of several processes: the others only
-//! write parts that rank 0 commits), checked before each commit, given back when the
-//! [`super::Checkpoints`] is dropped. Another live process on this host holding it is an error
-//! naming that process; one that is gone (killed, its lease left behind) is taken over with a
-//! warning, as is one held from another host, whose liveness this host cannot see: that warning
-//! says that both would write here if it still runs. A free lease is taken by a create-only
-//! write, so two jobs opening one location at the same instant cannot both take it.
+//! write parts that rank 0 commits), renewed every [`RENEW_EVERY`] by a thread while the job
+//! runs, checked before each commit, given back when the [`super::Checkpoints`] is dropped.
+//! A holder is alive when it is a live process of this host, or, on another host (whose
+//! processes this host cannot see), when it renewed the lease within [`STALE_AFTER`]. A live
+//! holder is an error naming it; a gone one (killed, its lease left behind) is taken over with
+//! a warning. A free lease is taken by a create-only write, so two jobs opening one location at
+//! the same instant cannot both take it. Hosts' clocks are compared (the renewal time is the
+//! holder's): they must agree within a minute, as NTP keeps them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::checkpoint::{CheckpointError, Location};
 
 /// The lease's object: a dot name, so local listings skip it; outside every step directory,
 /// so no checkpoint's listing or deletion sees it.
 pub(super) const LEASE: &str = ".lease.json";
+
+/// How often the holder renews its lease.
+pub(super) const RENEW_EVERY: Duration = Duration::from_secs(30);
+
+/// A lease of another host not renewed for this long is a gone job's.
+pub(super) const STALE_AFTER: Duration = Duration::from_secs(120);
 
 /// Who holds a lease.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -23,6 +35,15 @@ struct Holder {
     pid: u32,
     /// Seconds since the Unix epoch when it was taken.
     since: u64,
+    /// When it was last renewed, by the holder's clock (leases written before renewals: 0).
+    #[serde(default)]
+    renewed: u64,
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 impl Holder {
@@ -30,9 +51,8 @@ impl Holder {
         Holder {
             host: host(),
             pid: std::process::id(),
-            since: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            since: now_secs(),
+            renewed: now_secs(),
         }
     }
 
@@ -40,10 +60,27 @@ impl Holder {
         self.host == host() && self.pid == std::process::id()
     }
 
+    /// Seconds since it was last renewed (or taken).
+    fn silent_for(&self) -> u64 {
+        now_secs().saturating_sub(self.renewed.max(self.since))
+    }
+
+    /// Whether the job holding it still runs, as far as this host can tell.
+    fn alive(&self) -> bool {
+        if self.host == host() {
+            alive(self.pid)
+        } else {
+            self.silent_for() < STALE_AFTER.as_secs()
+        }
+    }
+
     fn describe(&self) -> String {
         format!(
-            "pid {} on {} since {} (Unix time)",
-            self.pid, self.host, self.since
+            "pid {} on {} since {} (Unix time), renewed {} s ago",
+            self.pid,
+            self.host,
+            self.since,
+            self.silent_for()
         )
     }
 }
@@ -79,24 +116,26 @@ pub(super) fn acquire(loc: &Location) -> Result<(), CheckpointError> {
     };
     match current {
         Some(h) if h.is_me() => return Ok(()),
-        Some(h) if h.host == host() && alive(h.pid) => {
+        Some(h) if h.alive() => {
+            let how = if h.host == host() {
+                String::new()
+            } else {
+                format!(
+                    " (a job of another host that stopped holds it {} s after its last renewal)",
+                    STALE_AFTER.as_secs()
+                )
+            };
             return Err(CheckpointError::Storage {
                 location: loc.describe(),
                 message: format!(
                     "another job writes checkpoints here ({}): stop it, or give this one \
-                     another checkpoint location",
+                     another checkpoint location{how}",
                     h.describe()
                 ),
             });
         }
-        Some(h) if h.host == host() => tracing::warn!(
-            "checkpoints in {}: taking them over from a job that is gone ({})",
-            loc.describe(),
-            h.describe()
-        ),
         Some(h) => tracing::warn!(
-            "checkpoints in {}: taking them over from a job of another host ({}); if it still \
-             runs, both jobs write here and each may resume the other's state",
+            "checkpoints in {}: taking them over from a job that is gone ({})",
             loc.describe(),
             h.describe()
         ),
@@ -116,6 +155,69 @@ pub(super) fn check(loc: &Location) -> Result<(), CheckpointError> {
             ),
         }),
         _ => Ok(()),
+    }
+}
+
+/// Renews this process's lease every [`RENEW_EVERY`] until dropped, so that jobs of other
+/// hosts see it alive. A lease found taken over is no longer renewed, said once; the next
+/// commit then fails its check.
+pub(super) struct Renewer {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Renewer {
+    pub(super) fn start(loc: Arc<Location>, every: Duration) -> Renewer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("checkpoint-lease".into())
+            .spawn(move || loop {
+                std::thread::park_timeout(every);
+                if flag.load(Ordering::Relaxed) {
+                    return;
+                }
+                match renew(&loc) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(
+                            "checkpoints in {}: another job took the lease over; this job's \
+                             saves will not be committed",
+                            loc.describe()
+                        );
+                        return;
+                    }
+                    // the store's trouble: tried again at the next renewal
+                    Err(e) => {
+                        tracing::warn!("checkpoints in {}: renewing the lease: {e}", loc.describe())
+                    }
+                }
+            })
+            .ok();
+        Renewer { stop, thread }
+    }
+}
+
+impl Drop for Renewer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+/// Writes the lease again with this moment as its renewal, if this process still holds it;
+/// `false` when it does not.
+fn renew(loc: &Location) -> Result<bool, CheckpointError> {
+    match holder(loc)? {
+        Some(mut h) if h.is_me() => {
+            h.renewed = now_secs();
+            loc.put(LEASE, &serde_json::to_vec(&h).expect("a holder is JSON"))?;
+            Ok(true)
+        }
+        _ => Ok(false),
     }
 }
 
@@ -166,6 +268,46 @@ mod tests {
         check(&loc).unwrap();
         release(&loc);
         assert_eq!(holder(&loc).unwrap(), None);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn another_hosts_lease_is_alive_while_renewed_and_a_renewer_renews_ours() {
+        let root = std::env::temp_dir().join(format!("npc-lease-hosts-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let loc = Arc::new(Location::Local(root.clone()));
+        let theirs = |silent: u64| Holder {
+            host: "another-host".into(),
+            pid: 1,
+            since: now_secs() - 3600,
+            renewed: now_secs() - silent,
+        };
+        let put = |h: &Holder| loc.put(LEASE, &serde_json::to_vec(h).unwrap()).unwrap();
+        // renewed 5 s ago: alive, so refused, and named
+        put(&theirs(5));
+        let e = acquire(&loc).unwrap_err().to_string();
+        assert!(
+            e.contains("pid 1 on another-host") && e.contains("renewed 5 s ago"),
+            "{e}"
+        );
+        // silent past STALE_AFTER: a gone job's, taken over
+        put(&theirs(STALE_AFTER.as_secs() + 1));
+        acquire(&loc).unwrap();
+        let mut ours = holder(&loc).unwrap().unwrap();
+        assert!(ours.is_me());
+        // ours, renewed by the renewer
+        ours.renewed = now_secs() - 100;
+        put(&ours);
+        let renewer = Renewer::start(loc.clone(), Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(400));
+        drop(renewer);
+        let renewed = holder(&loc).unwrap().unwrap();
+        assert!(renewed.is_me() && renewed.silent_for() <= 2, "{renewed:?}");
+        // taken over meanwhile: not renewed, not overwritten
+        let other = theirs(200);
+        put(&other);
+        assert!(!renew(&loc).unwrap());
+        assert_eq!(holder(&loc).unwrap(), Some(other));
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

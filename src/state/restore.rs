@@ -16,8 +16,12 @@ use std::path::Path;
 use neuron_pc_compiler::{DType, HostTensor};
 
 use super::{step_in, Restored, OPTIMIZER_PREFIX};
-use crate::checkpoint::manifest::{self, Chunk, Manifest, TensorEntry};
-use crate::checkpoint::{check_types, is_stacked, stack_rows, stacked_row_name, Location};
+use crate::checkpoint::manifest::{
+    self, Assembly, Chunk, Manifest, TensorEntry, HF_INDEX, MANIFEST,
+};
+use crate::checkpoint::{
+    check_types, is_stacked, stack_rows, stacked_row_name, CheckpointError, Location, StateDict,
+};
 use crate::error::Result;
 use crate::nn::Module;
 use crate::optim::{HeldState, OptimizerState};
@@ -257,6 +261,51 @@ fn place_blocks(
         None => device.from_replicas(&hosts)?,
     };
     blocks.assign(&value)
+}
+
+/// The manifest of checkpoint `dir`, checked.
+pub(super) fn read_manifest(
+    loc: &Location,
+    dir: &str,
+) -> std::result::Result<Manifest, CheckpointError> {
+    let name = format!("{dir}/{MANIFEST}");
+    let bytes = loc
+        .get(&name)?
+        .ok_or_else(|| manifest::corrupt(&name, "missing"))?;
+    let m = Manifest::parse(&name, &bytes)?;
+    if let Some(want) = &m.index_sha256 {
+        // the index is what Hugging Face's loaders read: a changed one makes the checkpoint
+        // unusable as a whole, as a changed file does
+        let index = format!("{dir}/{HF_INDEX}");
+        let bytes = loc
+            .get(&index)?
+            .ok_or_else(|| manifest::corrupt(&index, "missing"))?;
+        if manifest::sha256(&bytes) != *want {
+            return Err(manifest::corrupt(
+                &index,
+                "its SHA-256 does not match the manifest",
+            ));
+        }
+    }
+    Ok(m)
+}
+
+/// Reads checkpoint `dir` whole, checking every file.
+pub(super) fn load(loc: &Location, dir: &str) -> std::result::Result<StateDict, CheckpointError> {
+    let m = read_manifest(loc, dir)?;
+    let mut assembly = Assembly::new(&m);
+    for (file, entry) in &m.files {
+        let path = format!("{dir}/{file}");
+        let bytes = loc
+            .get(&path)?
+            .ok_or_else(|| manifest::corrupt(&path, "missing"))?;
+        manifest::verify(&path, entry, &bytes)?;
+        assembly.fill(&m, file, &bytes)?;
+    }
+    Ok(StateDict {
+        tensors: assembly.finish()?,
+        metadata: m.metadata,
+    })
 }
 
 #[cfg(test)]

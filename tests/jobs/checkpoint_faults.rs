@@ -377,3 +377,40 @@ fn a_run_neither_continues_nor_writes_among_another_runs_checkpoints_unless_told
     assert_eq!(committed(&dir), [2, 4, 6, 8]);
     let _ = std::fs::remove_dir_all(d);
 }
+
+#[test]
+fn a_lease_another_host_renews_stops_a_job_and_one_it_stopped_renewing_is_taken_over() {
+    let d = tmp("ckpt-lease-host");
+    let (cache, dir) = (d.join("cache"), d.join("ckpt"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    // a job of another host, as its lease says: renewed `silent` seconds ago
+    let plant = |silent: u64| {
+        let lease = serde_json::json!({
+            "host": "node-17", "pid": 4242, "since": now - 3600, "renewed": now - silent
+        });
+        std::fs::write(dir.join(".lease.json"), lease.to_string()).unwrap();
+    };
+    plant(10);
+    let out = train(&cache, &["--ckpt-dir", &arg(&dir), "--steps", "2"]);
+    let (stdout, stderr) = texts(&out);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stderr.contains("another job writes checkpoints here (pid 4242 on node-17")
+            && stderr.contains("renewed 10 s ago"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("step     1"), "{stdout}");
+    // silent for 3 minutes: gone, taken over with a warning; given back at the end
+    plant(180);
+    let (_, stderr) = ok(&cache, &["--ckpt-dir", &arg(&dir), "--steps", "2"]);
+    assert!(
+        stderr.contains("taking them over from a job that is gone (pid 4242 on node-17"),
+        "{stderr}"
+    );
+    assert!(!dir.join(".lease.json").exists());
+    let _ = std::fs::remove_dir_all(d);
+}
