@@ -6,7 +6,6 @@
 //! directory fsynced); on S3 one PUT, or a multipart upload that shows only when completed.
 
 use std::path::{Path, PathBuf};
-#[cfg(feature = "s3")]
 use std::time::Duration;
 
 use neuron_pc_cache::{PartOptions, S3Options};

@@ -174,7 +174,7 @@ impl Checkpoints {
             renewer: leased.then(|| lease::Renewer::start(location.clone(), lease::RENEW_EVERY)),
             location,
             leased,
-            run: std::sync::Mutex::new(Run::new(&options)),
+            run: std::sync::Mutex::new(Run::new(options.run_id.clone(), options.adopt_run)),
             options,
             pending: None,
             nonce: None,

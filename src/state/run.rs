@@ -2,14 +2,15 @@
 //! neither continues another run's state nor starts over among another's checkpoints without
 //! being told to.
 //!
-//! A run's id is [`CheckpointOptions::run_id`], else `NEURON_PC_RUN_ID` (both make the run
-//! *named*), else one drawn when the location is opened (`run-<16 hex digits>`).
+//! A run's id is [`crate::state::CheckpointOptions::run_id`], else `NEURON_PC_RUN_ID` (both
+//! make the run *named*), else one drawn when the location is opened (`run-<16 hex digits>`).
 //! - A run without a name that resumes a checkpoint continues that checkpoint's run and takes
 //!   its id. A restart by hand, by a launcher, or as the next link of a chain of Slurm jobs
 //!   continues the run it resumes, and needs nothing set.
 //! - A named run resumes only checkpoints of its own name, or of none (written before run ids,
 //!   or without a name). Another run's is refused ([`CheckpointError::OtherRun`]), unless
-//!   [`CheckpointOptions::adopt_run`] says to continue it; the run keeps its own name.
+//!   [`crate::state::CheckpointOptions::adopt_run`] says to continue it; the run keeps its own
+//!   name.
 //! - A run that does not resume never writes into a location that holds complete checkpoints,
 //!   whoever wrote them: its saves would mix with theirs, keep-K would delete across both by
 //!   step, and the next `resume` would pick whichever step is highest. It is refused at
@@ -19,7 +20,6 @@
 //! The lease ([`super::lease`]) stops two jobs writing at once; the run id keeps one job from
 //! picking up another's state after the first has stopped.
 
-use super::CheckpointOptions;
 use crate::checkpoint::CheckpointError;
 
 /// This run's identity, as far as the checkpoint location is concerned.
@@ -29,16 +29,17 @@ pub(super) struct Run {
     pub id: String,
     /// Given by the user (option or variable), not drawn.
     named: bool,
-    /// [`CheckpointOptions::adopt_run`].
+    /// [`crate::state::CheckpointOptions::adopt_run`].
     adopt: bool,
     /// It has resumed, or checked that there was nothing to resume: its saves may go in.
     pub started: bool,
 }
 
 impl Run {
-    /// The id `options` or the environment give, else a drawn one.
-    pub fn new(options: &CheckpointOptions) -> Run {
-        let given = options.run_id.clone().or_else(|| {
+    /// The id given (`run_id`, else the environment's), else a drawn one; `adopt`:
+    /// [`crate::state::CheckpointOptions::adopt_run`].
+    pub fn new(run_id: Option<String>, adopt: bool) -> Run {
+        let given = run_id.or_else(|| {
             std::env::var(crate::store::RUN_ID_ENV)
                 .ok()
                 .map(|v| v.trim().to_string())
@@ -47,7 +48,7 @@ impl Run {
         Run {
             named: given.is_some(),
             id: given.unwrap_or_else(|| format!("run-{}", super::parts::random_hex())),
-            adopt: options.adopt_run,
+            adopt,
             started: false,
         }
     }
@@ -91,11 +92,7 @@ mod tests {
     use super::*;
 
     fn run(id: Option<&str>, adopt: bool) -> Run {
-        Run::new(&CheckpointOptions {
-            run_id: id.map(str::to_string),
-            adopt_run: adopt,
-            ..Default::default()
-        })
+        Run::new(id.map(str::to_string), adopt)
     }
 
     #[test]
