@@ -30,6 +30,8 @@ pub mod distributed;
 mod error;
 pub mod logging;
 pub mod models;
+#[cfg(feature = "monitor")]
+pub mod monitor;
 pub mod nn;
 pub mod optim;
 pub mod sharding;

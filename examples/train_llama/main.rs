@@ -48,15 +48,16 @@ use neuron_pc::data::{
 };
 use neuron_pc::models::llama::{Family, LlamaConfig, LlamaForCausalLM, LlamaSharding, LoadOptions};
 use neuron_pc::nn::{HostRng, Module, Remat, VarBuilder};
-use neuron_pc::optim::{average_gradients, AdamW, GradAccumulator, WarmupCosine};
+use neuron_pc::optim::{average_gradients, grad_norm, AdamW, GradAccumulator, WarmupCosine};
 use neuron_pc::sharding::{ShardingPlan, DATA_AXIS, MODEL_AXIS};
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
 
 mod ckpt;
+mod monitor;
 mod task;
 
-use task::Task;
+use task::{rows, Task};
 
 /// The flags that give the whole model, which the size flags would contradict.
 const MODEL_GIVEN: [&str; 2] = ["init_from", "config"];
@@ -176,6 +177,11 @@ struct Args {
     adopt_run: bool,
     #[arg(long, default_value_t = 50)]
     log_every: u64,
+    /// Write TensorBoard event files and metrics.jsonl into DIR (loss, learning rate, gradient
+    /// norm, tokens/s, step time, memory per device, compile-cache hits, checkpoint times)
+    /// every --log-every steps.
+    #[arg(long, env = "NEURON_PC_TENSORBOARD")]
+    tensorboard: Option<PathBuf>,
     /// Print each step's loss as a JSON line (for tests and scripts).
     #[arg(long)]
     loss_log: bool,
@@ -571,6 +577,15 @@ fn main() -> anyhow::Result<()> {
             DeviceLoader::for_tokens(&device, batches, micro, LastBatch::Drop, 2)
         }
     };
+    let rank0 = neuron_pc::topology::Topology::from_env().map_or(true, |t| t.rank == 0);
+    let mut monitor = monitor::Monitor::new(
+        args.tensorboard.as_ref(),
+        start_step,
+        args.steps,
+        args.log_every,
+        rank0 && !extracting,
+    )?;
+    let mut tokens_counted = 0usize;
     let mut accumulator = (k > 1)
         .then(|| GradAccumulator::new(&device, &params, k))
         .transpose()?;
@@ -634,6 +649,10 @@ fn main() -> anyhow::Result<()> {
             drop(grads);
             averaged
         };
+        // ZeRO-1's replicas hold their own gradients: no whole averaged one to take it of
+        let norm = (monitor.wants_grad_norm() && !args.zero1)
+            .then(|| grad_norm(&grads))
+            .transpose()?;
         let lr = device.scalar(schedule.lr(step), DType::F32)?;
         opt.step(&params, &grads, &lr)?;
         drop(grads);
@@ -652,25 +671,50 @@ fn main() -> anyhow::Result<()> {
         if first_step_at.is_none() {
             first_step_at = Some(process_start.elapsed());
         }
+        monitor.step(
+            step + 1,
+            (real_tokens - tokens_counted) as u64,
+            Some(loss_value),
+        );
+        tokens_counted = real_tokens;
         if args.loss_log {
-            println!("{{\"step\": {}, \"loss\": {loss_value:.9e}}}", step + 1);
+            monitor.println(&format!(
+                "{{\"step\": {}, \"loss\": {loss_value:.9e}}}",
+                step + 1
+            ));
         }
         if log_due {
-            println!("step {:>5}  loss {loss_value:.4}{not_real}", step + 1);
+            monitor.println(&format!(
+                "step {:>5}  loss {loss_value:.4}{not_real}",
+                step + 1
+            ));
             last_loss = loss_value;
+            let grad_norm = norm.map(|n| n.item()).transpose()?;
+            let lr = schedule.lr(step);
+            let logged = monitor::Logged {
+                step: step + 1,
+                loss: loss_value,
+                lr,
+                grad_norm,
+            };
+            monitor.log(&device, logged)?;
         }
         if let Some(rows) = &val_rows {
             let due = args.val_every > 0 && (step + 1).is_multiple_of(args.val_every);
             if due || step + 1 == args.steps {
                 let loss = model.eval_loss(rows, batch_size)?;
-                println!(
+                monitor.println(&format!(
                     "step {:>5}  val loss {loss:.4}  perplexity {:.2}{not_real}",
                     step + 1,
                     loss.exp()
-                );
+                ));
                 if args.loss_log {
-                    println!("{{\"val_step\": {}, \"val_loss\": {loss:.9e}}}", step + 1);
+                    monitor.println(&format!(
+                        "{{\"val_step\": {}, \"val_loss\": {loss:.9e}}}",
+                        step + 1
+                    ));
                 }
+                monitor.log_val(step + 1, loss)?;
             }
         }
         let ckpt_due = args.ckpt_every > 0 && (step + 1).is_multiple_of(args.ckpt_every);
@@ -678,6 +722,7 @@ fn main() -> anyhow::Result<()> {
             c.save(&model, &opt, step + 1)?;
         }
     }
+    monitor.finish();
     if let Some(c) = &mut ckpts {
         c.wait()?;
     }
@@ -750,17 +795,4 @@ fn main() -> anyhow::Result<()> {
     }
     print!("{}", m.report());
     Ok(())
-}
-
-/// Rows `start..start + n` of a batch tensor (first dimension).
-fn rows(t: &HostTensor, start: usize, n: usize) -> HostTensor {
-    let row = t.bytes().len() / t.dims()[0];
-    let mut dims = t.dims().to_vec();
-    dims[0] = n;
-    HostTensor::from_bytes(
-        t.dtype(),
-        &dims,
-        t.bytes()[start * row..(start + n) * row].to_vec(),
-    )
-    .expect("a slice of rows has the row size")
 }

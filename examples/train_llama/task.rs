@@ -130,3 +130,16 @@ impl Task {
         ]
     }
 }
+
+/// Rows `start..start + n` of a batch tensor (first dimension).
+pub fn rows(t: &HostTensor, start: usize, n: usize) -> HostTensor {
+    let row = t.bytes().len() / t.dims()[0];
+    let mut dims = t.dims().to_vec();
+    dims[0] = n;
+    HostTensor::from_bytes(
+        t.dtype(),
+        &dims,
+        t.bytes()[start * row..(start + n) * row].to_vec(),
+    )
+    .expect("a slice of rows has the row size")
+}

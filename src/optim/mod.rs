@@ -145,14 +145,13 @@ pub fn average_gradients(grads: &[Tensor]) -> Result<Vec<Tensor>> {
     Ok(out)
 }
 
-/// Scales `grads` so their global L2 norm is at most `max_norm` (in-graph); returns the norm
-/// before clipping. On a data-parallel device, clip after [`average_gradients`]: the averaged
-/// gradients are the global gradient, so the norm is the global norm on every replica (clipping
-/// per-replica gradients would scale each replica by its own norm).
+/// The global L2 norm of `grads` (in-graph, an f32 scalar): what [`clip_grad_norm`] clips to and
+/// what training logs report as the gradient norm. On a data-parallel device, take it of the
+/// averaged gradients, as [`clip_grad_norm`] says.
 #[track_caller]
-pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<Tensor> {
+pub fn grad_norm(grads: &[Tensor]) -> Result<Tensor> {
     let mut total: Option<Tensor> = None;
-    for g in grads.iter() {
+    for g in grads {
         let s = g.mul(g)?.sum_all()?;
         total = Some(match total {
             Some(t) => t.add(&s)?,
@@ -160,9 +159,18 @@ pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<Tensor> {
         });
     }
     let Some(total) = total else {
-        return Err(crate::Error::Config("clip_grad_norm: no gradients".into()));
+        return Err(crate::Error::Config("grad_norm: no gradients".into()));
     };
-    let norm = total.sqrt()?;
+    total.sqrt()
+}
+
+/// Scales `grads` so their global L2 norm is at most `max_norm` (in-graph); returns the norm
+/// before clipping. On a data-parallel device, clip after [`average_gradients`]: the averaged
+/// gradients are the global gradient, so the norm is the global norm on every replica (clipping
+/// per-replica gradients would scale each replica by its own norm).
+#[track_caller]
+pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<Tensor> {
+    let norm = grad_norm(grads)?;
     // scale = min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_
     let scale = norm
         .add_scalar(1e-6)?
