@@ -6,6 +6,7 @@ mod aot;
 mod cache;
 mod cache_check;
 mod doctor;
+mod plot;
 mod targets;
 
 use clap::{Parser, Subcommand};
@@ -38,6 +39,8 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Look after the persistent compile cache: ls, stats, show, verify, prune, rm, clear.
     Cache(cache::CacheArgs),
+    /// Draw a run's loss and throughput curves to a PNG (from its --tensorboard directory).
+    Plot(plot::PlotArgs),
     /// Internal: a worker process that compiles graphs one at a time (run by `compile` and
     /// `compile-graphs`).
     #[command(name = "__compile-worker", hide = true)]
@@ -48,6 +51,7 @@ enum Command {
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Targets(args) => targets::run(args),
+        Command::Plot(args) => plot::run(args),
         Command::Compile(args) => aot::compile_cmd::run(args),
         Command::CompileGraphs(args) => aot::graphs_cmd::run(args),
         Command::RunGraph(args) => aot::run_graph::run(args),

@@ -33,3 +33,4 @@ mod cache_exit_codes;
 mod cache_faults;
 mod cache_user_commands;
 mod doctor;
+mod plot;
