@@ -391,7 +391,7 @@ fn main() -> anyhow::Result<()> {
             let t = Tokenizer::from_dir(dir)?;
             if t.vocab_size() > config.vocab_size {
                 bail!(
-                    "{}: a tokenizer of {} pieces for a model of {}",
+                    "{}: a tokenizer of {} pieces for a model of {} (--vocab {1} or more)",
                     dir.display(),
                     t.vocab_size(),
                     config.vocab_size
@@ -649,8 +649,9 @@ fn main() -> anyhow::Result<()> {
             drop(grads);
             averaged
         };
-        // ZeRO-1's replicas hold their own gradients: no whole averaged one to take it of
-        let norm = (monitor.wants_grad_norm() && !args.zero1)
+        // in every process and in the trial run too, so all run one step graph; ZeRO-1's
+        // replicas hold their own gradients: no whole averaged one to take it of
+        let norm = (args.tensorboard.is_some() && !args.zero1)
             .then(|| grad_norm(&grads))
             .transpose()?;
         let lr = device.scalar(schedule.lr(step), DType::F32)?;

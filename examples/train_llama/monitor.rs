@@ -53,11 +53,6 @@ impl Monitor {
         })
     }
 
-    /// Whether the gradient norm is wanted (a metrics log is written).
-    pub fn wants_grad_norm(&self) -> bool {
-        self.log.is_some()
-    }
-
     /// Step `step` (from 1) trained `tokens` tokens; its loss when it was read.
     pub fn step(&mut self, step: u64, tokens: u64, loss: Option<f64>) {
         self.tokens += tokens;

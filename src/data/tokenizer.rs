@@ -19,6 +19,8 @@ const FILES: [&str; 4] = [
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     eos: Option<i32>,
+    /// The end token's text, for a tokenizer made here (saved in `tokenizer_config.json`).
+    eos_token: Option<String>,
     /// The directory it was read from.
     dir: Option<PathBuf>,
 }
@@ -67,6 +69,55 @@ impl Tokenizer {
         Ok(Tokenizer {
             inner,
             eos: None,
+            eos_token: None,
+            dir: None,
+        })
+    }
+
+    /// A byte-level BPE tokenizer (GPT-2's kind: any text, no unknown token) of `vocab_size`
+    /// pieces trained on `texts` by the `tokenizers` crate's trainer, the one behind Python's
+    /// `tokenizer.train_from_iterator`. `eos` is its end-of-text token (`<|endoftext|>`), id 0,
+    /// which [`Tokenizer::save_pretrained`] names in `tokenizer_config.json` so
+    /// `AutoTokenizer.from_pretrained` and [`Tokenizer::from_dir`] find it again.
+    pub fn train_bpe<I, S>(texts: I, vocab_size: usize, eos: &str) -> Result<Tokenizer>
+    where
+        I: Iterator<Item = S> + Send,
+        S: AsRef<str> + Send,
+    {
+        use tokenizers::models::bpe::{BpeTrainer, BPE};
+        use tokenizers::models::TrainerWrapper;
+        use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+        use tokenizers::AddedToken;
+        let alphabet = ByteLevel::alphabet();
+        let bytes = alphabet.len();
+        if vocab_size < bytes + 1 {
+            return Err(Error::Config(format!(
+                "a byte-level BPE vocabulary of {vocab_size} pieces: it needs at least {} (the \
+                 256 byte pieces and the end token)",
+                bytes + 1
+            )));
+        }
+        let mut trainer: TrainerWrapper = BpeTrainer::builder()
+            .vocab_size(vocab_size)
+            .min_frequency(2)
+            .show_progress(false)
+            .special_tokens(vec![AddedToken::from(eos.to_string(), true)])
+            .initial_alphabet(alphabet.into_iter().collect())
+            .build()
+            .into();
+        let mut inner = tokenizers::Tokenizer::new(BPE::default());
+        inner
+            .with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)))
+            .with_decoder(Some(ByteLevel::default()))
+            .with_post_processor(Some(ByteLevel::default().trim_offsets(false)));
+        inner
+            .train(&mut trainer, texts)
+            .map_err(|e| Error::Config(format!("training a BPE tokenizer: {e}")))?;
+        let eos_id = inner.token_to_id(eos).map(|i| i as i32);
+        Ok(Tokenizer {
+            inner,
+            eos: eos_id,
+            eos_token: Some(eos.to_string()),
             dir: None,
         })
     }
@@ -135,8 +186,21 @@ impl Tokenizer {
                 .to_string(false)
                 .map_err(|e| Error::Config(format!("tokenizer: {e}")))?;
             let path = dir.join(FILES[0]);
-            return crate::checkpoint::write_atomic(&path, text.as_bytes())
-                .map_err(|e| Error::io_at(&path, e));
+            crate::checkpoint::write_atomic(&path, text.as_bytes())
+                .map_err(|e| Error::io_at(&path, e))?;
+            if let Some(eos) = &self.eos_token {
+                // what transformers writes for a fast tokenizer of its own
+                let config = serde_json::json!({
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                    "eos_token": eos,
+                    "bos_token": eos,
+                    "model_max_length": 1_000_000_000_000_000_000u64,
+                });
+                let path = dir.join(FILES[1]);
+                crate::checkpoint::write_atomic(&path, config.to_string().as_bytes())
+                    .map_err(|e| Error::io_at(&path, e))?;
+            }
+            return Ok(());
         };
         for name in FILES {
             let from = source.join(name);

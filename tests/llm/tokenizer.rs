@@ -69,3 +69,52 @@ fn a_directory_without_tokenizer_json_is_one_error() {
     assert!(e.contains("not a tokenizer"), "{e}");
     assert_eq!(e.lines().count(), 1, "{e}");
 }
+
+#[test]
+fn a_byte_level_bpe_trained_on_the_docs_round_trips_any_text_and_saves_its_end_token() {
+    let docs = ["README.md", "docs/design.md", "docs/guide/training.md"];
+    let texts: Vec<String> = docs
+        .iter()
+        .map(|d| std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(d)).unwrap())
+        .collect();
+    let t = Tokenizer::train_bpe(texts.iter(), 1024, "<|endoftext|>").unwrap();
+    assert_eq!(t.vocab_size(), 1024);
+    assert_eq!(t.eos_token_id(), Some(0));
+    // merges learned from the text: its tokens are far fewer than its bytes
+    let sample = &texts[0];
+    let ids = t.encode_plain(sample).unwrap();
+    assert!(
+        ids.len() * 2 < sample.len(),
+        "{} ids for {} bytes",
+        ids.len(),
+        sample.len()
+    );
+    // byte-level: any text comes back, characters it never saw included
+    for text in [
+        sample.as_str(),
+        "naïve façade, 東京, emoji 🦀\n\ttabs",
+        "  leading spaces",
+    ] {
+        let ids = t.encode_plain(text).unwrap();
+        assert!(ids.iter().all(|&i| i > 0 && (i as usize) < 1024));
+        assert_eq!(t.decode(&ids, false).unwrap(), text);
+    }
+    // saved, it reads back with the same ids and its end token named
+    let dir = std::env::temp_dir().join(format!("npc-bpe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    t.save_pretrained(&dir).unwrap();
+    let back = Tokenizer::from_dir(&dir).unwrap();
+    assert_eq!(back.eos_token_id(), Some(0));
+    assert_eq!(back.encode_plain(sample).unwrap(), ids_of(&t, sample));
+    assert_eq!(back.fingerprint(), t.fingerprint());
+    let _ = std::fs::remove_dir_all(&dir);
+    // too small a vocabulary for the 256 byte pieces: one error
+    let e = Tokenizer::train_bpe(texts.iter(), 100, "<|endoftext|>")
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("at least 257"), "{e}");
+}
+
+fn ids_of(t: &Tokenizer, text: &str) -> Vec<i32> {
+    t.encode_plain(text).unwrap()
+}
