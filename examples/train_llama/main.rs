@@ -48,7 +48,9 @@ use neuron_pc::data::{
 };
 use neuron_pc::models::llama::{Family, LlamaConfig, LlamaForCausalLM, LlamaSharding, LoadOptions};
 use neuron_pc::nn::{HostRng, Module, Remat, VarBuilder};
-use neuron_pc::optim::{average_gradients, grad_norm, AdamW, GradAccumulator, WarmupCosine};
+use neuron_pc::optim::{
+    average_gradients, grad_norm, AdamW, AdamWConfig, GradAccumulator, WarmupCosine,
+};
 use neuron_pc::sharding::{ShardingPlan, DATA_AXIS, MODEL_AXIS};
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
@@ -505,12 +507,13 @@ fn main() -> anyhow::Result<()> {
 
     let named = model.parameters();
     let params: Vec<Tensor> = named.iter().map(|(_, t)| t.clone()).collect();
-    let mut opt = if args.zero1 {
-        AdamW::zero1(&device, &params, args.weight_decay)?
-    } else {
-        AdamW::new(&device, &params, args.weight_decay)?
+    let adamw = AdamWConfig {
+        betas: (0.9, 0.95),
+        weight_decay: args.weight_decay,
+        zero1: args.zero1,
+        ..Default::default()
     };
-    opt.beta2 = 0.95;
+    let mut opt = AdamW::with_config(&device, &params, adamw)?;
     let schedule = WarmupCosine {
         base_lr: args.lr,
         min_lr: args.lr * 0.1,

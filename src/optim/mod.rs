@@ -315,6 +315,52 @@ fn assign_by_name<O: OptimizerState + ?Sized>(
     Ok(())
 }
 
+/// [`AdamW::with_config`]'s settings, named as `torch.optim.AdamW`'s keyword arguments, with
+/// its defaults (the learning rate is given to each [`AdamW::step`]):
+///
+/// ```no_run
+/// # use neuron_pc::optim::{AdamW, AdamWConfig};
+/// # fn f(device: &neuron_pc::LazyDevice, params: &[neuron_pc::Tensor]) -> neuron_pc::Result<()> {
+/// // torch.optim.AdamW(params, betas=(0.9, 0.95), weight_decay=0.1)
+/// let config = AdamWConfig { betas: (0.9, 0.95), weight_decay: 0.1, ..Default::default() };
+/// let opt = AdamW::with_config(device, params, config)?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdamWConfig {
+    /// Decays of the first and second moments (default 0.9, 0.999).
+    pub betas: (f64, f64),
+    /// Added to the denominator (default 1e-8).
+    pub eps: f64,
+    /// Decoupled weight decay (default 0.01).
+    pub weight_decay: f64,
+    /// Shard the moments over the data-parallel replicas (ZeRO-1, [`AdamW::zero1`]).
+    pub zero1: bool,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig {
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.01,
+            zero1: false,
+        }
+    }
+}
+
+/// [`Sgd::with_config`]'s settings, named as `torch.optim.SGD`'s keyword arguments (no
+/// dampening, no Nesterov).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SgdConfig {
+    /// The momentum factor (default 0: plain SGD).
+    pub momentum: f64,
+    /// L2 penalty added to the gradient (default 0).
+    pub weight_decay: f64,
+    /// Shard the momentum buffers over the data-parallel replicas (ZeRO-1, [`Sgd::zero1`]).
+    pub zero1: bool,
+}
+
 /// AdamW as in `torch.optim.AdamW` (decoupled weight decay, bias-corrected moments).
 pub struct AdamW {
     /// Decay of the first moment (`betas[0]`, default 0.9).
@@ -352,7 +398,24 @@ impl AdamW {
         self.zero1.is_some()
     }
 
-    /// Zero moments for `params` (PyTorch defaults: betas 0.9/0.999, eps 1e-8).
+    /// Zero moments for `params`, with `config`'s betas, eps and weight decay, sharded over
+    /// the replicas when it says `zero1`.
+    pub fn with_config(
+        device: &LazyDevice,
+        params: &[Tensor],
+        config: AdamWConfig,
+    ) -> Result<AdamW> {
+        let mut opt = match config.zero1 {
+            true => AdamW::zero1(device, params, config.weight_decay)?,
+            false => AdamW::new(device, params, config.weight_decay)?,
+        };
+        (opt.beta1, opt.beta2) = config.betas;
+        opt.eps = config.eps;
+        Ok(opt)
+    }
+
+    /// Zero moments for `params` (PyTorch defaults: betas 0.9/0.999, eps 1e-8); the number is
+    /// the weight decay. [`AdamW::with_config`] names every setting.
     pub fn new(device: &LazyDevice, params: &[Tensor], weight_decay: f64) -> Result<AdamW> {
         AdamW::new_with(device, params, weight_decay, None)
     }
@@ -529,8 +592,17 @@ pub struct Sgd {
 }
 
 impl Sgd {
+    /// Zero momentum buffers for `params` with `config`'s momentum and weight decay, sharded
+    /// over the replicas when it says `zero1`.
+    pub fn with_config(device: &LazyDevice, params: &[Tensor], config: SgdConfig) -> Result<Sgd> {
+        match config.zero1 {
+            true => Sgd::zero1(device, params, config.momentum, config.weight_decay),
+            false => Sgd::new(device, params, config.momentum, config.weight_decay),
+        }
+    }
+
     /// Zero momentum buffers for `params` (`torch.optim.SGD(params, momentum=..,
-    /// weight_decay=..)`, no dampening, no Nesterov).
+    /// weight_decay=..)`, no dampening, no Nesterov). [`Sgd::with_config`] names the numbers.
     pub fn new(
         device: &LazyDevice,
         params: &[Tensor],

@@ -2,7 +2,7 @@
 //! loop compiles once, and the loss of a small linear regression falls.
 
 use neuron_pc::nn::{HostRng, Linear};
-use neuron_pc::optim::{AdamW, Sgd, WarmupCosine};
+use neuron_pc::optim::{AdamW, AdamWConfig, Sgd, SgdConfig, WarmupCosine};
 use neuron_pc::{grad, DType, DeviceConfig, LazyDevice, Result, Tensor};
 use neuron_pc_test_support::process::run_alone;
 
@@ -226,4 +226,78 @@ fn the_optimizers_update_donated_parameters_in_place() {
     } else {
         assert!(adamw <= hand && sgd <= hand, "{why}");
     }
+}
+
+/// One optimizer step over (parameters, gradients, learning rate).
+type Stepper = Box<dyn FnMut(&[Tensor], &[Tensor], &Tensor)>;
+
+#[test]
+fn optimizer_configs_name_pytorchs_keywords_and_train_as_the_fields_do() {
+    let defaults = AdamW::with_config(&device(), &[], AdamWConfig::default()).unwrap();
+    // torch.optim.AdamW's defaults
+    assert_eq!(
+        (
+            defaults.beta1,
+            defaults.beta2,
+            defaults.eps,
+            defaults.weight_decay
+        ),
+        (0.9, 0.999, 1e-8, 0.01)
+    );
+    let (xv, yv) = data();
+    // five steps of a fresh model under `make`'s optimizer: its parameters
+    let run = |make: &dyn Fn(&LazyDevice, &[Tensor]) -> Stepper| {
+        let dev = device();
+        let x = dev.from_slice(&xv, &[8, 3]).unwrap();
+        let y = dev.from_slice(&yv, &[8, 1]).unwrap();
+        let model = Linear::new(&dev, &mut HostRng::new(5), 3, 1, true).unwrap();
+        let params = vec![model.weight.clone(), model.bias.clone().unwrap()];
+        let mut step = make(&dev, &params);
+        for _ in 0..5 {
+            let lr = dev.scalar(0.05, DType::F32).unwrap();
+            let loss = mse(&model, &x, &y).unwrap();
+            let grads = grad(&loss, &[&params[0], &params[1]]).unwrap();
+            step(&params, &grads, &lr);
+            dev.mark_step().unwrap();
+        }
+        model.weight.to_vec::<f32>().unwrap()
+    };
+    let by_fields = run(&|dev, params| {
+        let mut opt = AdamW::new(dev, params, 0.1).unwrap();
+        (opt.beta2, opt.eps) = (0.95, 1e-6);
+        Box::new(move |p, g, lr| opt.step(p, g, lr).unwrap())
+    });
+    let by_config = run(&|dev, params| {
+        let config = AdamWConfig {
+            betas: (0.9, 0.95),
+            eps: 1e-6,
+            weight_decay: 0.1,
+            ..Default::default()
+        };
+        let mut opt = AdamW::with_config(dev, params, config).unwrap();
+        Box::new(move |p, g, lr| opt.step(p, g, lr).unwrap())
+    });
+    let by_defaults = run(&|dev, params| {
+        let mut opt = AdamW::with_config(dev, params, AdamWConfig::default()).unwrap();
+        Box::new(move |p, g, lr| opt.step(p, g, lr).unwrap())
+    });
+    assert_eq!(by_fields, by_config);
+    assert_ne!(by_config, by_defaults, "the config's numbers take effect");
+    let sgd = |config: SgdConfig| {
+        run(&move |dev, params| {
+            let mut opt = Sgd::with_config(dev, params, config.clone()).unwrap();
+            Box::new(move |p, g, lr| opt.step(p, g, lr).unwrap())
+        })
+    };
+    let sgd_new = run(&|dev, params| {
+        let mut opt = Sgd::new(dev, params, 0.9, 0.01).unwrap();
+        Box::new(move |p, g, lr| opt.step(p, g, lr).unwrap())
+    });
+    let momentum = SgdConfig {
+        momentum: 0.9,
+        weight_decay: 0.01,
+        ..Default::default()
+    };
+    assert_eq!(sgd(momentum), sgd_new);
+    assert_ne!(sgd(SgdConfig::default()), sgd_new);
 }
