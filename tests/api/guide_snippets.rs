@@ -14,7 +14,8 @@ use neuron_pc::nn::{self, Module, ScanOptions, VarBuilder};
 use neuron_pc::optim::{self, AdamW, AdamWConfig, WarmupCosine};
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, PartitionSpec};
-use neuron_pc::{Result, Tensor};
+use neuron_pc::sharding::{split_if_divisible, DATA_AXIS, MODEL_AXIS};
+use neuron_pc::{Mesh, Result, Tensor};
 
 fn scratch(tag: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("npc-guide-{}-{tag}", std::process::id()));
@@ -261,5 +262,97 @@ fn scanned_layers() -> Result<()> {
     assert!(config.scan_layers && model.config.scan_layers);
     assert_eq!(h[0].dims(), &[2, 4]);
     assert!(h[0].to_vec::<f32>()?.iter().all(|v| v.is_finite()));
+    Ok(())
+}
+
+// guide: own model on a mesh
+/// One block of your own model: an MLP with a residual connection.
+#[derive(nn::Module)]
+struct Block {
+    up: nn::Linear,
+    down: nn::Linear,
+}
+
+impl Block {
+    fn from_vb(vb: &VarBuilder) -> Result<Block> {
+        let up = nn::Linear::from_vb(&vb.pp("up"), 64, 256, true)?;
+        let down = nn::Linear::from_vb(&vb.pp("down"), 256, 64, true)?;
+        Ok(Block { up, down })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.add(&self.down.forward(&nn::gelu(&self.up.forward(x)?)?)?)
+    }
+}
+
+/// Megatron's pair over `model` (`up` by output features, `down` by input features) and FSDP
+/// over `data` (the other dimension). `dims` are a stack's: `[layers, outputs, inputs]`.
+fn plan(name: &str, dims: &[usize], mesh: &Mesh) -> PartitionSpec {
+    // a weight's last two dimensions (a bias has one: left whole below)
+    let (outputs, inputs) = (dims.len().saturating_sub(2), dims.len().saturating_sub(1));
+    if name.ends_with("up.weight") {
+        split_if_divisible(dims, &[(outputs, MODEL_AXIS), (inputs, DATA_AXIS)], mesh)
+    } else if name.ends_with("down.weight") {
+        split_if_divisible(dims, &[(inputs, MODEL_AXIS), (outputs, DATA_AXIS)], mesh)
+    } else {
+        PartitionSpec::replicated()
+    }
+}
+
+/// Four blocks, stacked (`blocks.*.up.weight`: `[4, 256, 64]`) and run as one loop. The field's
+/// name is the stack's prefix: state dicts and checkpoints name its layers `blocks.0.up.weight`,
+/// ..., as an unrolled `Vec<Block>` field named `blocks` would, read back by `vb.pp("blocks")`.
+#[derive(nn::Module)]
+struct Model {
+    blocks: nn::ScannedLayers<Block>,
+}
+
+fn model(device: &LazyDevice, sharded: bool) -> Result<Model> {
+    let mut vb = VarBuilder::random(device, 0);
+    if sharded {
+        vb = vb.with_sharding(Arc::new(plan));
+    }
+    let blocks = nn::ScannedLayers::from_vb(&vb.pp("blocks"), 4, Arc::new(Block::from_vb))?;
+    Ok(Model { blocks })
+}
+// guide: end
+
+/// Three AdamW steps of [`model`] on `device` (sharded over its mesh, or not): the losses,
+/// and the bytes of the parameters one device holds.
+fn train_blocks(device: &LazyDevice, sharded: bool) -> Result<(Vec<f64>, u64)> {
+    let model = model(device, sharded)?;
+    let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
+    let mut opt = AdamW::with_config(device, &params, AdamWConfig::default())?;
+    let host: Vec<f32> = (0..8 * 64).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
+    let x = device.tensor(&HostTensor::from_slice(&host, &[8, 64])?)?;
+    let mut losses = Vec::new();
+    for _ in 0..3 {
+        let y = (model.blocks).forward(&[&x], |block, c| Ok(vec![block.forward(&c[0])?]))?;
+        let loss = y[0].mul(&y[0])?.mean_all()?;
+        let grads = grad(&loss, &params.iter().collect::<Vec<_>>())?;
+        opt.step(&params, &grads, &device.scalar(1e-3, DType::F32)?)?;
+        device.mark_step()?;
+        losses.push(loss.item()?);
+    }
+    Ok((losses, device.metrics().parameter_bytes))
+}
+
+#[test]
+fn a_model_of_ones_own_sharded_over_fsdp_2_x_tp_2_and_scanned() -> Result<()> {
+    let mesh = LazyDevice::new(DeviceConfig::from_env()?.with_mesh(&[("data", 2), ("model", 2)]))?;
+    let (sharded, bytes) = train_blocks(&mesh, true)?;
+    let (one, whole) = train_blocks(&devices(1), false)?;
+    for (a, b) in sharded.iter().zip(&one) {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "{sharded:?} vs {one:?}");
+    }
+    // f32 weights [4, 256, 64] and [4, 64, 256], split 4 ways; biases [4, 256] and [4, 64] whole
+    let (weights, biases) = (2 * 4 * 256 * 64 * 4, (4 * 256 + 4 * 64) * 4);
+    assert_eq!(whole, weights + biases);
+    assert_eq!(bytes, weights / 4 + biases);
+    // a state dict (and a checkpoint) names the stack's layers as the unrolled blocks'
+    let sd = neuron_pc::state::module_state(&model(&devices(1), false)?)?;
+    let names: Vec<&String> = sd.tensors.keys().collect();
+    assert!(names.contains(&&"blocks.3.down.weight".to_string()), "{names:?}");
+    assert_eq!(sd.tensors["blocks.0.up.weight"].dims(), &[256, 64]);
     Ok(())
 }
