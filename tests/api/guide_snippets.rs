@@ -12,9 +12,9 @@ use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LlamaSharding};
 use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::{self, Module, ScanOptions, VarBuilder};
 use neuron_pc::optim::{self, AdamW, AdamWConfig, WarmupCosine};
+use neuron_pc::sharding::{split_if_divisible, DATA_AXIS, MODEL_AXIS};
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, PartitionSpec};
-use neuron_pc::sharding::{split_if_divisible, DATA_AXIS, MODEL_AXIS};
 use neuron_pc::{Mesh, Result, Tensor};
 
 fn scratch(tag: &str) -> std::path::PathBuf {
@@ -352,7 +352,10 @@ fn a_model_of_ones_own_sharded_over_fsdp_2_x_tp_2_and_scanned() -> Result<()> {
     // a state dict (and a checkpoint) names the stack's layers as the unrolled blocks'
     let sd = neuron_pc::state::module_state(&model(&devices(1), false)?)?;
     let names: Vec<&String> = sd.tensors.keys().collect();
-    assert!(names.contains(&&"blocks.3.down.weight".to_string()), "{names:?}");
+    assert!(
+        names.contains(&&"blocks.3.down.weight".to_string()),
+        "{names:?}"
+    );
     assert_eq!(sd.tensors["blocks.0.up.weight"].dims(), &[256, 64]);
     Ok(())
 }
