@@ -47,13 +47,13 @@ use neuron_pc::data::{
     TokenShard, Tokenizer,
 };
 use neuron_pc::models::llama::{Family, LlamaConfig, LlamaForCausalLM, LlamaSharding, LoadOptions};
-use neuron_pc::nn::{HostRng, Module, Remat, VarBuilder};
+use neuron_pc::nn::{Module, Remat, VarBuilder};
 use neuron_pc::optim::{
     average_gradients, grad_norm, AdamW, AdamWConfig, GradAccumulator, WarmupCosine,
 };
 use neuron_pc::sharding::{ShardingPlan, DATA_AXIS, MODEL_AXIS};
 use neuron_pc::tensor::Reduction;
-use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
+use neuron_pc::{grad, DType, DeviceConfig, LazyDevice, Tensor};
 
 mod ckpt;
 mod monitor;
@@ -260,32 +260,19 @@ fn model_config(args: &Args) -> anyhow::Result<LlamaConfig> {
     Ok(c)
 }
 
-/// FLOP/s of a `side`-square f32 matmul on every replica: the best of three timed runs after
-/// one that compiles (or loads) its graph.
-fn measure_peak(device: &LazyDevice, side: usize, seed: u64) -> anyhow::Result<Option<f64>> {
-    if side == 0 {
-        return Ok(None);
+/// What the batch's rows are split over, of `replicas` in the whole run: the replicas, or a
+/// mesh's data axis (in each process, the processes its replicas).
+fn batch_split(mesh: bool, fsdp: usize, replicas: usize) -> (usize, String) {
+    if mesh && replicas > 1 {
+        (
+            fsdp * replicas,
+            format!("--fsdp {fsdp} x {replicas} processes"),
+        )
+    } else if mesh {
+        (fsdp, format!("--fsdp {fsdp}"))
+    } else {
+        (replicas, format!("{replicas} replica(s)"))
     }
-    let mut rng = HostRng::new(seed ^ 0xF10F);
-    let host = |rng: &mut HostRng| {
-        HostTensor::from_slice(&rng.uniform_vec(side * side, 1.0), &[side, side])
-    };
-    let a = device.tensor(&host(&mut rng)?)?;
-    let b = device.tensor(&host(&mut rng)?)?;
-    let mut best = f64::INFINITY;
-    for i in 0..4 {
-        let t = Instant::now();
-        let c = a.matmul(&b)?.sum_all()?;
-        device.mark_step()?;
-        c.item()?;
-        if i > 0 {
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-    }
-    // the matmul runs whole on every device: each replica's, or each mesh position's
-    let devices = device.global_replicas() * device.metrics().partitions.max(1);
-    let flops = 2.0 * (side as f64).powi(3) * devices as f64;
-    Ok(Some(flops / best.max(1e-9)))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -315,28 +302,21 @@ fn main() -> anyhow::Result<()> {
         device_config.replicas = 1;
         device_config = device_config.with_mesh(&[(DATA_AXIS, fsdp), (MODEL_AXIS, tp)]);
     }
-    let device = LazyDevice::new(device_config)?;
-    let plan: Option<Arc<dyn ShardingPlan>> =
-        mesh.then(|| Arc::new(LlamaSharding { fsdp: fsdp > 1 }) as Arc<dyn ShardingPlan>);
-    let replicas = device.global_replicas();
-    // what the batch's rows are split over: the replicas, or a mesh's data axis
-    let (split, over) = if mesh && replicas > 1 {
-        // a mesh in each process, the processes its replicas
-        (
-            fsdp * replicas,
-            format!("--fsdp {fsdp} x {replicas} processes"),
-        )
-    } else if mesh {
-        (fsdp, format!("--fsdp {fsdp}"))
-    } else {
-        (replicas, format!("{replicas} replica(s)"))
-    };
+    // Checked before the device is opened: every rank refuses the same flags, and none leaves
+    // the others connecting their collectives to a process that is gone.
+    let planned = device_config.replicas.max(1) * device_config.topology.world_size.max(1);
+    let (split, over) = batch_split(mesh, fsdp, planned);
     if !args.batch_size.is_multiple_of(split) {
         bail!(
             "--batch-size {} does not split over {over}: use a multiple of {split}",
             args.batch_size
         );
     }
+    let device = LazyDevice::new(device_config)?;
+    let plan: Option<Arc<dyn ShardingPlan>> =
+        mesh.then(|| Arc::new(LlamaSharding { fsdp: fsdp > 1 }) as Arc<dyn ShardingPlan>);
+    let replicas = device.global_replicas();
+    let (split, over) = batch_split(mesh, fsdp, replicas);
     let save_dtype = match args.save_dtype.as_str() {
         "f32" | "float32" => DType::F32,
         "bf16" | "bfloat16" => DType::BF16,
@@ -349,7 +329,7 @@ fn main() -> anyhow::Result<()> {
     } else {
         ""
     };
-    let peak = measure_peak(&device, args.peak_matmul, args.seed)?;
+    let peak = monitor::measure_peak(&device, args.peak_matmul, args.seed)?;
 
     let model = match &args.init_from {
         Some(dir) => {

@@ -1,11 +1,13 @@
 //! `--tensorboard DIR` and the progress bar: what the run shows of itself while it trains,
-//! through the library's `monitor` pieces (rank 0 only; a trial run shows and writes nothing).
+//! through the library's `monitor` pieces (rank 0 only; a trial run shows and writes nothing);
+//! and the matmul peak its model FLOPs utilisation is measured against.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use neuron_pc::monitor::{metrics_scalars, Progress, RunLog};
-use neuron_pc::LazyDevice;
+use neuron_pc::nn::HostRng;
+use neuron_pc::{HostTensor, LazyDevice};
 
 /// The run's progress bar (or plain lines) and metrics log.
 pub struct Monitor {
@@ -109,4 +111,32 @@ impl Monitor {
             p.finish();
         }
     }
+}
+
+/// FLOP/s of a `side`-square f32 matmul on every replica: the best of three timed runs after
+/// one that compiles (or loads) its graph.
+pub fn measure_peak(device: &LazyDevice, side: usize, seed: u64) -> anyhow::Result<Option<f64>> {
+    if side == 0 {
+        return Ok(None);
+    }
+    let mut rng = HostRng::new(seed ^ 0xF10F);
+    let host = |rng: &mut HostRng| {
+        HostTensor::from_slice(&rng.uniform_vec(side * side, 1.0), &[side, side])
+    };
+    let a = device.tensor(&host(&mut rng)?)?;
+    let b = device.tensor(&host(&mut rng)?)?;
+    let mut best = f64::INFINITY;
+    for i in 0..4 {
+        let t = Instant::now();
+        let c = a.matmul(&b)?.sum_all()?;
+        device.mark_step()?;
+        c.item()?;
+        if i > 0 {
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+    }
+    // the matmul runs whole on every device: each replica's, or each mesh position's
+    let devices = device.global_replicas() * device.metrics().partitions.max(1);
+    let flops = 2.0 * (side as f64).powi(3) * devices as f64;
+    Ok(Some(flops / best.max(1e-9)))
 }
