@@ -37,7 +37,7 @@ pub use options::{
     MAX_SIZE_ENV, READ_ONLY_ENV, SIGNING_KEY_ENV,
 };
 pub use probe::{ProbeStep, ProbeTimes, TierProbe};
-pub use record::{EntryRecord, FailureRecord, ENTRY_FORMAT_VERSION};
+pub use record::{hostname, EntryRecord, FailureRecord, ENTRY_FORMAT_VERSION};
 #[cfg(feature = "s3")]
 pub use s3::S3Store;
 pub use s3::{PartOptions, S3Options, DEFAULT_S3_BUDGET, S3_TIMEOUT_ENV};

@@ -180,8 +180,9 @@ impl FailureRecord {
     }
 }
 
-/// This machine's name (for lease holders and probes).
-pub(crate) fn hostname() -> String {
+/// This machine's name (for lease holders, probes, and the files and leases of checkpoints
+/// and metrics logs): the kernel's hostname, else `HOSTNAME`.
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| std::env::var("HOSTNAME").unwrap_or_default())

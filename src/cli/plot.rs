@@ -29,10 +29,10 @@ const FONTS: &[&str] = &[
 /// One curve: `(step, value)` points.
 type Points = Vec<(f64, f64)>;
 
-/// The points of `tag` in the JSON lines `text`, in order.
-fn series(text: &str, tag: &str) -> Points {
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+/// The points of `tag` in the logged steps `lines`, in order.
+fn series(lines: &[serde_json::Value], tag: &str) -> Points {
+    lines
+        .iter()
         .filter_map(|v| Some((v["step"].as_f64()?, v[tag].as_f64()?)))
         .filter(|(_, y)| y.is_finite())
         .collect()
@@ -51,10 +51,14 @@ pub fn run(args: PlotArgs) -> anyhow::Result<i32> {
             file.display()
         )
     })?;
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
     let (loss, val, tps) = (
-        series(&text, "train/loss"),
-        series(&text, "val/loss"),
-        series(&text, "perf/tokens_per_s"),
+        series(&lines, "train/loss"),
+        series(&lines, "val/loss"),
+        series(&lines, "perf/tokens_per_s"),
     );
     if loss.is_empty() {
         bail!("{}: no train/loss values to plot", file.display());

@@ -100,10 +100,7 @@ impl RunLog {
         self.events.flush().map_err(io(events))?;
         let mut line = serde_json::Map::new();
         line.insert("step".into(), step.into());
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
-        line.insert("wall_time".into(), wall.into());
+        line.insert("wall_time".into(), tensorboard::now().into());
         for (tag, v) in values {
             // serde_json writes a non-finite number as null
             line.insert(tag.to_string(), (*v).into());

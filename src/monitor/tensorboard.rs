@@ -57,7 +57,8 @@ pub(super) struct EventFile {
     path: PathBuf,
 }
 
-fn now() -> f64 {
+/// Seconds since the Unix epoch (an event's `wall_time`).
+pub(super) fn now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
@@ -67,9 +68,7 @@ impl EventFile {
     /// A new event file in `dir` (created if needed).
     pub(super) fn create(dir: &Path) -> std::io::Result<EventFile> {
         std::fs::create_dir_all(dir)?;
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_else(|_| "localhost".into());
+        let host = neuron_pc_cache::hostname();
         let name = format!(
             "events.out.tfevents.{}.{host}.{}",
             now() as u64,

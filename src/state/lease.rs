@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use neuron_pc_cache::hostname;
+
 use crate::checkpoint::{CheckpointError, Location};
 
 /// The lease's object: a dot name, so local listings skip it; outside every step directory,
@@ -49,7 +51,7 @@ fn now_secs() -> u64 {
 impl Holder {
     fn me() -> Holder {
         Holder {
-            host: host(),
+            host: hostname(),
             pid: std::process::id(),
             since: now_secs(),
             renewed: now_secs(),
@@ -57,7 +59,7 @@ impl Holder {
     }
 
     fn is_me(&self) -> bool {
-        self.host == host() && self.pid == std::process::id()
+        self.host == hostname() && self.pid == std::process::id()
     }
 
     /// Seconds since it was last renewed (or taken).
@@ -67,7 +69,7 @@ impl Holder {
 
     /// Whether the job holding it still runs, as far as this host can tell.
     fn alive(&self) -> bool {
-        if self.host == host() {
+        if self.host == hostname() {
             alive(self.pid)
         } else {
             self.silent_for() < STALE_AFTER.as_secs()
@@ -83,12 +85,6 @@ impl Holder {
             self.silent_for()
         )
     }
-}
-
-fn host() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into())
 }
 
 /// Whether process `pid` of this host is alive.
@@ -117,7 +113,7 @@ pub(super) fn acquire(loc: &Location) -> Result<(), CheckpointError> {
     match current {
         Some(h) if h.is_me() => return Ok(()),
         Some(h) if h.alive() => {
-            let how = if h.host == host() {
+            let how = if h.host == hostname() {
                 String::new()
             } else {
                 format!(

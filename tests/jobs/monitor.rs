@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::llama_job::{command, root, tmp, SMALL};
+use crate::llama_job::{command, parse_output, root, tmp, SMALL};
 
 /// Every scalar a logged step carries (`train/grad_norm` too: no ZeRO-1 here).
 const TAGS: [&str; 13] = [
@@ -90,19 +90,8 @@ fn tensorboard_reads_every_scalar_of_every_logged_step() {
         &tb_dir,
     ];
     let out = command(&cache, &args).output().unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let losses: Vec<(u64, f64)> = stdout
-        .lines()
-        .filter(|l| l.starts_with("{\"step\""))
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap())
-        })
-        .collect();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let losses = parse_output(out, &args).losses;
     let events = read_events(&tb);
     for tag in TAGS {
         let points = events[tag]

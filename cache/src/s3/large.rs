@@ -66,7 +66,7 @@ impl S3Store {
             };
             if done.is_err() {
                 let abort = self.store.abort_multipart(&path, &id);
-                let _ = tokio::time::timeout(self.budget, abort).await;
+                let _ = tokio::time::timeout(self.budget(), abort).await;
             }
             done
         })

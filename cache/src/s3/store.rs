@@ -21,8 +21,6 @@ use crate::store::{ObjectMeta, PutMode, Store, Tier};
 /// An S3 bucket and key prefix.
 pub struct S3Store {
     pub(crate) runtime: tokio::runtime::Runtime,
-    /// The bound on one request of no body, [`S3Options::request_bound`] of 0 bytes.
-    pub(crate) budget: Duration,
     /// The options, for the bounds of requests with a body ([`S3Options::request_bound`]).
     pub(crate) opts: S3Options,
     /// What sets the bounds, as messages about a request without an answer name it.
@@ -234,7 +232,6 @@ impl S3Store {
             })?;
         Ok(S3Store {
             runtime,
-            budget: opts.request_bound(0),
             opts: opts.clone(),
             bounds_from: S3_TIMEOUT_ENV.to_string(),
             store,
@@ -349,10 +346,15 @@ impl S3Store {
         }
     }
 
+    /// The bound on one request of no body ([`S3Options::request_bound`] of 0 bytes).
+    pub(crate) fn budget(&self) -> Duration {
+        self.opts.request_bound(0)
+    }
+
     /// Runs one operation on the runtime within the budget; running out of it is a timed-out
     /// [`Error::Unavailable`].
     fn block<T>(&self, fut: impl std::future::Future<Output = T>) -> Result<T> {
-        self.block_within(self.budget, fut)
+        self.block_within(self.budget(), fut)
     }
 
     /// [`S3Store::block`] within `bound`.
@@ -399,7 +401,7 @@ impl S3Store {
                 }
                 // Objects of a page already received come at once; the first of each page
                 // waits for its request.
-                match tokio::time::timeout(self.budget, stream.try_next()).await {
+                match tokio::time::timeout(self.budget(), stream.try_next()).await {
                     Err(_) => return Err(out.len()),
                     Ok(Err(e)) => return Ok(Err(e)),
                     Ok(Ok(None)) => return Ok(Ok(out)),
@@ -412,7 +414,7 @@ impl S3Store {
             message: format!(
                 "no answer within {:.1} s for page {} of a listing ({} bounds each request; a \
                  listing may take that long per page of {PAGE} objects)",
-                self.budget.as_secs_f64(),
+                self.budget().as_secs_f64(),
                 listed / PAGE + 1,
                 self.bounds_from
             ),
@@ -425,7 +427,7 @@ impl S3Store {
     fn get_with(&self, client: &AmazonS3, name: &str) -> Result<Option<Vec<u8>>> {
         let path = self.path(name);
         // the answer within the bound of a request of no body, the body within the budget
-        let answer = self.budget;
+        let answer = self.budget();
         let r = self.block_within(self.opts.budget(), async {
             match tokio::time::timeout(answer, client.get(&path)).await {
                 Err(_) => None,
