@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use neuron_pc_compiler::ir::Graph;
 
+use super::trace::{Node, Value};
 use super::{lock, DeviceInner};
 use crate::error::{Error, Result};
 
@@ -48,6 +49,9 @@ struct Site {
     steps: u64,
     graphs: Vec<Summary>,
     reported: HashSet<String>,
+    /// The lines that recorded the ops of the site's first graph, kept until its second step
+    /// (see [`made_before_the_loop`]).
+    first_lines: Option<HashSet<&'static Location<'static>>>,
 }
 
 /// Per-site history of one device.
@@ -73,10 +77,12 @@ pub(crate) fn check_new_graph(
     explicit: bool,
     graph: &Graph,
     names: &[String],
+    roots: &[Arc<Node>],
 ) -> Result<()> {
     let summary = Summary::of(graph, names);
     let mut sites = lock(&dev.sites);
     let entry = sites.by_site.entry(site).or_default();
+    made_before_the_loop(entry, site, explicit, roots);
     let after_warmup = entry.steps >= dev.config.warmup_steps;
     let cause = (after_warmup && !entry.graphs.is_empty()).then(|| cause(&entry.graphs, &summary));
     let step = entry.steps;
@@ -121,6 +127,65 @@ pub(crate) fn check_new_graph(
         tracing::warn!("{message}");
     }
     Ok(())
+}
+
+/// A value made before a training loop and still pending when the loop's first `mark_step`
+/// cuts it is computed by step 0's graph, so step 0 and every step after it are two graphs,
+/// each compiled (a whole step's compile, for one `arange`). Seen at step 1: the lines that
+/// recorded ops of step 0's graph that step 1's graph does not hold are named, once per site.
+fn made_before_the_loop(
+    entry: &mut Site,
+    site: &'static Location<'static>,
+    explicit: bool,
+    roots: &[Arc<Node>],
+) {
+    match entry.steps {
+        0 if entry.graphs.is_empty() => entry.first_lines = Some(lines_of(roots)),
+        1 => {
+            let Some(first) = entry.first_lines.take() else {
+                return;
+            };
+            let now = lines_of(roots);
+            let mut only_first: Vec<_> = first.difference(&now).copied().collect();
+            if only_first.is_empty() {
+                return;
+            }
+            only_first.sort_by_key(|l| (l.file(), l.line(), l.column()));
+            let shown: Vec<String> = only_first.iter().take(3).map(|l| l.to_string()).collect();
+            let more = match only_first.len() {
+                n if n > 3 => format!(" (and {} more lines)", n - 3),
+                _ => String::new(),
+            };
+            let cut = if explicit { "mark_step" } else { "the read" };
+            tracing::warn!(
+                "step 1 at {cut} {site} is a new graph, compiled again: step 0's graph also \
+                 computed ops recorded at {}{more}, which step 1's does not. A value made \
+                 before the loop was still pending when step 0 was cut, so step 0 computed it \
+                 and compiled as a graph of its own. Call device.mark_step() after making it, \
+                 before the loop (or make it inside the step)",
+                shown.join(", ")
+            );
+        }
+        _ => entry.first_lines = None,
+    }
+}
+
+/// The lines that recorded the ops below `roots`.
+fn lines_of(roots: &[Arc<Node>]) -> HashSet<&'static Location<'static>> {
+    let mut lines = HashSet::new();
+    let mut seen: HashSet<*const Node> = HashSet::new();
+    let mut stack: Vec<&Arc<Node>> = roots.iter().collect();
+    while let Some(node) = stack.pop() {
+        if !seen.insert(Arc::as_ptr(node)) {
+            continue;
+        }
+        lines.extend(node.site);
+        stack.extend(node.operands.iter().filter_map(|v| match v {
+            Value::Node(n) => Some(n),
+            Value::Data(_) => None,
+        }));
+    }
+    lines
 }
 
 /// Why a site produced a new graph.

@@ -5,6 +5,43 @@ use std::sync::{Mutex, Weak};
 use super::lock;
 use super::trace::{Cell, Value};
 
+impl crate::LazyDevice {
+    /// Counts a batch the loader handed over after `ms` of waiting.
+    pub(crate) fn record_batch_wait(&self, ms: f64) {
+        let mut m = lock(&self.inner.metrics);
+        m.batches_loaded += 1;
+        m.batch_wait_ms += ms;
+    }
+
+    /// Counts a checkpoint save (`saved` or failed): `blocked_ms` of the loop, `n` bytes written.
+    pub(crate) fn record_checkpoint(&self, saved: bool, blocked_ms: f64, write_ms: f64, n: u64) {
+        let mut m = lock(&self.inner.metrics);
+        m.checkpoint_saves += u64::from(saved);
+        m.checkpoint_failures += u64::from(!saved);
+        m.checkpoint_blocked_ms += blocked_ms;
+        m.checkpoint_blocked_max_ms = m.checkpoint_blocked_max_ms.max(blocked_ms);
+        m.checkpoint_write_ms += write_ms;
+        m.checkpoint_bytes += n;
+    }
+
+    /// A snapshot of the counters (steps still running are not in `execute_ms` yet).
+    pub fn metrics(&self) -> Metrics {
+        let done = self.inner.in_flight.retire_finished();
+        self.inner.account(&done);
+        let mut m = lock(&self.inner.metrics).clone();
+        m.optimizer_state_bytes = registered_bytes(&self.inner.optimizer_state);
+        m.parameter_bytes = registered_bytes(&self.inner.parameters);
+        m.gradient_bytes = registered_bytes(&self.inner.gradients);
+        m.prefetched = self.inner.compiler.prefetch_hits();
+        if let Some(cache) = self.inner.compiler.cache() {
+            let w = cache.wait_metrics();
+            m.lease_wait_requests = w.requests;
+            m.lease_requests_per_waiter_minute = w.requests_per_waiter_minute;
+        }
+        m
+    }
+}
+
 /// A snapshot of a device's counters (see [`crate::LazyDevice::metrics`]).
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]

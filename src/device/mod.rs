@@ -253,41 +253,6 @@ impl LazyDevice {
         self.inner.config.extract_dir.is_some()
     }
 
-    /// Counts a batch the loader handed over after `ms` of waiting.
-    pub(crate) fn record_batch_wait(&self, ms: f64) {
-        let mut m = lock(&self.inner.metrics);
-        m.batches_loaded += 1;
-        m.batch_wait_ms += ms;
-    }
-
-    /// Counts a checkpoint save (`saved` or failed): `blocked_ms` of the loop, `n` bytes written.
-    pub(crate) fn record_checkpoint(&self, saved: bool, blocked_ms: f64, write_ms: f64, n: u64) {
-        let mut m = lock(&self.inner.metrics);
-        m.checkpoint_saves += u64::from(saved);
-        m.checkpoint_failures += u64::from(!saved);
-        m.checkpoint_blocked_ms += blocked_ms;
-        m.checkpoint_blocked_max_ms = m.checkpoint_blocked_max_ms.max(blocked_ms);
-        m.checkpoint_write_ms += write_ms;
-        m.checkpoint_bytes += n;
-    }
-
-    /// A snapshot of the counters (steps still running are not in `execute_ms` yet).
-    pub fn metrics(&self) -> Metrics {
-        let done = self.inner.in_flight.retire_finished();
-        self.inner.account(&done);
-        let mut m = lock(&self.inner.metrics).clone();
-        m.optimizer_state_bytes = metrics::registered_bytes(&self.inner.optimizer_state);
-        m.parameter_bytes = metrics::registered_bytes(&self.inner.parameters);
-        m.gradient_bytes = metrics::registered_bytes(&self.inner.gradients);
-        m.prefetched = self.inner.compiler.prefetch_hits();
-        if let Some(cache) = self.inner.compiler.cache() {
-            let w = cache.wait_metrics();
-            m.lease_wait_requests = w.requests;
-            m.lease_requests_per_waiter_minute = w.requests_per_waiter_minute;
-        }
-        m
-    }
-
     /// Waits for every launched step; the first failure among them, naming its `mark_step`.
     pub fn synchronize(&self) -> Result<()> {
         self.inner.free_retired();
@@ -362,15 +327,16 @@ impl DeviceInner {
         op: Op,
         ty: TensorType,
         operands: trace::Operands,
+        site: &'static Location<'static>,
     ) -> Arc<Cell> {
         let per_replica = self.result_per_replica(&op, &operands);
         let mut rec = lock(&self.recorder);
         let (op_id, ty) = rec.interner.op(op, ty);
-        self.record_interned(&mut rec, op_id, per_replica, ty, operands)
+        self.record_interned(&mut rec, op_id, per_replica, ty, operands, site)
     }
 
-    /// Records op `op_id` (interned, of result type `ty`) over `operands`, with the recording
-    /// lock held.
+    /// Records op `op_id` (interned, of result type `ty`) over `operands` at `site`, with the
+    /// recording lock held.
     pub(crate) fn record_interned(
         self: &Arc<Self>,
         rec: &mut Recorder,
@@ -378,8 +344,9 @@ impl DeviceInner {
         per_replica: bool,
         ty: Arc<TensorType>,
         operands: trace::Operands,
+        site: &'static Location<'static>,
     ) -> Arc<Cell> {
-        let node = Arc::new(Node::new(op_id, per_replica, operands));
+        let node = Arc::new(Node::at(op_id, per_replica, operands, Some(site)));
         self.new_cell_locked(rec, ty, Value::Node(node))
     }
 
@@ -556,7 +523,7 @@ impl DeviceInner {
             None => {
                 let graph = traced.to_graph(&lock(&self.recorder).interner)?;
                 let names = traced.param_names();
-                diagnose::check_new_graph(self, site, explicit, &graph, &names)?;
+                diagnose::check_new_graph(self, site, explicit, &graph, &names, &roots)?;
                 let shardings = self
                     .mesh
                     .as_ref()

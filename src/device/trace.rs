@@ -7,6 +7,7 @@
 
 use rustc_hash::FxHashMap as HashMap;
 use std::hash::BuildHasher;
+use std::panic::Location;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -197,16 +198,30 @@ pub(crate) struct Node {
     /// The result may differ between replicas (see [`DeviceData::per_replica`]).
     pub per_replica: bool,
     pub operands: Operands,
+    /// The line that recorded it (the user's, through `#[track_caller]`), for diagnostics;
+    /// none for nodes the library makes on its own (shared constants, placeholders).
+    pub site: Option<&'static Location<'static>>,
     /// Its position in the step walk that last reached it.
     pub mark: WalkMark,
 }
 
 impl Node {
     pub fn new(op_id: u32, per_replica: bool, operands: Operands) -> Node {
+        Node::at(op_id, per_replica, operands, None)
+    }
+
+    /// A node recorded at `site`.
+    pub fn at(
+        op_id: u32,
+        per_replica: bool,
+        operands: Operands,
+        site: Option<&'static Location<'static>>,
+    ) -> Node {
         Node {
             op_id,
             per_replica,
             operands,
+            site,
             mark: WalkMark::default(),
         }
     }

@@ -222,7 +222,7 @@ impl Tensor {
         }
         if let Some((op_id, ty)) = rec.interner.applied(&op, &addrs) {
             return Ok(Tensor {
-                cell: dev.record_interned(&mut rec, op_id, per_replica, ty, values),
+                cell: dev.record_interned(&mut rec, op_id, per_replica, ty, values, location),
             });
         }
         // Operand types on the stack for the usual one to four operands.
@@ -251,7 +251,7 @@ impl Tensor {
             interner.op(op, ty)
         };
         Ok(Tensor {
-            cell: dev.record_interned(&mut rec, op_id, per_replica, ty, values),
+            cell: dev.record_interned(&mut rec, op_id, per_replica, ty, values, location),
         })
     }
 
@@ -269,7 +269,7 @@ impl Tensor {
         let ty = neuron_pc_compiler::ir::infer(&op, &[])
             .map_err(|source| Error::Op { location, source })?;
         Ok(Tensor {
-            cell: dev.record(op, ty, Default::default()),
+            cell: dev.record(op, ty, Default::default(), location),
         })
     }
 

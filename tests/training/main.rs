@@ -17,6 +17,7 @@ mod grad_accumulation;
 mod grad_training;
 mod lazy_device;
 mod lazy_persistent;
+mod made_before_loop;
 mod memory_metrics;
 mod processes;
 mod remat;
