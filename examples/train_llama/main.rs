@@ -43,8 +43,8 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use neuron_pc::amp::Precision;
 use neuron_pc::data::{
-    load_packed, CacheOutcome, DeviceLoader, LastBatch, LengthBuckets, PackedCache, PackedRows,
-    TokenShard, Tokenizer,
+    load_packed_with_progress, CacheOutcome, DeviceLoader, LastBatch, LengthBuckets, PackedCache,
+    PackedRows, TokenShard, Tokenizer,
 };
 use neuron_pc::models::llama::{Family, LlamaConfig, LlamaForCausalLM, LlamaSharding, LoadOptions};
 use neuron_pc::nn::{Module, Remat, VarBuilder};
@@ -387,16 +387,17 @@ fn main() -> anyhow::Result<()> {
         Some(p) => Some(PackedCache::new(p)),
         None => Some(PackedCache::from_env()),
     };
+    let rank0 = neuron_pc::topology::Topology::from_env().map_or(true, |t| t.rank == 0);
     let packed = |path: &Path| -> anyhow::Result<PackedRows> {
         let t = tokenizer.as_ref().expect("--data gave a tokenizer");
         let started = Instant::now();
-        let (rows, outcome) = match &cache {
-            Some(cache) => {
-                let (rows, outcome) = cache.load(path, t, seq, args.document_masks)?;
-                (rows, Some(outcome))
-            }
-            None => (load_packed(path, t, seq, args.document_masks)?, None),
-        };
+        let masks = args.document_masks;
+        let (rows, outcome) = monitor::tokenizing(path, rank0 && !extracting, |p| match &cache {
+            Some(c) => c
+                .load_with_progress(path, t, seq, masks, p)
+                .map(|(r, o)| (r, Some(o))),
+            None => load_packed_with_progress(path, t, seq, masks, p).map(|r| (r, None)),
+        })?;
         let what = format!("{}: {} rows of {seq} tokens", path.display(), rows.rows());
         let rate = rows.rows() as f64 * seq as f64 / started.elapsed().as_secs_f64();
         match outcome {
@@ -560,7 +561,6 @@ fn main() -> anyhow::Result<()> {
             DeviceLoader::for_tokens(&device, batches, micro, LastBatch::Drop, 2)
         }
     };
-    let rank0 = neuron_pc::topology::Topology::from_env().map_or(true, |t| t.rank == 0);
     let mut monitor = monitor::Monitor::new(
         args.tensorboard.as_ref(),
         start_step,
@@ -705,10 +705,14 @@ fn main() -> anyhow::Result<()> {
         if let (true, Some(c)) = (ckpt_due || step + 1 == args.steps, &mut ckpts) {
             c.save(&model, &opt, step + 1)?;
         }
+        if let Some(c) = &mut ckpts {
+            monitor.checkpoint(c);
+        }
     }
     monitor.finish();
     if let Some(c) = &mut ckpts {
         c.wait()?;
+        monitor.checkpoint(c);
     }
     if let Some(dir) = &args.save {
         model

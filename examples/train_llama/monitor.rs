@@ -2,11 +2,12 @@
 //! through the library's `monitor` pieces (rank 0 only; a trial run shows and writes nothing);
 //! and the matmul peak its model FLOPs utilisation is measured against.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use neuron_pc::monitor::{metrics_scalars, Progress, RunLog};
+use neuron_pc::monitor::{metrics_scalars, Progress, RunLog, Work};
 use neuron_pc::nn::HostRng;
+use neuron_pc::state::Checkpoints;
 use neuron_pc::{HostTensor, LazyDevice};
 
 /// The run's progress bar (or plain lines) and metrics log.
@@ -67,6 +68,29 @@ impl Monitor {
         }
     }
 
+    /// Shows checkpoint saves: on the bar while a thread writes one, then a line once each
+    /// has ended.
+    pub fn checkpoint(&mut self, ckpts: &mut Checkpoints) {
+        let Some(p) = &mut self.progress else {
+            return;
+        };
+        p.note(ckpts.writing().map(|s| {
+            let pct = (100 * s.written).checked_div(s.total).unwrap_or(0);
+            format!("checkpoint {} {pct}%", s.step)
+        }));
+        for s in ckpts.ended() {
+            p.println(&match s.saved {
+                true => format!(
+                    "checkpoint of step {} saved: {:.2} MiB in {:.2} s",
+                    s.step,
+                    s.written as f64 / (1 << 20) as f64,
+                    s.elapsed.as_secs_f64()
+                ),
+                false => format!("checkpoint of step {} not saved", s.step),
+            });
+        }
+    }
+
     /// Prints a line on stdout without breaking the bar.
     pub fn println(&self, line: &str) {
         match &self.progress {
@@ -111,6 +135,31 @@ impl Monitor {
             p.finish();
         }
     }
+}
+
+/// Runs `load`, which tokenizes `path` reporting its progress to the closure it is given: a
+/// bar (or plain lines, for a long corpus) when `shown`.
+pub fn tokenizing<T>(
+    path: &Path,
+    shown: bool,
+    load: impl FnOnce(&mut dyn FnMut(u64, u64)) -> T,
+) -> T {
+    let name = path
+        .file_name()
+        .unwrap_or(path.as_os_str())
+        .to_string_lossy();
+    let mut work: Option<Work> = None;
+    let out = load(&mut |done, total| {
+        if shown {
+            let name = format!("tokenize {name}");
+            work.get_or_insert_with(|| Work::new(&name, total))
+                .set(done);
+        }
+    });
+    if let Some(w) = &work {
+        w.finish();
+    }
+    out
 }
 
 /// FLOP/s of a `side`-square f32 matmul on every replica: the best of three timed runs after

@@ -68,7 +68,10 @@ pub use rows::PackedRows;
 #[cfg(feature = "text")]
 pub use shards::TokenShard;
 #[cfg(feature = "text")]
-pub use text::{load_packed, pack, read_documents, tokenize, TokenizedDocument};
+pub use text::{
+    load_packed, load_packed_with_progress, pack, read_documents, tokenize, tokenize_with_progress,
+    TokenizedDocument,
+};
 #[cfg(feature = "text")]
 pub use tokenizer::Tokenizer;
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use super::{load_packed, PackedRows, Tokenizer};
+use super::{load_packed_with_progress, PackedRows, Tokenizer};
 use crate::error::{Error, Result};
 
 /// Where [`PackedCache::from_env`] keeps its entries: this variable, else
@@ -66,7 +66,7 @@ impl PackedCache {
         &self.dir
     }
 
-    /// [`load_packed`] through the cache: the entry for these inputs if there is one, else
+    /// [`super::load_packed`] through the cache: the entry for these inputs if there is one, else
     /// the rows built now and stored (a cache that cannot be written is said once, and the
     /// rows are still returned).
     pub fn load(
@@ -75,6 +75,19 @@ impl PackedCache {
         tokenizer: &Tokenizer,
         len: usize,
         document_masks: bool,
+    ) -> Result<(PackedRows, CacheOutcome)> {
+        self.load_with_progress(path, tokenizer, len, document_masks, &mut |_, _| {})
+    }
+
+    /// [`PackedCache::load`], reporting the tokenizing's progress (when it tokenizes) as
+    /// [`super::tokenize_with_progress`] does.
+    pub fn load_with_progress(
+        &self,
+        path: &Path,
+        tokenizer: &Tokenizer,
+        len: usize,
+        document_masks: bool,
+        progress: &mut dyn FnMut(u64, u64),
     ) -> Result<(PackedRows, CacheOutcome)> {
         let mut key = Sha256::new();
         key.update(FORMAT.as_bytes());
@@ -96,7 +109,8 @@ impl PackedCache {
                     "packed-rows cache {}: cannot write ({e}); tokenizing without it",
                     self.dir.display()
                 );
-                let rows = load_packed(path, tokenizer, len, document_masks)?;
+                let rows =
+                    load_packed_with_progress(path, tokenizer, len, document_masks, progress)?;
                 return Ok((rows, CacheOutcome::Built(entry)));
             }
         };
@@ -111,7 +125,7 @@ impl PackedCache {
                 entry.display()
             ),
         }
-        let rows = load_packed(path, tokenizer, len, document_masks)?;
+        let rows = load_packed_with_progress(path, tokenizer, len, document_masks, progress)?;
         if let Err(e) = write(&entry, &rows) {
             tracing::warn!("packed-rows cache {}: cannot write: {e}", entry.display());
         }

@@ -83,18 +83,46 @@ pub struct TokenizedDocument {
 /// `tokenizer(text)`); a pair's prompt the same way, followed by its completion without
 /// special tokens. Each document ends with the tokenizer's end token when it has one.
 pub fn tokenize(tokenizer: &Tokenizer, docs: &[Document]) -> Result<Vec<TokenizedDocument>> {
-    let firsts: Vec<&str> = docs
-        .iter()
-        .map(|d| match d {
-            Document::Text(t) => t.as_str(),
-            Document::Pair { prompt, .. } => prompt.as_str(),
-        })
-        .collect();
-    let encoded = tokenizer.encode_batch(&firsts)?;
+    tokenize_with_progress(tokenizer, docs, &mut |_, _| {})
+}
+
+/// The bytes of text a slice of documents tokenized at once holds, at least: enough to keep
+/// every core busy, small enough that a large corpus reports its progress about 100 times.
+const SLICE_BYTES: u64 = 1 << 20;
+
+/// [`tokenize`], calling `progress(bytes_done, bytes_total)` of the documents' text after each
+/// slice of them (about 1% of the corpus, at least 1 MiB), for a progress bar
+/// ([`crate::monitor::Work`]).
+pub fn tokenize_with_progress(
+    tokenizer: &Tokenizer,
+    docs: &[Document],
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Vec<TokenizedDocument>> {
+    let bytes = |d: &Document| match d {
+        Document::Text(t) => t.len() as u64,
+        Document::Pair { prompt, completion } => (prompt.len() + completion.len()) as u64,
+    };
+    let total: u64 = docs.iter().map(bytes).sum();
+    let slice = (total / 100).max(SLICE_BYTES);
     let eos = tokenizer.eos_token_id();
-    docs.iter()
-        .zip(encoded)
-        .map(|(doc, mut ids)| {
+    let mut out = Vec::with_capacity(docs.len());
+    let (mut done, mut from) = (0u64, 0usize);
+    while from < docs.len() {
+        let mut to = from;
+        let mut size = 0;
+        while to < docs.len() && (to == from || size < slice) {
+            size += bytes(&docs[to]);
+            to += 1;
+        }
+        let part = &docs[from..to];
+        let firsts: Vec<&str> = part
+            .iter()
+            .map(|d| match d {
+                Document::Text(t) => t.as_str(),
+                Document::Pair { prompt, .. } => prompt.as_str(),
+            })
+            .collect();
+        for (doc, mut ids) in part.iter().zip(tokenizer.encode_batch(&firsts)?) {
             let predict_from = match doc {
                 Document::Text(_) => 0,
                 Document::Pair { completion, .. } => {
@@ -104,9 +132,13 @@ pub fn tokenize(tokenizer: &Tokenizer, docs: &[Document]) -> Result<Vec<Tokenize
                 }
             };
             ids.extend(eos);
-            Ok(TokenizedDocument { ids, predict_from })
-        })
-        .collect()
+            out.push(TokenizedDocument { ids, predict_from });
+        }
+        done += size;
+        progress(done, total);
+        from = to;
+    }
+    Ok(out)
 }
 
 /// Packs `docs` into rows of `len` tokens (the tokens left over at the end, fewer than a row,
@@ -159,8 +191,19 @@ pub fn load_packed(
     len: usize,
     document_masks: bool,
 ) -> Result<PackedRows> {
+    load_packed_with_progress(path, tokenizer, len, document_masks, &mut |_, _| {})
+}
+
+/// [`load_packed`], reporting the tokenizing's progress as [`tokenize_with_progress`] does.
+pub fn load_packed_with_progress(
+    path: &Path,
+    tokenizer: &Tokenizer,
+    len: usize,
+    document_masks: bool,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<PackedRows> {
     let docs = read_documents(path)?;
-    let tokens = tokenize(tokenizer, &docs)?;
+    let tokens = tokenize_with_progress(tokenizer, &docs, progress)?;
     pack(&tokens, len, document_masks)
         .map_err(|e| Error::Config(format!("{}: {e}", path.display())))
 }

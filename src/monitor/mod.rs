@@ -30,7 +30,7 @@ mod tensorboard;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-pub use progress::Progress;
+pub use progress::{Progress, Work};
 
 use crate::error::{Error, Result};
 use crate::Metrics;

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use neuron_pc_cache::{PartOptions, S3Options};
 
 use super::lease;
+use super::meter::{Meter, Meters, SaveProgress};
 use super::parts::{attempt_nonce, clear_stale_parts, failed_name, gather_parts};
 use super::restore::{load, read_manifest};
 use super::run::Run;
@@ -151,6 +152,8 @@ pub struct Checkpoints {
     renewer: Option<lease::Renewer>,
     /// Which run this is, and whether it may save yet ([`super::run`]).
     run: std::sync::Mutex<Run>,
+    /// The saves not yet handed out by [`Checkpoints::ended`].
+    meters: Meters,
 }
 
 impl Checkpoints {
@@ -175,6 +178,7 @@ impl Checkpoints {
             location,
             leased,
             run: std::sync::Mutex::new(Run::new(options.run_id.clone(), options.adopt_run)),
+            meters: Meters::default(),
             options,
             pending: None,
             nonce: None,
@@ -278,16 +282,15 @@ impl Checkpoints {
             ..self.options.clone()
         };
         let owner = (self.undeletable.clone(), self.leased);
+        let meter = self.meters.start(step);
+        let write = move |times| commit(&location, snapshot, &options, &owner, times, &meter);
         if !self.options.background {
-            return commit(&location, snapshot, &options, &owner, (started, None)).map(drop);
+            return write((started, None)).map(drop);
         }
         let blocked = started.elapsed();
         let handle = std::thread::Builder::new()
             .name(format!("checkpoint-{step}"))
-            .spawn(move || {
-                let from = Instant::now();
-                commit(&location, snapshot, &options, &owner, (from, Some(blocked)))
-            })
+            .spawn(move || write((Instant::now(), Some(blocked))))
             .map_err(|source| CheckpointError::Io {
                 path: target,
                 source,
@@ -328,6 +331,16 @@ impl Checkpoints {
             std::thread::sleep(Duration::from_millis(5));
         }
         Ok(false)
+    }
+
+    /// The save a thread is writing, if any (this process's bytes written, of how many).
+    pub fn writing(&self) -> Option<SaveProgress> {
+        self.meters.writing()
+    }
+
+    /// The saves ended since the last call, oldest first (why one failed: the next `wait`).
+    pub fn ended(&mut self) -> Vec<SaveProgress> {
+        self.meters.ended()
     }
 
     /// Waits for the save in the background, if any; its checkpoint, or why it failed.
@@ -545,6 +558,7 @@ fn commit(
     options: &CheckpointOptions,
     (undeletable, leased): &(Undeletable, bool),
     (started, blocked): (Instant, Option<Duration>),
+    meter: &Meter,
 ) -> Result<CheckpointInfo> {
     let (step, rank, processes) = (snapshot.step, snapshot.rank, snapshot.processes);
     let snapshot_nonce = snapshot.nonce.clone();
@@ -560,7 +574,7 @@ fn commit(
         // point before any of its files is replaced.
         // (the directory stays: the other ranks may be writing their files into it)
         loc.delete(&format!("{dir}/{MANIFEST}"), false)?;
-        let part = snapshot.write(loc, &dir, options.shard_size)?;
+        let part = snapshot.write(loc, &dir, options.shard_size, meter)?;
         bytes = part.files.values().map(|f| f.bytes).sum::<u64>();
         let mut manifest = if processes == 1 {
             part
@@ -611,6 +625,7 @@ fn commit(
     let total = started.elapsed().as_secs_f64() * 1e3;
     let blocked = blocked.map_or(total, |b| b.as_secs_f64() * 1e3);
     device.record_checkpoint(result.is_ok(), blocked, total, bytes);
+    meter.finish(result.is_ok());
     result.map(|()| info)
 }
 

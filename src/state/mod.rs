@@ -38,6 +38,7 @@
 
 mod checkpoints;
 mod lease;
+mod meter;
 mod parts;
 mod restore;
 mod run;
@@ -45,6 +46,7 @@ mod snapshot;
 mod tidy;
 
 pub use checkpoints::{CheckpointInfo, CheckpointOptions, Checkpoints, Resumed, LEGACY_FILE};
+pub use meter::SaveProgress;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use neuron_pc_compiler::sharding::Sharding;
 use neuron_pc_compiler::HostTensor;
 
+use super::meter::Meter;
 use super::{OPTIMIZER_PREFIX, STEP_KEY};
 use crate::checkpoint::manifest::{self, Block, Chunk, FileEntry, Manifest, TensorEntry};
 use crate::checkpoint::{host_rows, is_stacked, stacked_row_name, CheckpointError, Location};
@@ -137,8 +138,17 @@ impl Snapshot {
     /// Writes this process's files of the checkpoint into directory `dir` of `loc`, files of
     /// about `shard_size` bytes; returns this process's part of the manifest (files and
     /// chunks). Each file's device buffers are released once it is written.
-    pub(crate) fn write(mut self, loc: &Location, dir: &str, shard_size: u64) -> Result<Manifest> {
+    /// `meter` counts the bytes as each file is written.
+    pub(crate) fn write(
+        mut self,
+        loc: &Location,
+        dir: &str,
+        shard_size: u64,
+        meter: &Meter,
+    ) -> Result<Manifest> {
         let mut files: Vec<Vec<usize>> = vec![Vec::new()];
+        // the tensor bytes of each file
+        let mut sizes = vec![0u64];
         let mut size = 0u64;
         for (i, e) in self.entries.iter().enumerate() {
             if !e.written_by(self.rank) {
@@ -147,16 +157,23 @@ impl Snapshot {
             let bytes = e.bytes(&self) as u64;
             if size > 0 && size + bytes > shard_size {
                 files.push(Vec::new());
+                sizes.push(0);
                 size = 0;
             }
             files.last_mut().expect("at least one file").push(i);
+            *sizes.last_mut().expect("at least one file") += bytes;
             size += bytes;
         }
-        files.retain(|f| !f.is_empty());
+        if files[0].is_empty() {
+            // (only the first can be empty: a file is started for an entry)
+            files.clear();
+            sizes.clear();
+        }
+        meter.set_total(sizes.iter().sum());
         let mut part = Manifest::new(self.step, self.processes, self.metadata.clone());
         part.nonce = self.nonce.clone();
         let n = files.len();
-        for (k, members) in files.into_iter().enumerate() {
+        for (k, (members, tensor_bytes)) in files.into_iter().zip(sizes).enumerate() {
             let file = match self.processes {
                 1 => format!("model-{:05}-of-{n:05}.safetensors", k + 1),
                 _ => format!(
@@ -201,6 +218,7 @@ impl Snapshot {
             place_chunks(&mut part, &placed, &file, &bytes)?;
             test_delay();
             loc.put(&format!("{dir}/{file}"), &bytes)?;
+            meter.add(tensor_bytes);
             let entry = FileEntry {
                 bytes: bytes.len() as u64,
                 sha256: manifest::sha256(&bytes),

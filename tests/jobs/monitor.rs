@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::llama_job::{command, parse_output, root, tmp, SMALL};
+use crate::llama_job::{command, parse_output, root, tmp};
 
 /// Every scalar a logged step carries (`train/grad_norm` too: no ZeRO-1 here).
 const TAGS: [&str; 13] = [
@@ -56,6 +56,7 @@ fn tensorboard_reads_every_scalar_of_every_logged_step() {
         root().join("README.md"),
     );
     let val = root().join("docs/guide/llms.md");
+    let ck_path = ck.clone();
     let (ck, tb_dir) = (ck.display().to_string(), tb.display().to_string());
     let (tok, data, val) = (
         tok.display().to_string(),
@@ -91,7 +92,8 @@ fn tensorboard_reads_every_scalar_of_every_logged_step() {
     ];
     let out = command(&cache, &args).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let losses = parse_output(out, &args).losses;
+    let run = parse_output(out, &args);
+    let losses = run.losses.clone();
     let events = read_events(&tb);
     for tag in TAGS {
         let points = events[tag]
@@ -150,6 +152,52 @@ fn tensorboard_reads_every_scalar_of_every_logged_step() {
         stderr.contains("[train] step 2/6 | loss ") && stderr.contains("[train] step 6/6 | loss "),
         "{stderr}"
     );
+    // each save said once it ended, with the bytes the metrics count
+    let stdout = &run.stdout;
+    let saved: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("checkpoint of step "))
+        .collect();
+    assert_eq!(saved.len(), 2, "{stdout}");
+    assert!(
+        saved[0].starts_with("checkpoint of step 3 saved: "),
+        "{stdout}"
+    );
+    assert!(
+        saved[1].starts_with("checkpoint of step 6 saved: "),
+        "{stdout}"
+    );
+    let mib: f64 = saved
+        .iter()
+        .map(|l| {
+            l.split(": ")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse::<f64>()
+                .unwrap()
+        })
+        .sum();
+    // the tensor bytes said against the files' bytes, summed over both checkpoints
+    let mut bytes = 0;
+    for step in ["step-00000003", "step-00000006"] {
+        for f in std::fs::read_dir(ck_path.join(step)).unwrap() {
+            let f = f.unwrap();
+            if f.file_name().to_string_lossy().ends_with(".safetensors") {
+                bytes += f.metadata().unwrap().len();
+            }
+        }
+    }
+    let bytes = bytes as f64;
+    // (within 3%: the files' headers, and the lines' rounding to 0.01 MiB)
+    assert!(
+        (mib * (1 << 20) as f64 - bytes).abs() <= 0.03 * bytes,
+        "{mib} MiB, {bytes} B"
+    );
+    // a short corpus tokenizes without plain progress lines
+    assert!(!stderr.contains("[tokenize"), "{stderr}");
     let _ = std::fs::remove_dir_all(d);
 }
 
@@ -158,10 +206,39 @@ fn the_progress_bar_draws_on_a_terminal() {
     let d = tmp("progress-tty");
     let cache = d.join("cache");
     // `script` runs the job on a pseudo-terminal and copies what it drew to stdout
-    let job = command(
-        &cache,
-        &[SMALL, &["--steps", "30", "--peak-matmul", "0"]].concat(),
+    let (tok, data, ck) = (
+        root().join("tests/data/llama-tok"),
+        root().join("README.md"),
+        d.join("ckpt"),
     );
+    let (tok, data, ck) = (
+        tok.display().to_string(),
+        data.display().to_string(),
+        ck.display().to_string(),
+    );
+    let args = [
+        "--steps",
+        "30",
+        "--peak-matmul",
+        "0",
+        "--init-from",
+        &tok,
+        "--data",
+        &data,
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "4",
+        "--ckpt-dir",
+        &ck,
+        "--ckpt-every",
+        "10",
+        "--ckpt-shard-size",
+        "50K",
+    ];
+    let mut job = command(&cache, &args);
+    // each checkpoint file takes 200 ms more to write, so the bar shows the saves under way
+    job.env("NEURON_PC_TEST_CKPT_DELAY_MS", "200");
     let mut line = vec![job.get_program().to_string_lossy().into_owned()];
     line.extend(job.get_args().map(|a| a.to_string_lossy().into_owned()));
     let mut s = Command::new("script");
@@ -180,6 +257,22 @@ fn the_progress_bar_draws_on_a_terminal() {
         drawn.contains("train [") && drawn.contains("30/30"),
         "{drawn}"
     );
+    // the tokenizing's bar, in bytes, drawn to the end (`[###...] 12.03 kB/12.03 kB`)
+    let full = format!("tokenize README.md [{}] ", "#".repeat(30));
+    let ended = drawn
+        .split(&full)
+        .nth(1)
+        .unwrap_or_else(|| panic!("{drawn}"));
+    let (done, total) = ended.split(" | ").next().unwrap().split_once('/').unwrap();
+    assert!(done == total && total.ends_with("kB"), "{drawn}");
+    // the saves: shown on the bar while written, then a line each
+    assert!(drawn.contains("| checkpoint 10 "), "{drawn}");
+    for step in [10, 20, 30] {
+        assert!(
+            drawn.contains(&format!("checkpoint of step {step} saved: ")),
+            "{drawn}"
+        );
+    }
     assert!(drawn.contains("\u{1b}["), "{drawn}");
     assert!(!drawn.contains("[train] step"), "{drawn}");
     let _ = std::fs::remove_dir_all(d);

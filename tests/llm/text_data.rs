@@ -7,7 +7,9 @@ use crate::torch_fixture;
 
 use std::path::PathBuf;
 
-use neuron_pc::data::{pack, read_documents, tokenize, Document, TokenizedDocument, Tokenizer};
+use neuron_pc::data::{
+    pack, read_documents, tokenize, tokenize_with_progress, Document, TokenizedDocument, Tokenizer,
+};
 use neuron_pc::models::llama::LlamaForCausalLM;
 
 use llm_check::{close, data, values};
@@ -94,6 +96,56 @@ fn a_pair_predicts_only_its_completion_and_each_document_ends_with_the_end_token
         tok.decode(&t[1].ids[t[1].predict_from..], true).unwrap(),
         " on disk"
     );
+}
+
+#[test]
+fn a_large_corpus_reports_its_tokenizing_in_slices_and_each_document_tokenizes_as_alone() {
+    const MIB: f64 = (1 << 20) as f64;
+    let tok = Tokenizer::from_dir(&data("llama-tok")).unwrap();
+    // 2.6 MiB of text: slices of at least 1 MiB, so three reports
+    let docs: Vec<Document> = (0..35_000)
+        .map(|i| match i % 3 {
+            0 => Document::Pair {
+                prompt: format!("Q: what is {i} squared? "),
+                completion: format!("{} and some words after it to fill the line", i * i),
+            },
+            _ => Document::Text(format!(
+                "Document {i}: the lazy device records ops until mark_step, then compiles."
+            )),
+        })
+        .collect();
+    let total: u64 = docs
+        .iter()
+        .map(|d| match d {
+            Document::Text(t) => t.len() as u64,
+            Document::Pair { prompt, completion } => (prompt.len() + completion.len()) as u64,
+        })
+        .sum();
+    let mut reports = Vec::new();
+    let sliced =
+        tokenize_with_progress(&tok, &docs, &mut |done, all| reports.push((done, all))).unwrap();
+    assert!((2.3 * MIB..2.8 * MIB).contains(&(total as f64)), "{total}");
+    assert_eq!(reports.len(), 3, "{reports:?}");
+    assert!(reports.iter().all(|&(_, all)| all == total), "{reports:?}");
+    assert!(reports.windows(2).all(|w| w[0].0 < w[1].0), "{reports:?}");
+    assert!(reports[0].0 >= 1 << 20, "{reports:?}");
+    assert_eq!(reports.last().unwrap().0, total);
+    // each document's ids as encoding it alone gives, in order
+    let eos = tok.eos_token_id().unwrap();
+    assert_eq!(sliced.len(), docs.len());
+    for (got, doc) in sliced.iter().zip(&docs) {
+        let (mut ids, predict_from) = match doc {
+            Document::Text(t) => (tok.encode(t).unwrap(), 0),
+            Document::Pair { prompt, completion } => {
+                let mut ids = tok.encode(prompt).unwrap();
+                let context = ids.len();
+                ids.extend(tok.encode_plain(completion).unwrap());
+                (ids, context)
+            }
+        };
+        ids.push(eos);
+        assert_eq!(*got, TokenizedDocument { ids, predict_from });
+    }
 }
 
 #[test]
