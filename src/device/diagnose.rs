@@ -82,7 +82,7 @@ pub(crate) fn check_new_graph(
     let summary = Summary::of(graph, names);
     let mut sites = lock(&dev.sites);
     let entry = sites.by_site.entry(site).or_default();
-    made_before_the_loop(entry, site, explicit, roots);
+    made_before_the_loop(entry, site, explicit, roots, &summary);
     let after_warmup = entry.steps >= dev.config.warmup_steps;
     let cause = (after_warmup && !entry.graphs.is_empty()).then(|| cause(&entry.graphs, &summary));
     let step = entry.steps;
@@ -131,13 +131,17 @@ pub(crate) fn check_new_graph(
 
 /// A value made before a training loop and still pending when the loop's first `mark_step`
 /// cuts it is computed by step 0's graph, so step 0 and every step after it are two graphs,
-/// each compiled (a whole step's compile, for one `arange`). Seen at step 1: the lines that
-/// recorded ops of step 0's graph that step 1's graph does not hold are named, once per site.
+/// each compiled (a whole step's compile, for one `arange`). Seen at step 1: when step 1's
+/// graph reads every input step 0's did (of the same types; it reads the values step 0 made
+/// besides), the lines that recorded ops of step 0's graph that step 1's does not hold are
+/// named, once per site. Two steps that differ otherwise (a prefill, then one token at a time)
+/// are not this.
 fn made_before_the_loop(
     entry: &mut Site,
     site: &'static Location<'static>,
     explicit: bool,
     roots: &[Arc<Node>],
+    new: &Summary,
 ) {
     match entry.steps {
         0 if entry.graphs.is_empty() => entry.first_lines = Some(lines_of(roots)),
@@ -145,6 +149,9 @@ fn made_before_the_loop(
             let Some(first) = entry.first_lines.take() else {
                 return;
             };
+            if !entry.graphs.first().is_some_and(|g| reads_as_much(new, g)) {
+                return;
+            }
             let now = lines_of(roots);
             let mut only_first: Vec<_> = first.difference(&now).copied().collect();
             if only_first.is_empty() {
@@ -168,6 +175,21 @@ fn made_before_the_loop(
         }
         _ => entry.first_lines = None,
     }
+}
+
+/// Whether `new` has an input of each type `old` has, as many of each.
+fn reads_as_much(new: &Summary, old: &Summary) -> bool {
+    let mut left: HashMap<&str, usize> = HashMap::new();
+    for t in &new.params {
+        *left.entry(t.as_str()).or_default() += 1;
+    }
+    old.params.iter().all(|t| match left.get_mut(t.as_str()) {
+        Some(n) if *n > 0 => {
+            *n -= 1;
+            true
+        }
+        _ => false,
+    })
 }
 
 /// The lines that recorded the ops below `roots`.
