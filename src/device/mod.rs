@@ -630,12 +630,12 @@ impl DeviceInner {
                     || Arc::strong_count(&traced.params[i]) != 1 + traced.data_refs[i]
             })
             .collect();
-        self.launch(exe, &traced.params, &keep, per_replica, site, true)
+        self.launch(exe, &traced.params, &keep, per_replica, site)
     }
 
     /// Launches `exe` over `params` (one value per parameter), donating every parameter the
-    /// program aliases except those in `keep`; one value per output. `wait_donated`: wait on
-    /// the host for a donated buffer's step, rather than leave the order to the runtime.
+    /// program aliases except those in `keep`; one value per output. The host waits for no
+    /// input's step: the runtime orders the executions by their buffers, a donated one too.
     fn launch(
         &self,
         exe: &StepExecutable,
@@ -643,7 +643,6 @@ impl DeviceInner {
         keep: &[usize],
         per_replica: &[bool],
         site: &'static Location<'static>,
-        wait_donated: bool,
     ) -> Result<Vec<Arc<DeviceData>>> {
         let step = lock(&self.metrics).steps;
         let Some(loaded) = &exe.loaded else {
@@ -653,13 +652,12 @@ impl DeviceInner {
                 message: "extract mode: there is no executable to launch".into(),
             });
         };
-        // A value whose step failed fails every step that uses it; a buffer about to be
-        // donated must be computed before it is reused in place.
-        for (i, d) in params.iter().enumerate() {
-            if let Some(p) = &d.producer {
-                if p.is_finished() || (wait_donated && !keep.contains(&i)) {
-                    p.wait()?;
-                }
+        // A value whose step failed fails every step that uses it (a step still running is
+        // ordered before this one by the runtime: PJRT waits for an input buffer's definition,
+        // a donated buffer's too, as for a launch of `jax.jit`).
+        for d in params {
+            if let Some(p) = d.producer.as_ref().filter(|p| p.is_finished()) {
+                p.wait()?;
             }
         }
         let args: Vec<Vec<&Buffer>> = (0..self.devices.len())

@@ -230,7 +230,7 @@ impl Replayer {
         lock(&dev.metrics).steps += 1;
         // A donated input's step may still run: the runtime orders the two (as a launch after
         // a launch of `jax.jit` does), so the host does not wait.
-        let outputs = dev.launch(&plan.exe, &params, &keep, &plan.per_replica, site, false)?;
+        let outputs = dev.launch(&plan.exe, &params, &keep, &plan.per_replica, site)?;
         drop(params);
         let mut returned = Vec::with_capacity(outputs.len());
         let mut replaced = Vec::with_capacity(outputs.len());

@@ -42,9 +42,10 @@ fn small() -> TextEncoderConfig {
     }
 }
 
-/// Trains `steps` steps reading nothing until the end; returns every loss and the final
-/// parameters, as raw f32 bits.
-fn train(in_flight: usize, steps: u64) -> (Vec<u32>, Vec<u32>) {
+/// Trains `steps` traced steps (parameters and moments donated, updated in place) reading
+/// nothing until the end; returns every loss and the final parameters, as raw f32 bits, and
+/// the most steps that were in flight at once.
+fn train(in_flight: usize, steps: u64) -> (Vec<u32>, Vec<u32>, u64) {
     let dev = device(in_flight);
     let model = TextEncoder::new(&dev, small(), 3).unwrap();
     let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
@@ -69,17 +70,25 @@ fn train(in_flight: usize, steps: u64) -> (Vec<u32>, Vec<u32>) {
             .map(f32::to_bits)
             .collect()
     };
+    let peak = dev.metrics().peak_steps_in_flight;
     let losses = losses.iter().flat_map(bits).collect();
     let params = params.iter().flat_map(bits).collect();
-    (losses, params)
+    (losses, params, peak)
 }
 
 #[test]
 fn results_are_bit_identical_whatever_the_steps_in_flight() {
     let _serial = serial();
-    let (sync_losses, sync_params) = train(1, 200);
+    let (sync_losses, sync_params, sync_peak) = train(1, 200);
+    assert_eq!(sync_peak, 1);
     for in_flight in [2, 4, DeviceConfig::default().max_steps_in_flight] {
-        let (l, p) = train(in_flight, 200);
+        let (l, p, peak) = train(in_flight, 200);
+        // a traced step launches while the step computing the parameters it donates still
+        // runs: the host runs ahead up to the bound
+        assert!(
+            peak >= 2 && peak <= in_flight as u64,
+            "{peak} steps in flight, bound {in_flight}"
+        );
         assert_eq!(l, sync_losses, "losses with {in_flight} steps in flight");
         assert_eq!(
             p, sync_params,
