@@ -107,6 +107,31 @@ pub struct Metrics {
     /// did not hide).
     #[serde(default)]
     pub batch_wait_ms: f64,
+    /// The host's time in the steps, in ms, split by what it did (the timeline has the same
+    /// phases): recording a traced step, from the last step's end to its cut (the loop's own
+    /// code, and the ops it records).
+    #[serde(default)]
+    pub host_trace_ms: f64,
+    /// The step cut's walk of the recorded graph, which writes its identity (the key).
+    #[serde(default)]
+    pub host_key_ms: f64,
+    /// Finding the executable by that identity (a replayed step: checking the step
+    /// function's plan and gathering its inputs).
+    #[serde(default)]
+    pub host_lookup_ms: f64,
+    /// Building the launch's arguments (which inputs are donated, the buffers of each device).
+    #[serde(default)]
+    pub host_marshal_ms: f64,
+    /// The runtime's launch call (PJRT execute: on cpu, a program this small runs inside it).
+    #[serde(default)]
+    pub host_launch_ms: f64,
+    /// After the launch: outputs wrapped and stored in their tensors, steps retired.
+    #[serde(default)]
+    pub host_finish_ms: f64,
+    /// `mark_step` waiting for a step in flight, past the in-flight bounds (the device's time,
+    /// not the host's).
+    #[serde(default)]
+    pub in_flight_wait_ms: f64,
     /// The most steps a device left in flight when `mark_step` returned.
     #[serde(default)]
     pub peak_steps_in_flight: u64,
@@ -275,6 +300,27 @@ impl Metrics {
             ),
         );
         line("executable loads", format!("{:.1} ms", self.load_ms));
+        let host = self.host_trace_ms
+            + self.host_key_ms
+            + self.host_lookup_ms
+            + self.host_marshal_ms
+            + self.host_launch_ms
+            + self.host_finish_ms;
+        if host > 0.0 {
+            line(
+                "host time in steps",
+                format!(
+                    "{host:.1} ms: trace {:.1}, key {:.1}, lookup {:.1}, marshal {:.1}, launch \
+                     {:.1}, finish {:.1}",
+                    self.host_trace_ms,
+                    self.host_key_ms,
+                    self.host_lookup_ms,
+                    self.host_marshal_ms,
+                    self.host_launch_ms,
+                    self.host_finish_ms
+                ),
+            );
+        }
         line(
             "executions",
             format!("{} in {:.1} ms", self.executions, self.execute_ms),

@@ -157,6 +157,11 @@ impl std::fmt::Debug for LazyDevice {
     }
 }
 
+/// A duration in milliseconds, for the metrics.
+pub(crate) fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding one of these locks leaves plain data behind; keep going.
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -504,6 +509,10 @@ impl DeviceInner {
             lock(&self.metrics).implicit_syncs += 1;
             debug::warn_implicit_sync(self, site);
         }
+        if explicit {
+            let from = *lock(&self.last_step_end);
+            lock(&self.metrics).host_trace_ms += ms(started.saturating_duration_since(from));
+        }
         let mut traced = {
             let mut walks = lock(&self.walks);
             walks.0 += 1;
@@ -513,7 +522,14 @@ impl DeviceInner {
         };
         let aliases = traced.donations(&cells);
         let per_replica: Vec<bool> = roots.iter().map(|n| n.per_replica).collect();
+        let keyed = Instant::now();
         let known = lock(&self.executables).get(&traced.identity).cloned();
+        let found = Instant::now();
+        if known.is_some() {
+            let mut m = lock(&self.metrics);
+            m.host_key_ms += ms(keyed - started);
+            m.host_lookup_ms += ms(found - keyed);
+        }
         self.phase("step cut", started, None);
         let (exe, how) = match known {
             Some(exe) => {
@@ -536,7 +552,8 @@ impl DeviceInner {
             }
         };
         drop(roots);
-        let outputs = self.run(&exe, &mut traced, &aliases, &per_replica, site)?;
+        let outputs = self.run(&exe, &mut traced, &aliases, &per_replica, site, found)?;
+        let ran = Instant::now();
         if let Some(capture) = capture {
             *capture = Some(replay::Captured {
                 identity: traced.identity.clone(),
@@ -571,8 +588,10 @@ impl DeviceInner {
             retired.values.append(&mut replaced);
             retired.cells.append(&mut cells);
         }
+        let end = Instant::now();
+        lock(&self.metrics).host_finish_ms += ms(end - ran);
         if explicit {
-            *lock(&self.last_step_end) = Instant::now();
+            *lock(&self.last_step_end) = end;
         }
         Ok(())
     }
@@ -611,6 +630,7 @@ impl DeviceInner {
         aliases: &[(usize, usize)],
         per_replica: &[bool],
         site: &'static Location<'static>,
+        found: Instant,
     ) -> Result<Vec<Arc<DeviceData>>> {
         if exe.loaded.is_none() {
             return (exe.output_types.iter().zip(per_replica))
@@ -630,12 +650,13 @@ impl DeviceInner {
                     || Arc::strong_count(&traced.params[i]) != 1 + traced.data_refs[i]
             })
             .collect();
-        self.launch(exe, &traced.params, &keep, per_replica, site)
+        self.launch(exe, &traced.params, &keep, per_replica, site, found)
     }
 
     /// Launches `exe` over `params` (one value per parameter), donating every parameter the
     /// program aliases except those in `keep`; one value per output. The host waits for no
     /// input's step: the runtime orders the executions by their buffers, a donated one too.
+    /// The host's time from `marshal_from` to the launch call counts as marshalling.
     fn launch(
         &self,
         exe: &StepExecutable,
@@ -643,6 +664,7 @@ impl DeviceInner {
         keep: &[usize],
         per_replica: &[bool],
         site: &'static Location<'static>,
+        marshal_from: Instant,
     ) -> Result<Vec<Arc<DeviceData>>> {
         let step = lock(&self.metrics).steps;
         let Some(loaded) = &exe.loaded else {
@@ -671,6 +693,7 @@ impl DeviceInner {
                 step,
                 message: e.to_string(),
             })?;
+        let launched_at = Instant::now();
         let graph = exe.key.short().to_string();
         self.phase("launch", launch_started, Some(&graph));
         // What this step allocated on each device: its outputs, less the donated inputs they
@@ -719,11 +742,16 @@ impl DeviceInner {
             bytes: self.config.max_bytes_in_flight,
         };
         let pushed = self.in_flight.push(run, new_bytes, bound);
-        if pushed.retired.len() > 1 || bound_started.elapsed().as_micros() > 50 {
+        let waited = bound_started.elapsed();
+        if pushed.retired.len() > 1 || waited.as_micros() > 50 {
             self.phase("wait (steps in flight)", bound_started, None);
         }
         {
             let mut m = lock(&self.metrics);
+            m.host_marshal_ms += ms(launch_started.saturating_duration_since(marshal_from));
+            m.host_launch_ms += ms(launched_at - launch_started);
+            m.in_flight_wait_ms += ms(waited);
+            m.host_finish_ms += ms(launched_at.elapsed().saturating_sub(waited));
             m.donated_buffers += (params.len() - keep.len()) as u64;
             m.last_step_outputs = result.len() as u64;
             m.executions += 1;

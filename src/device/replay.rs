@@ -223,6 +223,8 @@ impl Replayer {
                 _ => return Ok(None),
             }
         }
+        let gathered = Instant::now();
+        lock(&dev.metrics).host_lookup_ms += super::ms(gathered - started);
         // An aliased input is donated when only its tensor and this list hold it.
         let keep: Vec<usize> = (0..params.len())
             .filter(|&i| !plan.donatable[i] || Arc::strong_count(&params[i]) != 2)
@@ -230,7 +232,8 @@ impl Replayer {
         lock(&dev.metrics).steps += 1;
         // A donated input's step may still run: the runtime orders the two (as a launch after
         // a launch of `jax.jit` does), so the host does not wait.
-        let outputs = dev.launch(&plan.exe, &params, &keep, &plan.per_replica, site)?;
+        let outputs = dev.launch(&plan.exe, &params, &keep, &plan.per_replica, site, gathered)?;
+        let ran = Instant::now();
         drop(params);
         let mut returned = Vec::with_capacity(outputs.len());
         let mut replaced = Vec::with_capacity(outputs.len());
@@ -254,7 +257,10 @@ impl Replayer {
             let mut m = lock(&dev.metrics);
             m.memory_hits += 1;
             m.replayed_steps += 1;
+            m.host_finish_ms += super::ms(ran.elapsed());
         }
+        // a traced step after this one records from here
+        *lock(&dev.last_step_end) = Instant::now();
         diagnose::step_done(dev, site);
         debug::log_step(
             dev,

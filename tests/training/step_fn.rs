@@ -370,3 +370,57 @@ fn a_trial_run_traces_every_call_and_extracts_the_step() {
     assert_eq!(mlir, 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_host_time_split_counts_tracing_for_traced_steps_and_not_for_replayed_ones() {
+    let dev = device(1);
+    let (w, x, y) = linear(&dev);
+    let mut opt = Sgd::new(&dev, std::slice::from_ref(&w), 0.0, 0.0).unwrap();
+    let lr = dev.scalar(0.01, DType::F32).unwrap();
+    let run = |m: &neuron_pc::Metrics| {
+        [
+            m.host_trace_ms,
+            m.host_key_ms,
+            m.host_lookup_ms,
+            m.host_marshal_ms,
+            m.host_launch_ms,
+            m.host_finish_ms,
+        ]
+    };
+    // traced steps: the first compiles, the next four find it in memory
+    for _ in 0..5 {
+        sgd_step(&mut opt, &w, &x, &y, &lr).unwrap();
+        dev.mark_step().unwrap();
+    }
+    dev.synchronize().unwrap();
+    let traced = run(&dev.metrics());
+    assert!(
+        traced.iter().all(|&v| v > 0.0),
+        "every part counted: {traced:?}"
+    );
+    // replayed calls: no tracing and no key; the plan's check, marshalling, launch, finish
+    let mut step =
+        dev.step_fn(|a: &[Tensor]| Ok(vec![sgd_step(&mut opt, &w, &a[0], &a[1], &a[2])?]));
+    for _ in 0..3 {
+        step.call(&[x.clone(), y.clone(), lr.clone()]).unwrap();
+    }
+    assert!(step.is_replaying());
+    let before = run(&dev.metrics());
+    for _ in 0..20 {
+        step.call(&[x.clone(), y.clone(), lr.clone()]).unwrap();
+    }
+    dev.synchronize().unwrap();
+    let after = run(&dev.metrics());
+    assert_eq!(after[0], before[0], "replayed steps trace nothing");
+    assert_eq!(after[1], before[1], "replayed steps walk no graph");
+    for i in 2..6 {
+        assert!(after[i] > before[i], "part {i}: {before:?} -> {after:?}");
+    }
+    // the report says it
+    let report = dev.metrics().report();
+    assert!(report.contains("host time in steps"), "{report}");
+    assert!(
+        report.contains("trace ") && report.contains("launch "),
+        "{report}"
+    );
+}
