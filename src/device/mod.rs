@@ -530,7 +530,11 @@ impl DeviceInner {
             m.host_key_ms += ms(keyed - started);
             m.host_lookup_ms += ms(found - keyed);
         }
-        self.phase("step cut", started, None);
+        if let Some(t) = &self.timeline {
+            t.span(HOST_TRACK, "step cut", started, found, &[]);
+            t.span(HOST_TRACK, "key", started, keyed, &[]);
+            t.span(HOST_TRACK, "lookup", keyed, found, &[]);
+        }
         let (exe, how) = match known {
             Some(exe) => {
                 lock(&self.metrics).memory_hits += 1;
@@ -695,6 +699,9 @@ impl DeviceInner {
             })?;
         let launched_at = Instant::now();
         let graph = exe.key.short().to_string();
+        if let Some(t) = &self.timeline {
+            t.span(HOST_TRACK, "marshal", marshal_from, launch_started, &[]);
+        }
         self.phase("launch", launch_started, Some(&graph));
         // What this step allocated on each device: its outputs, less the donated inputs they
         // reuse (every input not kept is aliased to one output of its size).

@@ -67,6 +67,10 @@ fn a_job_timeline_parses_nests_and_names_its_graphs() {
     ] {
         assert!(!spans(&events, name).is_empty(), "no {name:?} event");
     }
+    // the host's split of each step: the cut's key and lookup inside it, then the marshalling
+    for name in ["key", "lookup", "marshal"] {
+        assert_eq!(spans(&events, name).len(), 4, "{name}");
+    }
     // One compile for the one graph; four launches and four executions.
     assert_eq!(spans(&events, "compile").len(), 1);
     assert_eq!(spans(&events, "launch").len(), 4);
