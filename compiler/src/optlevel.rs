@@ -120,6 +120,10 @@ pub const fn plan(level: OptLevel) -> LevelPlan {
 /// The XLA backend option overrides for `flags`, by `DebugOptions` field name. Empty on Neuron
 /// targets, whose compiler is not XLA's backend and takes `--optlevel` instead.
 ///
+/// On cpu, XLA may not drop a half-precision rounding the program asks for
+/// (`xla_allow_excess_precision` off): the float32 products of
+/// [`crate::passes::half_products_in_f32`] must be rounded where a bf16 kernel's are.
+///
 /// On cuda, XLA's sharded autotuning is off: with it, the processes of a multi-process run
 /// must compile each program together (each autotunes a share of the fusions and waits for
 /// the others' through the key-value store), while here one rank compiles under the cache's
@@ -132,7 +136,13 @@ pub fn backend_options(flags: &CompilerFlags) -> Vec<(String, OverrideValue)> {
         .iter()
         .map(|&(name, value)| (name.to_string(), value.into()));
     match flags.target {
-        Target::Cpu => level.collect(),
+        // every bf16 rounding the program asks for is kept (`passes::half_products_in_f32`)
+        Target::Cpu => level
+            .chain([(
+                "xla_allow_excess_precision".to_string(),
+                OverrideValue::Bool(false),
+            )])
+            .collect(),
         Target::Cuda => level
             .chain([(
                 "xla_gpu_shard_autotuning".to_string(),
@@ -174,8 +184,20 @@ mod tests {
             .into_iter()
             .map(|(n, _)| n)
             .collect();
-        assert_eq!(names, ["xla_backend_optimization_level"]);
-        assert!(backend_options(&CompilerFlags::default()).is_empty());
+        assert_eq!(
+            names,
+            [
+                "xla_backend_optimization_level",
+                "xla_allow_excess_precision"
+            ]
+        );
+        assert_eq!(
+            backend_options(&CompilerFlags::default()),
+            [(
+                "xla_allow_excess_precision".to_string(),
+                OverrideValue::Bool(false)
+            )]
+        );
         let o1_trn = CompilerFlags::parse("--optlevel 1 --target trn1").unwrap();
         assert!(backend_options(&o1_trn).is_empty());
         let cuda = CompilerFlags::parse("--target cuda").unwrap();

@@ -13,12 +13,14 @@
 //! | [`cse`] | one node per distinct (op, operands) |
 //! | [`dce`] | drops nodes no output needs |
 //! | [`auto_cast`] | matmuls (and with `all`, safe elementwise ops) in bf16/f16 |
+//! | [`half_products_in_f32`] | cpu only, last: bf16/f16 products computed in f32, rounded once |
 
 mod autocast;
 mod cross_process;
 mod cse;
 mod dce;
 mod fold;
+mod half_dots;
 mod rewrite;
 mod simplify;
 
@@ -29,13 +31,14 @@ pub use cross_process::{cross_process, ProcessLayout};
 pub use cse::cse;
 pub use dce::dce;
 pub use fold::constant_fold;
+pub use half_dots::half_products_in_f32;
 pub use simplify::simplify;
 
 use crate::error::Result;
 use crate::flags::{is_neuron, AutoCast, CompilerFlags};
 use crate::ir::{Graph, Op};
 use crate::optlevel::{plan, GraphPass, LevelPlan};
-use crate::pjrt::CompileOptions;
+use crate::pjrt::{CompileOptions, Target};
 
 /// One pass application, for reports and benchmarks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,7 +56,8 @@ pub struct PassRun {
 /// Runs the passes `flags` asks for: the level's passes (repeated while they still change the
 /// graph, up to the level's round limit), then auto-cast with a clean-up (simplify, CSE, DCE)
 /// when `--auto-cast` is not `none` and the target is not a Neuron one (Neuron's compiler
-/// applies `--auto-cast` itself; casting here too would cast twice under different rules).
+/// applies `--auto-cast` itself; casting here too would cast twice under different rules);
+/// on `cpu`, last, half-precision products computed in float32 ([`half_products_in_f32`]).
 pub fn run_pipeline(graph: &Graph, flags: &CompilerFlags) -> Result<Graph> {
     Ok(run_pipeline_report(graph, flags)?.0)
 }
@@ -81,6 +85,10 @@ pub fn run_pipeline_report(graph: &Graph, flags: &CompilerFlags) -> Result<(Grap
         g = timed(&mut runs, "simplify", &g, simplify)?;
         g = timed(&mut runs, "cse", &g, cse)?;
         g = timed(&mut runs, "dce", &g, dce)?;
+    }
+    if flags.target == Target::Cpu {
+        // last: no pass of ours may fold the round trip through f32 away
+        g = timed(&mut runs, "half products in f32", &g, half_products_in_f32)?;
     }
     Ok((g, runs))
 }
