@@ -37,8 +37,25 @@ impl Etcd {
             return None;
         };
         let dir = std::env::temp_dir().join(format!("npc-etcd-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        // The ports are free when picked but not held: another process (a test run beside this
+        // one) may take one before etcd binds it. etcd then exits at once, and is started again
+        // on new ports.
+        for attempt in 1..=3 {
+            match Etcd::try_start(&bin, &dir) {
+                Ok(e) => return Some(e),
+                Err(log) if attempt < 3 => {
+                    println!("etcd exited at start (attempt {attempt}): {log}")
+                }
+                Err(log) => panic!("etcd exited at start three times; the last log:\n{log}"),
+            }
+        }
+        unreachable!()
+    }
+
+    /// One start on new ports; the log of an etcd that exited before answering.
+    fn try_start(bin: &Path, dir: &Path) -> Result<Etcd, String> {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).unwrap();
         let (client, peer) = (free_port(), free_port());
         let client_url = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
@@ -58,19 +75,21 @@ impl Etcd {
             .expect("start etcd");
         let mut e = Etcd {
             child,
-            dir,
+            dir: dir.to_path_buf(),
             url: format!("etcd://127.0.0.1:{client}"),
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if store::connect(&e.store_url(), Duration::from_millis(500)).is_ok() {
-                return Some(e);
+                return Ok(e);
             }
-            assert!(
-                matches!(e.child.try_wait(), Ok(None)),
-                "etcd exited; see {}",
-                e.dir.join("etcd.log").display()
-            );
+            if !matches!(e.child.try_wait(), Ok(None)) {
+                let log = std::fs::read_to_string(dir.join("etcd.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                // (dropping `e` would remove the directory: the log is read first)
+                drop(e);
+                return Err(tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            }
             assert!(Instant::now() < deadline, "etcd answering within 30 s");
             std::thread::sleep(Duration::from_millis(100));
         }
