@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_adamw import adamw
+
 VOCAB, EMBED, SEQ, BATCH, CLASSES = 8192, 128, 32, 64, 64
 MLP = [512, 512, 256]
 
@@ -52,14 +54,7 @@ def loss_fn(p, ids, mask, labels):
 
 def step(p, m, v, t, ids, mask, labels, lr):
     loss, g = jax.value_and_grad(loss_fn)(p, ids, mask, labels)
-    b1, b2, eps, wd = 0.9, 0.999, 1e-8, 0.01
-    t = t + 1
-    m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
-    v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
-    bc1, bc2 = 1 - b1**t, 1 - b2**t
-    p = jax.tree.map(
-        lambda p, m, v: p * (1 - lr * wd) - lr / bc1 * m / (jnp.sqrt(v) / jnp.sqrt(bc2) + eps),
-        p, m, v)
+    p, m, v, t = adamw(p, m, v, t, g, lr)
     return p, m, v, t, loss
 
 

@@ -97,6 +97,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax_adamw import adamw  # noqa: E402
 
 if args.plugin:
     from jax._src import xla_bridge  # noqa: E402
@@ -221,14 +222,7 @@ def tree_path(kp):
 
 def step(p, m, v, t, ids, lr):
     loss, g = jax.value_and_grad(loss_fn)(p, ids)
-    b1, b2, eps, wd = 0.9, 0.999, 1e-8, 0.01
-    t = t + 1
-    m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
-    v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
-    bc1, bc2 = 1 - b1**t, 1 - b2**t
-    p = jax.tree.map(
-        lambda p, m, v: p * (1 - lr * wd) - lr / bc1 * m / (jnp.sqrt(v) / jnp.sqrt(bc2) + eps),
-        p, m, v)
+    p, m, v, t = adamw(p, m, v, t, g, lr)
     return p, m, v, t, loss
 
 

@@ -120,6 +120,7 @@ fn the_bundle_fits_in_60_mib_with_the_binaries_runner_and_cpu_losses() {
         "bin/train_llama",
         "bin/aot_probe",
         "reference/jax_step.py",
+        "reference/jax_adamw.py",
         "reference/torch_step.py",
         "ref/BUILD",
     ] {

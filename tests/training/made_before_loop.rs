@@ -132,6 +132,14 @@ fn expected_w() -> [f32; 3] {
     w
 }
 
+/// `w` after the child's three steps is what the host computes.
+fn assert_trained(run: &Run) {
+    let want = expected_w();
+    for (got, want) in run.w.iter().zip(want) {
+        assert!((got - want).abs() < 1e-6, "{:?} vs {want}", run.w);
+    }
+}
+
 #[test]
 fn a_value_left_pending_before_the_loop_is_named_at_step_1() {
     let file = "tests/training/made_before_loop.rs";
@@ -160,14 +168,7 @@ fn a_value_left_pending_before_the_loop_is_named_at_step_1() {
     assert!(w.contains("device.mark_step()"), "says what to do:\n{w}");
     // what it warns about: the loop compiled two graphs
     assert_eq!(run.loop_graphs, 2, "{e}");
-    for (got, want) in run.w.iter().zip(expected_w()) {
-        assert!(
-            (got - want).abs() < 1e-6,
-            "{:?} vs {:?}",
-            run.w,
-            expected_w()
-        );
-    }
+    assert_trained(&run);
 }
 
 #[test]
@@ -177,14 +178,7 @@ fn a_mark_step_before_the_loop_makes_one_loop_graph_and_no_warning() {
     assert!(!e.contains("step 1 at"), "{e}");
     assert!(!e.contains("WARN"), "{e}");
     assert_eq!(run.loop_graphs, 1, "{e}");
-    for (got, want) in run.w.iter().zip(expected_w()) {
-        assert!(
-            (got - want).abs() < 1e-6,
-            "{:?} vs {:?}",
-            run.w,
-            expected_w()
-        );
-    }
+    assert_trained(&run);
 }
 
 #[test]
