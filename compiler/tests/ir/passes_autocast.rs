@@ -296,26 +296,62 @@ fn pipeline_casts_on_xla_targets_only() {
     let want = eval(&g, &inputs);
     let dots = |g: &Graph| dtypes_of(g, |o| matches!(o, Op::DotGeneral { .. }));
 
-    let cpu = run_pipeline(&g, &CompilerFlags::parse("--auto-cast matmult").unwrap()).unwrap();
+    let cuda = run_pipeline(
+        &g,
+        &CompilerFlags::parse("--target cuda --auto-cast matmult").unwrap(),
+    )
+    .unwrap();
     assert_eq!(
-        dots(&cpu),
+        dots(&cuda),
         vec![DType::BF16; 12],
         "4 forward, 8 backward matmuls"
     );
-    assert_eq!(cpu.output_types(), g.output_types());
+    assert_eq!(cuda.output_types(), g.output_types());
     // The loss (output 0) within bf16 error; the updated weights move by lr-sized steps, so
     // they agree far more closely.
-    assert_close(&want[..1], &eval(&cpu, &inputs)[..1], 0.05, "loss, matmult");
+    assert_close(
+        &want[..1],
+        &eval(&cuda, &inputs)[..1],
+        0.05,
+        "loss, matmult",
+    );
     assert_close(
         &want[1..],
-        &eval(&cpu, &inputs)[1..],
+        &eval(&cuda, &inputs)[1..],
         2e-3,
         "updates, matmult",
     );
 
+    // On cpu the same bf16 products run as f32 products of the bf16 operands, rounded once
+    // (`half_products_in_f32`): the same values, up to the order of the sums.
+    let cpu = run_pipeline(&g, &CompilerFlags::parse("--auto-cast matmult").unwrap()).unwrap();
+    assert_eq!(dots(&cpu), vec![DType::F32; 12]);
+    for n in cpu
+        .nodes()
+        .iter()
+        .filter(|n| matches!(n.op, Op::DotGeneral { .. }))
+    {
+        for &o in &n.operands {
+            let widened = cpu.node(o).unwrap();
+            assert!(
+                matches!(widened.op, Op::Convert(DType::F32)),
+                "{:?}",
+                widened.op
+            );
+            assert_eq!(cpu.node_type(widened.operands[0]).dtype, DType::BF16);
+        }
+    }
+    let (on_cpu, on_cuda) = (eval(&cpu, &inputs), eval(&cuda, &inputs));
+    assert_close(
+        &on_cuda,
+        &on_cpu,
+        1e-2,
+        "cpu's f32 products of bf16 values vs bf16 products",
+    );
+
     let all = run_pipeline(
         &g,
-        &CompilerFlags::parse("--auto-cast all --auto-cast-type fp16").unwrap(),
+        &CompilerFlags::parse("--target cuda --auto-cast all --auto-cast-type fp16").unwrap(),
     )
     .unwrap();
     assert_eq!(dots(&all), vec![DType::F16; 12]);
