@@ -144,14 +144,11 @@ pub fn tokenizing<T>(
     shown: bool,
     load: impl FnOnce(&mut dyn FnMut(u64, u64)) -> T,
 ) -> T {
-    let name = path
-        .file_name()
-        .unwrap_or(path.as_os_str())
-        .to_string_lossy();
+    let file = path.file_name().unwrap_or(path.as_os_str());
+    let name = format!("tokenize {}", file.to_string_lossy());
     let mut work: Option<Work> = None;
     let out = load(&mut |done, total| {
         if shown {
-            let name = format!("tokenize {name}");
             work.get_or_insert_with(|| Work::new(&name, total))
                 .set(done);
         }

@@ -489,9 +489,9 @@ impl DeviceInner {
             // can report them (a mark_step's pending list holds them already).
             self.pending_check_cells(&mut cells);
         }
-        if let (true, Some(t)) = (explicit, &self.timeline) {
-            let traced_from = *lock(&self.last_step_end);
-            t.span(HOST_TRACK, "trace", traced_from, started, &[]);
+        let traced_from = explicit.then(|| *lock(&self.last_step_end));
+        if let (Some(from), Some(t)) = (traced_from, &self.timeline) {
+            t.span(HOST_TRACK, "trace", from, started, &[]);
         }
         let roots: Vec<_> = cells
             .iter()
@@ -509,10 +509,6 @@ impl DeviceInner {
             lock(&self.metrics).implicit_syncs += 1;
             debug::warn_implicit_sync(self, site);
         }
-        if explicit {
-            let from = *lock(&self.last_step_end);
-            lock(&self.metrics).host_trace_ms += ms(started.saturating_duration_since(from));
-        }
         let mut traced = {
             let mut walks = lock(&self.walks);
             walks.0 += 1;
@@ -525,11 +521,6 @@ impl DeviceInner {
         let keyed = Instant::now();
         let known = lock(&self.executables).get(&traced.identity).cloned();
         let found = Instant::now();
-        if known.is_some() {
-            let mut m = lock(&self.metrics);
-            m.host_key_ms += ms(keyed - started);
-            m.host_lookup_ms += ms(found - keyed);
-        }
         if let Some(t) = &self.timeline {
             t.span(HOST_TRACK, "step cut", started, found, &[]);
             t.span(HOST_TRACK, "key", started, keyed, &[]);
@@ -537,7 +528,10 @@ impl DeviceInner {
         }
         let (exe, how) = match known {
             Some(exe) => {
-                lock(&self.metrics).memory_hits += 1;
+                let mut m = lock(&self.metrics);
+                m.memory_hits += 1;
+                m.host_key_ms += ms(keyed - started);
+                m.host_lookup_ms += ms(found - keyed);
                 (exe, How::Memory)
             }
             None => {
@@ -574,7 +568,6 @@ impl DeviceInner {
             replaced.push(Self::store_output(cell, data));
         }
         diagnose::step_done(self, site);
-        lock(&self.metrics).last_step_ops = traced.op_count as u64;
         debug::log_step(
             self,
             &debug::StepCut {
@@ -586,14 +579,21 @@ impl DeviceInner {
                 elapsed: started.elapsed(),
             },
         );
+        let end = Instant::now();
+        {
+            let mut m = lock(&self.metrics);
+            m.last_step_ops = traced.op_count as u64;
+            m.host_finish_ms += ms(end - ran);
+            if let Some(from) = traced_from {
+                m.host_trace_ms += ms(started.saturating_duration_since(from));
+            }
+        }
         {
             let mut retired = lock(&self.retired);
             retired.walks.push(traced);
             retired.values.append(&mut replaced);
             retired.cells.append(&mut cells);
         }
-        let end = Instant::now();
-        lock(&self.metrics).host_finish_ms += ms(end - ran);
         if explicit {
             *lock(&self.last_step_end) = end;
         }
