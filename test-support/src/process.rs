@@ -1,4 +1,5 @@
-//! The test process's own figures, read from `/proc`.
+//! The test process's own figures, read from `/proc`, and tests of this binary run as child
+//! processes.
 
 /// Resident memory of this process (`VmRSS`), in KiB.
 pub fn resident_kib() -> u64 {
@@ -70,4 +71,30 @@ pub fn test_path(module: &str, test: &str) -> String {
         Some((_, inner)) => format!("{inner}::{test}"),
         None => test.to_string(),
     }
+}
+
+/// A command that runs test `test` of module `module` (the caller's `module_path!()`) of this
+/// test binary alone, in a process of its own, printing its output: for tests whose subject is
+/// what a program prints. The variables that change what the device logs, compiles or writes
+/// (`NEURON_PC_LOG`, `RUST_LOG`, `NEURON_PC_DEBUG_STEPS`, `NEURON_CC_FLAGS`,
+/// `NEURON_PC_EXTRACT_DIR`) are removed; the caller sets its own after.
+pub fn child_test(module: &str, test: &str) -> std::process::Command {
+    let mut c = std::process::Command::new(std::env::current_exe().unwrap());
+    c.args([
+        "--exact",
+        &test_path(module, test),
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ]);
+    for v in [
+        "NEURON_PC_LOG",
+        "RUST_LOG",
+        "NEURON_PC_DEBUG_STEPS",
+        "NEURON_CC_FLAGS",
+        "NEURON_PC_EXTRACT_DIR",
+    ] {
+        c.env_remove(v);
+    }
+    c
 }

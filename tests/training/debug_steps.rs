@@ -6,9 +6,8 @@
 //! The program is this test binary itself, re-run with `NPC_DEBUG_STEPS_CHILD` set so that it
 //! runs [`child_program`] alone (its source lines are what the log must name).
 
-use neuron_pc_test_support::process::test_path;
+use neuron_pc_test_support::process::child_test;
 use std::path::Path;
-use std::process::Command;
 
 use neuron_pc::{HostTensor, LazyDevice};
 
@@ -49,21 +48,10 @@ struct Run {
 }
 
 fn run_child(cache: &Path) -> Run {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            &test_path(module_path!(), "child_program"),
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+    let out = child_test(module_path!(), "child_program")
         .env(CHILD, "1")
         .env("NEURON_PC_DEBUG_STEPS", "1")
         .env("NEURON_COMPILE_CACHE_URL", cache)
-        .env_remove("NEURON_PC_LOG")
-        .env_remove("RUST_LOG")
-        .env_remove("NEURON_CC_FLAGS")
-        .env_remove("NEURON_PC_EXTRACT_DIR")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
@@ -152,20 +140,9 @@ fn debug_steps_names_implicit_syncs_once_and_logs_every_step_cut() {
 #[test]
 fn without_debug_steps_nothing_is_logged() {
     let cache = std::env::temp_dir().join(format!("npc-debug-quiet-{}", std::process::id()));
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            &test_path(module_path!(), "child_program"),
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+    let out = child_test(module_path!(), "child_program")
         .env(CHILD, "1")
-        .env_remove("NEURON_PC_DEBUG_STEPS")
         .env("NEURON_COMPILE_CACHE_URL", &cache)
-        .env_remove("NEURON_PC_LOG")
-        .env_remove("RUST_LOG")
-        .env_remove("NEURON_CC_FLAGS")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -8,8 +8,7 @@
 //! warning must name).
 
 use neuron_pc::{DType, HostTensor, LazyDevice};
-use neuron_pc_test_support::process::test_path;
-use std::process::Command;
+use neuron_pc_test_support::process::child_test;
 
 const CHILD: &str = "NPC_MADE_BEFORE_LOOP_CHILD";
 
@@ -80,21 +79,9 @@ fn run_child(mode: &str) -> Run {
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&cache);
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            &test_path(module_path!(), "child_program"),
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+    let out = child_test(module_path!(), "child_program")
         .env(CHILD, mode)
         .env("NEURON_COMPILE_CACHE_URL", &cache)
-        .env_remove("NEURON_PC_LOG")
-        .env_remove("RUST_LOG")
-        .env_remove("NEURON_PC_DEBUG_STEPS")
-        .env_remove("NEURON_CC_FLAGS")
-        .env_remove("NEURON_PC_EXTRACT_DIR")
         .output()
         .unwrap();
     let _ = std::fs::remove_dir_all(&cache);
