@@ -104,7 +104,7 @@ macro_rules! cases {
     )*};
 }
 
-cases!(llama3, linear, dynamic, yarn, mistral, qwen2, qwen3);
+cases!(llama3, linear, dynamic, yarn, mistral, qwen2, qwen3, qwen3_moe, mixtral);
 
 /// Scanned layers take the families' switches too (Qwen2's fixture mixes full and windowed
 /// layers, which one loop body cannot: see below).

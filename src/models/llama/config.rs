@@ -7,6 +7,7 @@ use neuron_pc_compiler::DType;
 use serde_json::{json, Map, Value};
 
 use super::keys::Keys;
+use super::moe::MoeConfig;
 use crate::error::{Error, Result};
 use crate::nn::RopeScaling;
 
@@ -27,11 +28,25 @@ pub enum Family {
     /// `Qwen3ForCausalLM`: an RMSNorm over each head of q and of k before the rotation,
     /// `attention_bias` on q/k/v/o, sliding-window layers as Qwen2's.
     Qwen3,
+    /// `Qwen3MoeForCausalLM` (Qwen3-30B-A3B, 235B-A22B): Qwen3's attention (a window in every
+    /// layer when `use_sliding_window`) and experts ([`LlamaConfig::moe`]) in the layers
+    /// `decoder_sparse_step` and `mlp_only_layers` say.
+    Qwen3Moe,
+    /// `MixtralForCausalLM` (Mixtral 8x7B, 8x22B): Mistral's attention and experts in every
+    /// layer, their weights always renormalised.
+    Mixtral,
 }
 
 impl Family {
     /// Every family, in the order the guide (`docs/guide/llms.md`) lists them.
-    pub const ALL: [Family; 4] = [Family::Llama, Family::Mistral, Family::Qwen2, Family::Qwen3];
+    pub const ALL: [Family; 6] = [
+        Family::Llama,
+        Family::Mistral,
+        Family::Qwen2,
+        Family::Qwen3,
+        Family::Qwen3Moe,
+        Family::Mixtral,
+    ];
 
     /// `config.json`'s `model_type`.
     pub fn model_type(self) -> &'static str {
@@ -40,6 +55,8 @@ impl Family {
             Family::Mistral => "mistral",
             Family::Qwen2 => "qwen2",
             Family::Qwen3 => "qwen3",
+            Family::Qwen3Moe => "qwen3_moe",
+            Family::Mixtral => "mixtral",
         }
     }
 
@@ -50,6 +67,8 @@ impl Family {
             Family::Mistral => "MistralForCausalLM",
             Family::Qwen2 => "Qwen2ForCausalLM",
             Family::Qwen3 => "Qwen3ForCausalLM",
+            Family::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Family::Mixtral => "MixtralForCausalLM",
         }
     }
 
@@ -114,6 +133,9 @@ pub struct LlamaConfig {
     /// grow with depth. The state-dict names and checkpoints are the same either way. Off by
     /// default: see `docs/design.md` ("Scanned layers") for what it costs and when it pays.
     pub scan_layers: bool,
+    /// The experts of a mixture-of-experts family (Qwen3-MoE, Mixtral); `None` for the dense
+    /// ones.
+    pub moe: Option<MoeConfig>,
 }
 
 impl LlamaConfig {
@@ -148,6 +170,7 @@ impl LlamaConfig {
             sliding_window: None,
             sliding_layers: Vec::new(),
             scan_layers: false,
+            moe: None,
         };
         c.validate("LlamaConfig::new")?;
         Ok(c)
@@ -160,6 +183,20 @@ impl LlamaConfig {
         self
     }
 
+    /// This config with experts (the family must be a mixture of experts: call
+    /// [`LlamaConfig::with_family`] first); sizes that cannot make them are an error naming the
+    /// key.
+    pub fn with_moe(mut self, moe: MoeConfig) -> Result<LlamaConfig> {
+        self.moe = Some(moe);
+        self.validate("LlamaConfig::with_moe")?;
+        Ok(self)
+    }
+
+    /// Whether layer `layer` has experts ([`MoeConfig::is_sparse`]); never in a dense family.
+    pub fn is_sparse(&self, layer: usize) -> bool {
+        self.moe.as_ref().is_some_and(|m| m.is_sparse(layer))
+    }
+
     /// Biases on q, k and v.
     pub fn qkv_bias(&self) -> bool {
         self.attention_bias || self.family == Family::Qwen2
@@ -167,7 +204,7 @@ impl LlamaConfig {
 
     /// An RMSNorm over each head of q and of k (Qwen3).
     pub fn qk_norm(&self) -> bool {
-        self.family == Family::Qwen3
+        matches!(self.family, Family::Qwen3 | Family::Qwen3Moe)
     }
 
     /// The attention window of layer `layer` (`None`: full causal attention).
@@ -232,8 +269,10 @@ impl LlamaConfig {
                 keys.bool("attention_bias")?.unwrap_or(false),
                 keys.bool("mlp_bias")?.unwrap_or(false),
             ),
-            Family::Qwen3 => (keys.bool("attention_bias")?.unwrap_or(false), false),
-            Family::Mistral | Family::Qwen2 => (false, false),
+            Family::Qwen3 | Family::Qwen3Moe => {
+                (keys.bool("attention_bias")?.unwrap_or(false), false)
+            }
+            Family::Mistral | Family::Qwen2 | Family::Mixtral => (false, false),
         };
         let num_hidden_layers = keys.required("num_hidden_layers")?;
         let (sliding_window, sliding_layers) = match family {
@@ -249,16 +288,21 @@ impl LlamaConfig {
                 }
                 (None, Vec::new())
             }
-            Family::Mistral => (keys.usize("sliding_window")?, Vec::new()),
+            Family::Mistral | Family::Mixtral => (keys.usize("sliding_window")?, Vec::new()),
             Family::Qwen2 | Family::Qwen3 => keys.qwen_layers(num_hidden_layers)?,
+            // Qwen3-MoE's window, when `use_sliding_window`, is every layer's
+            Family::Qwen3Moe => match keys.bool("use_sliding_window")?.unwrap_or(false) {
+                true => (keys.usize("sliding_window")?, Vec::new()),
+                false => (None, Vec::new()),
+            },
         };
 
         let max_position_embeddings =
             keys.usize("max_position_embeddings")?
                 .unwrap_or(match family {
                     Family::Llama => 2048,
-                    Family::Mistral => 4096 * 32,
-                    Family::Qwen2 | Family::Qwen3 => 32768,
+                    Family::Mistral | Family::Mixtral => 4096 * 32,
+                    Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe => 32768,
                 });
         let (rope_theta, rope_scaling) = keys.rope(max_position_embeddings)?;
 
@@ -288,17 +332,23 @@ impl LlamaConfig {
             Family::Qwen3 => 128,
             _ => hidden_size / num_attention_heads,
         };
+        let intermediate_size = keys.required("intermediate_size")?;
+        let moe = super::moe::parse(&keys, family, intermediate_size)?;
+        let default_eps = match family {
+            Family::Mixtral => 1e-5,
+            _ => 1e-6,
+        };
         let config = LlamaConfig {
             vocab_size: keys.required("vocab_size")?,
             hidden_size,
-            intermediate_size: keys.required("intermediate_size")?,
+            intermediate_size,
             num_hidden_layers,
             num_attention_heads,
             num_key_value_heads: keys
                 .usize("num_key_value_heads")?
                 .unwrap_or(num_attention_heads),
             head_dim: keys.usize("head_dim")?.unwrap_or(default_head_dim),
-            rms_norm_eps: keys.f64(&map, "rms_norm_eps")?.unwrap_or(1e-6),
+            rms_norm_eps: keys.f64(&map, "rms_norm_eps")?.unwrap_or(default_eps),
             rope_theta,
             tie_word_embeddings: keys.bool("tie_word_embeddings")?.unwrap_or(false),
             initializer_range: keys.f64(&map, "initializer_range")?.unwrap_or(0.02),
@@ -311,6 +361,7 @@ impl LlamaConfig {
             sliding_window,
             sliding_layers,
             scan_layers: false,
+            moe,
         };
         config.validate(origin)?;
         Ok(config)
@@ -381,14 +432,19 @@ impl LlamaConfig {
                 format!("{}: dynamic rope scaling needs more than 2", self.head_dim),
             );
         }
+        super::moe::validate(self, &|key, message| {
+            Error::Config(format!("{origin}: config key `{key}`: {message}"))
+        })?;
         let misplaced = match self.family {
             Family::Llama => self.sliding_window.map(|_| "sliding_window"),
-            Family::Mistral | Family::Qwen2 => match (self.attention_bias, self.mlp_bias) {
-                (true, _) => Some("attention_bias"),
-                (_, true) => Some("mlp_bias"),
-                _ => None,
-            },
-            Family::Qwen3 => self.mlp_bias.then_some("mlp_bias"),
+            Family::Mistral | Family::Qwen2 | Family::Mixtral => {
+                match (self.attention_bias, self.mlp_bias) {
+                    (true, _) => Some("attention_bias"),
+                    (_, true) => Some("mlp_bias"),
+                    _ => None,
+                }
+            }
+            Family::Qwen3 | Family::Qwen3Moe => self.mlp_bias.then_some("mlp_bias"),
         };
         if let Some(key) = misplaced {
             return err(
@@ -495,8 +551,16 @@ impl LlamaConfig {
                 map.insert("attention_bias".into(), json!(self.attention_bias));
                 map.insert("mlp_bias".into(), json!(self.mlp_bias));
             }
-            Family::Mistral => {
+            Family::Mistral | Family::Mixtral => {
                 map.insert("sliding_window".into(), json!(self.sliding_window));
+            }
+            Family::Qwen3Moe => {
+                map.insert(
+                    "use_sliding_window".into(),
+                    json!(self.sliding_window.is_some()),
+                );
+                map.insert("sliding_window".into(), json!(self.sliding_window));
+                map.insert("attention_bias".into(), json!(self.attention_bias));
             }
             Family::Qwen2 | Family::Qwen3 => {
                 let types: Vec<&str> = sliding
@@ -523,43 +587,70 @@ impl LlamaConfig {
                 }
             }
         }
+        if let Some(moe) = &self.moe {
+            super::moe::write(moe, self.family, map);
+        }
         config
     }
 
     /// Parameters of the model (embeddings counted once when tied).
     pub fn num_parameters(&self) -> usize {
+        self.parameters_counted().0
+    }
+
+    /// Parameters one token's forward pass uses: [`LlamaConfig::num_parameters`] with each
+    /// sparse layer's `num_experts_per_tok` experts in place of all of them (a dense model's
+    /// are all of them). What "A3B" in Qwen3-30B-A3B counts.
+    pub fn active_parameters(&self) -> usize {
+        self.parameters_counted().1
+    }
+
+    /// (every parameter, the parameters a token uses).
+    fn parameters_counted(&self) -> (usize, usize) {
         let (h, i) = (self.hidden_size, self.intermediate_size);
         let q = self.num_attention_heads * self.head_dim;
         let kv = self.num_key_value_heads * self.head_dim;
-        let mut layer = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h;
+        let mut layer = h * q + 2 * h * kv + q * h + 2 * h;
         if self.qkv_bias() {
             layer += q + 2 * kv;
         }
         if self.attention_bias {
             layer += h; // o_proj
         }
-        if self.mlp_bias {
-            layer += 2 * i + h;
-        }
         if self.qk_norm() {
             layer += 2 * self.head_dim;
+        }
+        let mut dense_mlp = 3 * h * i;
+        if self.mlp_bias {
+            dense_mlp += 2 * i + h;
+        }
+        let (mut all, mut active) = (0, 0);
+        for l in 0..self.num_hidden_layers {
+            let (a, b) = match &self.moe {
+                Some(moe) if moe.is_sparse(l) => moe.block_parameters(h),
+                _ => (dense_mlp, dense_mlp),
+            };
+            all += layer + a;
+            active += layer + b;
         }
         let head = if self.tie_word_embeddings {
             0
         } else {
             self.vocab_size * h
         };
-        self.vocab_size * h + self.num_hidden_layers * layer + h + head
+        let rest = self.vocab_size * h + h + head;
+        (all + rest, active + rest)
     }
 
     /// Matmul FLOPs of one training step (forward and backward, `6 N` per token for the
-    /// weights plus the attention products) for `batch` sequences of `seq` tokens.
+    /// weights plus the attention products) for `batch` sequences of `seq` tokens; `N` counts
+    /// the active parameters ([`LlamaConfig::active_parameters`]), as model FLOPs do.
     pub fn training_flops(&self, batch: usize, seq: usize) -> f64 {
         let tokens = (batch * seq) as f64;
         let embed = (self.vocab_size * self.hidden_size) as f64;
         // the embedding lookup is a gather, not a matmul; the lm head is one
         let matmul_params =
-            self.num_parameters() as f64 - if self.tie_word_embeddings { 0.0 } else { embed };
+            self.active_parameters() as f64 - if self.tie_word_embeddings { 0.0 } else { embed };
         // q k^T and p v: 2 * 2 * seq * head_dim * heads per token and layer, forward
         let attn =
             4.0 * (seq * self.head_dim * self.num_attention_heads * self.num_hidden_layers) as f64;

@@ -291,7 +291,9 @@ impl LlamaForCausalLM {
         let mut h = self.model.embed_tokens.forward(ids)?;
         for (layer, cache) in layers.iter().zip(caches.iter_mut()) {
             let mask = &masks[&layer.self_attn.sliding_window];
-            h = layer.forward_block(&h, &cos, &sin, Some(mask), Some(cache))?;
+            h = layer
+                .forward_block(&h, &cos, &sin, Some(mask), Some(cache))?
+                .0;
         }
         let last = rms_norm(&self.model.norm, &h)?.narrow(1, t - 1, 1)?;
         let logits = last

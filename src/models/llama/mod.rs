@@ -40,6 +40,7 @@ mod eval;
 mod generate;
 mod keys;
 mod masks;
+mod moe;
 mod pretrained;
 mod sharding;
 
@@ -47,6 +48,7 @@ use neuron_pc_compiler::DType;
 
 pub use config::{Family, LlamaConfig};
 pub use generate::{GenerateOptions, Sampling};
+pub use moe::{MoeConfig, SparseMoeBlock};
 pub use sharding::LlamaSharding;
 
 use crate::device::LazyDevice;
@@ -239,13 +241,21 @@ impl LlamaMlp {
     }
 }
 
-/// `model.layers.N`: pre-norm attention and MLP blocks, each with a residual connection.
-#[derive(Module)]
+/// A layer's feed-forward block: a dense MLP, or experts and their router.
+pub enum FeedForward {
+    /// `mlp`: one SwiGLU MLP.
+    Dense(LlamaMlp),
+    /// `mlp` (Qwen3-MoE) or `block_sparse_moe` (Mixtral): experts and their router.
+    Sparse(SparseMoeBlock),
+}
+
+/// `model.layers.N`: pre-norm attention and feed-forward blocks, each with a residual
+/// connection.
 pub struct LlamaDecoderLayer {
     /// The attention block.
     pub self_attn: LlamaAttention,
-    /// The MLP block.
-    pub mlp: LlamaMlp,
+    /// The feed-forward block (parameters under `mlp.`, or Mixtral's `block_sparse_moe.`).
+    pub mlp: FeedForward,
     /// The RMSNorm before the attention.
     pub input_layernorm: RMSNorm,
     /// The RMSNorm before the MLP.
@@ -253,19 +263,50 @@ pub struct LlamaDecoderLayer {
     /// What the layer keeps for the backward pass: everything ([`Remat::None`], the
     /// default), its input alone ([`Remat::Full`]) or its projections ([`Remat::Dots`]); see
     /// [`crate::nn::checkpoint`] and [`LlamaForCausalLM::set_remat`].
-    #[module(skip)]
     pub remat: Remat,
 }
 
+impl Module for LlamaDecoderLayer {
+    fn named_params(&self, prefix: &str, out: &mut Vec<(String, Tensor)>) {
+        let name = |n: &str| crate::nn::join_name(prefix, n);
+        self.self_attn.named_params(&name("self_attn"), out);
+        match &self.mlp {
+            FeedForward::Dense(mlp) => mlp.named_params(&name("mlp"), out),
+            FeedForward::Sparse(block) => block.named_params(&name(block.name()), out),
+        }
+        self.input_layernorm
+            .named_params(&name("input_layernorm"), out);
+        self.post_attention_layernorm
+            .named_params(&name("post_attention_layernorm"), out);
+    }
+}
+
 impl LlamaDecoderLayer {
-    /// One layer of `c`'s sizes, read or initialised from `vb` (`self_attn.…`, `mlp.…`, the
-    /// norms), keeping everything for the backward pass; its window is left `None` as
+    /// One dense layer of `c`'s sizes, read or initialised from `vb` (`self_attn.…`, `mlp.…`,
+    /// the norms), keeping everything for the backward pass; its window is left `None` as
     /// [`LlamaAttention::from_vb`] leaves it.
     pub fn from_vb(vb: &VarBuilder, c: &LlamaConfig) -> Result<LlamaDecoderLayer> {
+        LlamaDecoderLayer::from_vb_at(vb, c, None)
+    }
+
+    /// Layer `index` of `c` ([`LlamaDecoderLayer::from_vb`]): with experts where
+    /// [`LlamaConfig::is_sparse`] says (`index` `None`: dense).
+    pub fn from_vb_at(
+        vb: &VarBuilder,
+        c: &LlamaConfig,
+        index: Option<usize>,
+    ) -> Result<LlamaDecoderLayer> {
         let eps = Some(c.rms_norm_eps);
+        let mlp = match (&c.moe, index) {
+            (Some(moe), Some(l)) if moe.is_sparse(l) => {
+                let block = vb.pp(moe::Names::of(c.family).block);
+                FeedForward::Sparse(SparseMoeBlock::from_vb(&block, c, moe)?)
+            }
+            _ => FeedForward::Dense(LlamaMlp::from_vb(&vb.pp("mlp"), c)?),
+        };
         Ok(LlamaDecoderLayer {
             self_attn: LlamaAttention::from_vb(&vb.pp("self_attn"), c)?,
-            mlp: LlamaMlp::from_vb(&vb.pp("mlp"), c)?,
+            mlp,
             input_layernorm: RMSNorm::from_vb(&vb.pp("input_layernorm"), c.hidden_size, eps)?,
             post_attention_layernorm: RMSNorm::from_vb(
                 &vb.pp("post_attention_layernorm"),
@@ -276,17 +317,27 @@ impl LlamaDecoderLayer {
         })
     }
 
+    /// The layer's output and, in a sparse layer, what its router chose.
     fn forward(
         &self,
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
         key_mask: Option<&Tensor>,
-    ) -> Result<Tensor> {
+    ) -> Result<(Tensor, Option<moe::Routing>)> {
         let out = checkpoint(self.remat, &[x], |xs| {
-            Ok(vec![self.forward_block(&xs[0], cos, sin, key_mask, None)?])
+            let (h, routing) = self.forward_block(&xs[0], cos, sin, key_mask, None)?;
+            let mut out = vec![h];
+            out.extend(routing.map(|r| [r.probs, r.chosen]).into_iter().flatten());
+            Ok(out)
         })?;
-        Ok(out.into_iter().next().expect("one output"))
+        let mut out = out.into_iter();
+        let h = out.next().expect("one output");
+        let routing = match (out.next(), out.next()) {
+            (Some(probs), Some(chosen)) => Some(moe::Routing { probs, chosen }),
+            _ => None,
+        };
+        Ok((h, routing))
     }
 
     fn forward_block(
@@ -296,14 +347,19 @@ impl LlamaDecoderLayer {
         sin: &Tensor,
         key_mask: Option<&Tensor>,
         cache: Option<&mut generate::LayerCache>,
-    ) -> Result<Tensor> {
+    ) -> Result<(Tensor, Option<moe::Routing>)> {
         let normed = rms_norm(&self.input_layernorm, x)?;
         let attn = self.self_attn.forward(&normed, cos, sin, key_mask, cache)?;
         let h = x.add(&attn)?;
-        let mlp = self
-            .mlp
-            .forward(&rms_norm(&self.post_attention_layernorm, &h)?)?;
-        h.add(&mlp)
+        let normed = rms_norm(&self.post_attention_layernorm, &h)?;
+        let (out, routing) = match &self.mlp {
+            FeedForward::Dense(mlp) => (mlp.forward(&normed)?, None),
+            FeedForward::Sparse(block) => {
+                let (out, routing) = block.forward(&normed)?;
+                (out, Some(routing))
+            }
+        };
+        Ok((h.add(&out)?, routing))
     }
 }
 
@@ -372,6 +428,13 @@ impl LlamaForCausalLM {
             )?,
         };
         let (layers, scanned_layers) = if c.scan_layers {
+            if c.moe.is_some() {
+                return Err(Error::Config(format!(
+                    "scan_layers: model_type {:?}: scanned layers of experts are not supported \
+                     (leave the layers unrolled)",
+                    c.family.model_type()
+                )));
+            }
             // one loop body for every layer: they must attend alike
             let window = c.window(0);
             if let Some(l) = (1..c.num_hidden_layers).find(|&l| c.window(l) != window) {
@@ -392,7 +455,8 @@ impl LlamaForCausalLM {
         } else {
             let layers = (0..c.num_hidden_layers)
                 .map(|i| {
-                    let mut layer = LlamaDecoderLayer::from_vb(&m.pp(&format!("layers.{i}")), c)?;
+                    let vb = m.pp(&format!("layers.{i}"));
+                    let mut layer = LlamaDecoderLayer::from_vb_at(&vb, c, Some(i))?;
                     layer.self_attn.sliding_window = c.window(i);
                     Ok(layer)
                 })
@@ -472,6 +536,19 @@ impl LlamaForCausalLM {
         attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
         let location = std::panic::Location::caller();
+        Ok(self
+            .decode(input_ids, position_ids, attention_mask, location)?
+            .0)
+    }
+
+    /// The final norm's output and what each sparse layer's router chose.
+    fn decode(
+        &self,
+        input_ids: &Tensor,
+        position_ids: Option<&Tensor>,
+        attention_mask: Option<&Tensor>,
+        location: &'static std::panic::Location<'static>,
+    ) -> Result<(Tensor, Vec<moe::Routing>)> {
         let err = |message: String| {
             shape_error(
                 "LlamaForCausalLM::forward",
@@ -552,18 +629,38 @@ impl LlamaForCausalLM {
         };
         let (cos, sin) = m.rotary_emb.cos_sin(positions)?;
         let mut h = m.embed_tokens.forward(input_ids)?;
+        let mut routing = Vec::new();
         for layer in &m.layers {
-            h = layer.forward(&h, &cos, &sin, mask_of(layer.self_attn.sliding_window))?;
+            let (out, chosen) =
+                layer.forward(&h, &cos, &sin, mask_of(layer.self_attn.sliding_window))?;
+            h = out;
+            routing.extend(chosen);
         }
         if let Some(scanned) = &m.scanned_layers {
             // what a layer keeps is the loop's to say (`ScannedLayers::remat`)
             let out = scanned.forward(&[&h], |layer, h| {
                 let mask = mask_of(layer.self_attn.sliding_window);
-                Ok(vec![layer.forward_block(&h[0], &cos, &sin, mask, None)?])
+                Ok(vec![layer.forward_block(&h[0], &cos, &sin, mask, None)?.0])
             })?;
             h = out.into_iter().next().expect("one carry");
         }
-        rms_norm(&m.norm, &h)
+        Ok((rms_norm(&m.norm, &h)?, routing))
+    }
+
+    /// The load-balancing loss `router_aux_loss_coef` times, as `transformers` adds it to the
+    /// loss with `output_router_logits`; `None` when the config leaves it out.
+    fn router_aux_loss(
+        &self,
+        routing: &[moe::Routing],
+        attention_mask: Option<&Tensor>,
+    ) -> Result<Option<Tensor>> {
+        match &self.config.moe {
+            Some(moe) if moe.output_router_logits && !routing.is_empty() => {
+                let aux = moe::load_balancing_loss(routing, attention_mask)?;
+                Ok(Some(aux.mul_scalar(moe.router_aux_loss_coef)?))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// The head's weight `[vocab, hidden]`: `lm_head`'s, or the token embeddings' when tied.
@@ -576,7 +673,8 @@ impl LlamaForCausalLM {
 
     /// The next-token loss as `LlamaForCausalLM` computes it with `labels`: the logits of
     /// positions `0..s-1` against the labels of `1..s`, labels -100 ignored, the mean over the
-    /// rest (in float32). Returns `(loss, logits)`.
+    /// rest (in float32); with experts and [`MoeConfig::output_router_logits`], plus
+    /// `router_aux_loss_coef` times the load-balancing loss. Returns `(loss, logits)`.
     #[track_caller]
     pub fn forward_loss(
         &self,
@@ -586,12 +684,18 @@ impl LlamaForCausalLM {
         labels: &Tensor,
     ) -> Result<(Tensor, Tensor)> {
         let location = std::panic::Location::caller();
-        let logits = self.forward(input_ids, position_ids, attention_mask)?;
+        let (h, routing) = self.decode(input_ids, position_ids, attention_mask, location)?;
+        let logits = h.linear(self.head_weight(), None)?;
         let s = input_ids.dims()[1];
         shifted_labels_check(input_ids, labels, location)?;
         let shifted = logits.narrow(1, 0, s - 1)?.to_dtype(DType::F32)?;
         let targets = labels.narrow(1, 1, s - 1)?;
-        Ok((cross_entropy(&shifted, &targets)?, logits))
+        let loss = cross_entropy(&shifted, &targets)?;
+        let loss = match self.router_aux_loss(&routing, attention_mask)? {
+            Some(aux) => loss.add(&aux)?,
+            None => loss,
+        };
+        Ok((loss, logits))
     }
 
     /// [`LlamaForCausalLM::forward_loss`]'s loss alone; with [`LlamaForCausalLM::loss_chunk`]
@@ -632,18 +736,22 @@ impl LlamaForCausalLM {
                 .0);
         };
         let location = std::panic::Location::caller();
-        let h = self.hidden_states(input_ids, position_ids, attention_mask)?;
+        let (h, routing) = self.decode(input_ids, position_ids, attention_mask, location)?;
         shifted_labels_check(input_ids, labels, location)?;
         let s = input_ids.dims()[1];
         let shifted = h.narrow(1, 0, s - 1)?;
         let targets = labels.narrow(1, 1, s - 1)?;
-        chunked_cross_entropy(
+        let loss = chunked_cross_entropy(
             &shifted,
             self.head_weight(),
             &targets,
             chunk,
             CrossEntropyOptions::default(),
-        )
+        )?;
+        match self.router_aux_loss(&routing, attention_mask)? {
+            Some(aux) => loss.add(&aux),
+            None => Ok(loss),
+        }
     }
 }
 
