@@ -10,12 +10,14 @@ use std::path::{Path, PathBuf};
 use neuron_pc::models::llama::{GenerateOptions, LlamaForCausalLM, LoadOptions, Sampling};
 use torch_fixture::Fixture;
 
-const CASES: [(&str, &str); 5] = [
+const CASES: [(&str, &str); 7] = [
     ("llama", "llama-saved-by-rust"),
     ("mistral", "families/mistral-saved-by-rust"),
     ("qwen2", "families/qwen2-saved-by-rust"),
     ("qwen3", "families/qwen3-saved-by-rust"),
     ("dynamic", "families/dynamic-saved-by-rust"),
+    ("qwen3_moe", "families/qwen3_moe-saved-by-rust"),
+    ("mixtral", "families/mixtral-saved-by-rust"),
 ];
 
 fn data(rel: &str) -> PathBuf {
