@@ -37,6 +37,9 @@ use crate::tensor::Tensor;
 pub use crate::tensor::DATA_AXIS;
 /// The mesh axis tensor parallelism splits layers over.
 pub const MODEL_AXIS: &str = "model";
+/// The mesh axis expert parallelism splits a mixture of experts' experts over
+/// ([`crate::models::llama::LlamaSharding`]).
+pub const EXPERT_AXIS: &str = "expert";
 
 /// Which partition spec a parameter gets, by its state-dict name and shape.
 pub trait ShardingPlan: Send + Sync {
@@ -44,6 +47,14 @@ pub trait ShardingPlan: Send + Sync {
     /// a dimension is refused where the tensor is placed; plans should leave such a dimension
     /// whole (see [`split_if_divisible`]).
     fn spec(&self, name: &str, dims: &[usize], mesh: &Mesh) -> PartitionSpec;
+
+    /// The spec of a stacked tensor `name` (a `*` for its first dimension: scanned layers'
+    /// `layers.*.…`, a mixture's experts `experts.*.…`) of shape `dims`. By default its rows'
+    /// spec (asked of [`ShardingPlan::spec`] for row 0) with the stacking dimension whole:
+    /// every device holds its block of every row.
+    fn stacked_spec(&self, name: &str, dims: &[usize], mesh: &Mesh) -> PartitionSpec {
+        stacked_whole(self, name, dims, mesh)
+    }
 }
 
 impl<F: Fn(&str, &[usize], &Mesh) -> PartitionSpec + Send + Sync> ShardingPlan for F {
@@ -86,11 +97,24 @@ impl ShardingPlan for Fsdp {
     }
 }
 
-/// The spec `plan` gives tensor `name` of shape `dims`. A stacked tensor (`nn::ScannedLayers`,
-/// a `*` in its name) gets its rows' spec (asked for row 0, `layers.0.…`) with the stacking
-/// dimension whole: every device holds its block of every layer, as it would unstacked.
+/// The spec `plan` gives tensor `name` of shape `dims`: for a stacked tensor (a `*` in its
+/// name), [`ShardingPlan::stacked_spec`].
 pub fn spec_of(plan: &dyn ShardingPlan, name: &str, dims: &[usize], mesh: &Mesh) -> PartitionSpec {
     if !crate::checkpoint::is_stacked(name) || dims.is_empty() {
+        return plan.spec(name, dims, mesh);
+    }
+    plan.stacked_spec(name, dims, mesh)
+}
+
+/// A stacked tensor's rows' spec (asked for row 0, `layers.0.…`) with the stacking dimension
+/// whole: every device holds its block of every layer, as it would unstacked.
+pub fn stacked_whole<P: ShardingPlan + ?Sized>(
+    plan: &P,
+    name: &str,
+    dims: &[usize],
+    mesh: &Mesh,
+) -> PartitionSpec {
+    if dims.is_empty() {
         return plan.spec(name, dims, mesh);
     }
     let row = plan.spec(

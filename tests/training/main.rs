@@ -13,6 +13,7 @@ mod async_exec;
 mod data_parallel;
 mod data_parallel_training;
 mod debug_steps;
+mod expert_parallel;
 mod grad_accumulation;
 mod grad_training;
 mod lazy_device;

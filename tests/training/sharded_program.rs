@@ -82,3 +82,95 @@ fn a_tensor_parallel_step_multiplies_a_quarter_of_the_q_projection_on_each_devic
     );
     let _ = std::fs::remove_dir_all(&dump);
 }
+
+/// The optimized programs XLA dumped into `dump`, joined.
+fn optimized_hlo(dump: &std::path::Path) -> String {
+    let optimized: Vec<String> = std::fs::read_dir(dump)
+        .expect("XLA dumped the programs")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().ends_with("after_optimizations.txt"))
+        })
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    assert!(!optimized.is_empty(), "no optimized program in {dump:?}");
+    optimized.join("\n")
+}
+
+/// Expert parallelism's collectives are the partitioner's: in a training step with 4 experts
+/// over an `expert` axis of 4, no device gathers the experts' weights (or their gradients);
+/// each computes its expert over every token and an all-reduce of `[tokens, hidden]` sums them.
+#[test]
+fn an_expert_parallel_step_keeps_each_expert_on_its_device_and_all_reduces_the_combine() {
+    use neuron_pc::models::llama::{Family, MoeConfig};
+    if !run_alone(
+        module_path!(),
+        "an_expert_parallel_step_keeps_each_expert_on_its_device_and_all_reduces_the_combine",
+    ) {
+        return;
+    }
+    let dump = std::env::temp_dir().join(format!("neuron-pc-ep-hlo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dump);
+    std::env::set_var(
+        "XLA_FLAGS",
+        format!("--xla_dump_to={} --xla_dump_hlo_as_text", dump.display()),
+    );
+    let dev = LazyDevice::new(
+        DeviceConfig {
+            cache: CacheConfig::disabled(),
+            ..DeviceConfig::default()
+        }
+        .with_mesh(&[("expert", 4)]),
+    )
+    .unwrap();
+    // hidden 64, experts of width 40: a shape no other tensor has
+    let config = LlamaConfig::new(128, 64, 96, 1, 4, 4)
+        .unwrap()
+        .with_family(Family::Qwen3Moe)
+        .with_moe(MoeConfig::new(4, 2, 40))
+        .unwrap();
+    let vb = VarBuilder::random(&dev, 3).with_sharding(Arc::new(LlamaSharding { fsdp: false }));
+    let model = LlamaForCausalLM::from_vb(&vb, &config).unwrap();
+    // 12 tokens
+    let ids: Vec<i32> = (0..2 * 6).map(|i| i * 5 % 128).collect();
+    let ids = dev
+        .tensor(&HostTensor::from_slice(&ids, &[2, 6]).unwrap())
+        .unwrap();
+    // a training step: the gradients used by AdamW within it, as a training loop does
+    let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
+    let mut opt = neuron_pc::optim::AdamW::new(&dev, &params, 0.1).unwrap();
+    let lr = dev.scalar(1e-3, neuron_pc::DType::F32).unwrap();
+    let loss = model.loss(&ids, None, &ids).unwrap();
+    let grads = grad(&loss, &params.iter().collect::<Vec<_>>()).unwrap();
+    opt.step(&params, &grads, &lr).unwrap();
+    drop(grads);
+    dev.mark_step().unwrap();
+    assert!(loss.item().unwrap().is_finite());
+
+    let hlo = optimized_hlo(&dump);
+    let collectives: Vec<&str> = hlo
+        .lines()
+        .filter(|l| l.contains(" all-gather(") || l.contains(" all-reduce("))
+        .filter_map(|l| l.split_once(" = ").map(|(_, rest)| rest))
+        .collect();
+    let whole_experts = ["f32[4,40,64]", "f32[4,64,40]"];
+    assert!(
+        !collectives
+            .iter()
+            .any(|c| whole_experts.iter().any(|w| c.starts_with(w))),
+        "an expert's weights gathered: {collectives:#?}"
+    );
+    assert!(
+        collectives
+            .iter()
+            .any(|c| c.starts_with("f32[12,64]") && c.contains("all-reduce(")),
+        "no all-reduce of the combined [12 tokens, 64] output: {collectives:#?}"
+    );
+    // each device multiplies its expert alone: an expert's [40, 64] block, never all four
+    assert!(
+        hlo.contains("f32[1,40,64]"),
+        "no expert-sized block in the program"
+    );
+    let _ = std::fs::remove_dir_all(&dump);
+}

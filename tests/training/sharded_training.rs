@@ -58,10 +58,10 @@ fn batch(step: usize) -> (HostTensor, HostTensor) {
     )
 }
 
-struct Run {
-    losses: Vec<f64>,
-    params: Vec<(String, Vec<f32>)>,
-    metrics: Metrics,
+pub(crate) struct Run {
+    pub(crate) losses: Vec<f64>,
+    pub(crate) params: Vec<(String, Vec<f32>)>,
+    pub(crate) metrics: Metrics,
 }
 
 /// `steps` AdamW steps on `mesh` (none: one device, or `replicas` data-parallel replicas).
@@ -77,7 +77,7 @@ fn train_as(mesh: &[(&str, usize)], replicas: usize, fsdp: bool, steps: usize, s
 }
 
 /// [`train`] for the model `c` describes.
-fn train_config(
+pub(crate) fn train_config(
     mesh: &[(&str, usize)],
     replicas: usize,
     fsdp: bool,
@@ -127,7 +127,7 @@ fn train_config(
     }
 }
 
-fn assert_follows(name: &str, got: &Run, want: &Run) {
+pub(crate) fn assert_follows(name: &str, got: &Run, want: &Run) {
     for (step, (g, w)) in got.losses.iter().zip(&want.losses).enumerate() {
         assert!(
             ((g - w) / w).abs() <= 1e-5,
