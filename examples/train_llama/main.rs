@@ -46,23 +46,21 @@ use neuron_pc::data::{
     load_packed_with_progress, CacheOutcome, DeviceLoader, LastBatch, LengthBuckets, PackedCache,
     PackedRows, TokenShard, Tokenizer,
 };
-use neuron_pc::models::llama::{Family, LlamaConfig, LlamaForCausalLM, LlamaSharding, LoadOptions};
+use neuron_pc::models::llama::{LlamaForCausalLM, LlamaSharding, LoadOptions};
 use neuron_pc::nn::{Module, Remat, VarBuilder};
 use neuron_pc::optim::{
     average_gradients, grad_norm, AdamW, AdamWConfig, GradAccumulator, WarmupCosine,
 };
-use neuron_pc::sharding::{ShardingPlan, DATA_AXIS, MODEL_AXIS};
+use neuron_pc::sharding::{ShardingPlan, DATA_AXIS, EXPERT_AXIS, MODEL_AXIS};
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, DType, DeviceConfig, LazyDevice, Tensor};
 
 mod ckpt;
+mod model;
 mod monitor;
 mod task;
 
 use task::{rows, Task};
-
-/// The flags that give the whole model, which the size flags would contradict.
-const MODEL_GIVEN: [&str; 2] = ["init_from", "config"];
 
 /// Train a small Llama.
 #[derive(Parser, Debug)]
@@ -87,29 +85,9 @@ struct Args {
     /// A Hugging Face `config.json` for a randomly initialised model.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Model size when neither `--init-from` nor `--config` is given.
-    #[arg(long, default_value_t = 64, conflicts_with_all = MODEL_GIVEN)]
-    hidden: usize,
-    #[arg(long, default_value_t = 2, conflicts_with_all = MODEL_GIVEN)]
-    layers: usize,
-    #[arg(long, default_value_t = 4, conflicts_with_all = MODEL_GIVEN)]
-    heads: usize,
-    #[arg(long, default_value_t = 2, conflicts_with_all = MODEL_GIVEN)]
-    kv_heads: usize,
-    #[arg(long, default_value_t = 128, conflicts_with_all = MODEL_GIVEN)]
-    intermediate: usize,
-    /// Vocabulary (at least 256 with `--text`).
-    #[arg(long, default_value_t = 256, conflicts_with_all = MODEL_GIVEN)]
-    vocab: usize,
-    #[arg(long, default_value_t = 10_000.0, conflicts_with_all = MODEL_GIVEN)]
-    rope_theta: f64,
-    /// The architecture of a model built from the size flags: llama, mistral, qwen2 or qwen3
-    /// (`config.json`'s `model_type`).
-    #[arg(long, default_value = "llama", conflicts_with_all = MODEL_GIVEN)]
-    family: String,
-    /// Tie `lm_head` to the token embeddings.
-    #[arg(long, conflicts_with_all = MODEL_GIVEN)]
-    tie_embeddings: bool,
+    /// The model's sizes and family when neither `--init-from` nor `--config` is given.
+    #[command(flatten)]
+    model: model::ModelArgs,
     /// Train on the bytes of this file (one token per byte) instead of the synthetic task.
     #[arg(long)]
     text: Option<PathBuf>,
@@ -213,6 +191,10 @@ struct Args {
     /// Tensor parallelism over T devices (the mesh's `model` axis): the Megatron layout.
     #[arg(long)]
     tp: Option<usize>,
+    /// Expert parallelism over E devices (the mesh's `expert` axis): a mixture's experts split
+    /// over them. The mesh is F x T x E devices.
+    #[arg(long)]
+    ep: Option<usize>,
     /// Activation checkpointing of every decoder layer: none (keep every activation), full
     /// (keep each layer's input, recompute the rest in the backward pass) or dots (keep the
     /// projections, recompute the attention and the elementwise work).
@@ -230,34 +212,6 @@ struct Args {
     /// graph and its compile time do not grow with depth.
     #[arg(long)]
     scan_layers: bool,
-}
-
-fn model_config(args: &Args) -> anyhow::Result<LlamaConfig> {
-    if let Some(path) = &args.config {
-        return Ok(LlamaConfig::from_file(path)?);
-    }
-    let Some(family) = Family::from_model_type(&args.family) else {
-        let known: Vec<&str> = Family::ALL.iter().map(|f| f.model_type()).collect();
-        bail!(
-            "--family {}: not a supported family (one of {})",
-            args.family,
-            known.join(", ")
-        );
-    };
-    let mut c = LlamaConfig::new(
-        args.vocab,
-        args.hidden,
-        args.intermediate,
-        args.layers,
-        args.heads,
-        args.kv_heads,
-    )?
-    .with_family(family);
-    c.rope_theta = args.rope_theta;
-    c.rms_norm_eps = 1e-5;
-    c.tie_word_embeddings = args.tie_embeddings;
-    c.max_position_embeddings = args.seq_len.max(c.max_position_embeddings);
-    Ok(c)
 }
 
 /// What the batch's rows are split over, of `replicas` in the whole run: the replicas, or a
@@ -282,14 +236,18 @@ fn main() -> anyhow::Result<()> {
     if let Some(n) = args.devices {
         device_config.replicas = n;
     }
-    let (fsdp, tp) = (args.fsdp.unwrap_or(1), args.tp.unwrap_or(1));
-    let mesh = args.fsdp.is_some() || args.tp.is_some();
+    let (fsdp, tp, ep) = (
+        args.fsdp.unwrap_or(1),
+        args.tp.unwrap_or(1),
+        args.ep.unwrap_or(1),
+    );
+    let mesh = args.fsdp.is_some() || args.tp.is_some() || args.ep.is_some();
     if mesh {
-        if fsdp == 0 || tp == 0 {
-            bail!("--fsdp {fsdp} --tp {tp}: each needs at least 1 device");
+        if fsdp == 0 || tp == 0 || ep == 0 {
+            bail!("--fsdp {fsdp} --tp {tp} --ep {ep}: each needs at least 1 device");
         }
         if args.devices.is_some_and(|n| n > 1) {
-            bail!("--fsdp/--tp lay a mesh over the devices: its data axis replaces --devices");
+            bail!("--fsdp/--tp/--ep lay a mesh over the devices: its data axis replaces --devices");
         }
         // with a mesh in each process, ZeRO-1 shards the moments over the processes (its
         // replicas); inside one process FSDP shards what it would
@@ -300,7 +258,11 @@ fn main() -> anyhow::Result<()> {
             );
         }
         device_config.replicas = 1;
-        device_config = device_config.with_mesh(&[(DATA_AXIS, fsdp), (MODEL_AXIS, tp)]);
+        let mut axes = vec![(DATA_AXIS, fsdp), (MODEL_AXIS, tp)];
+        if args.ep.is_some() {
+            axes.push((EXPERT_AXIS, ep));
+        }
+        device_config = device_config.with_mesh(&axes);
     }
     // Checked before the device is opened: every rank refuses the same flags, and none leaves
     // the others connecting their collectives to a process that is gone.
@@ -347,7 +309,8 @@ fn main() -> anyhow::Result<()> {
                 Some(plan) => vb.with_sharding(plan.clone()),
                 None => vb,
             };
-            let mut config = model_config(&args)?;
+            let mut config =
+                model::model_config(&args.model, args.config.as_deref(), args.seq_len)?;
             config.scan_layers = args.scan_layers;
             LlamaForCausalLM::from_vb(&vb, &config)?
         }
@@ -514,6 +477,15 @@ fn main() -> anyhow::Result<()> {
         config.num_key_value_heads,
         config.vocab_size
     );
+    if let Some(moe) = &config.moe {
+        println!(
+            "experts: {} per sparse layer, {} per token, {} wide; {} parameters active per token",
+            moe.num_experts,
+            moe.experts_per_token,
+            moe.expert_intermediate_size,
+            config.active_parameters()
+        );
+    }
 
     let (batch_size, seed) = (args.batch_size, args.seed);
     let k = args.grad_accum.max(1);
@@ -739,8 +711,8 @@ fn main() -> anyhow::Result<()> {
     });
     if mesh {
         println!(
-            "mesh: fsdp {fsdp} x tp {tp}{}, global batch {batch_size} x {seq} tokens, {} per \
-             data-axis shard",
+            "mesh: fsdp {fsdp} x tp {tp} x ep {ep}{}, global batch {batch_size} x {seq} tokens, \
+             {} per data-axis shard",
             if replicas > 1 {
                 format!(" in each of {replicas} processes")
             } else {
