@@ -134,8 +134,9 @@ pub(crate) fn check_new_graph(
 /// each compiled (a whole step's compile, for one `arange`). Seen at step 1: when step 1's
 /// graph reads every input step 0's did (of the same types; it reads the values step 0 made
 /// besides), the lines that recorded ops of step 0's graph that step 1's does not hold are
-/// named, once per site. Two steps that differ otherwise (a prefill, then one token at a time)
-/// are not this.
+/// named, once per site, provided step 1 recorded nothing on a line step 0 did not (the loop's
+/// body is in both). Two steps that differ otherwise (a prefill, then one token at a time; one
+/// helper's `mark_step` after two different models) are not this.
 fn made_before_the_loop(
     entry: &mut Site,
     site: &'static Location<'static>,
@@ -153,6 +154,9 @@ fn made_before_the_loop(
                 return;
             }
             let now = lines_of(roots);
+            if !now.is_subset(&first) {
+                return;
+            }
             let mut only_first: Vec<_> = first.difference(&now).copied().collect();
             if only_first.is_empty() {
                 return;

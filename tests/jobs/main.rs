@@ -14,6 +14,7 @@ mod checkpoint_kill;
 mod checkpoints;
 mod checkpoints_s3;
 mod gpu_check;
+mod moe_job;
 mod monitor;
 mod processes;
 mod text_encoder;

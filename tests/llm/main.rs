@@ -14,6 +14,7 @@ mod generate;
 mod length_buckets;
 mod llama;
 mod local_rows;
+mod moe;
 mod packed_cache;
 mod packing;
 mod text_data;
