@@ -31,6 +31,11 @@
 //! Depth (`scripts/bench depth`): `--scan-layers` stacks the decoder layers and runs them as one
 //! loop; the RESULT line gives `program_bytes`, the StableHLO text handed to the compiler.
 //!
+//! Mixtures of experts (`scripts/bench moe`): `--family qwen3_moe --experts E
+//! --experts-per-token K --expert-intermediate W` (the load-balancing loss at 0.001), `--ep N`
+//! splitting the experts over a mesh's `expert` axis; `--family qwen3` is the dense model of
+//! the same attention. The RESULT line gives the parameters a token uses (`active`).
+//!
 //! `cargo run --release --example bench_llama [-- --steps 20 --first-step]`
 
 use std::sync::Arc;
@@ -39,10 +44,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::bail;
 use clap::Parser;
 use neuron_pc::amp::Precision;
-use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LlamaSharding};
+use neuron_pc::models::llama::{Family, LlamaConfig, LlamaForCausalLM, LlamaSharding, MoeConfig};
 use neuron_pc::nn::{HostRng, Module, Remat, VarBuilder};
 use neuron_pc::optim::AdamW;
-use neuron_pc::sharding::{DATA_AXIS, MODEL_AXIS};
+use neuron_pc::sharding::{DATA_AXIS, EXPERT_AXIS, MODEL_AXIS};
 use neuron_pc::{grad, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
 
 /// Time a small Llama's AdamW training step.
@@ -100,6 +105,21 @@ struct Args {
     /// Stack the decoder layers and run them as one loop (`LlamaConfig::scan_layers`).
     #[arg(long)]
     scan_layers: bool,
+    /// The model family (`model_type`): llama, qwen3, qwen3_moe, ...
+    #[arg(long, default_value = "llama")]
+    family: String,
+    /// A mixture's experts per layer.
+    #[arg(long, default_value_t = 8)]
+    experts: usize,
+    /// Experts per token.
+    #[arg(long, default_value_t = 2)]
+    experts_per_token: usize,
+    /// Each expert's width (default `--intermediate`).
+    #[arg(long)]
+    expert_intermediate: Option<usize>,
+    /// Expert parallelism over this many devices (the mesh's `expert` axis).
+    #[arg(long, default_value_t = 1)]
+    ep: usize,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -128,10 +148,14 @@ fn main() -> anyhow::Result<()> {
     } else if let Some(url) = &args.cache {
         device_config.cache = neuron_pc::compile::CacheConfig::at(url.clone());
     }
-    let meshed = args.fsdp * args.tp > 1;
+    let meshed = args.fsdp * args.tp * args.ep > 1;
     if meshed {
         device_config.replicas = 1;
-        device_config = device_config.with_mesh(&[(DATA_AXIS, args.fsdp), (MODEL_AXIS, args.tp)]);
+        device_config = device_config.with_mesh(&[
+            (DATA_AXIS, args.fsdp),
+            (MODEL_AXIS, args.tp),
+            (EXPERT_AXIS, args.ep),
+        ]);
     }
     let device = LazyDevice::new(device_config)?;
     let mut config = LlamaConfig::new(
@@ -142,6 +166,16 @@ fn main() -> anyhow::Result<()> {
         args.heads,
         args.kv_heads,
     )?;
+    let Some(family) = Family::from_model_type(&args.family) else {
+        bail!("--family {}: not a family", args.family);
+    };
+    config = config.with_family(family);
+    if matches!(family, Family::Qwen3Moe | Family::Mixtral) {
+        let width = args.expert_intermediate.unwrap_or(args.intermediate);
+        let mut moe = MoeConfig::new(args.experts, args.experts_per_token, width);
+        moe.output_router_logits = true;
+        config = config.with_moe(moe)?;
+    }
     config.rms_norm_eps = 1e-5;
     config.scan_layers = args.scan_layers;
     config.max_position_embeddings = args.seq_len.max(config.max_position_embeddings);
@@ -261,13 +295,16 @@ fn main() -> anyhow::Result<()> {
     let peak_rss = peak_rss_mib().map_or("n/a".to_string(), |v| format!("{v:.1}"));
     println!(
         "RESULT neuron-pc synced_ms={:.3} pipelined_ms={pipelined} compile_ms={:.1} params={} \
-         loss={last:.4} layout=fsdp{}_tp{} device_bytes={} temp_bytes={} remat={} precision={} \
-         loss_chunk={} scan_layers={} program_bytes={} peak_rss_mib={peak_rss}",
+         active={} loss={last:.4} layout=fsdp{}_tp{}_ep{} device_bytes={} temp_bytes={} \
+         remat={} precision={} loss_chunk={} scan_layers={} program_bytes={} \
+         peak_rss_mib={peak_rss}",
         median(synced),
         compile_ms,
         config.num_parameters(),
+        config.active_parameters(),
         args.fsdp,
         args.tp,
+        args.ep,
         m.parameter_bytes + m.optimizer_state_bytes,
         m.step_temp_bytes,
         args.remat,

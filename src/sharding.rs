@@ -35,11 +35,11 @@ use crate::tensor::Tensor;
 /// The mesh axis FSDP splits parameters over, and a batch is split over
 /// ([`crate::LazyDevice::shard`]).
 pub use crate::tensor::DATA_AXIS;
+/// The mesh axis expert parallelism splits a mixture's experts over
+/// ([`crate::models::llama::LlamaSharding`]); data parallel outside them.
+pub use crate::tensor::EXPERT_AXIS;
 /// The mesh axis tensor parallelism splits layers over.
 pub const MODEL_AXIS: &str = "model";
-/// The mesh axis expert parallelism splits a mixture of experts' experts over
-/// ([`crate::models::llama::LlamaSharding`]).
-pub const EXPERT_AXIS: &str = "expert";
 
 /// Which partition spec a parameter gets, by its state-dict name and shape.
 pub trait ShardingPlan: Send + Sync {

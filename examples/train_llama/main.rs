@@ -215,15 +215,20 @@ struct Args {
 }
 
 /// What the batch's rows are split over, of `replicas` in the whole run: the replicas, or a
-/// mesh's data axis (in each process, the processes its replicas).
-fn batch_split(mesh: bool, fsdp: usize, replicas: usize) -> (usize, String) {
+/// mesh's data and expert axes (in each process, the processes its replicas).
+fn batch_split(mesh: bool, (fsdp, ep): (usize, usize), replicas: usize) -> (usize, String) {
+    // the expert axis is data parallel outside the experts: the batch is split over it too
+    let axes = match ep {
+        1 => format!("--fsdp {fsdp}"),
+        _ => format!("--fsdp {fsdp} x --ep {ep}"),
+    };
     if mesh && replicas > 1 {
         (
-            fsdp * replicas,
-            format!("--fsdp {fsdp} x {replicas} processes"),
+            fsdp * ep * replicas,
+            format!("{axes} x {replicas} processes"),
         )
     } else if mesh {
-        (fsdp, format!("--fsdp {fsdp}"))
+        (fsdp * ep, axes)
     } else {
         (replicas, format!("{replicas} replica(s)"))
     }
@@ -267,7 +272,7 @@ fn main() -> anyhow::Result<()> {
     // Checked before the device is opened: every rank refuses the same flags, and none leaves
     // the others connecting their collectives to a process that is gone.
     let planned = device_config.replicas.max(1) * device_config.topology.world_size.max(1);
-    let (split, over) = batch_split(mesh, fsdp, planned);
+    let (split, over) = batch_split(mesh, (fsdp, ep), planned);
     if !args.batch_size.is_multiple_of(split) {
         bail!(
             "--batch-size {} does not split over {over}: use a multiple of {split}",
@@ -278,7 +283,7 @@ fn main() -> anyhow::Result<()> {
     let plan: Option<Arc<dyn ShardingPlan>> =
         mesh.then(|| Arc::new(LlamaSharding { fsdp: fsdp > 1 }) as Arc<dyn ShardingPlan>);
     let replicas = device.global_replicas();
-    let (split, over) = batch_split(mesh, fsdp, replicas);
+    let (split, over) = batch_split(mesh, (fsdp, ep), replicas);
     let save_dtype = match args.save_dtype.as_str() {
         "f32" | "float32" => DType::F32,
         "bf16" | "bfloat16" => DType::BF16,
@@ -718,7 +723,7 @@ fn main() -> anyhow::Result<()> {
             } else {
                 String::new()
             },
-            batch_size / (fsdp * replicas)
+            batch_size / (fsdp * ep * replicas)
         );
     } else {
         println!(

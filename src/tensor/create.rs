@@ -14,6 +14,9 @@ use crate::error::{Error, Result};
 /// The mesh axis a batch is split over on a mesh device ([`LazyDevice::shard`]), and the one
 /// FSDP splits parameters over.
 pub const DATA_AXIS: &str = "data";
+/// The mesh axis expert parallelism splits a mixture's experts over; outside the experts it is
+/// data parallel: [`LazyDevice::shard`] splits a batch over it too (MaxText's convention).
+pub const EXPERT_AXIS: &str = "expert";
 
 /// `host` cut along its first dimension into `n` equal blocks (`n` divides it).
 /// The rows `local_rows` names: replicas `offset .. offset + replicas` of `global`, each
@@ -154,8 +157,8 @@ impl LazyDevice {
     /// batch, split over every process's replicas; this process keeps its replicas' blocks.
     ///
     /// On a mesh device the batch is split along its first dimension over the mesh's `data`
-    /// axis (whole on every device when the mesh has none); in a multi-process run each
-    /// process's mesh takes its block of the global batch.
+    /// and `expert` axes, those it has (whole on every device when it has neither); in a
+    /// multi-process run each process's mesh takes its block of the global batch.
     #[track_caller]
     pub fn shard(&self, host: &HostTensor) -> Result<Tensor> {
         let location = Location::caller();
@@ -185,16 +188,20 @@ impl LazyDevice {
         self.from_replicas(&blocks.drain(mine).collect::<Vec<_>>())
     }
 
-    /// `host` (this process's rows) split over the mesh's `data` axis, or whole on every device
-    /// when the mesh has none.
+    /// `host` (this process's rows) split over the mesh's `data` and `expert` axes, or whole on
+    /// every device when the mesh has neither.
     fn shard_over_mesh(
         &self,
         host: &HostTensor,
         location: &'static Location<'static>,
     ) -> Result<Tensor> {
-        let spec = match self.mesh().and_then(|m| m.axis_size(DATA_AXIS)) {
-            Some(_) => PartitionSpec::new(&[&[DATA_AXIS]]),
-            None => PartitionSpec::replicated(),
+        let axes: Vec<&str> = [DATA_AXIS, EXPERT_AXIS]
+            .into_iter()
+            .filter(|a| self.mesh().is_some_and(|m| m.axis_size(a).is_some()))
+            .collect();
+        let spec = match axes.is_empty() {
+            false => PartitionSpec::new(&[&axes]),
+            true => PartitionSpec::replicated(),
         };
         let sharding = self.sharding_for(&spec, host.dims(), location)?;
         let data = match &sharding {

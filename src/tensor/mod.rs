@@ -38,7 +38,7 @@ mod shape_ops;
 mod step_fn;
 
 pub use collective::Reduction;
-pub use create::DATA_AXIS;
+pub use create::{DATA_AXIS, EXPERT_AXIS};
 pub(crate) use shape::shape_error;
 pub use step_fn::StepFn;
 

@@ -99,8 +99,9 @@ fn optimized_hlo(dump: &std::path::Path) -> String {
 }
 
 /// Expert parallelism's collectives are the partitioner's: in a training step with 4 experts
-/// over an `expert` axis of 4, no device gathers the experts' weights (or their gradients);
-/// each computes its expert over every token and an all-reduce of `[tokens, hidden]` sums them.
+/// over an `expert` axis of 4 (the batch split over it too), no device gathers the experts'
+/// weights (or their gradients); the tokens are all-gathered, each device runs its expert over
+/// all of them, and an all-reduce of `[tokens, hidden]` sums the experts' outputs.
 #[test]
 fn an_expert_parallel_step_keeps_each_expert_on_its_device_and_all_reduces_the_combine() {
     use neuron_pc::models::llama::{Family, MoeConfig};
@@ -132,10 +133,11 @@ fn an_expert_parallel_step_keeps_each_expert_on_its_device_and_all_reduces_the_c
         .unwrap();
     let vb = VarBuilder::random(&dev, 3).with_sharding(Arc::new(LlamaSharding { fsdp: false }));
     let model = LlamaForCausalLM::from_vb(&vb, &config).unwrap();
-    // 12 tokens
-    let ids: Vec<i32> = (0..2 * 6).map(|i| i * 5 % 128).collect();
+    // 4 rows of 3 tokens, split over the expert axis as a batch is (data parallel outside
+    // the experts)
+    let ids: Vec<i32> = (0..4 * 3).map(|i| i * 5 % 128).collect();
     let ids = dev
-        .tensor(&HostTensor::from_slice(&ids, &[2, 6]).unwrap())
+        .shard(&HostTensor::from_slice(&ids, &[4, 3]).unwrap())
         .unwrap();
     // a training step: the gradients used by AdamW within it, as a training loop does
     let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
@@ -161,11 +163,18 @@ fn an_expert_parallel_step_keeps_each_expert_on_its_device_and_all_reduces_the_c
             .any(|c| whole_experts.iter().any(|w| c.starts_with(w))),
         "an expert's weights gathered: {collectives:#?}"
     );
+    let result = |c: &&str| c.split(" all-").next().unwrap_or("").to_string();
     assert!(
         collectives
             .iter()
-            .any(|c| c.starts_with("f32[12,64]") && c.contains("all-reduce(")),
+            .any(|c| c.contains("all-reduce(") && result(c).contains("f32[12,64]")),
         "no all-reduce of the combined [12 tokens, 64] output: {collectives:#?}"
+    );
+    assert!(
+        collectives
+            .iter()
+            .any(|c| c.contains("all-gather(") && result(c).starts_with("f32[12,64]")),
+        "the tokens are not gathered for the experts: {collectives:#?}"
     );
     // each device multiplies its expert alone: an expert's [40, 64] block, never all four
     assert!(
