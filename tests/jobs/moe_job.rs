@@ -25,7 +25,7 @@ const MOE: &[&str] = &[
 fn an_expert_parallel_run_precompiles_follows_one_device_and_saves_qwen3_moe() {
     let cache = tmp("moe-cache");
     let saved = tmp("moe-saved");
-    let ep = [&MOE[..], &["--ep", "4", "--steps", "8"]].concat();
+    let ep = [MOE, &["--ep", "4", "--steps", "8"]].concat();
     let report = precompile(&cache, &ep);
     // the partitioned training step and the matmul that measures the peak
     assert_eq!(report["compiled"], 2, "{report}");

@@ -1,9 +1,11 @@
-//! The program a tensor-parallel step runs is partitioned: XLA's optimized HLO (dumped by the
-//! plugin as `XLA_FLAGS=--xla_dump_to` asks) multiplies each device's quarter of the q
-//! projection's output features, not the whole. Its own test binary: XLA reads `XLA_FLAGS`
-//! once per process.
+//! The programs a tensor-parallel and an expert-parallel step run are partitioned: XLA's
+//! optimized HLO (dumped by the plugin as `XLA_FLAGS=--xla_dump_to` asks) multiplies each
+//! device's quarter of the q projection's output features, not the whole, and keeps each expert
+//! on its device. Each test runs in a process of its own: XLA reads `XLA_FLAGS` once per
+//! process.
 
 use neuron_pc_test_support::process::run_alone;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use neuron_pc::compile::CacheConfig;
@@ -11,30 +13,34 @@ use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LlamaSharding};
 use neuron_pc::nn::{Module, VarBuilder};
 use neuron_pc::{grad, DeviceConfig, HostTensor, LazyDevice, Tensor};
 
-#[test]
-fn a_tensor_parallel_step_multiplies_a_quarter_of_the_q_projection_on_each_device() {
-    // alone in a process of its own: XLA_FLAGS is read once, when the plugin loads
-    if !run_alone(
-        module_path!(),
-        "a_tensor_parallel_step_multiplies_a_quarter_of_the_q_projection_on_each_device",
-    ) {
-        return;
+/// In the process [`run_alone`] starts for `test` (else `None`: this process only waits for
+/// it): a device of `mesh` whose compiled programs XLA dumps into the returned directory.
+fn dumping_device(test: &str, mesh: &[(&str, usize)]) -> Option<(LazyDevice, PathBuf)> {
+    if !run_alone(module_path!(), test) {
+        return None;
     }
-    let dump = std::env::temp_dir().join(format!("neuron-pc-tp-hlo-{}", std::process::id()));
+    let dump = std::env::temp_dir().join(format!("neuron-pc-hlo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dump);
-    // before the plugin reads it (this binary's one test)
+    // before the plugin reads it (this process's one test)
     std::env::set_var(
         "XLA_FLAGS",
         format!("--xla_dump_to={} --xla_dump_hlo_as_text", dump.display()),
     );
-    let dev = LazyDevice::new(
-        DeviceConfig {
-            cache: CacheConfig::disabled(),
-            ..DeviceConfig::default()
-        }
-        .with_mesh(&[("model", 4)]),
-    )
-    .unwrap();
+    let config = DeviceConfig {
+        cache: CacheConfig::disabled(),
+        ..DeviceConfig::default()
+    };
+    Some((LazyDevice::new(config.with_mesh(mesh)).unwrap(), dump))
+}
+
+#[test]
+fn a_tensor_parallel_step_multiplies_a_quarter_of_the_q_projection_on_each_device() {
+    let Some((dev, dump)) = dumping_device(
+        "a_tensor_parallel_step_multiplies_a_quarter_of_the_q_projection_on_each_device",
+        &[("model", 4)],
+    ) else {
+        return;
+    };
     // hidden 64, 4 heads of 16: q_proj.weight is [64, 64], a [16, 64] block per device;
     // intermediate 96 makes gate/up [96, 64], o/down distinct shapes
     let config = LlamaConfig::new(128, 64, 96, 1, 4, 4).unwrap();
@@ -55,17 +61,7 @@ fn a_tensor_parallel_step_multiplies_a_quarter_of_the_q_projection_on_each_devic
     assert!(loss.item().unwrap().is_finite());
     drop(grads);
 
-    let optimized: Vec<String> = std::fs::read_dir(&dump)
-        .expect("XLA dumped the programs")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().ends_with("after_optimizations.txt"))
-        })
-        .map(|p| std::fs::read_to_string(p).unwrap())
-        .collect();
-    assert!(!optimized.is_empty(), "no optimized program in {dump:?}");
-    let hlo = optimized.join("\n");
+    let hlo = optimized_hlo(&dump);
     let dot_results: Vec<&str> = hlo
         .lines()
         .filter_map(|l| l.split_once(" dot(")?.0.split_once(" = ").map(|(_, ty)| ty))
@@ -105,26 +101,12 @@ fn optimized_hlo(dump: &std::path::Path) -> String {
 #[test]
 fn an_expert_parallel_step_keeps_each_expert_on_its_device_and_all_reduces_the_combine() {
     use neuron_pc::models::llama::{Family, MoeConfig};
-    if !run_alone(
-        module_path!(),
+    let Some((dev, dump)) = dumping_device(
         "an_expert_parallel_step_keeps_each_expert_on_its_device_and_all_reduces_the_combine",
-    ) {
+        &[("expert", 4)],
+    ) else {
         return;
-    }
-    let dump = std::env::temp_dir().join(format!("neuron-pc-ep-hlo-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dump);
-    std::env::set_var(
-        "XLA_FLAGS",
-        format!("--xla_dump_to={} --xla_dump_hlo_as_text", dump.display()),
-    );
-    let dev = LazyDevice::new(
-        DeviceConfig {
-            cache: CacheConfig::disabled(),
-            ..DeviceConfig::default()
-        }
-        .with_mesh(&[("expert", 4)]),
-    )
-    .unwrap();
+    };
     // hidden 64, experts of width 40: a shape no other tensor has
     let config = LlamaConfig::new(128, 64, 96, 1, 4, 4)
         .unwrap()
