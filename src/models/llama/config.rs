@@ -6,79 +6,11 @@ use std::path::Path;
 use neuron_pc_compiler::DType;
 use serde_json::{json, Map, Value};
 
+use super::experts::{self, MoeConfig};
+use super::family::Family;
 use super::keys::Keys;
-use super::moe::MoeConfig;
 use crate::error::{Error, Result};
 use crate::nn::RopeScaling;
-
-/// The `transformers` architectures this decoder computes: what differs between them is
-/// configuration and a few switches (see `docs/design.md`, "Model families").
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Family {
-    /// `LlamaForCausalLM` (Llama 2, 3, 3.1+, SmolLM, ...): `attention_bias` and `mlp_bias`.
-    #[default]
-    Llama,
-    /// `MistralForCausalLM`: no biases, a sliding window in every layer when `sliding_window`
-    /// is set.
-    Mistral,
-    /// `Qwen2ForCausalLM` (Qwen2, Qwen2.5): biases on q/k/v (never on o), sliding-window
-    /// layers as `layer_types` (or `use_sliding_window` and `max_window_layers`) say.
-    Qwen2,
-    /// `Qwen3ForCausalLM`: an RMSNorm over each head of q and of k before the rotation,
-    /// `attention_bias` on q/k/v/o, sliding-window layers as Qwen2's.
-    Qwen3,
-    /// `Qwen3MoeForCausalLM` (Qwen3-30B-A3B, 235B-A22B): Qwen3's attention (a window in every
-    /// layer when `use_sliding_window`) and experts ([`LlamaConfig::moe`]) in the layers
-    /// `decoder_sparse_step` and `mlp_only_layers` say.
-    Qwen3Moe,
-    /// `MixtralForCausalLM` (Mixtral 8x7B, 8x22B): Mistral's attention and experts in every
-    /// layer, their weights always renormalised.
-    Mixtral,
-}
-
-impl Family {
-    /// Every family, in the order the guide (`docs/guide/llms.md`) lists them.
-    pub const ALL: [Family; 6] = [
-        Family::Llama,
-        Family::Mistral,
-        Family::Qwen2,
-        Family::Qwen3,
-        Family::Qwen3Moe,
-        Family::Mixtral,
-    ];
-
-    /// `config.json`'s `model_type`.
-    pub fn model_type(self) -> &'static str {
-        match self {
-            Family::Llama => "llama",
-            Family::Mistral => "mistral",
-            Family::Qwen2 => "qwen2",
-            Family::Qwen3 => "qwen3",
-            Family::Qwen3Moe => "qwen3_moe",
-            Family::Mixtral => "mixtral",
-        }
-    }
-
-    /// The `transformers` class `config.json`'s `architectures` names.
-    pub fn architecture(self) -> &'static str {
-        match self {
-            Family::Llama => "LlamaForCausalLM",
-            Family::Mistral => "MistralForCausalLM",
-            Family::Qwen2 => "Qwen2ForCausalLM",
-            Family::Qwen3 => "Qwen3ForCausalLM",
-            Family::Qwen3Moe => "Qwen3MoeForCausalLM",
-            Family::Mixtral => "MixtralForCausalLM",
-        }
-    }
-
-    /// The family of a `model_type`, if this crate computes it.
-    pub fn from_model_type(model_type: &str) -> Option<Family> {
-        Family::ALL
-            .into_iter()
-            .find(|f| f.model_type() == model_type)
-    }
-}
 
 /// The settings of a decoder of the Llama family (Llama 2/3, Mistral, Qwen2/2.5, Qwen3) that
 /// change what the model computes, as `transformers`' configs name them.
@@ -333,7 +265,7 @@ impl LlamaConfig {
             _ => hidden_size / num_attention_heads,
         };
         let intermediate_size = keys.required("intermediate_size")?;
-        let moe = super::moe::parse(&keys, family, intermediate_size)?;
+        let moe = experts::parse(&keys, family, intermediate_size)?;
         let default_eps = match family {
             Family::Mixtral => 1e-5,
             _ => 1e-6,
@@ -432,9 +364,16 @@ impl LlamaConfig {
                 format!("{}: dynamic rope scaling needs more than 2", self.head_dim),
             );
         }
-        super::moe::validate(self, &|key, message| {
-            Error::Config(format!("{origin}: config key `{key}`: {message}"))
-        })?;
+        experts::validate(
+            self.moe.as_ref(),
+            self.family,
+            (
+                self.intermediate_size,
+                self.num_hidden_layers,
+                self.scan_layers,
+            ),
+            &|key, message| Error::Config(format!("{origin}: config key `{key}`: {message}")),
+        )?;
         let misplaced = match self.family {
             Family::Llama => self.sliding_window.map(|_| "sliding_window"),
             Family::Mistral | Family::Qwen2 | Family::Mixtral => {
@@ -588,7 +527,7 @@ impl LlamaConfig {
             }
         }
         if let Some(moe) = &self.moe {
-            super::moe::write(moe, self.family, map);
+            experts::write(moe, self.family, map);
         }
         config
     }

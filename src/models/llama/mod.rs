@@ -1,8 +1,9 @@
 //! The Llama family of decoder-only language models: Llama 2, 3 and 3.1+ (with their rotary
-//! scalings), Mistral (sliding-window attention), Qwen2/2.5 (q/k/v biases) and Qwen3 (q/k
-//! norms) are one decoder whose [`LlamaConfig`] switches what differs ([`Family`], read from
-//! `config.json`'s `model_type`; see [`crate::models::mistral`], [`crate::models::qwen2`],
-//! [`crate::models::qwen3`]). Parameter names are `transformers`', so the directory
+//! scalings), Mistral (sliding-window attention), Qwen2/2.5 (q/k/v biases), Qwen3 (q/k
+//! norms) and the mixtures of experts Qwen3-MoE and Mixtral ([`MoeConfig`],
+//! [`SparseMoeBlock`]) are one decoder whose [`LlamaConfig`] switches what differs ([`Family`],
+//! read from `config.json`'s `model_type`; see [`crate::models::mistral`],
+//! [`crate::models::qwen2`], [`crate::models::qwen3`]). Parameter names are `transformers`', so the directory
 //! `save_pretrained` writes loads here and the one [`LlamaForCausalLM::save_pretrained`]
 //! writes loads there as the same family.
 //!
@@ -37,6 +38,8 @@
 
 mod config;
 mod eval;
+mod experts;
+mod family;
 mod generate;
 mod keys;
 mod masks;
@@ -46,9 +49,11 @@ mod sharding;
 
 use neuron_pc_compiler::DType;
 
-pub use config::{Family, LlamaConfig};
+pub use config::LlamaConfig;
+pub use experts::MoeConfig;
+pub use family::Family;
 pub use generate::{GenerateOptions, Sampling};
-pub use moe::{MoeConfig, SparseMoeBlock};
+pub use moe::SparseMoeBlock;
 pub use sharding::LlamaSharding;
 
 use crate::device::LazyDevice;
