@@ -3,9 +3,9 @@
 //! norms) and the mixtures of experts Qwen3-MoE and Mixtral ([`MoeConfig`],
 //! [`SparseMoeBlock`]) are one decoder whose [`LlamaConfig`] switches what differs ([`Family`],
 //! read from `config.json`'s `model_type`; see [`crate::models::mistral`],
-//! [`crate::models::qwen2`], [`crate::models::qwen3`]). Parameter names are `transformers`', so the directory
-//! `save_pretrained` writes loads here and the one [`LlamaForCausalLM::save_pretrained`]
-//! writes loads there as the same family.
+//! [`crate::models::qwen2`], [`crate::models::qwen3`]). Parameter names are `transformers`',
+//! so the directory `save_pretrained` writes loads here and the one
+//! [`LlamaForCausalLM::save_pretrained`] writes loads there as the same family.
 //!
 //! ```no_run
 //! use neuron_pc::models::llama::LlamaForCausalLM;
