@@ -302,6 +302,8 @@ impl LlamaDecoderLayer {
         index: Option<usize>,
     ) -> Result<LlamaDecoderLayer> {
         let eps = Some(c.rms_norm_eps);
+        // read (or drawn) in the order of the fields: a random model's values depend on it
+        let self_attn = LlamaAttention::from_vb(&vb.pp("self_attn"), c)?;
         let mlp = match (&c.moe, index) {
             (Some(moe), Some(l)) if moe.is_sparse(l) => {
                 let block = vb.pp(moe::Names::of(c.family).block);
@@ -310,7 +312,7 @@ impl LlamaDecoderLayer {
             _ => FeedForward::Dense(LlamaMlp::from_vb(&vb.pp("mlp"), c)?),
         };
         Ok(LlamaDecoderLayer {
-            self_attn: LlamaAttention::from_vb(&vb.pp("self_attn"), c)?,
+            self_attn,
             mlp,
             input_layernorm: RMSNorm::from_vb(&vb.pp("input_layernorm"), c.hidden_size, eps)?,
             post_attention_layernorm: RMSNorm::from_vb(
