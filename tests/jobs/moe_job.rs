@@ -1,7 +1,8 @@
 //! `train_llama --family qwen3_moe` as a user runs it: a random mixture of experts from the
 //! size flags, its experts split over `--ep 4` devices, compiled ahead by `neuron-pc compile`
-//! so the real run compiles nothing, following the one-device run, and saved as a directory
-//! that loads back as the same family; bad expert flags are one line.
+//! so the real run compiles nothing, following the one-device run, checkpointed and resumed on
+//! one device, and saved as a directory that loads back as the same family; bad expert flags
+//! are one line.
 
 use crate::llama_job::{fails_with, precompile, run, tmp, SMALL};
 
@@ -25,6 +26,7 @@ const MOE: &[&str] = &[
 fn an_expert_parallel_run_precompiles_follows_one_device_and_saves_qwen3_moe() {
     let cache = tmp("moe-cache");
     let saved = tmp("moe-saved");
+    let ckpt = tmp("moe-ckpt");
     let ep = [MOE, &["--ep", "4", "--steps", "8"]].concat();
     let report = precompile(&cache, &ep);
     // the partitioned training step and the matmul that measures the peak
@@ -35,7 +37,16 @@ fn an_expert_parallel_run_precompiles_follows_one_device_and_saves_qwen3_moe() {
     }
     let meshed = run(
         &cache,
-        &args(&["--ep", "4", "--save", saved.to_str().unwrap()]),
+        &args(&[
+            "--ep",
+            "4",
+            "--save",
+            saved.to_str().unwrap(),
+            "--ckpt-dir",
+            ckpt.to_str().unwrap(),
+            "--ckpt-every",
+            "4",
+        ]),
     );
     assert_eq!(meshed.metrics["compiles"], 0, "{}", meshed.metrics);
     assert_eq!(meshed.metrics["partitions"], 4, "{}", meshed.metrics);
@@ -59,6 +70,30 @@ fn an_expert_parallel_run_precompiles_follows_one_device_and_saves_qwen3_moe() {
     // the model learns, with the load-balancing loss in its loss
     assert!(one.losses[7].1 < one.losses[0].1, "{:?}", one.losses);
 
+    // step 4's checkpoint, written with the experts split over 4 devices, resumes on one
+    // device and continues as the uninterrupted run did
+    let resumed = run(
+        &one_cache,
+        &args(&[
+            "--ckpt-dir",
+            ckpt.to_str().unwrap(),
+            "--resume",
+            "step-00000004",
+        ]),
+    );
+    assert!(
+        resumed.stdout.contains("resumed from"),
+        "{}",
+        resumed.stdout
+    );
+    assert_eq!(resumed.losses.len(), 4);
+    for ((s, g), (_, w)) in resumed.losses.iter().zip(&one.losses[4..]) {
+        assert!(
+            ((g - w) / w).abs() <= 1e-5,
+            "step {s}: resumed {g} vs straight {w}"
+        );
+    }
+
     // the saved directory is a Qwen3-MoE with every expert under its own name
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(saved.join("config.json")).unwrap()).unwrap();
@@ -76,7 +111,7 @@ fn an_expert_parallel_run_precompiles_follows_one_device_and_saves_qwen3_moe() {
     .unwrap();
     let model = LlamaForCausalLM::from_pretrained(&dev, &saved).unwrap();
     assert_eq!(model.config.family, Family::Qwen3Moe);
-    for d in [cache, one_cache, saved] {
+    for d in [cache, one_cache, saved, ckpt] {
         std::fs::remove_dir_all(d).unwrap();
     }
 }
