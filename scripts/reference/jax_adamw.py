@@ -7,6 +7,12 @@ import jax.numpy as jnp
 B1, B2, EPS, WD = 0.9, 0.999, 1e-8, 0.01
 
 
+def adamw_state(p):
+    """AdamW's state before the first step for parameters `p`: zero moments, step count 0."""
+    zeros = jax.tree.map(jnp.zeros_like, p)
+    return zeros, jax.tree.map(jnp.zeros_like, p), jnp.zeros((), jnp.float32)
+
+
 def adamw(p, m, v, t, g, lr):
     """The new (p, m, v, t)."""
     t = t + 1

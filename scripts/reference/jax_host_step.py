@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_adamw import adamw
+from jax_adamw import adamw, adamw_state
 
 
 def init(rng):
@@ -49,9 +49,7 @@ def main():
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     p = jax.tree.map(jnp.asarray, init(rng))
-    m = jax.tree.map(jnp.zeros_like, p)
-    v = jax.tree.map(jnp.zeros_like, p)
-    t = jnp.float32(0)
+    m, v, t = adamw_state(p)
     x = jnp.asarray([[0.5, -1.0, 0.25, 2.0, -0.5, 1.0, 0.0, -2.0]], jnp.float32)
     y = jnp.asarray([[1.0, 0.0, -1.0, 0.5, 0.25, -0.5, 2.0, 0.0]], jnp.float32)
     lr = jnp.float32(1e-3)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_adamw import adamw
+from jax_adamw import adamw, adamw_state
 
 VOCAB, EMBED, SEQ, BATCH, CLASSES = 8192, 128, 32, 64, 64
 MLP = [512, 512, 256]
@@ -65,9 +65,7 @@ def main():
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     p = jax.tree.map(jnp.asarray, init(rng))
-    m = jax.tree.map(jnp.zeros_like, p)
-    v = jax.tree.map(jnp.zeros_like, p)
-    t = jnp.float32(0)
+    m, v, t = adamw_state(p)
     ids = jnp.asarray(rng.integers(0, VOCAB, (BATCH, SEQ)).astype(np.int32))
     mask = jnp.ones((BATCH, SEQ), jnp.float32)
     labels = jnp.asarray(rng.integers(0, CLASSES, (BATCH,)).astype(np.int32))

@@ -97,7 +97,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
-from jax_adamw import adamw  # noqa: E402
+from jax_adamw import adamw, adamw_state  # noqa: E402
 
 if args.plugin:
     from jax._src import xla_bridge  # noqa: E402
@@ -230,9 +230,7 @@ def main():
     if N_DEVICES == 1 and not args.plugin:
         jstep = jax.jit(step, donate_argnums=(0, 1, 2, 3))
         p = jax.tree.map(jnp.asarray, init(np.random.default_rng(0)))
-        m = jax.tree.map(jnp.zeros_like, p)
-        v = jax.tree.map(jnp.zeros_like, p)
-        t = jnp.zeros((), jnp.float32)
+        m, v, t = adamw_state(p)
         lr = jnp.asarray(1e-3, jnp.float32)
         rng = np.random.default_rng(1)
         batches = [jnp.asarray(rng.integers(0, VOCAB, (BATCH, SEQ), dtype=np.int32))

@@ -19,7 +19,6 @@ when NEURON_PC_BENCH_TORCH / NEURON_PC_BENCH_TORCH_XLA name Pythons that have th
 """
 import argparse
 import os
-import statistics
 import time
 
 ap = argparse.ArgumentParser()
@@ -35,6 +34,8 @@ if args.xla:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
+
+from step_times import step_times  # noqa: E402
 
 if args.xla:
     import torch_xla  # noqa: E402
@@ -149,25 +150,11 @@ def main():
         data = met.metric_data("CompileTime")
         compile_ms = data[1] / 1e6 if data else 0.0
         compiles = data[0] if data else 0
-    synced = []
-    for i in range(args.steps):
-        t = time.perf_counter()
-        step(i)
-        wait()
-        synced.append((time.perf_counter() - t) * 1e3)
-    rnd = max(args.steps // 2, 1)
-    pipelined = []
-    for _ in range(3):
-        t = time.perf_counter()
-        for i in range(rnd):
-            step(i)
-        wait()
-        pipelined.append((time.perf_counter() - t) * 1e3 / rnd)
+    synced, pipelined = step_times(step, args.steps, wait)
     loss = step(0).item()
     name = "pytorch-xla" if args.xla else "pytorch-eager"
     extra = f" compile_ms={compile_ms:.1f} graphs={compiles}" if args.xla else ""
-    print(f"RESULT {name} synced_ms={statistics.median(synced):.3f} "
-          f"pipelined_ms={statistics.median(pipelined):.3f}{extra} "
+    print(f"RESULT {name} synced_ms={synced:.3f} pipelined_ms={pipelined:.3f}{extra} "
           f"params={sum(p.numel() for p in model.parameters())} loss={loss:.4f}", flush=True)
 
 

@@ -13,10 +13,9 @@ Needs torch and transformers, not installed by scripts/setup: `scripts/bench moe
 when NEURON_PC_BENCH_TORCH names a Python that has them.
 """
 import argparse
-import statistics
-import time
 
 import torch
+from step_times import step_times
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3MoeConfig
 
 ap = argparse.ArgumentParser()
@@ -65,21 +64,10 @@ def main():
     step(0).item()
     for i in range(1, args.warmup + 1):
         step(i)
-    synced = []
-    for i in range(args.steps):
-        t = time.perf_counter()
-        step(i).item()
-        synced.append((time.perf_counter() - t) * 1e3)
-    rnd = max(args.steps // 2, 1)
-    pipelined = []
-    for _ in range(3):
-        t = time.perf_counter()
-        for i in range(rnd):
-            step(i)
-        pipelined.append((time.perf_counter() - t) * 1e3 / rnd)
+    # eager on the cpu: a step is done when it returns
+    synced, pipelined = step_times(step, args.steps, wait=lambda: None)
     loss = step(0).item()
-    print(f"RESULT {name} synced_ms={statistics.median(synced):.3f} "
-          f"pipelined_ms={statistics.median(pipelined):.3f} params={params} "
+    print(f"RESULT {name} synced_ms={synced:.3f} pipelined_ms={pipelined:.3f} params={params} "
           f"active={active or params} loss={loss:.4f}", flush=True)
 
 
