@@ -367,11 +367,7 @@ impl LlamaConfig {
         experts::validate(
             self.moe.as_ref(),
             self.family,
-            (
-                self.intermediate_size,
-                self.num_hidden_layers,
-                self.scan_layers,
-            ),
+            (self.intermediate_size, self.num_hidden_layers),
             &|key, message| Error::Config(format!("{origin}: config key `{key}`: {message}")),
         )?;
         let misplaced = match self.family {

@@ -111,32 +111,30 @@ pub(super) fn parse(
             ));
         }
     }
-    let count = |keys: &Keys<'_>| -> Result<Option<usize>> {
+    let count = || -> Result<Option<usize>> {
         Ok(match keys.usize("num_experts")? {
             Some(n) => Some(n),
             None => keys.usize("num_local_experts")?,
         })
     };
-    let dense = |keys: &Keys<'_>| -> Result<Option<MoeConfig>> {
-        for key in ["num_experts", "num_local_experts", "num_experts_per_tok"] {
-            if keys.get(key).is_some() {
-                return Err(keys.err(
+    let mut moe = match family {
+        Family::Llama | Family::Mistral | Family::Qwen2 | Family::Qwen3 => {
+            let keys_of_experts = ["num_experts", "num_local_experts", "num_experts_per_tok"];
+            return match keys_of_experts.into_iter().find(|k| keys.get(k).is_some()) {
+                Some(key) => Err(keys.err(
                     key,
                     format!(
                         "model_type {:?} has no experts (model_type \"qwen3_moe\" or \
                          \"mixtral\" has)",
                         family.model_type()
                     ),
-                ));
-            }
+                )),
+                None => Ok(None),
+            };
         }
-        Ok(None)
-    };
-    let mut moe = match family {
-        Family::Llama | Family::Mistral | Family::Qwen2 | Family::Qwen3 => return dense(keys),
         Family::Qwen3Moe => {
             let mut moe = MoeConfig::new(
-                count(keys)?.unwrap_or(128),
+                count()?.unwrap_or(128),
                 keys.usize("num_experts_per_tok")?.unwrap_or(8),
                 keys.usize("moe_intermediate_size")?.unwrap_or(768),
             );
@@ -167,7 +165,7 @@ pub(super) fn parse(
                 }
             }
             MoeConfig::new(
-                count(keys)?.unwrap_or(8),
+                count()?.unwrap_or(8),
                 keys.usize("num_experts_per_tok")?.unwrap_or(2),
                 intermediate_size,
             )
@@ -184,7 +182,7 @@ pub(super) fn parse(
 pub(super) fn validate(
     moe: Option<&MoeConfig>,
     family: Family,
-    (intermediate_size, layers, scan_layers): (usize, usize, bool),
+    (intermediate_size, layers): (usize, usize),
     err: &dyn Fn(&str, String) -> Error,
 ) -> Result<()> {
     let sparse_family = matches!(family, Family::Qwen3Moe | Family::Mixtral);
@@ -234,12 +232,6 @@ pub(super) fn validate(
         return Err(err(
             "mlp_only_layers",
             format!("layer {l} of {} layers", layers),
-        ));
-    }
-    if scan_layers {
-        return Err(err(
-            "scan_layers",
-            "scanned layers of experts are not supported (leave the layers unrolled)".into(),
         ));
     }
     Ok(())

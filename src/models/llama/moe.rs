@@ -192,41 +192,29 @@ pub(super) fn load_balancing_loss(
     routing: &[Routing],
     attention_mask: Option<&Tensor>,
 ) -> Result<Tensor> {
-    let first = routing.first().expect("a sparse layer");
-    let (tokens, experts) = (first.probs.dims()[0], first.probs.dims()[1]);
-    let keep = match attention_mask {
-        Some(m) => Some(
-            m.ne(&m.zeros_like()?)?
-                .to_dtype(DType::F32)?
-                .reshape(&[tokens, 1])?,
-        ),
-        None => None,
+    // every sparse layer's rows, one after another, as transformers concatenates them
+    let all = |part: fn(&Routing) -> &Tensor| {
+        Tensor::cat(&routing.iter().map(part).collect::<Vec<_>>(), 0)
     };
-    let (mut chosen_sum, mut prob_sum) = (None::<Tensor>, None::<Tensor>);
-    let add = |acc: Option<Tensor>, t: Tensor| -> Result<Option<Tensor>> {
-        Ok(Some(match acc {
-            Some(a) => a.add(&t)?,
-            None => t,
-        }))
+    let (probs, chosen) = (all(|r| &r.probs)?, all(|r| &r.chosen)?);
+    let (rows, experts) = (probs.dims()[0], probs.dims()[1]);
+    let fraction_times_prob = |probs: &Tensor, chosen: &Tensor| -> Result<Tensor> {
+        chosen
+            .sum(&[0], false)?
+            .mul(&probs.sum(&[0], false)?)?
+            .sum_all()
     };
-    for r in routing {
-        let (chosen, probs) = match &keep {
-            Some(k) => (r.chosen.mul(k)?, r.probs.mul(k)?),
-            None => (r.chosen.clone(), r.probs.clone()),
-        };
-        chosen_sum = add(chosen_sum, chosen.sum(&[0], false)?)?;
-        prob_sum = add(prob_sum, probs.sum(&[0], false)?)?;
+    match attention_mask {
+        None => fraction_times_prob(&probs, &chosen)?
+            .mul_scalar(experts as f64 / (rows as f64 * rows as f64)),
+        Some(m) => {
+            let keep = m.ne(&m.zeros_like()?)?.to_dtype(DType::F32)?;
+            let keep = keep.reshape(&[keep.elem_count(), 1])?;
+            let keep = Tensor::cat(&vec![&keep; routing.len()], 0)?;
+            let real = keep.sum_all()?;
+            fraction_times_prob(&probs.mul(&keep)?, &chosen.mul(&keep)?)?
+                .div(&real.mul(&real)?)?
+                .mul_scalar(experts as f64)
+        }
     }
-    let (chosen_sum, prob_sum) = (chosen_sum.expect("a layer"), prob_sum.expect("a layer"));
-    let product = chosen_sum.mul(&prob_sum)?.sum_all()?;
-    let rows = match &keep {
-        Some(k) => k.sum_all()?.mul_scalar(routing.len() as f64)?,
-        None => probs_count(&first.probs, tokens * routing.len())?,
-    };
-    product.div(&rows.mul(&rows)?)?.mul_scalar(experts as f64)
-}
-
-/// `n` as a float32 scalar on `like`'s device.
-fn probs_count(like: &Tensor, n: usize) -> Result<Tensor> {
-    like.device()?.scalar(n as f64, DType::F32)
 }
