@@ -19,12 +19,15 @@
 extern crate self as neuron_pc;
 
 pub mod amp;
+// Matches that decide something for every op list every variant (see `neuron_pc_compiler`).
+#[warn(clippy::wildcard_enum_match_arm)]
 pub mod autodiff;
 pub mod checkpoint;
 #[cfg(feature = "gloo")]
 pub mod collectives;
 pub mod compile;
 pub mod data;
+#[warn(clippy::wildcard_enum_match_arm)]
 pub mod device;
 pub mod distributed;
 mod error;

@@ -71,7 +71,12 @@ impl DType {
             DType::Pred => "pred",
             DType::U32 => "u32",
             DType::U8 => "u8",
-            other => other.mlir_name(),
+            other @ (DType::F32
+            | DType::F64
+            | DType::BF16
+            | DType::F16
+            | DType::I32
+            | DType::I64) => other.mlir_name(),
         }
     }
 

@@ -176,6 +176,8 @@ impl PjrtErrorCode {
 }
 
 impl std::fmt::Display for PjrtErrorCode {
+    // the named codes print as PJRT names them
+    #[allow(clippy::wildcard_enum_match_arm)]
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PjrtErrorCode::Other(n) => write!(f, "code {n}"),

@@ -3,6 +3,9 @@
 //! loads a plugin, compiles, serializes and executes.
 
 #![warn(missing_docs)]
+// A match that decides something for every op lists every variant (a new primitive is then a
+// compile error wherever it must be decided); one that picks out a variant is an `if let`.
+#![warn(clippy::wildcard_enum_match_arm)]
 
 pub mod dtype;
 pub mod error;

@@ -43,7 +43,7 @@ mod window;
 use std::panic::Location;
 use std::sync::{Arc, Weak};
 
-use neuron_pc_compiler::ir::{Op, TensorType};
+use neuron_pc_compiler::ir::{Op, ReplicaRule, TensorType};
 // Keyed by node addresses and only looked up, never iterated: the fast hash cannot change a
 // graph, and SipHash with growth from empty was a tenth of tracing a Llama step (callgrind).
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
@@ -212,11 +212,11 @@ fn value_type(dev: &DeviceInner, v: &Value) -> TensorType {
 }
 
 fn non_diff(op: &Op, location: &'static Location<'static>) -> Error {
-    let reason = match op {
-        Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => {
-            "a product over replicas has no gradient rule"
+    let reason = match op.replicas() {
+        ReplicaRule::Groups { .. } => "a product over replicas has no gradient rule",
+        ReplicaRule::Local | ReplicaRule::FirstOperand | ReplicaRule::Distinct => {
+            "it has no derivative on the float path to the loss"
         }
-        _ => "it has no derivative on the float path to the loss",
     };
     Error::NotDifferentiable {
         location,

@@ -191,33 +191,7 @@ where
 /// simplifies the backward program differently from the unrolled model's, so gradients agree
 /// with it to the last bits, not bit for bit (`tests/training/scan_layers.rs`).
 fn cheap(op: &Op) -> bool {
-    use neuron_pc_compiler::ir::{BinaryOp, UnaryOp};
-    match op {
-        Op::Unary(u) => matches!(
-            u,
-            UnaryOp::Neg
-                | UnaryOp::Abs
-                | UnaryOp::Sign
-                | UnaryOp::Floor
-                | UnaryOp::Ceil
-                | UnaryOp::Not
-        ),
-        Op::Binary(b) => !matches!(b, BinaryOp::Pow),
-        Op::Compare(_)
-        | Op::Select
-        | Op::Convert(_)
-        | Op::BroadcastInDim { .. }
-        | Op::Reshape { .. }
-        | Op::Transpose { .. }
-        | Op::Slice { .. }
-        | Op::Concatenate { .. }
-        | Op::Pad { .. }
-        | Op::Constant(_)
-        | Op::Iota { .. }
-        | Op::StopGradient
-        | Op::ShardingConstraint { .. } => true,
-        _ => false,
-    }
+    op.recomputes_cheaply()
 }
 
 /// The gradient contributions of one scan result with cotangent `g` to the scan's operands
@@ -249,14 +223,15 @@ pub(super) fn vjp(op: &Op, x: &[Tensor], g: &Tensor) -> Result<Vec<Option<Tensor
     let mut replay: Vec<Tensor> = Vec::with_capacity(fg.len());
     let mut varies: Vec<bool> = Vec::with_capacity(fg.len());
     for node in fg.nodes() {
-        let (t, v) = match &node.op {
-            Op::Parameter { index } => (params[*index].clone(), *index < nc + nx),
-            op if node.operands.is_empty() => (Tensor::apply_nullary(&dev, op.clone())?, false),
-            op => {
-                let args: Vec<&Tensor> = node.operands.iter().map(|o| &replay[o.0]).collect();
-                let v = node.operands.iter().any(|o| varies[o.0]);
-                (Tensor::apply(op.clone(), &args)?, v)
-            }
+        let op = &node.op;
+        let (t, v) = if let Op::Parameter { index } = op {
+            (params[*index].clone(), *index < nc + nx)
+        } else if node.operands.is_empty() {
+            (Tensor::apply_nullary(&dev, op.clone())?, false)
+        } else {
+            let args: Vec<&Tensor> = node.operands.iter().map(|o| &replay[o.0]).collect();
+            let v = node.operands.iter().any(|o| varies[o.0]);
+            (Tensor::apply(op.clone(), &args)?, v)
         };
         replay.push(t);
         varies.push(v);
@@ -395,7 +370,7 @@ pub(super) fn vjp(op: &Op, x: &[Tensor], g: &Tensor) -> Result<Vec<Option<Tensor
     for (k, init) in x[..nc].iter().enumerate() {
         operands.push(match output {
             ScanOutput::Carry(j) if *j == k => g.clone(),
-            _ => init.zeros_like()?,
+            ScanOutput::Carry(_) | ScanOutput::Stacked(_) => init.zeros_like()?,
         });
     }
     for &k in &inv {
@@ -405,9 +380,14 @@ pub(super) fn vjp(op: &Op, x: &[Tensor], g: &Tensor) -> Result<Vec<Option<Tensor
         operands.push(g.clone());
     }
     for &n in &scanned {
-        operands.push(match fg.nodes()[n].op {
-            Op::Parameter { index } if index >= nc => x[index].clone(),
-            _ => forward_stacked(neuron_pc_compiler::ir::NodeId(n))?,
+        let scanned_input = if let Op::Parameter { index } = fg.nodes()[n].op {
+            Some(index).filter(|i| *i >= nc)
+        } else {
+            None
+        };
+        operands.push(match scanned_input {
+            Some(index) => x[index].clone(),
+            None => forward_stacked(neuron_pc_compiler::ir::NodeId(n))?,
         });
     }
     for &n in &invariant {

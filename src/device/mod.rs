@@ -39,7 +39,7 @@ use std::panic::Location;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
-use neuron_pc_compiler::ir::{Op, TensorType};
+use neuron_pc_compiler::ir::{Op, ReplicaRule, TensorType};
 use neuron_pc_compiler::pjrt::{Buffer, Client, Device};
 use neuron_pc_compiler::sharding::{Mesh, Sharding};
 
@@ -363,15 +363,18 @@ impl DeviceInner {
         let everyone =
             |groups: &[Vec<usize>]| groups.len() == 1 && groups[0].len() == self.global_replicas();
         let trivial = |groups: &[Vec<usize>]| groups.iter().all(|g| g.len() == 1);
-        match op {
-            Op::ReplicaId | Op::ProcessIndex => true,
-            Op::ProcessCollective { .. } => any(),
-            Op::After => operands[0].is_per_replica(),
-            Op::AllReduce { replica_groups, .. } | Op::AllGather { replica_groups, .. } => {
-                !everyone(replica_groups) && (!trivial(replica_groups) || any())
-            }
-            Op::ReduceScatter { replica_groups, .. } => !trivial(replica_groups) || any(),
-            _ => any(),
+        match op.replicas() {
+            ReplicaRule::Distinct => true,
+            ReplicaRule::Local => any(),
+            ReplicaRule::FirstOperand => operands[0].is_per_replica(),
+            ReplicaRule::Groups {
+                groups,
+                agree: true,
+            } => !everyone(groups) && (!trivial(groups) || any()),
+            ReplicaRule::Groups {
+                groups,
+                agree: false,
+            } => !trivial(groups) || any(),
         }
     }
 

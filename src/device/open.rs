@@ -85,7 +85,7 @@ impl LazyDevice {
                     .max(last as i64)
                     .max(gloo_pool_devices(&config, count)),
             ),
-            _ => None,
+            Target::Cuda | Target::Trn1 | Target::Trn2 => None,
         };
         let mut options = ClientOptions {
             cpu_device_count,

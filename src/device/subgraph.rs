@@ -75,12 +75,16 @@ pub(crate) fn extract(dev: &DeviceInner, leaves: &[Value], outputs: &[Value]) ->
         if let Some(&id) = sub.ids.get(&value_key(v)) {
             return Ok(id);
         }
-        let id = match v {
-            Value::Node(n) if n.operands.is_empty() => match rec.interner.op_of(n.op_id).0 {
-                Op::Parameter { .. } => None,
-                op => Some(sub.graph.push(op.clone(), &[])?),
-            },
-            _ => None,
+        // an op of no operands (a constant, an iota) is copied in; anything else captured
+        let nullary = match v {
+            Value::Node(n) if n.operands.is_empty() => Some(rec.interner.op_of(n.op_id).0),
+            Value::Node(_) | Value::Data(_) => None,
+        };
+        let id = match nullary {
+            Some(op) if !matches!(op, Op::Parameter { .. }) => {
+                Some(sub.graph.push(op.clone(), &[])?)
+            }
+            Some(_) | None => None,
         };
         let id = match id {
             Some(id) => id,

@@ -71,137 +71,177 @@ impl DTypeClass {
     }
 }
 
-op_enum! {
-/// Elementwise one-operand ops.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum UnaryOp {
+/// Declares [`UnaryOp`] from one table: each row is every fact of one op, so a new unary op
+/// is one row here, its derivative (`autodiff/pointwise.rs` in the root crate) and its
+/// `Tensor` method. Rows give:
+/// - `name`: the short lowercase name for messages;
+/// - `stablehlo`: the op as spelled in MLIR text (`erf` comes from the CHLO dialect);
+/// - `dtypes`: the [`DTypeClass`] it takes (the result has the operand's dtype);
+/// - `half`: whether `--auto-cast all` may run it in bf16/fp16 (bounded or sign-like results
+///   such as `tanh` or `erf`, not the range-hungry `exp`, `log`, `sqrt`);
+/// - `cheap`: whether a scanned body's backward pass recomputes it rather than stacking it
+///   (memory-bound work XLA fuses into its readers, not a transcendental function);
+/// - `float`, `int`, `uint`: the reference value, floats in f64 (the reference evaluator rounds
+///   to the dtype), integers wrapping; `None` where `dtypes` excludes them.
+macro_rules! unary_ops {
+    ($(
+        $(#[$doc:meta])*
+        $variant:ident {
+            name: $name:literal,
+            stablehlo: $hlo:literal,
+            dtypes: $class:ident,
+            half: $half:literal,
+            cheap: $cheap:literal,
+            float: $f:expr,
+            int: $i:expr,
+            uint: $u:expr,
+        }
+    )+) => {
+        op_enum! {
+        /// Elementwise one-operand ops.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum UnaryOp {
+            $( $(#[$doc])* $variant, )+
+        }
+        }
+
+        impl UnaryOp {
+            /// A short lowercase name for messages.
+            pub fn name(self) -> &'static str {
+                match self { $( UnaryOp::$variant => $name, )+ }
+            }
+
+            /// The op as spelled in MLIR text (`erf` comes from the CHLO dialect).
+            pub fn stablehlo_name(self) -> &'static str {
+                match self { $( UnaryOp::$variant => $hlo, )+ }
+            }
+
+            /// Whether `--auto-cast all` may run it in bf16/fp16: bounded or sign-like results
+            /// (`tanh`, `erf`, ...), not the range-hungry ones (`exp`, `log`, `sqrt`, `rsqrt`).
+            pub fn half_precision_safe(self) -> bool {
+                match self { $( UnaryOp::$variant => $half, )+ }
+            }
+
+            /// Whether recomputing it costs less than storing it: memory-bound work that XLA
+            /// fuses into its readers (sign changes, rounding), not a transcendental function.
+            pub fn cheap(self) -> bool {
+                match self { $( UnaryOp::$variant => $cheap, )+ }
+            }
+
+            /// The dtypes the op takes (the result has the operand's dtype).
+            pub fn dtypes(self) -> DTypeClass {
+                match self { $( UnaryOp::$variant => DTypeClass::$class, )+ }
+            }
+
+            /// The exact value on a float, in f64 (the reference evaluator's).
+            pub fn on_float(self, a: f64) -> f64 {
+                let f: fn(f64) -> f64 = match self { $( UnaryOp::$variant => $f, )+ };
+                f(a)
+            }
+
+            /// The value on a signed integer (wrapping), or `None` where the op takes no
+            /// integers.
+            pub fn on_int(self, a: i64) -> Option<i64> {
+                let f: Option<fn(i64) -> i64> = match self { $( UnaryOp::$variant => $i, )+ };
+                f.map(|f| f(a))
+            }
+
+            /// The value on an unsigned integer (wrapping), or `None` where the op takes no
+            /// unsigned integers.
+            pub fn on_uint(self, a: u64) -> Option<u64> {
+                let f: Option<fn(u64) -> u64> = match self { $( UnaryOp::$variant => $u, )+ };
+                f.map(|f| f(a))
+            }
+        }
+    };
+}
+
+unary_ops! {
     /// `-x` (integers wrap).
-    Neg,
+    Neg {
+        name: "neg", stablehlo: "stablehlo.negate", dtypes: Signed, half: true, cheap: true,
+        float: |a| -a, int: Some(i64::wrapping_neg), uint: Some(u64::wrapping_neg),
+    }
     /// `|x|` (integers wrap: `abs(MIN)` is `MIN`).
-    Abs,
+    Abs {
+        name: "abs", stablehlo: "stablehlo.abs", dtypes: Signed, half: true, cheap: true,
+        float: f64::abs, int: Some(i64::wrapping_abs), uint: None,
+    }
     /// -1, 0 or 1 by the sign of `x`; a float zero keeps its sign and NaN stays NaN.
-    Sign,
+    Sign {
+        name: "sign", stablehlo: "stablehlo.sign", dtypes: Signed, half: true, cheap: true,
+        float: |a| if a.is_nan() || a == 0.0 { a } else { a.signum() },
+        int: Some(i64::signum), uint: Some(|a| u64::from(a != 0)),
+    }
     /// `e^x`.
-    Exp,
+    Exp {
+        name: "exp", stablehlo: "stablehlo.exponential", dtypes: Float, half: false,
+        cheap: false, float: f64::exp, int: None, uint: None,
+    }
     /// Natural logarithm.
-    Log,
+    Log {
+        name: "log", stablehlo: "stablehlo.log", dtypes: Float, half: false, cheap: false,
+        float: f64::ln, int: None, uint: None,
+    }
     /// `log(1 + x)`, accurate for small x (PyTorch's `log1p`).
-    Log1p,
+    Log1p {
+        name: "log1p", stablehlo: "stablehlo.log_plus_one", dtypes: Float, half: false,
+        cheap: false, float: f64::ln_1p, int: None, uint: None,
+    }
     /// Hyperbolic tangent.
-    Tanh,
+    Tanh {
+        name: "tanh", stablehlo: "stablehlo.tanh", dtypes: Float, half: true, cheap: false,
+        float: f64::tanh, int: None, uint: None,
+    }
     /// The sigmoid `1 / (1 + e^-x)` (PyTorch's `sigmoid`).
-    Logistic,
+    Logistic {
+        name: "logistic", stablehlo: "stablehlo.logistic", dtypes: Float, half: true,
+        cheap: false, float: |a| 1.0 / (1.0 + (-a).exp()), int: None, uint: None,
+    }
     /// Square root.
-    Sqrt,
+    Sqrt {
+        name: "sqrt", stablehlo: "stablehlo.sqrt", dtypes: Float, half: false, cheap: false,
+        float: f64::sqrt, int: None, uint: None,
+    }
     /// `1 / sqrt(x)`.
-    Rsqrt,
+    Rsqrt {
+        name: "rsqrt", stablehlo: "stablehlo.rsqrt", dtypes: Float, half: false, cheap: false,
+        float: |a| 1.0 / a.sqrt(), int: None, uint: None,
+    }
     /// Sine, in radians.
-    Sin,
+    Sin {
+        name: "sin", stablehlo: "stablehlo.sine", dtypes: Float, half: true, cheap: false,
+        float: f64::sin, int: None, uint: None,
+    }
     /// Cosine, in radians.
-    Cos,
+    Cos {
+        name: "cos", stablehlo: "stablehlo.cosine", dtypes: Float, half: true, cheap: false,
+        float: f64::cos, int: None, uint: None,
+    }
     /// The Gauss error function (CHLO's `chlo.erf`).
-    Erf,
+    Erf {
+        name: "erf", stablehlo: "chlo.erf", dtypes: Float, half: true, cheap: false,
+        float: crate::reference::erf, int: None, uint: None,
+    }
     /// `1 - erf(x)`, without the cancellation for large x.
-    Erfc,
+    Erfc {
+        name: "erfc", stablehlo: "chlo.erfc", dtypes: Float, half: true, cheap: false,
+        float: crate::reference::erfc, int: None, uint: None,
+    }
     /// Rounds down to an integral value (the dtype stays a float).
-    Floor,
+    Floor {
+        name: "floor", stablehlo: "stablehlo.floor", dtypes: Float, half: true, cheap: true,
+        float: f64::floor, int: None, uint: None,
+    }
     /// Rounds up to an integral value (the dtype stays a float).
-    Ceil,
+    Ceil {
+        name: "ceil", stablehlo: "stablehlo.ceil", dtypes: Float, half: true, cheap: true,
+        float: f64::ceil, int: None, uint: None,
+    }
     /// Logical not on pred, bitwise not on integers.
-    Not,
-}
-}
-
-impl UnaryOp {
-    /// A short lowercase name for messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            UnaryOp::Neg => "neg",
-            UnaryOp::Abs => "abs",
-            UnaryOp::Sign => "sign",
-            UnaryOp::Exp => "exp",
-            UnaryOp::Log => "log",
-            UnaryOp::Log1p => "log1p",
-            UnaryOp::Tanh => "tanh",
-            UnaryOp::Logistic => "logistic",
-            UnaryOp::Sqrt => "sqrt",
-            UnaryOp::Rsqrt => "rsqrt",
-            UnaryOp::Sin => "sin",
-            UnaryOp::Cos => "cos",
-            UnaryOp::Erf => "erf",
-            UnaryOp::Erfc => "erfc",
-            UnaryOp::Floor => "floor",
-            UnaryOp::Ceil => "ceil",
-            UnaryOp::Not => "not",
-        }
-    }
-
-    /// The op as spelled in MLIR text (`erf` comes from the CHLO dialect).
-    pub fn stablehlo_name(self) -> &'static str {
-        match self {
-            UnaryOp::Neg => "stablehlo.negate",
-            UnaryOp::Abs => "stablehlo.abs",
-            UnaryOp::Sign => "stablehlo.sign",
-            UnaryOp::Exp => "stablehlo.exponential",
-            UnaryOp::Log => "stablehlo.log",
-            UnaryOp::Log1p => "stablehlo.log_plus_one",
-            UnaryOp::Tanh => "stablehlo.tanh",
-            UnaryOp::Logistic => "stablehlo.logistic",
-            UnaryOp::Sqrt => "stablehlo.sqrt",
-            UnaryOp::Rsqrt => "stablehlo.rsqrt",
-            UnaryOp::Sin => "stablehlo.sine",
-            UnaryOp::Cos => "stablehlo.cosine",
-            UnaryOp::Erf => "chlo.erf",
-            UnaryOp::Erfc => "chlo.erfc",
-            UnaryOp::Floor => "stablehlo.floor",
-            UnaryOp::Ceil => "stablehlo.ceil",
-            UnaryOp::Not => "stablehlo.not",
-        }
-    }
-
-    /// Whether `--auto-cast all` may run it in bf16/fp16: bounded or sign-like results
-    /// (`tanh`, `erf`, ...), not the range-hungry ones (`exp`, `log`, `sqrt`, `rsqrt`).
-    pub fn half_precision_safe(self) -> bool {
-        match self {
-            UnaryOp::Neg
-            | UnaryOp::Abs
-            | UnaryOp::Sign
-            | UnaryOp::Floor
-            | UnaryOp::Ceil
-            | UnaryOp::Tanh
-            | UnaryOp::Logistic
-            | UnaryOp::Sin
-            | UnaryOp::Cos
-            | UnaryOp::Erf
-            | UnaryOp::Erfc => true,
-            UnaryOp::Exp
-            | UnaryOp::Log
-            | UnaryOp::Log1p
-            | UnaryOp::Sqrt
-            | UnaryOp::Rsqrt
-            | UnaryOp::Not => false,
-        }
-    }
-
-    /// The dtypes the op takes (the result has the operand's dtype).
-    pub fn dtypes(self) -> DTypeClass {
-        match self {
-            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign => DTypeClass::Signed,
-            UnaryOp::Exp
-            | UnaryOp::Log
-            | UnaryOp::Log1p
-            | UnaryOp::Tanh
-            | UnaryOp::Logistic
-            | UnaryOp::Sqrt
-            | UnaryOp::Rsqrt
-            | UnaryOp::Sin
-            | UnaryOp::Cos
-            | UnaryOp::Erf
-            | UnaryOp::Erfc
-            | UnaryOp::Floor
-            | UnaryOp::Ceil => DTypeClass::Float,
-            UnaryOp::Not => DTypeClass::Bits,
-        }
+    Not {
+        name: "not", stablehlo: "stablehlo.not", dtypes: Bits, half: false, cheap: true,
+        float: |a| a, int: Some(|a| !a), uint: Some(|a| !a),
     }
 }
 

@@ -74,9 +74,11 @@ impl Graph {
         let mut params: Vec<(usize, NodeId)> = nodes
             .iter()
             .enumerate()
-            .filter_map(|(i, n)| match n.op {
-                Op::Parameter { index } => Some((index, NodeId(i))),
-                _ => None,
+            .filter_map(|(i, n)| {
+                let Op::Parameter { index } = n.op else {
+                    return None;
+                };
+                Some((index, NodeId(i)))
             })
             .collect();
         params.sort();

@@ -313,46 +313,6 @@ impl ProcessCollective {
 }
 
 impl Op {
-    /// Whether the op's value is fixed by its operands on one replica (constant folding may
-    /// evaluate it ahead of time): not parameters, constants and iotas (nothing to fold) nor
-    /// collectives (their value depends on the other replicas).
-    pub fn is_foldable(&self) -> bool {
-        match self {
-            Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } => false,
-            Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => false,
-            Op::ReplicaId | Op::ProcessCollective { .. } | Op::ProcessIndex => false,
-            Op::ProcessBucket { .. } => false,
-            // a whole loop is no constant to fold ahead of time
-            Op::Scan { .. } => false,
-            // a layout the user asked for, kept where it was put
-            Op::ShardingConstraint { .. } => false,
-            Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Compare(_)
-            | Op::Select
-            | Op::Convert(_)
-            | Op::BroadcastInDim { .. }
-            | Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::Slice { .. }
-            | Op::DynamicSlice { .. }
-            | Op::DynamicUpdateSlice
-            | Op::Concatenate { .. }
-            | Op::Pad { .. }
-            | Op::Reduce(..)
-            | Op::ArgMax { .. }
-            | Op::ArgMin { .. }
-            | Op::DotGeneral { .. }
-            | Op::Gather
-            | Op::ScatterAdd
-            | Op::StopGradient
-            | Op::After
-            | Op::Convolution { .. }
-            | Op::ReduceWindow { .. }
-            | Op::RandomBits { .. } => true,
-        }
-    }
-
     /// A short lowercase name for messages (`add`, `dot_general`).
     pub fn name(&self) -> &'static str {
         match self {

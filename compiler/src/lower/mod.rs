@@ -209,9 +209,10 @@ impl Emitter {
     /// Emits every node of `graph`, its parameters named `params`.
     pub(crate) fn emit_nodes(&mut self, graph: &Graph, params: &[String]) -> Result<()> {
         for (i, node) in graph.nodes().iter().enumerate() {
-            let name = match &node.op {
-                Op::Parameter { index } => params[*index].clone(),
-                _ => ops::emit(self, graph, i, node)?,
+            let name = if let Op::Parameter { index } = &node.op {
+                params[*index].clone()
+            } else {
+                ops::emit(self, graph, i, node)?
             };
             self.names.push(name);
         }

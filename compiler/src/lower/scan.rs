@@ -72,16 +72,18 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
     let mut stacked: Vec<NodeId> = graph
         .nodes()
         .iter()
-        .filter_map(|n| match &n.op {
-            Op::Scan {
+        .filter_map(|n| {
+            let Op::Scan {
                 body: b,
                 length: l,
                 reverse: r,
                 output: ScanOutput::Stacked(s),
-            } if l == length && r == reverse && n.operands == node.operands && b == body => {
-                Some(*s)
-            }
-            _ => None,
+            } = &n.op
+            else {
+                return None;
+            };
+            let same = l == length && r == reverse && n.operands == node.operands && b == body;
+            same.then_some(*s)
         })
         .collect();
     stacked.sort();

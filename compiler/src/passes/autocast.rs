@@ -130,7 +130,14 @@ fn normal_range(to: DType) -> (f64, f64) {
         // bf16 has float32's exponent range
         DType::BF16 => (f32::MIN_POSITIVE as f64, 3.389_531_389_251_535e38),
         DType::F16 => (6.103_515_625e-5, 65504.0),
-        _ => (0.0, f64::INFINITY),
+        // not a reduced type: nothing is out of its range
+        DType::F32
+        | DType::F64
+        | DType::I32
+        | DType::I64
+        | DType::U32
+        | DType::U8
+        | DType::Pred => (0.0, f64::INFINITY),
     }
 }
 
@@ -140,8 +147,8 @@ fn unrepresentable_constants(graph: &Graph, to: DType) -> Vec<bool> {
     let (tiny, huge) = normal_range(to);
     let mut out = vec![false; graph.len()];
     for (i, node) in graph.nodes().iter().enumerate() {
-        out[i] = match &node.op {
-            Op::Constant(lit) => {
+        out[i] = if let Op::Constant(lit) = &node.op {
+            {
                 let n = if lit.is_splat() {
                     1
                 } else {
@@ -152,10 +159,13 @@ fn unrepresentable_constants(graph: &Graph, to: DType) -> Vec<bool> {
                     (v != 0.0 && v < tiny) || (v.is_finite() && v > huge)
                 })
             }
-            Op::BroadcastInDim { .. } | Op::Reshape { .. } | Op::Convert(_) => {
-                node.operands.first().is_some_and(|o| out[o.index()])
-            }
-            _ => false,
+        } else {
+            // ops that carry a constant's values on unchanged (others: the constant is gone)
+            let carries = matches!(
+                node.op,
+                Op::BroadcastInDim { .. } | Op::Reshape { .. } | Op::Convert(_)
+            );
+            carries && node.operands.first().is_some_and(|o| out[o.index()])
         };
     }
     out
@@ -164,11 +174,7 @@ fn unrepresentable_constants(graph: &Graph, to: DType) -> Vec<bool> {
 /// Elementwise float ops that `--auto-cast all` runs in the reduced type (see the module doc
 /// for what stays float32 and why); the per-op answer is a fact on the op enums.
 fn elementwise_castable(op: &Op) -> bool {
-    match op {
-        Op::Unary(u) => u.half_precision_safe(),
-        Op::Binary(b) => b.half_precision_safe(),
-        _ => false,
-    }
+    op.half_precision_safe()
 }
 
 impl NodeRewrite for Cast {

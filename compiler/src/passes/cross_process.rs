@@ -41,6 +41,7 @@ use std::collections::HashMap;
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::ir::ReplicaRule;
 use crate::ir::{BinaryOp, Graph, Literal, Node, NodeId, Op, ProcessCollective, ReduceOp};
 
 use super::rewrite::{rebuild, Builder, NodeRewrite};
@@ -121,13 +122,11 @@ fn buckets(graph: &Graph, layout: ProcessLayout) -> Result<HashMap<usize, Vec<Me
     // whether a node needs a collective between processes
     let mut crosses = vec![false; graph.len()];
     for (i, node) in graph.nodes().iter().enumerate() {
-        let spanning = match &node.op {
-            Op::AllReduce { replica_groups, .. }
-            | Op::AllGather { replica_groups, .. }
-            | Op::ReduceScatter { replica_groups, .. } => {
-                matches!(split(replica_groups, layout)?, Split::Spanning(_))
+        let spanning = match node.op.replicas() {
+            ReplicaRule::Groups { groups, .. } => {
+                matches!(split(groups, layout)?, Split::Spanning(_))
             }
-            _ => false,
+            ReplicaRule::Local | ReplicaRule::FirstOperand | ReplicaRule::Distinct => false,
         };
         let below = node.operands.iter().any(|o| crosses[o.index()]);
         crosses[i] = spanning || below;
@@ -147,9 +146,10 @@ fn buckets(graph: &Graph, layout: ProcessLayout) -> Result<HashMap<usize, Vec<Me
             key = Some((*op, node.ty.dtype));
             bytes = 0;
         }
-        let layout = match &operand.op {
-            Op::ShardingConstraint { sharding } => sharding.clone(),
-            _ => "{replicated}".to_string(),
+        let layout = if let Op::ShardingConstraint { sharding } = &operand.op {
+            sharding.clone()
+        } else {
+            "{replicated}".to_string()
         };
         run.push(Member {
             node: i,
@@ -386,12 +386,10 @@ impl NodeRewrite for Rewrite<'_> {
         if let Some(&id) = self.built.get(&old.index()) {
             return Ok(id);
         }
-        let id = match &node.op {
-            Op::AllReduce { op, .. } if self.buckets.contains_key(&old.index()) => {
-                let members = self.buckets.remove(&old.index()).expect("checked");
-                self.bucket(b, &members, *op)?
-            }
-            _ => self.rewrite_node(b, node, operands)?,
+        let bucket = self.buckets.remove(&old.index());
+        let id = match (&node.op, bucket) {
+            (Op::AllReduce { op, .. }, Some(members)) => self.bucket(b, &members, *op)?,
+            (_, _) => self.rewrite_node(b, node, operands)?,
         };
         self.built.insert(old.index(), id);
         Ok(id)
@@ -399,6 +397,9 @@ impl NodeRewrite for Rewrite<'_> {
 }
 
 impl Rewrite<'_> {
+    // Every op but the three collectives is local to a process, which `Op::replicas` decides
+    // for each; a collective over replica groups without a rule here is refused, not copied.
+    #[allow(clippy::wildcard_enum_match_arm)]
     fn rewrite_node(
         &mut self,
         b: &mut Builder,
@@ -504,7 +505,14 @@ impl Rewrite<'_> {
                     }
                 }
             }
-            op => b.push(op.clone(), operands),
+            op => match op.replicas() {
+                ReplicaRule::Groups { .. } => Err(Error::InvalidGraph {
+                    message: format!("{op} has no rule for a run of several processes"),
+                }),
+                ReplicaRule::Local | ReplicaRule::FirstOperand | ReplicaRule::Distinct => {
+                    b.push(op.clone(), operands)
+                }
+            },
         }
     }
 }

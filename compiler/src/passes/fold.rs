@@ -90,17 +90,16 @@ const WORK_FACTOR: usize = 16;
 /// Element operations the reference evaluator spends on `node`, roughly.
 fn work(op: &Op, operands: &[&Literal], node: &Node) -> usize {
     let inputs: usize = operands.iter().map(|l| l.element_count()).sum();
-    match op {
-        Op::DotGeneral { lhs_contract, .. } => {
+    match op.contracted_dims() {
+        Some(dims) => {
             let contracted: usize = operands.first().map_or(1, |l| {
-                lhs_contract
-                    .iter()
+                dims.iter()
                     .map(|&d| l.dims().get(d).copied().unwrap_or(1))
                     .product()
             });
             node.ty.element_count().saturating_mul(contracted)
         }
-        _ => inputs.saturating_add(node.ty.element_count()),
+        None => inputs.saturating_add(node.ty.element_count()),
     }
 }
 

@@ -63,10 +63,10 @@ impl Builder {
 
     /// The literal of `id` if it is a constant.
     pub(crate) fn constant(&self, id: NodeId) -> Option<&Literal> {
-        match &self.graph.node(id)?.op {
-            Op::Constant(lit) => Some(lit),
-            _ => None,
-        }
+        let Op::Constant(lit) = &self.graph.node(id)?.op else {
+            return None;
+        };
+        Some(lit)
     }
 }
 

@@ -125,7 +125,7 @@ pub fn verify_with_markers(
             expected.source(),
             match expected {
                 Expected::Pinned(_) => "; reinstall it with scripts/setup",
-                _ => "",
+                Expected::Given(_) | Expected::Unknown => "",
             }
         )));
     }

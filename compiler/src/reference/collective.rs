@@ -15,6 +15,9 @@ enum Kind {
 }
 
 /// The results of collective `node` for every replica, given every replica's operand value.
+// The evaluator routes the ops whose `replicas()` are groups here; one without a rule below is
+// refused with an error.
+#[allow(clippy::wildcard_enum_match_arm)]
 pub(crate) fn eval(node: &Node, operand: &[&Value]) -> Result<Vec<Value>> {
     let name = node.op.name();
     let (kind, groups) = match &node.op {
@@ -28,7 +31,6 @@ pub(crate) fn eval(node: &Node, operand: &[&Value]) -> Result<Vec<Value>> {
             dim,
             replica_groups,
         } => (Kind::ReduceScatter(*op, *dim), replica_groups),
-        // Only the three collectives are routed here by the evaluator.
         other => {
             return Err(Error::Evaluate {
                 op: other.name(),

@@ -65,7 +65,10 @@ pub(crate) fn round_float(d: DType, v: f64) -> f64 {
 pub(crate) fn wrap_signed(d: DType, v: i64) -> i64 {
     match d {
         DType::I32 => v as i32 as i64,
-        _ => v,
+        DType::I64 => v,
+        // not a signed integer type: no wrapping to do
+        DType::F32 | DType::F64 | DType::BF16 | DType::F16 | DType::U32 | DType::U8 => v,
+        DType::Pred => v,
     }
 }
 
@@ -73,7 +76,14 @@ pub(crate) fn wrap_unsigned(d: DType, v: u64) -> u64 {
     match d {
         DType::U32 => v as u32 as u64,
         DType::U8 => v as u8 as u64,
-        _ => v,
+        // not a narrow unsigned type: no wrapping to do
+        DType::F32
+        | DType::F64
+        | DType::BF16
+        | DType::F16
+        | DType::I32
+        | DType::I64
+        | DType::Pred => v,
     }
 }
 
@@ -155,7 +165,7 @@ fn float_to_int(dtype: DType, s: Scalar) -> Option<i64> {
         DType::I32 => v as i32 as i64,
         DType::U32 => v as u32 as i64,
         DType::U8 => v as u8 as i64,
-        _ => v as i64,
+        DType::I64 | DType::F32 | DType::F64 | DType::BF16 | DType::F16 | DType::Pred => v as i64,
     })
 }
 
@@ -222,7 +232,14 @@ fn le_u64(b: &[u8]) -> u64 {
 fn sign_extend(d: DType, v: i64) -> i64 {
     match d {
         DType::I32 => v as u32 as i32 as i64,
-        _ => v,
+        DType::I64
+        | DType::F32
+        | DType::F64
+        | DType::BF16
+        | DType::F16
+        | DType::U32
+        | DType::U8
+        | DType::Pred => v,
     }
 }
 

@@ -7,20 +7,22 @@ use crate::ir::{BinaryOp, CompareOp, UnaryOp};
 use super::data::{round_float, wrap_signed, wrap_unsigned, Data};
 
 pub(crate) fn unary(op: UnaryOp, dtype: DType, x: &Data) -> Data {
+    // Inference refuses a dtype the op does not take, so `None` (no integer value) is never
+    // reached through a checked graph; the operand is then passed through.
     match x {
         Data::F(v) => Data::F(
             v.iter()
-                .map(|&a| round_float(dtype, unary_f(op, a)))
+                .map(|&a| round_float(dtype, op.on_float(a)))
                 .collect(),
         ),
         Data::I(v) => Data::I(
             v.iter()
-                .map(|&a| wrap_signed(dtype, unary_i(op, a)))
+                .map(|&a| wrap_signed(dtype, op.on_int(a).unwrap_or(a)))
                 .collect(),
         ),
         Data::U(v) => Data::U(
             v.iter()
-                .map(|&a| wrap_unsigned(dtype, unary_u(op, a)))
+                .map(|&a| wrap_unsigned(dtype, op.on_uint(a).unwrap_or(a)))
                 .collect(),
         ),
         Data::P(v) => Data::P(
@@ -28,80 +30,6 @@ pub(crate) fn unary(op: UnaryOp, dtype: DType, x: &Data) -> Data {
                 .map(|&a| if op == UnaryOp::Not { !a } else { a })
                 .collect(),
         ),
-    }
-}
-
-fn unary_f(op: UnaryOp, a: f64) -> f64 {
-    match op {
-        UnaryOp::Neg => -a,
-        UnaryOp::Abs => a.abs(),
-        // sign(±0) keeps the zero, sign(NaN) is NaN.
-        UnaryOp::Sign => {
-            if a.is_nan() || a == 0.0 {
-                a
-            } else {
-                a.signum()
-            }
-        }
-        UnaryOp::Exp => a.exp(),
-        UnaryOp::Log => a.ln(),
-        UnaryOp::Log1p => a.ln_1p(),
-        UnaryOp::Tanh => a.tanh(),
-        UnaryOp::Logistic => 1.0 / (1.0 + (-a).exp()),
-        UnaryOp::Sqrt => a.sqrt(),
-        UnaryOp::Rsqrt => 1.0 / a.sqrt(),
-        UnaryOp::Sin => a.sin(),
-        UnaryOp::Cos => a.cos(),
-        UnaryOp::Erf => erf(a),
-        UnaryOp::Erfc => erfc(a),
-        UnaryOp::Floor => a.floor(),
-        UnaryOp::Ceil => a.ceil(),
-        // Not is not defined on floats (inference refuses it).
-        UnaryOp::Not => a,
-    }
-}
-
-fn unary_i(op: UnaryOp, a: i64) -> i64 {
-    match op {
-        UnaryOp::Neg => a.wrapping_neg(),
-        UnaryOp::Abs => a.wrapping_abs(),
-        UnaryOp::Sign => a.signum(),
-        UnaryOp::Not => !a,
-        UnaryOp::Exp
-        | UnaryOp::Log
-        | UnaryOp::Log1p
-        | UnaryOp::Tanh
-        | UnaryOp::Logistic
-        | UnaryOp::Sqrt
-        | UnaryOp::Rsqrt
-        | UnaryOp::Sin
-        | UnaryOp::Cos
-        | UnaryOp::Erf
-        | UnaryOp::Erfc
-        | UnaryOp::Floor
-        | UnaryOp::Ceil => a,
-    }
-}
-
-fn unary_u(op: UnaryOp, a: u64) -> u64 {
-    match op {
-        UnaryOp::Neg => a.wrapping_neg(),
-        UnaryOp::Sign => (a != 0) as u64,
-        UnaryOp::Not => !a,
-        UnaryOp::Abs
-        | UnaryOp::Exp
-        | UnaryOp::Log
-        | UnaryOp::Log1p
-        | UnaryOp::Tanh
-        | UnaryOp::Logistic
-        | UnaryOp::Sqrt
-        | UnaryOp::Rsqrt
-        | UnaryOp::Sin
-        | UnaryOp::Cos
-        | UnaryOp::Erf
-        | UnaryOp::Erfc
-        | UnaryOp::Floor
-        | UnaryOp::Ceil => a,
     }
 }
 
@@ -200,7 +128,14 @@ fn binary_f(op: BinaryOp, a: f64, b: f64) -> f64 {
 fn binary_i(op: BinaryOp, dtype: DType, a: i64, b: i64) -> i64 {
     let (min, bits) = match dtype {
         DType::I32 => (i32::MIN as i64, 32),
-        _ => (i64::MIN, 64),
+        DType::I64
+        | DType::F32
+        | DType::F64
+        | DType::BF16
+        | DType::F16
+        | DType::U32
+        | DType::U8
+        | DType::Pred => (i64::MIN, 64),
     };
     let r = match op {
         BinaryOp::Add => a.wrapping_add(b),

@@ -20,10 +20,10 @@ mod structural;
 
 use crate::error::{Error, Result};
 use crate::host::HostTensor;
-use crate::ir::{Graph, Node, Op, ScanBody, ScanOutput};
+use crate::ir::{Graph, Node, Op, ReplicaRule, ScanBody, ScanOutput};
 
 use data::{Data, Scalar, Value};
-pub use elementwise::erf;
+pub use elementwise::{erf, erfc};
 pub use random::threefry2x32;
 
 /// Runs `graph` on `inputs` (one per parameter, in parameter order) and returns its outputs.
@@ -44,18 +44,15 @@ fn node_values(graph: &Graph, inputs: Vec<Value>) -> Result<Vec<Value>> {
     let mut inputs: Vec<Option<Value>> = inputs.into_iter().map(Some).collect();
     let mut values: Vec<Value> = Vec::with_capacity(graph.len());
     for node in graph.nodes() {
-        let v = match &node.op {
-            Op::Parameter { index } => {
-                inputs[*index].take().ok_or_else(|| Error::InvalidGraph {
-                    message: format!("parameter {index} appears twice"),
-                })?
-            }
-            _ => {
-                let args: Vec<&Value> = node.operands.iter().map(|o| &values[o.0]).collect();
-                Value {
-                    ty: node.ty.clone(),
-                    data: eval_node(node, &args)?,
-                }
+        let v = if let Op::Parameter { index } = &node.op {
+            inputs[*index].take().ok_or_else(|| Error::InvalidGraph {
+                message: format!("parameter {index} appears twice"),
+            })?
+        } else {
+            let args: Vec<&Value> = node.operands.iter().map(|o| &values[o.0]).collect();
+            Value {
+                ty: node.ty.clone(),
+                data: eval_node(node, &args)?,
             }
         };
         values.push(v);
@@ -79,22 +76,22 @@ pub fn evaluate_replicated(
         .map(|_| Vec::with_capacity(graph.len()))
         .collect();
     for node in graph.nodes() {
-        let row: Vec<Value> = match &node.op {
-            Op::Parameter { index } => inputs
+        let row: Vec<Value> = match (&node.op, node.op.replicas()) {
+            (Op::Parameter { index }, _) => inputs
                 .iter()
                 .map(|r| Value::from_host(&r[*index]))
                 .collect(),
-            Op::ReplicaId => (0..inputs.len())
+            (Op::ReplicaId, _) => (0..inputs.len())
                 .map(|r| Value {
                     ty: node.ty.clone(),
                     data: Data::from_scalars(node.ty.dtype, std::iter::once(Scalar::U(r as u64))),
                 })
                 .collect(),
-            Op::AllReduce { .. } | Op::AllGather { .. } | Op::ReduceScatter { .. } => {
+            (_, ReplicaRule::Groups { .. }) => {
                 let operand: Vec<&Value> = values.iter().map(|v| &v[node.operands[0].0]).collect();
                 collective::eval(node, &operand)?
             }
-            _ => {
+            (_, ReplicaRule::Local | ReplicaRule::FirstOperand | ReplicaRule::Distinct) => {
                 let mut row = Vec::with_capacity(inputs.len());
                 for v in &values {
                     let args: Vec<&Value> = node.operands.iter().map(|o| &v[o.0]).collect();

@@ -296,7 +296,9 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
                 DType::U8 => u8::MAX as u64,
                 DType::I32 => i32::MAX as u64,
                 DType::U32 => u32::MAX as u64,
-                _ => u64::MAX,
+                DType::I64 => i64::MAX as u64,
+                // refused as an index dtype below
+                DType::F32 | DType::F64 | DType::BF16 | DType::F16 | DType::Pred => u64::MAX,
             };
             if x.dims[*dim] as u64 > max_index.saturating_add(1) {
                 return Err(e(format!(
