@@ -35,6 +35,7 @@ mod primitives;
 mod random;
 mod shape;
 mod shape_ops;
+mod sort;
 mod step_fn;
 
 pub use collective::Reduction;

@@ -15,6 +15,7 @@ mod grad_composites;
 mod grad_layers;
 mod grad_ops;
 mod llm_blocks;
+mod sort;
 mod mixed_precision;
 mod tensor_ops;
 mod torch_layers;

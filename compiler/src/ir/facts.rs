@@ -56,6 +56,7 @@ impl Op {
             | Op::Reduce(..)
             | Op::ArgMax { .. }
             | Op::ArgMin { .. }
+            | Op::ArgSort { .. }
             | Op::DotGeneral { .. }
             | Op::Gather
             | Op::ScatterAdd
@@ -102,6 +103,7 @@ impl Op {
             | Op::Reduce(..)
             | Op::ArgMax { .. }
             | Op::ArgMin { .. }
+            | Op::ArgSort { .. }
             | Op::DotGeneral { .. }
             | Op::Convolution { .. }
             | Op::ReduceWindow { .. }
@@ -137,6 +139,7 @@ impl Op {
             | Op::Reduce(..)
             | Op::ArgMax { .. }
             | Op::ArgMin { .. }
+            | Op::ArgSort { .. }
             | Op::DotGeneral { .. }
             | Op::Convolution { .. }
             | Op::ReduceWindow { .. }
@@ -184,6 +187,7 @@ impl Op {
             | Op::Reduce(..)
             | Op::ArgMax { .. }
             | Op::ArgMin { .. }
+            | Op::ArgSort { .. }
             | Op::DotGeneral { .. }
             | Op::Convolution { .. }
             | Op::ReduceWindow { .. }
@@ -229,6 +233,7 @@ impl Op {
             | Op::Pad { .. }
             | Op::ArgMax { .. }
             | Op::ArgMin { .. }
+            | Op::ArgSort { .. }
             | Op::ReduceWindow { .. }
             | Op::Gather
             | Op::ScatterAdd

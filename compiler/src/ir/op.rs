@@ -120,6 +120,20 @@ pub enum Op {
         /// The integer dtype of the result, wide enough to index `dim`.
         index_dtype: DType,
     },
+    /// The positions that sort the operand along `dim` (PyTorch's `argsort(stable=True)`):
+    /// result element `j` of a row is the operand index of the row's `j`-th smallest (or
+    /// largest) element; equal elements keep their order. Floats are ordered totally:
+    /// `-NaN < -inf < ... < -0 < +0 < ... < inf < NaN`, as `f64::total_cmp`. Lowers to a stable
+    /// two-operand `stablehlo.sort` of (value, `stablehlo.iota` index) pairs whose comparator
+    /// reads the values (`TOTALORDER` for floats), keeping the indices.
+    ArgSort {
+        /// The dimension sorted along (kept in the result).
+        dim: usize,
+        /// Largest first (PyTorch's `descending=True`); otherwise smallest first.
+        descending: bool,
+        /// The integer dtype of the result, wide enough to index `dim`.
+        index_dtype: DType,
+    },
     /// StableHLO `dot_general`: result dims are batch dims, then lhs free dims, then rhs free
     /// dims (each in operand order).
     DotGeneral {
@@ -335,6 +349,7 @@ impl Op {
             Op::Reduce(r, _) => r.name(),
             Op::ArgMax { .. } => "argmax",
             Op::ArgMin { .. } => "argmin",
+            Op::ArgSort { .. } => "argsort",
             Op::DotGeneral { .. } => "dot_general",
             Op::Convolution { .. } => "convolution",
             Op::ReduceWindow { .. } => "reduce_window",
@@ -448,6 +463,14 @@ impl fmt::Display for Op {
             Op::ArgMax { dim, index_dtype } | Op::ArgMin { dim, index_dtype } => {
                 write!(f, "{n}{{dim={dim}, index_dtype={index_dtype}}}")
             }
+            Op::ArgSort {
+                dim,
+                descending,
+                index_dtype,
+            } => write!(
+                f,
+                "{n}{{dim={dim}, descending={descending}, index_dtype={index_dtype}}}"
+            ),
             Op::DotGeneral {
                 lhs_batch,
                 rhs_batch,

@@ -182,6 +182,34 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             let x = in_ty.ok_or_else(|| missing(i))?;
             return Ok(arg_reduce(e, &v, &args[0], x, *dim, *index_dtype, max));
         }
+        Op::ArgSort {
+            dim,
+            descending,
+            index_dtype,
+        } => {
+            let x = in_ty.ok_or_else(|| missing(i))?;
+            let (s, si) = (tensor_of(x.dtype, &[]), tensor_of(*index_dtype, &[]));
+            let (xt, it) = (tensor(x), tensor_of(*index_dtype, &x.dims));
+            let pred = tensor_of(DType::Pred, &[]);
+            let ct = if x.dtype.is_float() {
+                "TOTALORDER"
+            } else {
+                CompareOp::compare_type(x.dtype)
+            };
+            let dir = if *descending { "GT" } else { "LT" };
+            e.line(&format!(
+                "{v}_iota = \"stablehlo.iota\"() {{iota_dimension = {dim} : i64}} : () -> {it}"
+            ));
+            e.line(&format!(
+                "{v}_s:2 = \"stablehlo.sort\"({}, {v}_iota) ({{\n    \
+                 ^bb0({v}_a: {s}, {v}_b: {s}, {v}_ia: {si}, {v}_ib: {si}):\n      \
+                 {v}_lt = stablehlo.compare {dir}, {v}_a, {v}_b, {ct} : ({s}, {s}) -> {pred}\n      \
+                 stablehlo.return {v}_lt : {pred}\n    }}) \
+                 {{dimension = {dim} : i64, is_stable = true}} : ({xt}, {it}) -> ({xt}, {it})",
+                args[0]
+            ));
+            return Ok(format!("{v}_s#1"));
+        }
         Op::DotGeneral {
             lhs_batch,
             rhs_batch,

@@ -18,11 +18,12 @@ mod random;
 mod reduce;
 mod structural;
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::host::HostTensor;
 use crate::ir::{Graph, Node, Op, ReplicaRule, ScanBody, ScanOutput};
 
-use data::{Data, Scalar, Value};
+use data::{for_each_index, strides, Data, Scalar, Value};
 pub use elementwise::{erf, erfc};
 pub use random::threefry2x32;
 
@@ -178,6 +179,11 @@ fn eval_node(node: &Node, a: &[&Value]) -> Result<Data> {
         Op::Reduce(r, dims) => reduce::reduce(*r, a[0], dims),
         Op::ArgMax { dim, index_dtype } => reduce::arg_reduce(a[0], *dim, *index_dtype, true),
         Op::ArgMin { dim, index_dtype } => reduce::arg_reduce(a[0], *dim, *index_dtype, false),
+        Op::ArgSort {
+            dim,
+            descending,
+            index_dtype,
+        } => arg_sort(a[0], *dim, *descending, *index_dtype),
         Op::DotGeneral {
             lhs_batch,
             rhs_batch,
@@ -281,4 +287,42 @@ fn single_replica(op: &Op, groups: &[Vec<usize>]) -> Result<()> {
             ),
         })
     }
+}
+
+/// The stable sorting permutation of every row along `dim`: floats by `f64::total_cmp` (the
+/// dtype's values are exact in f64, NaN keeping its sign), integers and pred by value.
+fn arg_sort(x: &Value, dim: usize, descending: bool, index_dtype: DType) -> Data {
+    let dims = &x.ty.dims;
+    let step = strides(dims)[dim];
+    let n = dims[dim];
+    let mut rows = dims.clone();
+    rows[dim] = 1;
+    let mut out = vec![0u64; x.ty.element_count()];
+    let int = |s: Scalar| match s {
+        Scalar::I(v) => i128::from(v),
+        Scalar::U(v) => i128::from(v),
+        Scalar::P(v) => i128::from(v),
+        Scalar::F(v) => v as i128,
+    };
+    let order = |a: Scalar, b: Scalar| match (a, b) {
+        (Scalar::F(a), Scalar::F(b)) => a.total_cmp(&b),
+        (a, b) => int(a).cmp(&int(b)),
+    };
+    for_each_index(&rows, |_, at| {
+        let base: usize = at.iter().zip(strides(dims)).map(|(i, s)| i * s).sum();
+        let mut perm: Vec<usize> = (0..n).collect();
+        // a stable sort: equal elements keep their order, in either direction
+        perm.sort_by(|&i, &j| {
+            let o = order(x.data.get(base + i * step), x.data.get(base + j * step));
+            if descending {
+                o.reverse()
+            } else {
+                o
+            }
+        });
+        for (k, p) in perm.into_iter().enumerate() {
+            out[base + k * step] = p as u64;
+        }
+    });
+    Data::from_scalars(index_dtype, out.into_iter().map(Scalar::U))
 }

@@ -156,3 +156,74 @@ fn dot_general_shapes_and_dtypes() {
         }
     }
 }
+
+#[test]
+fn argsort_every_dtype_both_directions_with_ties() {
+    for d in numeric() {
+        for index_dtype in [DType::I32, DType::I64] {
+            for dim in 0..2 {
+                for descending in [false, true] {
+                    // A narrow range makes ties common: equal elements must keep their order.
+                    check_op(
+                        Op::ArgSort {
+                            dim,
+                            descending,
+                            index_dtype,
+                        },
+                        &[ty(d, &[6, 7])],
+                        &[Domain::Range(-3.0, 3.0)],
+                        13,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The permutation a stable sort of the host values by `f32::total_cmp` gives: the plain
+/// Rust answer the device and the reference evaluator must both give.
+fn host_argsort(row: &[f32], descending: bool) -> Vec<i32> {
+    let mut perm: Vec<usize> = (0..row.len()).collect();
+    perm.sort_by(|&a, &b| {
+        let o = row[a].total_cmp(&row[b]);
+        if descending {
+            o.reverse()
+        } else {
+            o
+        }
+    });
+    perm.into_iter().map(|p| p as i32).collect()
+}
+
+#[test]
+fn argsort_orders_nan_infinities_and_signed_zeros_totally() {
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    #[rustfmt::skip]
+    let v = [
+        1.0, nan, -0.0, 0.0, -inf, 2.0, 0.0, -1.0,
+        inf, 3.0, 3.0, -nan, 3.0, -inf, 0.5, nan,
+    ];
+    for descending in [false, true] {
+        let mut g = Graph::new();
+        let x = g.parameter(ty(DType::F32, &[2, 8]));
+        let s = g
+            .push(
+                Op::ArgSort {
+                    dim: 1,
+                    descending,
+                    index_dtype: DType::I32,
+                },
+                &[x],
+            )
+            .unwrap();
+        g.set_outputs(&[s]).unwrap();
+        let inputs = [HostTensor::from_slice(&v, &[2, 8]).unwrap()];
+        let want: Vec<i32> = v
+            .chunks(8)
+            .flat_map(|row| host_argsort(row, descending))
+            .collect();
+        let r = reference::evaluate(&g, &inputs).unwrap();
+        assert_eq!(r[0].to_vec::<i32>().unwrap(), want, "descending {descending}");
+        check_graph("argsort special values", &g, &inputs, 1.0);
+    }
+}

@@ -278,7 +278,11 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
                 .collect();
             Ok(TensorType::new(x.dtype, kept))
         }
-        Op::ArgMax { dim, index_dtype } | Op::ArgMin { dim, index_dtype } => {
+        Op::ArgMax { dim, index_dtype }
+        | Op::ArgMin { dim, index_dtype }
+        | Op::ArgSort {
+            dim, index_dtype, ..
+        } => {
             let x = unary(op, operands)?;
             dtype_in(op, x.dtype, DTypeClass::Numeric)?;
             if !index_dtype.is_int() {
@@ -306,8 +310,10 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
                     x.dims[*dim]
                 )));
             }
+            // a sort keeps the dimension it orders; argmax/argmin remove it
+            let sorts = matches!(op, Op::ArgSort { .. });
             let kept = (0..x.rank())
-                .filter(|i| i != dim)
+                .filter(|i| sorts || i != dim)
                 .map(|i| x.dims[i])
                 .collect();
             Ok(TensorType::new(*index_dtype, kept))
