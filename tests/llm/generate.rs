@@ -8,6 +8,7 @@ use crate::torch_fixture;
 use std::path::{Path, PathBuf};
 
 use neuron_pc::models::llama::{GenerateOptions, LlamaForCausalLM, LoadOptions, Sampling};
+use neuron_pc::nn::HostRng;
 use torch_fixture::Fixture;
 
 const CASES: [(&str, &str); 7] = [
@@ -149,6 +150,60 @@ fn sampling_is_seeded_and_its_limits_reduce_to_greedy() {
         not_first > 0,
         "top_k 3 at temperature 1.5 drew only the most likely tokens"
     );
+}
+
+/// Sampling picks on the device; the host sampler (`Sampling::pick_on_host`), replayed with
+/// the same seed over the model's logits at each drawn position (one forward pass per row over
+/// its prompt and drawn tokens), must draw the same tokens, row after row, step after step.
+#[test]
+fn device_sampling_draws_what_the_host_sampler_draws_with_the_same_seed() {
+    let fx = Fixture::load("generate");
+    let (prompts, _) = prompts_and_tokens(&fx, "qwen3");
+    let model =
+        LlamaForCausalLM::from_pretrained(&fx.dev, &data("families/qwen3-saved-by-rust")).unwrap();
+    let vocab = 128;
+    // each row's logits at every position of its prompt and drawn tokens
+    let row_logits = |prompt: &[i32], drawn: &[i32]| -> Vec<f64> {
+        let mut ids = prompt.to_vec();
+        ids.extend(drawn);
+        let input = fx.dev.from_slice(&ids, &[1, ids.len()]).unwrap();
+        let logits = model.forward(&input, None, None).unwrap();
+        logits.to_host().unwrap().to_f64_vec()
+    };
+    let settings = [
+        (1.0, None, None, 5),
+        (0.7, Some(20), None, 6),
+        (1.2, None, Some(0.9), 9),
+        (1.5, Some(40), Some(0.8), 10),
+    ];
+    for (temperature, top_k, top_p, seed) in settings {
+        let mut o = options();
+        o.sampling = Sampling::Sample {
+            temperature,
+            top_k,
+            top_p,
+            seed,
+        };
+        let drawn = model.generate(&prompts, &o).unwrap();
+        let logits: Vec<Vec<f64>> = prompts
+            .iter()
+            .zip(&drawn)
+            .map(|(p, d)| row_logits(p, d))
+            .collect();
+        let mut rng = HostRng::new(seed);
+        for step in 0..32 {
+            for (r, prompt) in prompts.iter().enumerate() {
+                let at = prompt.len() - 1 + step;
+                let row = &logits[r][at * vocab..(at + 1) * vocab];
+                let host = o.sampling.pick_on_host(row, Some(&mut rng));
+                assert_eq!(
+                    drawn[r][step], host,
+                    "{temperature} {top_k:?} {top_p:?}: row {r} step {step}"
+                );
+            }
+        }
+        eprintln!("{temperature} {top_k:?} {top_p:?} seed {seed}: 3 x 32 draws as the host's");
+    }
 }
 
 #[test]

@@ -9,8 +9,9 @@
 //!
 //! The cache holds `largest bucket + max_new_tokens` slots per layer (`[b, kv_heads, slots,
 //! head_dim]`), and each query sees the slots up to its own, minus the prompt's padding, minus
-//! what a sliding window excludes. Tokens are picked on the host from each step's last
-//! logits: greedy, or sampled with temperature, top-k and top-p from a seeded generator.
+//! what a sliding window excludes. Tokens are picked on the device, in the step that computes
+//! the last logits (`sample.rs`): greedy, or sampled with temperature, top-k and top-p, each
+//! row's uniform number drawn on the host from a seeded generator.
 
 use std::collections::BTreeMap;
 
@@ -210,14 +211,26 @@ impl LlamaForCausalLM {
         let mut out: Vec<Vec<i32>> = vec![Vec::new(); b];
         let mut done = vec![false; b];
         for step in 0..options.max_new_tokens {
-            let host = logits.to_host()?.to_f64_vec();
+            // one number per live row, drawn in row order (the host sampler's order)
+            let u = match rng.as_mut() {
+                Some(rng) => {
+                    let u: Vec<f32> = done
+                        .iter()
+                        .map(|d| if *d { 0.0 } else { rng.uniform() as f32 })
+                        .collect();
+                    Some(dev.from_slice(&u, &[b])?)
+                }
+                None => None,
+            };
+            let picked = options.sampling.pick_on_device(&logits, u.as_ref())?;
+            dev.mark_step()?;
+            let picked: Vec<i32> = picked.to_vec()?;
             let mut tokens = vec![options.pad_token_id; b];
             for r in 0..b {
                 if done[r] {
                     continue;
                 }
-                let row = &host[r * c.vocab_size..(r + 1) * c.vocab_size];
-                tokens[r] = pick(row, &options.sampling, rng.as_mut());
+                tokens[r] = picked[r];
                 out[r].push(tokens[r]);
                 done[r] = options.eos_token_ids.contains(&tokens[r]);
             }
@@ -240,8 +253,8 @@ impl LlamaForCausalLM {
     }
 
     /// One prefill or decode step: `ids [b, t]` at `positions`, written into the caches from
-    /// slot `index`; returns the last position's logits `[b, vocab]`, computed (a step ends
-    /// here).
+    /// slot `index`; records the last position's logits `[b, vocab]` (the caller picks the
+    /// tokens from them and ends the step).
     fn cached_step(
         &self,
         layers: &[LlamaDecoderLayer],
@@ -300,64 +313,6 @@ impl LlamaForCausalLM {
             .linear(self.head_weight(), None)?
             .reshape(&[b, self.config.vocab_size])?
             .to_dtype(DType::F32)?;
-        dev.mark_step()?;
         Ok(logits)
     }
-}
-
-/// The next token from one row of logits.
-fn pick(logits: &[f64], sampling: &Sampling, rng: Option<&mut HostRng>) -> i32 {
-    let argmax = || {
-        let mut best = 0;
-        for (i, v) in logits.iter().enumerate() {
-            if *v > logits[best] {
-                best = i;
-            }
-        }
-        best as i32
-    };
-    let (
-        Sampling::Sample {
-            temperature,
-            top_k,
-            top_p,
-            ..
-        },
-        Some(rng),
-    ) = (sampling, rng)
-    else {
-        return argmax();
-    };
-    // most likely first (a stable sort: equals in index order)
-    let mut order: Vec<usize> = (0..logits.len()).collect();
-    order.sort_by(|a, b| logits[*b].total_cmp(&logits[*a]));
-    if let Some(k) = top_k {
-        order.truncate((*k).max(1));
-    }
-    let top = logits[order[0]] / temperature;
-    let weights: Vec<f64> = order
-        .iter()
-        .map(|i| (logits[*i] / temperature - top).exp())
-        .collect();
-    let total: f64 = weights.iter().sum();
-    let mut keep = weights.len();
-    if let Some(p) = top_p {
-        let mut sum = 0.0;
-        for (n, w) in weights.iter().enumerate() {
-            sum += w / total;
-            if sum >= *p {
-                keep = n + 1;
-                break;
-            }
-        }
-    }
-    let total: f64 = weights[..keep].iter().sum();
-    let mut u = rng.uniform() * total;
-    for (n, w) in weights[..keep].iter().enumerate() {
-        if u < *w {
-            return order[n] as i32;
-        }
-        u -= w;
-    }
-    order[keep - 1] as i32
 }

@@ -45,6 +45,7 @@ mod keys;
 mod masks;
 mod moe;
 mod pretrained;
+mod sample;
 mod sharding;
 
 use neuron_pc_compiler::DType;
