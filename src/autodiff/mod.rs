@@ -292,7 +292,9 @@ fn vjp(
         // d/dx reduce(x), by ReduceOp (sum: 1; max/min: at the extreme; prod: the others)
         Op::Reduce(r, dims) => reduce::reduce(r, dims, x, y, g),
         // integer result: no gradient flows back
-        Op::ArgMax { .. } | Op::ArgMin { .. } | Op::ArgSort { .. } => Ok(vec![None]),
+        Op::ArgMax { .. } | Op::ArgMin { .. } | Op::ArgSort { .. } | Op::TopK { .. } => {
+            Ok(vec![None])
+        }
         // d/dx stop_gradient(x) = 0 by definition (detach): nothing flows back
         Op::StopGradient => Ok(vec![None]),
         // d/dx constrain(x) = g, laid out as x was asked to be (JAX transposes

@@ -56,7 +56,12 @@ impl Tensor {
                 location,
             ));
         }
-        let indices = self.argsort(dim, largest)?.narrow(dim, 0, k)?;
+        let indices = if largest && d + 1 == self.rank() && self.dtype() != DType::Pred {
+            // the partial sort of `Op::TopK` (same order, far cheaper than a whole sort)
+            Tensor::apply_at(Op::TopK { k }, &[self], location)?.to_dtype(DType::I64)?
+        } else {
+            self.argsort(dim, largest)?.narrow(dim, 0, k)?
+        };
         Ok((self.take_along_dim(&indices, dim)?, indices))
     }
 
@@ -95,7 +100,10 @@ impl Tensor {
         indices.check_index_range("take_along_dim", "indices", n, None, location)?;
         // `dim` moved last; rows numbered, so row r's position p is flat element r * n + p
         let rank = self.rank() as isize;
-        let last: Vec<isize> = (0..rank).filter(|&i| i != d as isize).chain([d as isize]).collect();
+        let last: Vec<isize> = (0..rank)
+            .filter(|&i| i != d as isize)
+            .chain([d as isize])
+            .collect();
         let mut back = vec![0isize; last.len()];
         for (to, &from) in last.iter().enumerate() {
             back[from as usize] = to as isize;

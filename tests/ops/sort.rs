@@ -26,7 +26,12 @@ fn host_rows(v: &[f64], n: usize, descending: bool) -> (Vec<f64>, Vec<i64>) {
 }
 
 fn ints(t: &Tensor) -> Vec<i64> {
-    t.to_host().unwrap().to_f64_vec().iter().map(|v| *v as i64).collect()
+    t.to_host()
+        .unwrap()
+        .to_f64_vec()
+        .iter()
+        .map(|v| *v as i64)
+        .collect()
 }
 
 fn floats(t: &Tensor) -> Vec<f64> {
@@ -35,7 +40,9 @@ fn floats(t: &Tensor) -> Vec<f64> {
 
 /// Values with ties (rounded to quarters) so that stability is exercised.
 fn tied(rng: &mut HostRng, n: usize) -> Vec<f64> {
-    (0..n).map(|_| ((rng.uniform() * 8.0).floor() - 4.0) / 4.0).collect()
+    (0..n)
+        .map(|_| ((rng.uniform() * 8.0).floor() - 4.0) / 4.0)
+        .collect()
 }
 
 fn upload(dev: &LazyDevice, v: &[f64], dims: &[usize]) -> Tensor {
@@ -77,8 +84,13 @@ fn sort_and_topk_match_a_stable_host_sort_along_either_dimension() {
         let (vals, idx) = x.topk(3, 1, largest).unwrap();
         assert_eq!(vals.dims(), &[5, 3]);
         let (want_v, want_i) = host_rows(&v, 9, largest);
-        let first3 = |w: &[i64]| -> Vec<i64> { w.chunks(9).flat_map(|r| r[..3].to_vec()).collect() };
-        assert_eq!(ints(&idx), first3(&want_i), "topk indices, largest {largest}");
+        let first3 =
+            |w: &[i64]| -> Vec<i64> { w.chunks(9).flat_map(|r| r[..3].to_vec()).collect() };
+        assert_eq!(
+            ints(&idx),
+            first3(&want_i),
+            "topk indices, largest {largest}"
+        );
         let firstv: Vec<f64> = want_v.chunks(9).flat_map(|r| r[..3].to_vec()).collect();
         assert_eq!(floats(&vals), firstv, "topk values");
     }
@@ -149,7 +161,9 @@ fn gradients_of_sort_topk_take_along_dim_and_cumsum() {
     c.op("topk values", std::slice::from_ref(&x), |x| {
         x[0].topk(2, 1, true)?.0.tanh()
     });
-    c.op("cumsum", &[c.rand(&[2, 5], -1.0, 1.0)], |x| x[0].cumsum(1)?.sin());
+    c.op("cumsum", &[c.rand(&[2, 5], -1.0, 1.0)], |x| {
+        x[0].cumsum(1)?.sin()
+    });
     c.op("take_along_dim", &[c.rand(&[2, 4], -1.0, 1.0)], |x| {
         let dev = x[0].device()?;
         let idx = dev.from_slice(&[3i32, 3, 0, 1, 2, 1], &[2, 3])?;

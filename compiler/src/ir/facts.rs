@@ -57,6 +57,7 @@ impl Op {
             | Op::ArgMax { .. }
             | Op::ArgMin { .. }
             | Op::ArgSort { .. }
+            | Op::TopK { .. }
             | Op::DotGeneral { .. }
             | Op::Gather
             | Op::ScatterAdd
@@ -104,6 +105,7 @@ impl Op {
             | Op::ArgMax { .. }
             | Op::ArgMin { .. }
             | Op::ArgSort { .. }
+            | Op::TopK { .. }
             | Op::DotGeneral { .. }
             | Op::Convolution { .. }
             | Op::ReduceWindow { .. }
@@ -140,6 +142,7 @@ impl Op {
             | Op::ArgMax { .. }
             | Op::ArgMin { .. }
             | Op::ArgSort { .. }
+            | Op::TopK { .. }
             | Op::DotGeneral { .. }
             | Op::Convolution { .. }
             | Op::ReduceWindow { .. }
@@ -188,6 +191,7 @@ impl Op {
             | Op::ArgMax { .. }
             | Op::ArgMin { .. }
             | Op::ArgSort { .. }
+            | Op::TopK { .. }
             | Op::DotGeneral { .. }
             | Op::Convolution { .. }
             | Op::ReduceWindow { .. }
@@ -234,6 +238,7 @@ impl Op {
             | Op::ArgMax { .. }
             | Op::ArgMin { .. }
             | Op::ArgSort { .. }
+            | Op::TopK { .. }
             | Op::ReduceWindow { .. }
             | Op::Gather
             | Op::ScatterAdd

@@ -134,6 +134,14 @@ pub enum Op {
         /// The integer dtype of the result, wide enough to index `dim`.
         index_dtype: DType,
     },
+    /// The positions of the `k` largest elements along the last dimension (replaced by `k`),
+    /// largest first, the lower position first among equals, as i32: `jax.lax.top_k`'s
+    /// indices. Ordered as [`Op::ArgSort`] orders (NaN largest). Lowers to `chlo.top_k`, which
+    /// XLA runs as a partial sort (far cheaper than a whole sort on cpu), keeping the indices.
+    TopK {
+        /// How many positions per row, at most the last dimension.
+        k: usize,
+    },
     /// StableHLO `dot_general`: result dims are batch dims, then lhs free dims, then rhs free
     /// dims (each in operand order).
     DotGeneral {
@@ -350,6 +358,7 @@ impl Op {
             Op::ArgMax { .. } => "argmax",
             Op::ArgMin { .. } => "argmin",
             Op::ArgSort { .. } => "argsort",
+            Op::TopK { .. } => "top_k",
             Op::DotGeneral { .. } => "dot_general",
             Op::Convolution { .. } => "convolution",
             Op::ReduceWindow { .. } => "reduce_window",
@@ -463,6 +472,7 @@ impl fmt::Display for Op {
             Op::ArgMax { dim, index_dtype } | Op::ArgMin { dim, index_dtype } => {
                 write!(f, "{n}{{dim={dim}, index_dtype={index_dtype}}}")
             }
+            Op::TopK { k } => write!(f, "{n}{{k={k}}}"),
             Op::ArgSort {
                 dim,
                 descending,

@@ -210,6 +210,18 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             ));
             return Ok(format!("{v}_s#1"));
         }
+        Op::TopK { k } => {
+            let x = in_ty.ok_or_else(|| missing(i))?;
+            let mut dims = x.dims.clone();
+            *dims.last_mut().ok_or_else(|| missing(i))? = *k;
+            let (vt, it) = (tensor_of(x.dtype, &dims), tensor_of(DType::I32, &dims));
+            e.line(&format!(
+                "{v}_t:2 = chlo.top_k({}, k = {k}) : {} -> ({vt}, {it})",
+                args[0],
+                tensor(x)
+            ));
+            return Ok(format!("{v}_t#1"));
+        }
         Op::DotGeneral {
             lhs_batch,
             rhs_batch,

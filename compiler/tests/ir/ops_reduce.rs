@@ -223,7 +223,47 @@ fn argsort_orders_nan_infinities_and_signed_zeros_totally() {
             .flat_map(|row| host_argsort(row, descending))
             .collect();
         let r = reference::evaluate(&g, &inputs).unwrap();
-        assert_eq!(r[0].to_vec::<i32>().unwrap(), want, "descending {descending}");
+        assert_eq!(
+            r[0].to_vec::<i32>().unwrap(),
+            want,
+            "descending {descending}"
+        );
         check_graph("argsort special values", &g, &inputs, 1.0);
     }
+}
+
+#[test]
+fn top_k_is_the_first_k_of_a_descending_stable_sort() {
+    for d in numeric() {
+        for k in [1, 3, 7] {
+            check_op(
+                Op::TopK { k },
+                &[ty(d, &[5, 7])],
+                &[Domain::Range(-3.0, 3.0)],
+                14,
+            );
+        }
+    }
+    let (inf, nan) = (f32::INFINITY, f32::NAN);
+    #[rustfmt::skip]
+    let v = [
+        1.0, nan, -0.0, 0.0, -inf, 2.0, 0.0, -1.0,
+        inf, 3.0, 3.0, -2.0, 3.0, -inf, 0.5, nan,
+    ];
+    let mut g = Graph::new();
+    let x = g.parameter(ty(DType::F32, &[2, 8]));
+    let t = g.push(Op::TopK { k: 4 }, &[x]).unwrap();
+    g.set_outputs(&[t]).unwrap();
+    let inputs = [HostTensor::from_slice(&v, &[2, 8]).unwrap()];
+    let want: Vec<i32> = v
+        .chunks(8)
+        .flat_map(|row| host_argsort(row, true)[..4].to_vec())
+        .collect();
+    assert_eq!(
+        reference::evaluate(&g, &inputs).unwrap()[0]
+            .to_vec::<i32>()
+            .unwrap(),
+        want
+    );
+    check_graph("top_k special values", &g, &inputs, 1.0);
 }

@@ -46,14 +46,21 @@ impl Sampling {
                 (kept, keep.to_dtype(DType::I32)?.sum(&[1], false)?)
             }
             None => {
-                let all = u.to_dtype(DType::I32)?.mul_scalar(0.0)?.add_scalar(n as f64)?;
+                let all = u
+                    .to_dtype(DType::I32)?
+                    .mul_scalar(0.0)?
+                    .add_scalar(n as f64)?;
                 (weights, all)
             }
         };
         let target = u.reshape(&[b, 1])?.mul(&kept.sum(&[1], true)?)?;
         // the first candidate whose running sum passes the target (the last kept one when
         // rounding leaves the target past them all)
-        let passed = kept.cumsum(1)?.le(&target)?.to_dtype(DType::I32)?.sum(&[1], false)?;
+        let passed = kept
+            .cumsum(1)?
+            .le(&target)?
+            .to_dtype(DType::I32)?
+            .sum(&[1], false)?;
         let last = count.add_scalar(-1.0)?;
         let at = Tensor::where_cond(&passed.lt(&last)?, &passed, &last)?;
         idx.take_along_dim(&at.reshape(&[b, 1])?, 1)?

@@ -278,6 +278,21 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
                 .collect();
             Ok(TensorType::new(x.dtype, kept))
         }
+        Op::TopK { k } => {
+            let x = unary(op, operands)?;
+            if x.rank() == 0 || x.dtype == DType::Pred {
+                return Err(e("takes a numeric operand of rank at least 1".into()));
+            }
+            let n = x.dims[x.rank() - 1];
+            if *k == 0 || *k > n || n > i32::MAX as usize {
+                return Err(e(format!(
+                    "k {k} must be in 1..={n} (the last dimension) for i32 positions"
+                )));
+            }
+            let mut dims = x.dims.clone();
+            dims[x.rank() - 1] = *k;
+            Ok(TensorType::new(DType::I32, dims))
+        }
         Op::ArgMax { dim, index_dtype }
         | Op::ArgMin { dim, index_dtype }
         | Op::ArgSort {
