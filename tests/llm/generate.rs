@@ -192,12 +192,12 @@ fn device_sampling_draws_what_the_host_sampler_draws_with_the_same_seed() {
             .collect();
         let mut rng = HostRng::new(seed);
         for step in 0..32 {
-            for (r, prompt) in prompts.iter().enumerate() {
+            for (r, (prompt, tokens)) in prompts.iter().zip(&drawn).enumerate() {
                 let at = prompt.len() - 1 + step;
                 let row = &logits[r][at * vocab..(at + 1) * vocab];
                 let host = o.sampling.pick_on_host(row, Some(&mut rng));
                 assert_eq!(
-                    drawn[r][step], host,
+                    tokens[step], host,
                     "{temperature} {top_k:?} {top_p:?}: row {r} step {step}"
                 );
             }
