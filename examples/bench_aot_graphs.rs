@@ -7,7 +7,7 @@
 //!     target/release/examples/bench_aot_graphs --count 16
 //! neuron-pc compile-graphs /tmp/g --jobs 2
 //! ```
-//! Run in extract mode (as above, or under `neuron-pc compile`) nothing executes: each step's
+//! Run as a trial run (as above, or under `neuron-pc compile`) nothing executes: each step's
 //! program is written out for the compiler.
 
 use clap::Parser;

@@ -5,7 +5,7 @@
 //!
 //! `cargo run --release --example bench_device [-- --floor STEP.mlir]` (run by `scripts/bench`).
 //!
-//! `--floor STEP.mlir`: the example step's own program (written by extract mode, its `.json`
+//! `--floor STEP.mlir`: the example step's own program (written by a trial run, its `.json`
 //! record beside it) is also run alone through a client of the same plugin in this process, on
 //! the job's values (the runtime's floor, `StepLoop` as `hlo_steptime` runs it), alternating
 //! round by round with the traced and then the replayed step; a second table compares them, and
@@ -205,7 +205,7 @@ fn main() -> anyhow::Result<()> {
     let lr = device.scalar(1e-3, DType::F32)?;
     // The floor runs on the job's values, not on zeros: an all-zero batch reads and updates one
     // embedding row and averages over an empty mask, a cheaper step than training's. Named
-    // inputs (parameters, optimizer state) are matched by the names extract mode recorded, the
+    // inputs (parameters, optimizer state) are matched by the names the trial run recorded, the
     // unnamed ones (the batch, the learning rate, the step count) by type.
     let mut floor = match floor_file {
         Some(f) => {

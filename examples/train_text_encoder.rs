@@ -162,7 +162,7 @@ fn main() -> anyhow::Result<()> {
     let batch_size = args.batch_size;
     let batches = (start_step..args.steps).map(move |i| train_task.batch(0, i, batch_size));
     let loader = DeviceLoader::new(&device, batches, batch_size, LastBatch::Drop, 2);
-    let extracting = device.is_extracting();
+    let extracting = device.is_trial_run();
     let mut first_step_at = None;
     let mut last_val = None;
 
@@ -215,7 +215,7 @@ fn main() -> anyhow::Result<()> {
                 "step {:>5}  loss {loss_value:.4}{}",
                 step + 1,
                 if extracting {
-                    "  (extract mode: not real)"
+                    "  (the trial run: not real)"
                 } else {
                     ""
                 }
@@ -229,7 +229,7 @@ fn main() -> anyhow::Result<()> {
                 acc,
                 1.0 / args.classes as f64,
                 if extracting {
-                    "  (extract mode: not real)"
+                    "  (the trial run: not real)"
                 } else {
                     ""
                 }
@@ -252,7 +252,7 @@ fn main() -> anyhow::Result<()> {
         // (checkpoints) the same way.
         if extracting {
             eprintln!(
-                "extract mode: not writing {} (a trial run computes nothing)",
+                "the trial run: not writing {} (a trial run computes nothing)",
                 path.display()
             );
         } else {

@@ -71,7 +71,7 @@ pub enum Error {
         message: String,
     },
 
-    /// Extract mode could not write a graph.
+    /// The trial run could not write a graph.
     Extract(String),
 
     /// A value that differs between replicas was used where one value is needed (read as one
@@ -83,8 +83,8 @@ pub enum Error {
         message: String,
     },
 
-    /// Saving or loading a checkpoint failed (see [`crate::checkpoint`]).
-    Checkpoint(crate::checkpoint::CheckpointError),
+    /// Saving or loading a checkpoint failed (see [`crate::state_dict`]).
+    Checkpoint(crate::state_dict::CheckpointError),
 
     /// With index checks on (`NEURON_PC_CHECK_INDICES=1`), an op met a class label, embedding
     /// row or gather index outside its range; `site` is the op's call in the user's code.
@@ -152,7 +152,7 @@ impl std::fmt::Display for Error {
                 f,
                 "{site}: the step of this mark_step (step {step}) failed: {message}"
             ),
-            Error::Extract(m) => write!(f, "extract mode: {m}"),
+            Error::Extract(m) => write!(f, "the trial run: {m}"),
             Error::Placement { location, message } => write!(f, "{location}: {message}"),
             Error::Checkpoint(e) => e.fmt(f),
             Error::IndexOutOfRange {
@@ -211,8 +211,8 @@ impl From<neuron_pc_compiler::Error> for Error {
     }
 }
 
-impl From<crate::checkpoint::CheckpointError> for Error {
-    fn from(e: crate::checkpoint::CheckpointError) -> Error {
+impl From<crate::state_dict::CheckpointError> for Error {
+    fn from(e: crate::state_dict::CheckpointError) -> Error {
         Error::Checkpoint(e)
     }
 }
@@ -278,7 +278,7 @@ impl Error {
     }
 }
 
-/// Why no executable could be had (see `crate::compile::Compiler::get_or_compile`).
+/// Why no executable could be had (see `crate::compile::CachingCompiler::obtain`).
 #[derive(Debug, thiserror::Error)]
 pub enum CompileError {
     /// The compiler (or lowering, or loading) failed here.

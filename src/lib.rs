@@ -22,7 +22,13 @@ pub mod amp;
 // Matches that decide something for every op list every variant (see `neuron_pc_compiler`).
 #[warn(clippy::wildcard_enum_match_arm)]
 pub mod autodiff;
-pub mod checkpoint;
+/// The old name of [`state_dict`] (until 0.2): "checkpoint" now names training checkpoints
+/// alone ([`state::Checkpoints`]); activation recomputation is [`nn::remat`].
+#[deprecated(since = "0.1.1", note = "renamed `neuron_pc::state_dict`")]
+pub mod checkpoint {
+    pub use crate::state::{CKPT_S3_ANSWER_TIMEOUT, CKPT_S3_TIMEOUT_ENV};
+    pub use crate::state_dict::*;
+}
 #[cfg(feature = "gloo")]
 pub mod collectives;
 pub mod compile;
@@ -39,6 +45,7 @@ pub mod nn;
 pub mod optim;
 pub mod sharding;
 pub mod state;
+pub mod state_dict;
 pub mod store;
 pub mod tensor;
 pub mod timeline;

@@ -100,7 +100,7 @@ impl ShardingPlan for Fsdp {
 /// The spec `plan` gives tensor `name` of shape `dims`: for a stacked tensor (a `*` in its
 /// name), [`ShardingPlan::stacked_spec`].
 pub fn spec_of(plan: &dyn ShardingPlan, name: &str, dims: &[usize], mesh: &Mesh) -> PartitionSpec {
-    if !crate::checkpoint::is_stacked(name) || dims.is_empty() {
+    if !crate::state_dict::is_stacked(name) || dims.is_empty() {
         return plan.spec(name, dims, mesh);
     }
     plan.stacked_spec(name, dims, mesh)
@@ -118,7 +118,7 @@ pub fn stacked_whole<P: ShardingPlan + ?Sized>(
         return plan.spec(name, dims, mesh);
     }
     let row = plan.spec(
-        &crate::checkpoint::stacked_row_name(name, 0),
+        &crate::state_dict::stacked_row_name(name, 0),
         &dims[1..],
         mesh,
     );

@@ -162,7 +162,7 @@ impl Timeline {
             .clone();
         events.sort_by(|a, b| a.ts.total_cmp(&b.ts));
         let bytes = serde_json::to_vec(&events).map_err(std::io::Error::other)?;
-        crate::checkpoint::write_atomic(&self.path, &bytes)
+        crate::state_dict::write_atomic(&self.path, &bytes)
     }
 }
 

@@ -1,15 +1,15 @@
-//! Whether this process is a trial run (extract mode, as `neuron-pc compile` runs a job), and
+//! Whether this process is a trial run (as `neuron-pc compile` runs a job), and
 //! the rule that follows from it: a trial run writes none of the user's files.
 //!
 //! A trial run executes nothing: every value it reads is a zero-filled stand-in. A checkpoint
 //! saved from it would be zeros under a real name, and a later `--resume` would train on from
-//! them, so every checkpoint or state dict saved through [`crate::checkpoint::StateDict::save`]
+//! them, so every checkpoint or state dict saved through [`crate::state_dict::StateDict::save`]
 //! is skipped with one line naming it, and the timeline (`NEURON_PC_TRACE`) is written only to
 //! a new file, never over an existing one (`neuron-pc compile --trace` gives the trial job a
 //! fresh path and merges what it writes).
 //! Reading is allowed: a trial run's `--resume` loads the real checkpoint, so it traces the
 //! graphs the real resumed run will use. A job's own outputs (metrics files, logs, uploads)
-//! should ask [`crate::LazyDevice::is_extracting`] or [`is_trial_run`] the same way.
+//! should ask [`crate::LazyDevice::is_trial_run`] or [`is_trial_run`] the same way.
 //!
 //! ```
 //! # fn main() -> neuron_pc::Result<()> {
@@ -26,23 +26,23 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-/// Directory that puts devices in extract mode (set by `neuron-pc compile`).
+/// Directory that puts devices of a trial run (set by `neuron-pc compile`).
 pub const EXTRACT_DIR_ENV: &str = "NEURON_PC_EXTRACT_DIR";
 
-/// Set once a device in extract mode exists in this process.
+/// Set once a device of a trial run exists in this process.
 static TRIAL: AtomicBool = AtomicBool::new(false);
 
 /// Paths already reported as skipped (one line each, however often the job saves).
 static SKIPPED: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
 
 /// True when this process is a trial run: `NEURON_PC_EXTRACT_DIR` is set (as `neuron-pc
-/// compile` sets it for the job), or a device in extract mode was created.
+/// compile` sets it for the job), or a device of a trial run was created.
 pub fn is_trial_run() -> bool {
     TRIAL.load(Ordering::Relaxed)
         || std::env::var_os(EXTRACT_DIR_ENV).is_some_and(|v| !v.is_empty())
 }
 
-/// Called when a device in extract mode is created.
+/// Called when a device of a trial run is created.
 pub(crate) fn mark_trial_run() {
     TRIAL.store(true, Ordering::Relaxed);
 }
@@ -78,7 +78,7 @@ fn report_skip(what: &str, path: &Path) {
             "no file is created"
         };
         tracing::warn!(
-            "extract mode: not writing {what} {}: a trial run's values are zero-filled \
+            "the trial run: not writing {what} {}: a trial run's values are zero-filled \
              stand-ins ({state})",
             path.display()
         );

@@ -14,14 +14,14 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use neuron_pc_cache::{
-    Cache, CacheKey, CacheOptions, EntryRecord, Lookup, Obtained, PutOutcome, ENTRY_FORMAT_VERSION,
+    Cache, CacheOptions, EntryKey, EntryRecord, Lookup, Obtained, PutOutcome, ENTRY_FORMAT_VERSION,
 };
 use sha2::{Digest, Sha256};
 
 const MIB: usize = 1 << 20;
 
-fn key(label: &str) -> CacheKey {
-    CacheKey::parse(&hex::encode(Sha256::digest(label.as_bytes()))).expect("a SHA-256 is a key")
+fn key(label: &str) -> EntryKey {
+    EntryKey::parse(&hex::encode(Sha256::digest(label.as_bytes()))).expect("a SHA-256 is a key")
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {

@@ -2,37 +2,38 @@
 
 use crate::error::{Error, Result};
 
-/// A cache key: exactly 64 lowercase hex characters (a SHA-256 computed by the compiler crate).
-/// Validation is what keeps object names inside the cache root: no separators, no dots, no NUL.
-/// It serializes as that text and deserializes only through the same validation.
+/// The name of one cache entry: exactly 64 lowercase hex characters (a SHA-256 the compiler
+/// crate computes as an `ExecutableKey`). Validation is what keeps object names inside the
+/// cache root: no separators, no dots, no NUL. It serializes as that text and deserializes only
+/// through the same validation.
 #[derive(
     Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
 #[serde(into = "String", try_from = "String")]
-pub struct CacheKey(String);
+pub struct EntryKey(String);
 
-impl From<CacheKey> for String {
-    fn from(k: CacheKey) -> String {
+impl From<EntryKey> for String {
+    fn from(k: EntryKey) -> String {
         k.0
     }
 }
 
-impl TryFrom<String> for CacheKey {
+impl TryFrom<String> for EntryKey {
     type Error = Error;
 
-    fn try_from(s: String) -> Result<CacheKey> {
-        CacheKey::parse(&s)
+    fn try_from(s: String) -> Result<EntryKey> {
+        EntryKey::parse(&s)
     }
 }
 
-impl CacheKey {
+impl EntryKey {
     /// Validates `s`; anything but 64 lowercase hex characters is an error.
-    pub fn parse(s: &str) -> Result<CacheKey> {
+    pub fn parse(s: &str) -> Result<EntryKey> {
         if s.len() == 64
             && s.bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         {
-            Ok(CacheKey(s.to_string()))
+            Ok(EntryKey(s.to_string()))
         } else {
             let shown: String = s.chars().take(80).collect();
             Err(Error::InvalidKey { key: shown })
@@ -55,7 +56,7 @@ impl CacheKey {
     }
 }
 
-impl std::fmt::Display for CacheKey {
+impl std::fmt::Display for EntryKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
     }
@@ -68,7 +69,7 @@ mod tests {
     #[test]
     fn only_64_lowercase_hex_is_a_key() {
         let good = "0123456789abcdef".repeat(4);
-        assert_eq!(CacheKey::parse(&good).unwrap().as_str(), good);
+        assert_eq!(EntryKey::parse(&good).unwrap().as_str(), good);
         for bad in [
             String::new(),
             good[..63].to_string(),
@@ -81,7 +82,7 @@ mod tests {
             "é".repeat(32),
             "a".repeat(1 << 20),
         ] {
-            assert!(CacheKey::parse(&bad).is_err(), "{bad:?}");
+            assert!(EntryKey::parse(&bad).is_err(), "{bad:?}");
         }
     }
 
@@ -98,7 +99,7 @@ mod tests {
             let text: String = (0..len)
                 .map(|i| alphabet[((s >> (i % 50)) as usize + i) % alphabet.len()] as char)
                 .collect();
-            let ok = CacheKey::parse(&text).is_ok();
+            let ok = EntryKey::parse(&text).is_ok();
             let expect = text.len() == 64
                 && text
                     .bytes()
@@ -107,3 +108,7 @@ mod tests {
         }
     }
 }
+
+/// The old name of [`EntryKey`] (until 0.2).
+#[deprecated(since = "0.1.1", note = "renamed `EntryKey`")]
+pub type CacheKey = EntryKey;

@@ -29,7 +29,9 @@ pub use cache::{
     WaitMetrics,
 };
 pub use error::{Error, Result};
+#[allow(deprecated)]
 pub use key::CacheKey;
+pub use key::EntryKey;
 pub use lease::Lease;
 pub use maintain::{ExecutableCheck, Judged};
 pub use options::{

@@ -8,7 +8,7 @@ use crate::cache::{
     VerifyReport,
 };
 use crate::error::{Error, Result};
-use crate::key::CacheKey;
+use crate::key::EntryKey;
 use crate::record::{EntryRecord, FailureRecord, MAX_RECORD_BYTES};
 
 /// A caller's judgement of one verified executable, given its record and its stored program
@@ -16,7 +16,7 @@ use crate::record::{EntryRecord, FailureRecord, MAX_RECORD_BYTES};
 /// take and return what its program does). The cache knows nothing of programs or plugins;
 /// the compiler side does.
 pub type ExecutableCheck<'a> =
-    &'a dyn Fn(&CacheKey, &EntryRecord, &str, &[u8]) -> std::result::Result<Judged, String>;
+    &'a dyn Fn(&EntryKey, &EntryRecord, &str, &[u8]) -> std::result::Result<Judged, String>;
 
 /// How a checker judged an executable it did not refuse.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,7 +35,7 @@ use crate::store::{Store, Tier};
 
 impl Cache {
     /// The failure record of `key`, whichever compiler wrote it (for `cache show`).
-    pub fn failure(&self, key: &CacheKey) -> Option<FailureRecord> {
+    pub fn failure(&self, key: &EntryKey) -> Option<FailureRecord> {
         self.live_tiers().find_map(|t| {
             let b = t.store.get(&failure_name(key)).ok().flatten()?;
             FailureRecord::parse(key, &b).ok()
@@ -43,7 +43,7 @@ impl Cache {
     }
 
     /// Why the entry of `key` is not served: the first tier's verification error, if any.
-    pub fn check(&self, key: &CacheKey) -> Result<()> {
+    pub fn check(&self, key: &EntryKey) -> Result<()> {
         for tier in self.live_tiers() {
             match self.read_entry(tier, key) {
                 Ok(Some(_)) => return Ok(()),
@@ -57,7 +57,7 @@ impl Cache {
     /// Every entry, with the tiers holding it; an entry whose record cannot be read is listed
     /// with its problem (never hidden).
     pub fn list(&self) -> Result<Vec<EntryInfo>> {
-        let mut out: BTreeMap<CacheKey, EntryInfo> = BTreeMap::new();
+        let mut out: BTreeMap<EntryKey, EntryInfo> = BTreeMap::new();
         for tier in self.live_tiers() {
             for obj in tier.store.list("entries/")? {
                 let Some(k) = obj
@@ -68,7 +68,7 @@ impl Cache {
                 else {
                     continue;
                 };
-                let Ok(key) = CacheKey::parse(k) else {
+                let Ok(key) = EntryKey::parse(k) else {
                     continue;
                 };
                 let t = tier.store.tier();
@@ -118,9 +118,9 @@ impl Cache {
 
     /// The key an unambiguous prefix (or a whole key) names, among entries and failure
     /// records of every tier.
-    pub fn resolve(&self, prefix: &str) -> Result<CacheKey> {
+    pub fn resolve(&self, prefix: &str) -> Result<EntryKey> {
         let prefix = prefix.trim();
-        if let Ok(k) = CacheKey::parse(prefix) {
+        if let Ok(k) = EntryKey::parse(prefix) {
             return Ok(k);
         }
         if prefix.is_empty()
@@ -133,7 +133,7 @@ impl Cache {
                 key: prefix.chars().take(80).collect(),
             });
         }
-        let mut found: BTreeSet<CacheKey> = BTreeSet::new();
+        let mut found: BTreeSet<EntryKey> = BTreeSet::new();
         for tier in self.live_tiers() {
             let shard = if prefix.len() >= 2 {
                 format!("entries/{}/", &prefix[..2])
@@ -151,7 +151,7 @@ impl Cache {
                 }
             }
         }
-        let mut found: Vec<CacheKey> = found.into_iter().collect();
+        let mut found: Vec<EntryKey> = found.into_iter().collect();
         match found.len() {
             0 => Err(Error::NotFound {
                 key: prefix.to_string(),
@@ -227,7 +227,7 @@ impl Cache {
                 }
             }
             let objects = tier.store.list("entries/")?;
-            let mut by_key: BTreeMap<CacheKey, Vec<String>> = BTreeMap::new();
+            let mut by_key: BTreeMap<EntryKey, Vec<String>> = BTreeMap::new();
             for o in &objects {
                 if let Some(k) = key_of(&o.name) {
                     by_key.entry(k).or_default().push(o.name.clone());
@@ -319,7 +319,7 @@ impl Cache {
 
     /// Removes `key` (entry and failure record) from every tier; [`Error::NotFound`] when no
     /// tier had anything of it.
-    pub fn remove(&self, key: &CacheKey) -> Result<()> {
+    pub fn remove(&self, key: &EntryKey) -> Result<()> {
         if self.opts.read_only {
             return Err(Error::ReadOnly);
         }
@@ -401,7 +401,7 @@ impl Cache {
         if total <= max_bytes {
             return Ok(Eviction { removed: 0, total });
         }
-        let mut groups: HashMap<CacheKey, Group> = HashMap::with_capacity(objects.len() / 3 + 1);
+        let mut groups: HashMap<EntryKey, Group> = HashMap::with_capacity(objects.len() / 3 + 1);
         for o in objects {
             let Some(k) = key_of(&o.name) else { continue };
             let g = groups.entry(k).or_default();
@@ -413,7 +413,7 @@ impl Cache {
             }
             g.names.push(o.name);
         }
-        let mut order: Vec<(CacheKey, Group)> = groups.into_iter().collect();
+        let mut order: Vec<(EntryKey, Group)> = groups.into_iter().collect();
         order.sort_by(|(ka, a), (kb, b)| {
             let at = a.used.unwrap_or(std::time::SystemTime::UNIX_EPOCH);
             let bt = b.used.unwrap_or(std::time::SystemTime::UNIX_EPOCH);
@@ -482,7 +482,7 @@ struct Group {
 
 /// Deletes an entry by the names a listing found, record first so no reader sees a record
 /// without its executable.
-pub(crate) fn delete_listed(store: &dyn Store, key: &CacheKey, names: &[String]) -> Result<()> {
+pub(crate) fn delete_listed(store: &dyn Store, key: &EntryKey, names: &[String]) -> Result<()> {
     let record = record_name(key);
     store.delete(&record)?;
     for n in names.iter().filter(|n| **n != record) {
@@ -492,7 +492,7 @@ pub(crate) fn delete_listed(store: &dyn Store, key: &CacheKey, names: &[String])
 }
 
 /// Deletes an entry, record first so no reader sees a record without its executable.
-pub(crate) fn remove_entry(store: &dyn Store, key: &CacheKey) -> Result<()> {
+pub(crate) fn remove_entry(store: &dyn Store, key: &EntryKey) -> Result<()> {
     store.delete(&record_name(key))?;
     for o in store.list(&format!("entries/{}/{key}.", key.shard()))? {
         store.delete(&o.name)?;

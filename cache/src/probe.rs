@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use crate::cache::{failure_name, record_name, Cache};
 use crate::error::Error;
-use crate::key::CacheKey;
+use crate::key::EntryKey;
 use crate::maintain::remove_entry;
 use crate::store::Tier;
 
@@ -67,7 +67,7 @@ impl Cache {
     /// the bytes, deletes it and checks that it is gone. Tiers this process has switched off
     /// are probed too (the probe is how to learn why). A read-only cache fails at the write
     /// step without writing. Pick a key no real entry has (a digest of something unique).
-    pub fn probe(&self, key: &CacheKey, executable: &[u8]) -> Vec<TierProbe> {
+    pub fn probe(&self, key: &EntryKey, executable: &[u8]) -> Vec<TierProbe> {
         let inputs = BTreeMap::from([("probe".to_string(), PROBE_PROGRAM.to_string())]);
         let record = self.new_record(key, executable, PROBE_PROGRAM, &inputs, 0.0);
         self.tiers
@@ -136,7 +136,7 @@ fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 
-fn corrupt(key: &CacheKey, message: &str) -> Error {
+fn corrupt(key: &EntryKey, message: &str) -> Error {
     Error::Corrupt {
         key: key.to_string(),
         message: message.to_string(),
@@ -148,8 +148,8 @@ mod tests {
     use super::*;
     use crate::options::CacheOptions;
 
-    fn key() -> CacheKey {
-        CacheKey::parse(&crate::record::sha256_hex(b"probe test")).unwrap()
+    fn key() -> EntryKey {
+        EntryKey::parse(&crate::record::sha256_hex(b"probe test")).unwrap()
     }
 
     fn tmp(tag: &str) -> std::path::PathBuf {
@@ -174,7 +174,7 @@ mod tests {
     fn a_probe_leaves_nothing_behind_and_keeps_other_entries() {
         let dir = tmp("local");
         let c = Cache::open(dir.to_str().unwrap(), CacheOptions::default()).unwrap();
-        let other = CacheKey::parse(&"ab".repeat(32)).unwrap();
+        let other = EntryKey::parse(&"ab".repeat(32)).unwrap();
         c.put(&other, &[1, 2, 3], "p", &BTreeMap::new(), 1.0);
         let probes = c.probe(&key(), &[9; 4096]);
         assert_eq!(probes.len(), 1);

@@ -7,7 +7,7 @@ use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::key::CacheKey;
+use crate::key::EntryKey;
 
 /// Version of the entry layout and record format; entries of another version are misses.
 pub const ENTRY_FORMAT_VERSION: u32 = 1;
@@ -69,7 +69,7 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// HMAC-SHA256 over the key and the executable's digest.
-pub(crate) fn sign(signing_key: &[u8], key: &CacheKey, exe_sha256: &str) -> String {
+pub(crate) fn sign(signing_key: &[u8], key: &EntryKey, exe_sha256: &str) -> String {
     let mut mac =
         <Hmac<Sha256> as Mac>::new_from_slice(signing_key).expect("HMAC takes keys of any length");
     mac.update(key.as_str().as_bytes());
@@ -78,7 +78,7 @@ pub(crate) fn sign(signing_key: &[u8], key: &CacheKey, exe_sha256: &str) -> Stri
     hex::encode(mac.finalize().into_bytes())
 }
 
-fn verify_signature(signing_key: &[u8], key: &CacheKey, exe_sha256: &str, signature: &str) -> bool {
+fn verify_signature(signing_key: &[u8], key: &EntryKey, exe_sha256: &str, signature: &str) -> bool {
     let Ok(sig) = hex::decode(signature) else {
         return false;
     };
@@ -93,7 +93,7 @@ fn verify_signature(signing_key: &[u8], key: &CacheKey, exe_sha256: &str, signat
 impl EntryRecord {
     /// Parses and checks a record read for `key` (never trusts it: it may be truncated,
     /// garbage, of another version, or copied from another key).
-    pub fn parse(key: &CacheKey, bytes: &[u8]) -> Result<EntryRecord> {
+    pub fn parse(key: &EntryKey, bytes: &[u8]) -> Result<EntryRecord> {
         let corrupt = |message: String| Error::Corrupt {
             key: key.to_string(),
             message,
@@ -116,7 +116,7 @@ impl EntryRecord {
             return Err(corrupt(format!("record is for key {}", r.key)));
         }
         // The digest names the executable object, so it must be plain hex.
-        if CacheKey::parse(&r.executable_sha256).is_err() {
+        if EntryKey::parse(&r.executable_sha256).is_err() {
             return Err(corrupt(
                 "record's executable digest is not 64 lowercase hex characters".into(),
             ));
@@ -128,7 +128,7 @@ impl EntryRecord {
     /// record.
     pub fn verify(
         &self,
-        key: &CacheKey,
+        key: &EntryKey,
         executable: &[u8],
         signing_key: Option<&[u8]>,
     ) -> Result<()> {
@@ -163,7 +163,7 @@ impl EntryRecord {
 
 impl FailureRecord {
     /// Parses a failure record read for `key`; one for another key or format is refused.
-    pub fn parse(key: &CacheKey, bytes: &[u8]) -> Result<FailureRecord> {
+    pub fn parse(key: &EntryKey, bytes: &[u8]) -> Result<FailureRecord> {
         let corrupt = |message: String| Error::Corrupt {
             key: key.to_string(),
             message,
@@ -192,11 +192,11 @@ pub fn hostname() -> String {
 mod tests {
     use super::*;
 
-    fn key(c: char) -> CacheKey {
-        CacheKey::parse(&c.to_string().repeat(64)).unwrap()
+    fn key(c: char) -> EntryKey {
+        EntryKey::parse(&c.to_string().repeat(64)).unwrap()
     }
 
-    fn record(k: &CacheKey, exe: &[u8], signing: Option<&[u8]>) -> EntryRecord {
+    fn record(k: &EntryKey, exe: &[u8], signing: Option<&[u8]>) -> EntryRecord {
         let digest = sha256_hex(exe);
         EntryRecord {
             format_version: ENTRY_FORMAT_VERSION,

@@ -105,9 +105,11 @@ pub fn plugin_fingerprint(path: &Path) -> Result<String> {
     Ok(hex::encode(h.finalize()))
 }
 
-/// A computed key and the named components it was computed from.
+/// The key of an executable: the SHA-256 of everything that can change what compiling a program
+/// gives, and the named components it was computed from. (The cache crate stores it as an
+/// `EntryKey`; the root crate's `compile::ProgramKey` holds both forms.)
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CacheKey {
+pub struct ExecutableKey {
     /// 64 lowercase hex characters.
     pub hex: String,
     /// Component name → value (digests for large inputs), in key order.
@@ -120,7 +122,7 @@ pub fn cache_key(
     options: &CompileOptions,
     flags: &CompilerFlags,
     compiler: &CompilerIdentity,
-) -> CacheKey {
+) -> ExecutableKey {
     let mut parts: Vec<(String, String)> = vec![
         ("format_version".into(), CACHE_FORMAT_VERSION.to_string()),
         ("program_sha256".into(), sha256_hex(program.as_bytes())),
@@ -158,7 +160,7 @@ pub fn cache_key(
             h.update(field);
         }
     }
-    CacheKey {
+    ExecutableKey {
         hex: hex::encode(h.finalize()),
         components: parts.into_iter().collect(),
     }
@@ -310,3 +312,7 @@ mod tests {
         }
     }
 }
+
+/// The old name of [`ExecutableKey`] (until 0.2).
+#[deprecated(since = "0.1.1", note = "renamed `ExecutableKey`")]
+pub type CacheKey = ExecutableKey;

@@ -290,9 +290,9 @@ fn main() -> anyhow::Result<()> {
         other => bail!("--save-dtype {other:?}: use f32 or bf16"),
     };
     let autocast = args.precision.autocast();
-    let extracting = device.is_extracting();
+    let extracting = device.is_trial_run();
     let not_real = if extracting {
-        "  (extract mode: not real)"
+        "  (the trial run: not real)"
     } else {
         ""
     };

@@ -12,14 +12,14 @@
 //! [`scan`] records a stack of identical layers as one loop; both differentiate as usual.
 //!
 //! ```no_run
-//! use neuron_pc::autodiff::{checkpoint, grad, scan, Remat, ScanOptions};
+//! use neuron_pc::autodiff::{grad, remat, scan, Remat, ScanOptions};
 //! use neuron_pc::{DType, LazyDevice};
 //! # fn main() -> neuron_pc::Result<()> {
 //! let device = LazyDevice::from_env()?;
 //! let w = device.from_slice(&[0.5f32, -1.0, 2.0, 0.1], &[2, 2])?;
 //! let layers = device.from_slice(&[0.1f32; 3 * 2 * 2], &[3, 2, 2])?; // 3 layers of [2, 2]
 //! let x = device.ones(&[4, 2], DType::F32)?;
-//! let h = checkpoint(Remat::Full, &[&x], |xs| Ok(vec![xs[0].matmul(&w)?.tanh()?]))?;
+//! let h = remat(Remat::Full, &[&x], |xs| Ok(vec![xs[0].matmul(&w)?.tanh()?]))?;
 //! let (h, _) = scan(&[&h[0]], &[&layers], ScanOptions::default(), |h, l| {
 //!     Ok((vec![h[0].matmul(&l[0])?.tanh()?], vec![]))
 //! })?;
@@ -53,7 +53,9 @@ use crate::device::{lock, DeviceInner};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
-pub use remat::{checkpoint, Remat};
+#[allow(deprecated)]
+pub use remat::checkpoint;
+pub use remat::{remat, Remat};
 pub use scan::{scan, ScanOptions};
 
 /// Gradients of the scalar `loss` with respect to each tensor of `wrt` (zeros where `loss`

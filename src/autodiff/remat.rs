@@ -92,13 +92,16 @@ impl FromStr for Remat {
 /// outermost one.
 ///
 /// ```no_run
-/// # use neuron_pc::{nn::{checkpoint, Remat, Linear}, Tensor, Result};
+/// # use neuron_pc::{nn::{remat, Remat, Linear}, Tensor, Result};
 /// # fn block(mlp: &Linear, x: &Tensor) -> Result<Tensor> {
-/// let y = checkpoint(Remat::Full, &[x], |xs| Ok(vec![mlp.forward(&xs[0])?.silu()?]))?;
+/// let y = remat(Remat::Full, &[x], |xs| Ok(vec![mlp.forward(&xs[0])?.silu()?]))?;
 /// # Ok(y[0].clone()) }
 /// ```
+///
+/// PyTorch calls this activation checkpointing (`torch.utils.checkpoint`), JAX `jax.remat`;
+/// here "checkpoint" names training checkpoints alone ([`crate::state::Checkpoints`]).
 #[track_caller]
-pub fn checkpoint<F>(policy: Remat, inputs: &[&Tensor], f: F) -> Result<Vec<Tensor>>
+pub fn remat<F>(policy: Remat, inputs: &[&Tensor], f: F) -> Result<Vec<Tensor>>
 where
     F: FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
 {
@@ -129,7 +132,17 @@ where
     Ok(outputs)
 }
 
-/// The checkpointed blocks below one loss, for [`crate::grad`].
+/// The old name of [`remat`] (until 0.2).
+#[deprecated(since = "0.1.1", note = "renamed `nn::remat`")]
+#[track_caller]
+pub fn checkpoint<F>(policy: Remat, inputs: &[&Tensor], f: F) -> Result<Vec<Tensor>>
+where
+    F: FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
+{
+    remat(policy, inputs, f)
+}
+
+/// The recomputed blocks below one loss, for [`crate::grad`].
 pub(super) struct Blocks {
     /// The block each recorded node belongs to (an index into `blocks`).
     of: HashMap<usize, usize>,

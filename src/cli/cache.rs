@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use anyhow::{bail, Context};
 use neuron_pc::compile::CacheConfig;
-use neuron_pc_cache::{parse_size, Cache, CacheKey, ExecutableCheck, Lookup, Tier, READ_ONLY_ENV};
+use neuron_pc_cache::{parse_size, Cache, EntryKey, ExecutableCheck, Lookup, Tier, READ_ONLY_ENV};
 use neuron_pc_compiler::flags::CompilerFlags;
 
 /// `neuron-pc cache <command>`.
@@ -96,7 +96,7 @@ fn open(common: &Common) -> anyhow::Result<Cache> {
 }
 
 /// A whole key, or a unique prefix of one (as `compile`'s table prints them).
-fn parse_key(cache: &Cache, s: &str) -> anyhow::Result<CacheKey> {
+fn parse_key(cache: &Cache, s: &str) -> anyhow::Result<EntryKey> {
     Ok(cache.resolve(s)?)
 }
 

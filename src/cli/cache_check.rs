@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use neuron_pc_cache::{CacheKey, EntryRecord, Judged};
+use neuron_pc_cache::{EntryKey, EntryRecord, Judged};
 use neuron_pc_compiler::error::Error;
 use neuron_pc_compiler::flags::CompilerFlags;
 use neuron_pc_compiler::key::CompilerIdentity;
@@ -57,7 +57,7 @@ fn other_compiler(record: &EntryRecord, mine: &CompilerIdentity) -> Option<Strin
 /// another compiler (another target or plugin build) cannot be judged here; their digests were
 /// checked, and that is what the report says of them.
 pub fn check_executable(
-    key: &CacheKey,
+    key: &EntryKey,
     record: &EntryRecord,
     program: &str,
     executable: &[u8],

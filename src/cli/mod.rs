@@ -24,7 +24,7 @@ pub struct Cli {
 enum Command {
     /// List compile targets, where their PJRT plugins are and whether they load.
     Targets(targets::TargetsArgs),
-    /// Run a job in extract mode and compile every graph it makes into the cache, in parallel
+    /// Run a job as a trial run and compile every graph it makes into the cache, in parallel
     /// worker processes, while it runs: `neuron-pc compile [OPTIONS] -- <command> [args...]`.
     Compile(aot::compile_cmd::CompileArgs),
     /// Compile StableHLO text files (from any frontend, e.g. a JAX export) into the cache.

@@ -1,7 +1,7 @@
-//! The extract protocol between a job and `neuron-pc compile` / `analyze`, written by the lazy
+//! The trial run's protocol between a job and `neuron-pc compile` / `analyze`, written by the lazy
 //! device and read by the command line with these same types.
 //!
-//! - Extract mode (`NEURON_PC_EXTRACT_DIR=dir`): each new graph not already cached becomes
+//! - The trial run (`NEURON_PC_EXTRACT_DIR=dir`): each new graph not already cached becomes
 //!   `<key>.mlir` (the program) and then `<key>.json` (a [`GraphRecord`]), each through a
 //!   temporary name and a rename. The record is written last, so a reader that sees a record
 //!   always sees the whole program.
@@ -31,7 +31,7 @@ use std::path::Path;
 
 use neuron_pc_compiler::ir::Graph;
 
-use super::Key;
+use super::ProgramKey;
 use crate::error::{Error, Result};
 
 /// What the `<key>.json` record of an extracted graph holds.
@@ -73,7 +73,12 @@ pub struct GraphRecord {
 
 impl GraphRecord {
     /// The record of `graph`, keyed `key`, cut at `site`, its parameters named `names`.
-    pub fn new(key: &Key, graph: &Graph, site: &Location<'_>, names: &[String]) -> GraphRecord {
+    pub fn new(
+        key: &ProgramKey,
+        graph: &Graph,
+        site: &Location<'_>,
+        names: &[String],
+    ) -> GraphRecord {
         GraphRecord {
             key: key.hex().to_string(),
             components: key.inputs.components.clone(),
@@ -125,7 +130,7 @@ pub(crate) fn write_graph(
         record.partitioned = program.options.num_partitions > 1;
     }
     let json = serde_json::to_vec_pretty(&record).map_err(|e| Error::Extract(e.to_string()))?;
-    let write = crate::checkpoint::write_atomic;
+    let write = crate::state_dict::write_atomic;
     write(&dir.join(format!("{key}.mlir")), text.as_bytes()).map_err(err)?;
     write(&dir.join(format!("{key}.json")), &json).map_err(err)
 }
@@ -154,7 +159,7 @@ pub struct GraphLogLine {
 /// Appends to the graph log; a failure is a warning (the log is a diagnostic aid).
 pub(crate) fn append_graph_log(
     path: &Path,
-    key: &Key,
+    key: &ProgramKey,
     graph: &Graph,
     site: &Location<'_>,
     step: u64,

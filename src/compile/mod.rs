@@ -1,10 +1,10 @@
 //! Compile-with-cache: the one place where a program becomes a loaded executable.
 //!
-//! A [`Compiler`] owns what a compilation needs: the PJRT client of the target, the compiler
+//! A [`CachingCompiler`] owns what a compilation needs: the PJRT client of the target, the compiler
 //! flags and the compile options they give, the compiler's identity (which enters every key)
-//! and the opened persistent cache. The lazy device calls [`Compiler::lower`] on each new step
-//! graph and [`Compiler::get_or_compile`] on the program; the worker processes of
-//! `neuron-pc compile` call the same `get_or_compile` on the programs a trial run extracted,
+//! and the opened persistent cache. The lazy device calls [`CachingCompiler::lower`] on each new step
+//! graph and [`CachingCompiler::obtain`] on the program; the worker processes of
+//! `neuron-pc compile` call the same `obtain` on the programs a trial run extracted,
 //! so keys, entries, failure records and leases agree between the two by construction.
 //!
 //! A job picks its cache through [`CacheConfig`] (or `NEURON_COMPILE_CACHE_URL`), and its
@@ -38,7 +38,7 @@ use std::time::Instant;
 use neuron_pc_cache::{Cache, Obtained as CacheObtained, PutOutcome, Tier};
 use neuron_pc_compiler::flags::CompilerFlags;
 use neuron_pc_compiler::ir::{Graph, TensorType};
-use neuron_pc_compiler::key::{cache_key, CacheKey, CompilerIdentity};
+use neuron_pc_compiler::key::{cache_key, CompilerIdentity, ExecutableKey};
 use neuron_pc_compiler::lower::Partitioning;
 use neuron_pc_compiler::passes::ProcessLayout;
 use neuron_pc_compiler::pjrt::{ArgType, Client, CompileOptions, LoadedExecutable, Signature};
@@ -52,20 +52,24 @@ use crate::error::{Error, Result};
 /// A program's cache key, held in the compiler's form (hex and the named key inputs) and the
 /// cache's validated form, converted once when the key is computed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Key {
+pub struct ProgramKey {
     /// The hex key and the named inputs it was computed from.
-    pub inputs: CacheKey,
+    pub inputs: ExecutableKey,
     /// The same key as the cache stores it.
-    pub store: neuron_pc_cache::CacheKey,
+    pub store: neuron_pc_cache::EntryKey,
 }
 
-impl Key {
+/// The old name of [`ProgramKey`] (until 0.2).
+#[deprecated(since = "0.1.1", note = "renamed `ProgramKey`")]
+pub type Key = ProgramKey;
+
+impl ProgramKey {
     /// Wraps a computed key.
-    pub fn new(inputs: CacheKey) -> Key {
+    pub fn new(inputs: ExecutableKey) -> ProgramKey {
         // The compiler's keys are hex-encoded SHA-256 digests, always valid cache keys.
-        let store = neuron_pc_cache::CacheKey::parse(&inputs.hex)
+        let store = neuron_pc_cache::EntryKey::parse(&inputs.hex)
             .expect("a SHA-256 hex digest is a valid cache key");
-        Key { inputs, store }
+        ProgramKey { inputs, store }
     }
 
     /// 64 lowercase hex characters.
@@ -79,7 +83,7 @@ impl Key {
     }
 }
 
-impl std::fmt::Display for Key {
+impl std::fmt::Display for ProgramKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.hex())
     }
@@ -90,8 +94,8 @@ impl std::fmt::Display for Key {
 pub struct Program {
     /// The StableHLO module, as text.
     pub text: String,
-    /// The cache key of compiling `text` with `options` (see [`Compiler::key_of`]).
-    pub key: Key,
+    /// The cache key of compiling `text` with `options` (see [`CachingCompiler::key_of`]).
+    pub key: ProgramKey,
     /// Parameter and result types (from the IR for traced graphs, read from the text for
     /// programs of other frontends); every launch checks its arguments against it.
     pub signature: Option<Signature>,
@@ -155,7 +159,7 @@ pub struct Obtained {
 }
 
 /// The compiler of one process: target client, flags, options, identity and cache.
-pub struct Compiler {
+pub struct CachingCompiler {
     client: Client,
     flags: CompilerFlags,
     options: CompileOptions,
@@ -172,9 +176,14 @@ pub struct Compiler {
     processes: Option<ProcessLayout>,
 }
 
-impl std::fmt::Debug for Compiler {
+/// The old name of [`CachingCompiler`] (until 0.2): the compiler crate (`neuron_pc_compiler`)
+/// lowers and compiles; this type adds the persistent cache in front of it.
+#[deprecated(since = "0.1.1", note = "renamed `CachingCompiler`")]
+pub type Compiler = CachingCompiler;
+
+impl std::fmt::Debug for CachingCompiler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Compiler")
+        f.debug_struct("CachingCompiler")
             .field("compiler", &self.identity.version_string())
             .field("flags", &self.flags.to_string())
             .field("cache", &self.cache.as_deref().map(Cache::describe))
@@ -182,9 +191,13 @@ impl std::fmt::Debug for Compiler {
     }
 }
 
-impl Compiler {
+impl CachingCompiler {
     /// A compiler for `client` under `flags`, storing into `cache` (none: memory only).
-    pub fn new(client: Client, flags: CompilerFlags, cache: Option<Cache>) -> Result<Compiler> {
+    pub fn new(
+        client: Client,
+        flags: CompilerFlags,
+        cache: Option<Cache>,
+    ) -> Result<CachingCompiler> {
         let identity = CompilerIdentity::of(&client)?;
         // A program of several cpu processes calls the gloo handlers: they must be known to
         // XLA before it compiles or loads one (here, in a trial run's compile workers, in
@@ -195,7 +208,7 @@ impl Compiler {
         if client.platform_name() == "cpu" && client.plugin().has_ffi() {
             let _ = crate::collectives::register(client.plugin());
         }
-        Ok(Compiler {
+        Ok(CachingCompiler {
             options: neuron_pc_compiler::passes::compile_options(&flags),
             client,
             flags,
@@ -210,8 +223,12 @@ impl Compiler {
 
     /// A compiler whose cache is opened from `config` the way a training job opens it (see
     /// [`CacheConfig::open_for_job`]).
-    pub fn for_job(client: Client, flags: CompilerFlags, config: &CacheConfig) -> Result<Compiler> {
-        let mut c = Compiler::new(client, flags, None)?;
+    pub fn for_job(
+        client: Client,
+        flags: CompilerFlags,
+        config: &CacheConfig,
+    ) -> Result<CachingCompiler> {
+        let mut c = CachingCompiler::new(client, flags, None)?;
         let (cache, unavailable) = config.open_for_job(&c.identity)?;
         (c.cache, c.cache_unavailable) = (cache.map(Arc::new), unavailable);
         Ok(c)
@@ -222,8 +239,8 @@ impl Compiler {
         client: Client,
         flags: CompilerFlags,
         config: &CacheConfig,
-    ) -> Result<Compiler> {
-        let mut c = Compiler::new(client, flags, None)?;
+    ) -> Result<CachingCompiler> {
+        let mut c = CachingCompiler::new(client, flags, None)?;
         let cache = config
             .open(Some(&c.identity))
             .map_err(|e| Error::Config(format!("compile cache: {e}")))?;
@@ -234,7 +251,7 @@ impl Compiler {
     /// Compiles SPMD programs replicated over `devices` of the client (replica `i` on
     /// `devices[i]`): the replica count and assignment enter the compile options and therefore
     /// every key. One device (the default) compiles single-device programs.
-    pub fn with_replicas(mut self, devices: &[usize]) -> Compiler {
+    pub fn with_replicas(mut self, devices: &[usize]) -> CachingCompiler {
         self.options = if devices.len() > 1 {
             self.options.replicated(devices)
         } else {
@@ -249,7 +266,7 @@ impl Compiler {
     /// Compiles programs partitioned by XLA's SPMD partitioner over `devices` (mesh position
     /// `p` on `devices[p]`): one replica, `devices.len()` partitions; the partition count and
     /// the assignment enter every key, and the shardings are in each program's text.
-    pub fn with_partitions(mut self, devices: &[usize]) -> Compiler {
+    pub fn with_partitions(mut self, devices: &[usize]) -> CachingCompiler {
         self.options = self.options.partitioned(devices);
         self
     }
@@ -257,9 +274,9 @@ impl Compiler {
     /// Lowers every program recorded over `processes` processes of this one's replicas for
     /// this process alone, its collectives between processes made custom calls (the cpu
     /// target's multi-process runs; see `collectives`, with the `gloo` feature).
-    /// Call it after [`Compiler::with_replicas`] or [`Compiler::with_partitions`]: the layout
+    /// Call it after [`CachingCompiler::with_replicas`] or [`CachingCompiler::with_partitions`]: the layout
     /// is read from them.
-    pub fn with_processes(mut self, processes: usize) -> Compiler {
+    pub fn with_processes(mut self, processes: usize) -> CachingCompiler {
         self.processes = (processes > 1).then(|| ProcessLayout {
             processes,
             local: self.options.num_replicas.max(1),
@@ -268,8 +285,8 @@ impl Compiler {
         self
     }
 
-    /// Replicas of the whole run: [`Compiler::replicas`], times the processes when programs
-    /// are lowered for one of several ([`Compiler::with_processes`]).
+    /// Replicas of the whole run: [`CachingCompiler::replicas`], times the processes when programs
+    /// are lowered for one of several ([`CachingCompiler::with_processes`]).
     pub fn global_replicas(&self) -> usize {
         self.replicas() * self.processes.map_or(1, |p| p.processes)
     }
@@ -284,7 +301,7 @@ impl Compiler {
         })
     }
 
-    /// How many partitions each program is split into (1 unless [`Compiler::with_partitions`]).
+    /// How many partitions each program is split into (1 unless [`CachingCompiler::with_partitions`]).
     pub fn partitions(&self) -> usize {
         self.options.num_partitions.max(1)
     }
@@ -376,12 +393,12 @@ impl Compiler {
     }
 
     /// The key of compiling `text` with this compiler.
-    pub fn key_of(&self, text: &str) -> Key {
+    pub fn key_of(&self, text: &str) -> ProgramKey {
         self.key_with(text, &self.options)
     }
 
-    fn key_with(&self, text: &str, options: &CompileOptions) -> Key {
-        Key::new(cache_key(text, options, &self.flags, &self.identity))
+    fn key_with(&self, text: &str, options: &CompileOptions) -> ProgramKey {
+        ProgramKey::new(cache_key(text, options, &self.flags, &self.identity))
     }
 
     /// Runs the graph passes the flags ask for, lowers the result to StableHLO (with `aliases`
@@ -397,7 +414,7 @@ impl Compiler {
         })
     }
 
-    /// [`Compiler::lower`] for a partitioned program: `params` and `outputs` are the sharding
+    /// [`CachingCompiler::lower`] for a partitioned program: `params` and `outputs` are the sharding
     /// of each parameter and output (none: whole on every device). The signature is each
     /// device's: the blocks' types.
     pub fn lower_sharded(
@@ -477,7 +494,7 @@ impl Compiler {
     }
 
     /// True when the cache holds a verified entry for `key`.
-    pub fn contains(&self, key: &Key) -> bool {
+    pub fn contains(&self, key: &ProgramKey) -> bool {
         self.cache.as_ref().is_some_and(|c| c.contains(&key.store))
     }
 
@@ -485,7 +502,7 @@ impl Compiler {
     /// compiles it, or compiled here and stored. An entry that does not load is a miss:
     /// compiled again and replaced. A failure recorded earlier is returned as
     /// [`CompileError::Recorded`] unless the flags ask to retry failed compilations.
-    pub fn get_or_compile(&self, program: &Program) -> Result<Obtained, CompileError> {
+    pub fn obtain(&self, program: &Program) -> Result<Obtained, CompileError> {
         let Some(cache) = self.cache.as_deref() else {
             let started = Instant::now();
             let executable = self.compile_here(program)?;
@@ -498,7 +515,7 @@ impl Compiler {
             });
         };
         let obtained = self.prefetched(program).map_or_else(
-            || self.get_or_compile_in(cache, program),
+            || self.obtain_in(cache, program),
             |o| {
                 self.prefetch_hits
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -512,17 +529,20 @@ impl Compiler {
         obtained
     }
 
-    /// How many executables came from the prefetch ([`Compiler::start_prefetch`]).
+    /// The old name of [`CachingCompiler::obtain`] (until 0.2; the cache's own
+    /// `Cache::get_or_compile` is the step below it).
+    #[deprecated(since = "0.1.1", note = "renamed `obtain`")]
+    pub fn get_or_compile(&self, program: &Program) -> Result<Obtained, CompileError> {
+        self.obtain(program)
+    }
+
+    /// How many executables came from the prefetch ([`CachingCompiler::start_prefetch`]).
     pub fn prefetch_hits(&self) -> u64 {
         self.prefetch_hits
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn get_or_compile_in(
-        &self,
-        cache: &Cache,
-        program: &Program,
-    ) -> Result<Obtained, CompileError> {
+    fn obtain_in(&self, cache: &Cache, program: &Program) -> Result<Obtained, CompileError> {
         // The compile closure keeps the loaded executable and the typed error; the cache sees
         // the serialized bytes and the message.
         let fresh: RefCell<Option<LoadedExecutable>> = RefCell::new(None);

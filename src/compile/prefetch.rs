@@ -26,12 +26,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use neuron_pc_cache::{Cache, CacheKey, Lookup};
+use neuron_pc_cache::{Cache, EntryKey, Lookup};
 use neuron_pc_compiler::pjrt::{Client, Interface, LoadedExecutable};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::{ms_since, Key};
+use super::{ms_since, ProgramKey};
 
 /// How many of a job's first graphs a hint names.
 pub(crate) const HINT_GRAPHS: usize = 4;
@@ -79,7 +79,7 @@ enum Said {
 /// The hint's state in one process: what it said, and the graphs this run obtained first.
 #[derive(Default)]
 pub(crate) struct Hints {
-    id: Option<CacheKey>,
+    id: Option<EntryKey>,
     read: Vec<Named>,
     obtained: Vec<Named>,
     /// Whether a step has already spent a wait mapping the temporaries in.
@@ -88,14 +88,14 @@ pub(crate) struct Hints {
 }
 
 /// The hint's name for this program under these compile options.
-pub(crate) fn hint_id(options_key: &str) -> Option<CacheKey> {
+pub(crate) fn hint_id(options_key: &str) -> Option<EntryKey> {
     let exe = std::env::current_exe().ok()?;
     let mut h = Sha256::new();
     h.update(b"neuron-pc first-steps hint 1\n");
     h.update(exe.to_string_lossy().as_bytes());
     h.update(b"\n");
     h.update(options_key.as_bytes());
-    CacheKey::parse(&hex::encode(h.finalize())).ok()
+    EntryKey::parse(&hex::encode(h.finalize())).ok()
 }
 
 fn parse(bytes: &[u8]) -> Vec<Named> {
@@ -108,14 +108,14 @@ fn parse(bytes: &[u8]) -> Vec<Named> {
             },
             Said::Named(n) => n,
         })
-        .filter(|n| CacheKey::parse(&n.key).is_ok())
+        .filter(|n| EntryKey::parse(&n.key).is_ok())
         .take(HINT_GRAPHS)
         .collect()
 }
 
 impl Hints {
     /// Reads the hint `id` and starts loading the entries it names on a thread.
-    pub(crate) fn start(id: Option<CacheKey>, cache: &Arc<Cache>, client: &Client) -> Hints {
+    pub(crate) fn start(id: Option<EntryKey>, cache: &Arc<Cache>, client: &Client) -> Hints {
         let mut hints = Hints {
             id,
             ..Hints::default()
@@ -135,7 +135,7 @@ impl Hints {
             .spawn(move || {
                 for hex in thread_keys {
                     let started = Instant::now();
-                    let exe = match CacheKey::parse(&hex).map(|k| cache.get(&k)) {
+                    let exe = match EntryKey::parse(&hex).map(|k| cache.get(&k)) {
                         Ok(Lookup::Hit(hit)) => {
                             client.deserialize(&hit.executable, None).ok().map(|exe| {
                                 let interface = exe.interface_from(&hit.executable).ok();
@@ -162,7 +162,7 @@ impl Hints {
 
     /// The prefetched executable of `key` (waiting for it if it is still loading), if the
     /// hint named it and it loaded.
-    pub(crate) fn take(&mut self, key: &Key) -> Option<Loaded> {
+    pub(crate) fn take(&mut self, key: &ProgramKey) -> Option<Loaded> {
         let p = self.prefetch.as_mut()?;
         let hex = key.hex();
         if !p.keys.iter().any(|k| k == hex) {
@@ -200,7 +200,7 @@ impl Hints {
     /// this run's first graphs are not the ones it said.
     pub(crate) fn obtained(
         &mut self,
-        key: &Key,
+        key: &ProgramKey,
         cache: &Cache,
         temp_bytes: impl FnOnce() -> Option<u64>,
     ) {

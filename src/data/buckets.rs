@@ -107,7 +107,7 @@ impl LengthBuckets {
     }
 
     /// Padded host batches from a stream of token batches (each a list of sequences), for
-    /// [`super::DeviceLoader::for_tokens`]. In a trial run (extract mode) the stream starts with
+    /// [`super::DeviceLoader::for_tokens`]. In a trial run the stream starts with
     /// one batch of `rows` sequences of every bucket length, so the trial run traces each
     /// bucket's graphs; give it at least as many steps as there are buckets.
     pub fn batches<I, R>(&self, stream: I, rows: usize, pad_id: i32) -> BucketedBatches<I::IntoIter>
@@ -247,7 +247,7 @@ impl<I> BucketedBatches<I> {
                 return Vec::new().into_iter();
             }
             tracing::warn!(
-                "extract mode: the first {} batches visit every length bucket {lengths:?}{} so \
+                "the trial run: the first {} batches visit every length bucket {lengths:?}{} so \
                  that the trial run traces (and neuron-pc compile compiles) each; run the \
                  trial for at least {} steps",
                 lengths.len() * k,

@@ -186,7 +186,7 @@ impl Tokenizer {
                 .to_string(false)
                 .map_err(|e| Error::Config(format!("tokenizer: {e}")))?;
             let path = dir.join(FILES[0]);
-            crate::checkpoint::write_atomic(&path, text.as_bytes())
+            crate::state_dict::write_atomic(&path, text.as_bytes())
                 .map_err(|e| Error::io_at(&path, e))?;
             if let Some(eos) = &self.eos_token {
                 // what transformers writes for a fast tokenizer of its own
@@ -197,7 +197,7 @@ impl Tokenizer {
                     "model_max_length": 1_000_000_000_000_000_000u64,
                 });
                 let path = dir.join(FILES[1]);
-                crate::checkpoint::write_atomic(&path, config.to_string().as_bytes())
+                crate::state_dict::write_atomic(&path, config.to_string().as_bytes())
                     .map_err(|e| Error::io_at(&path, e))?;
             }
             return Ok(());
@@ -209,7 +209,7 @@ impl Tokenizer {
             }
             let bytes = std::fs::read(&from).map_err(|e| Error::io_at(&from, e))?;
             let to = dir.join(name);
-            crate::checkpoint::write_atomic(&to, &bytes).map_err(|e| Error::io_at(&to, e))?;
+            crate::state_dict::write_atomic(&to, &bytes).map_err(|e| Error::io_at(&to, e))?;
         }
         Ok(())
     }

@@ -6,7 +6,7 @@
 //! values are out of range, and the smallest and largest value looked at). Reading it would
 //! wait for the step, so it is read only where the host waits anyway: once its step has
 //! finished, at the next `mark_step`, and at every read of a value and `synchronize()`.
-//! Trial runs (extract mode) record the same outputs, so their graphs are the real run's, and
+//! Trial runs record the same outputs, so their graphs are the real run's, and
 //! read none of them.
 
 use std::panic::Location;

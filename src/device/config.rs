@@ -10,7 +10,7 @@ use crate::compile::CacheConfig;
 use crate::error::{Error, Result};
 use crate::topology::Topology;
 
-/// Directory that puts devices in extract mode (set by `neuron-pc compile`).
+/// Directory that puts devices of a trial run (set by `neuron-pc compile`).
 pub use crate::trial::EXTRACT_DIR_ENV;
 /// Any value but `0` makes a new graph after warm-up an error.
 pub const NO_NEW_GRAPHS_ENV: &str = "NEURON_PC_NO_COMPILE_AFTER_WARMUP";
@@ -63,7 +63,7 @@ pub struct DeviceConfig {
     /// CPU plugin: how many devices the client exposes (at least the ones this device runs
     /// on; by default exactly those).
     pub cpu_device_count: Option<i64>,
-    /// Extract mode: write new graphs here instead of compiling them.
+    /// The trial run: write new graphs here instead of compiling them.
     pub extract_dir: Option<PathBuf>,
     /// Steps a mark_step site runs before a new graph there is reported as a recompile.
     pub warmup_steps: u64,

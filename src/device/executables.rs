@@ -1,8 +1,8 @@
 //! The executable of a step graph: found in this process's memory, extracted for
-//! `neuron-pc compile` (extract mode), or obtained from the device's [`Compiler`] (the
+//! `neuron-pc compile` (a trial run), or obtained from the device's [`Compiler`] (the
 //! persistent cache or a compilation), with the device's counters kept.
 //!
-//! [`Compiler`]: crate::compile::Compiler
+//! [`Compiler`]: crate::compile::CachingCompiler
 
 use std::panic::Location;
 use std::sync::Arc;
@@ -12,13 +12,13 @@ use neuron_pc_compiler::pjrt::{LoadedExecutable, MemoryStats};
 use neuron_pc_compiler::sharding::Sharding;
 
 use super::{lock, DeviceInner};
-use crate::compile::{extract, Key, Source};
+use crate::compile::{extract, ProgramKey, Source};
 use crate::error::{Error, Result};
 
-/// An executable for one step graph (absent in extract mode, where nothing runs).
+/// An executable for one step graph (absent in a trial run, where nothing runs).
 pub(crate) struct StepExecutable {
     pub loaded: Option<LoadedExecutable>,
-    pub key: Key,
+    pub key: ProgramKey,
     pub output_types: Vec<TensorType>,
     /// What one execution needs on each device, when the plugin says.
     pub memory: Option<MemoryStats>,
@@ -46,7 +46,7 @@ pub(crate) enum How {
     Memory,
     /// A step function replayed it (no trace, no step cut).
     Replayed,
-    /// Extract mode: written out for `neuron-pc compile`, not compiled.
+    /// The trial run: written out for `neuron-pc compile`, not compiled.
     Extracted,
     /// From the compiler: a cache tier, a compilation, or another process's compilation.
     Obtained(Source),
@@ -120,7 +120,7 @@ pub(crate) fn obtain(
         crate::topology::check_launch(&dev.config.topology, dev.config.target(), false)?;
     }
     let obtaining = std::time::Instant::now();
-    let obtained = compiler.get_or_compile(&program);
+    let obtained = compiler.obtain(&program);
     let phase = match &obtained {
         Ok(o) if o.source == Source::Compiled => "compile",
         Ok(o) if o.source == Source::Waited => "wait for another process's compile",

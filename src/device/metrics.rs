@@ -169,9 +169,9 @@ pub struct Metrics {
     pub transfers_to_host: u64,
     /// Bytes of the device-to-host transfers.
     pub bytes_to_host: u64,
-    /// Extract mode: graphs written for ahead-of-time compilation.
+    /// The trial run: graphs written for ahead-of-time compilation.
     pub graphs_extracted: u64,
-    /// Extract mode: values read back from zero-filled stand-ins (never real results).
+    /// The trial run: values read back from zero-filled stand-ins (never real results).
     pub zero_filled_reads: u64,
     /// New graphs at a mark_step site that had already run (the recompilation diagnostic fired).
     pub recompiles_after_warmup: u64,

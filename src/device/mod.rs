@@ -50,7 +50,7 @@ pub use config::{
 pub use debug::TARGET as DEBUG_STEPS_LOG_TARGET;
 pub use metrics::Metrics;
 
-use crate::compile::Compiler;
+use crate::compile::CachingCompiler;
 use crate::error::{Error, Result};
 use crate::timeline::{Timeline, DEVICE_TRACK, HOST_TRACK};
 use executables::{How, StepExecutable, StepShardings};
@@ -68,7 +68,7 @@ pub struct LazyDevice {
 
 pub(crate) struct DeviceInner {
     /// Compiles (or finds in the cache) every new step graph; owns the PJRT client.
-    pub compiler: Compiler,
+    pub compiler: CachingCompiler,
     /// The devices the replicas run on (one for a single-device job), replica `r` on
     /// `devices[r]`; on a mesh, mesh position `p` on `devices[p]`.
     pub devices: Vec<Device>,
@@ -239,23 +239,6 @@ impl LazyDevice {
     pub fn replica_offset(&self) -> usize {
         let t = &self.inner.config.topology;
         t.global_replica_offset(self.replicas())
-    }
-
-    /// True in extract mode, the trial run of `neuron-pc compile`: nothing is executed and every
-    /// value read is a zero-filled stand-in. The library then writes none of the user's files
-    /// (checkpoints are skipped with one line each, see [`crate::trial`]); a job's own outputs
-    /// (metrics files, logs, uploads, a "best model" copy) should be skipped the same way:
-    ///
-    /// ```no_run
-    /// # fn main() -> neuron_pc::Result<()> {
-    /// # let device = neuron_pc::LazyDevice::from_env()?;
-    /// if !device.is_extracting() {
-    ///     std::fs::write("metrics.json", "{}").expect("metrics written");
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub fn is_extracting(&self) -> bool {
-        self.inner.config.extract_dir.is_some()
     }
 
     /// Waits for every launched step; the first failure among them, naming its `mark_step`.
@@ -629,7 +612,7 @@ impl DeviceInner {
         drop(retired);
     }
 
-    /// Executes (or, in extract mode, stands in zero-filled outputs for) one traced graph.
+    /// Executes (or, in a trial run, stands in zero-filled outputs for) one traced graph.
     fn run(
         &self,
         exe: &StepExecutable,
@@ -678,7 +661,7 @@ impl DeviceInner {
             return Err(Error::StepFailed {
                 site,
                 step,
-                message: "extract mode: there is no executable to launch".into(),
+                message: "the trial run: there is no executable to launch".into(),
             });
         };
         // A value whose step failed fails every step that uses it (a step still running is

@@ -10,7 +10,7 @@ use neuron_pc_compiler::sharding::Mesh;
 use super::inflight::InFlight;
 use super::trace::Recorder;
 use super::{diagnose, rank_check, step, DeviceConfig, DeviceInner, LazyDevice, Metrics};
-use crate::compile::Compiler;
+use crate::compile::CachingCompiler;
 use crate::error::{Error, Result};
 use crate::timeline::{Timeline, DEVICE_TRACK, HOST_TRACK};
 
@@ -141,8 +141,8 @@ impl LazyDevice {
         }
         let devices: Vec<Device> = (config.device_index..last).map(Device).collect();
         // Several processes: on cpu each compiles over its own devices, its programs' cross-
-        // process collectives made custom calls (`Compiler::with_processes`); elsewhere (and in
-        // extract mode for them) the program spans every process's replicas, numbered globally.
+        // process collectives made custom calls (`CachingCompiler::with_processes`); elsewhere (and in
+        // the trial run for them) the program spans every process's replicas, numbered globally.
         let topology = &config.topology;
         let ids: Vec<usize> = if topology.is_multi_process() && !gloo {
             (0..topology.global_replicas(config.replicas)).collect()
@@ -156,7 +156,7 @@ impl LazyDevice {
                 config.mesh.iter().map(|(n, s)| (n.as_str(), *s)).collect();
             Some(Mesh::new(&axes, &ids).map_err(|e| Error::Config(e.to_string()))?)
         };
-        let compiler = Compiler::for_job(client, config.flags.clone(), &config.cache)?;
+        let compiler = CachingCompiler::for_job(client, config.flags.clone(), &config.cache)?;
         let compiler = match &mesh {
             Some(_) => compiler.with_partitions(&ids),
             None => compiler.with_replicas(&ids),
@@ -266,7 +266,7 @@ fn connect_collectives(
 }
 
 // Without gloo a multi-process cpu run was refused before the plugin loaded (`check_launch`),
-// except in extract mode, which runs nothing.
+// except in a trial run, which runs nothing.
 #[cfg(not(feature = "gloo"))]
 fn register_collectives(_: &Plugin) -> Result<()> {
     Ok(())
@@ -275,4 +275,30 @@ fn register_collectives(_: &Plugin) -> Result<()> {
 #[cfg(not(feature = "gloo"))]
 fn connect_collectives(_: &crate::topology::Topology, _: usize, _: usize, _: &str) -> Result<()> {
     Ok(())
+}
+
+impl LazyDevice {
+    /// True in the trial run of `neuron-pc compile` (the child job it runs to capture the step
+    /// graphs): nothing is executed and every value read is a zero-filled stand-in. The library
+    /// then writes none of the user's files (checkpoints are skipped with one line each, see
+    /// [`crate::trial`]); a job's own outputs (metrics files, logs, uploads, a "best model"
+    /// copy) should be skipped the same way:
+    ///
+    /// ```no_run
+    /// # fn main() -> neuron_pc::Result<()> {
+    /// # let device = neuron_pc::LazyDevice::from_env()?;
+    /// if !device.is_trial_run() {
+    ///     std::fs::write("metrics.json", "{}").expect("metrics written");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn is_trial_run(&self) -> bool {
+        self.inner.config.extract_dir.is_some()
+    }
+
+    /// The old name of [`LazyDevice::is_trial_run`] (until 0.2).
+    #[deprecated(since = "0.1.1", note = "renamed `is_trial_run`")]
+    pub fn is_extracting(&self) -> bool {
+        self.is_trial_run()
+    }
 }

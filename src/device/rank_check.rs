@@ -114,7 +114,7 @@ impl RankCheck {
         }
     }
 
-    /// The check for a device of `topology`: `None` for one process, in extract mode (nothing
+    /// The check for a device of `topology`: `None` for one process, in a trial run (nothing
     /// runs, so nothing can hang) or without `NEURON_PC_STORE`.
     pub fn from_env(topology: &Topology, extracting: bool) -> Result<Option<RankCheck>> {
         if !topology.is_multi_process() || extracting {

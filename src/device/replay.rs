@@ -139,7 +139,7 @@ impl Replayer {
             Some("index checks are on: each step's check is read on the host".to_string())
         } else {
             match (&self.previous, &captured) {
-                // extract mode: every call traces, so the trial run records each step
+                // the trial run: every call traces, so the trial run records each step
                 (_, Some(now)) if now.exe.loaded.is_none() => None,
                 (Some(prev), Some(now)) if prev.identity == now.identity => {
                     match plan(prev, now, args, &arg_data, &results) {

@@ -27,7 +27,7 @@ pub(crate) struct DeviceData {
     /// The replicas may hold different values (a batch shard, a per-replica gradient); false
     /// when they hold the same (parameters, optimizer state, scalars).
     pub per_replica: bool,
-    /// Extract mode: a zero-filled stand-in for a value that was never computed.
+    /// The trial run: a zero-filled stand-in for a value that was never computed.
     pub zero_filled: bool,
     /// The buffer's type, interned by the owning device.
     pub ty_id: u32,

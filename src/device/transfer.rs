@@ -195,7 +195,7 @@ impl DeviceInner {
             m.zero_filled_reads += 1;
             if m.zero_filled_reads == 1 {
                 tracing::warn!(
-                    "extract mode: reading a zero-filled stand-in value (not a real result)"
+                    "the trial run: reading a zero-filled stand-in value (not a real result)"
                 );
             }
         }

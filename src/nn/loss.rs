@@ -2,7 +2,7 @@
 
 use neuron_pc_compiler::ir::Op;
 
-use crate::autodiff::{checkpoint, Remat};
+use crate::autodiff::{remat, Remat};
 use crate::error::Result;
 use crate::tensor::{shape_error, Tensor};
 
@@ -236,7 +236,7 @@ pub fn chunked_cross_entropy(
         // the labels are an input of the block too, so that what the backward pass computes
         // from them (the one-hot rows, times the cotangent) waits with the rest of the block
         let targets = labels.narrow(0, start, len)?.after(&after)?;
-        let sum = checkpoint(Remat::Full, &[&rows, &targets], |xs| {
+        let sum = remat(Remat::Full, &[&rows, &targets], |xs| {
             let logits = xs[0]
                 .linear(weight, None)?
                 .to_dtype(neuron_pc_compiler::DType::F32)?;

@@ -53,7 +53,9 @@ mod rope;
 mod scanned;
 mod var_builder;
 
-pub use crate::autodiff::{checkpoint, scan, Remat, ScanOptions};
+#[allow(deprecated)]
+pub use crate::autodiff::checkpoint;
+pub use crate::autodiff::{remat, scan, Remat, ScanOptions};
 pub use attention::{
     apply_rotary_pos_emb, rotate_half, scaled_dot_product_attention, RotaryEmbedding,
 };

@@ -10,8 +10,8 @@ use neuron_pc_compiler::HostTensor;
 use super::var_builder::Collected;
 use super::{join_name, Module, VarBuilder};
 use crate::autodiff::{scan, Remat, ScanOptions};
-use crate::checkpoint::{stack_rows, STACKED};
 use crate::error::{Error, Result};
+use crate::state_dict::{stack_rows, STACKED};
 use crate::tensor::Tensor;
 
 /// Builds one layer from a [`VarBuilder`] (its `from_vb`).

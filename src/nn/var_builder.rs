@@ -18,11 +18,11 @@ use std::sync::{Arc, Mutex};
 use neuron_pc_compiler::{DType, HostTensor};
 use safetensors::tensor::TensorInfo;
 
-use crate::checkpoint::{CheckpointError, StateDict};
 use crate::device::{lock, LazyDevice};
 use crate::error::Result;
 use crate::nn::HostRng;
 use crate::sharding::ShardingPlan;
+use crate::state_dict::{CheckpointError, StateDict};
 use crate::tensor::Tensor;
 
 /// How a layer initialises a parameter when there is no checkpoint (PyTorch's defaults, given

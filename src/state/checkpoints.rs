@@ -14,11 +14,12 @@ use super::restore::{load, read_manifest};
 use super::run::Run;
 use super::snapshot::Snapshot;
 use super::tidy::{committed_dirs, remove_failed, tidy, Undeletable};
-use crate::checkpoint::manifest::{dir_name, Manifest, HF_INDEX, MANIFEST};
-use crate::checkpoint::{CheckpointError, Location, StateDict};
 use crate::error::Result;
 use crate::nn::Module;
 use crate::optim::OptimizerState;
+use crate::state::manifest::{dir_name, Manifest, HF_INDEX, MANIFEST};
+use crate::state::Location;
+use crate::state_dict::{CheckpointError, StateDict};
 
 /// How [`Checkpoints`] saves.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,7 +36,7 @@ pub struct CheckpointOptions {
     /// S3 only: part size, parts in flight and tries per request of the uploads and reads.
     pub parts: PartOptions,
     /// S3 only: the request bounds, endpoint and credentials, overriding the environment's
-    /// (`AWS_ENDPOINT_URL`, [`crate::checkpoint::CKPT_S3_TIMEOUT_ENV`]); requests are retried by
+    /// (`AWS_ENDPOINT_URL`, [`crate::state::CKPT_S3_TIMEOUT_ENV`]); requests are retried by
     /// [`CheckpointOptions::parts`], so `max_retries` is ignored.
     pub s3: Option<S3Options>,
     /// A run of several processes: how long rank 0 waits for the other ranks' files before it
@@ -645,10 +646,10 @@ fn committed(names: &[String]) -> Vec<CheckpointInfo> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::manifest::{dir_name, MANIFEST};
-    use crate::checkpoint::manifest::{sha256, Chunk, FileEntry, TensorEntry};
-    use crate::checkpoint::StateDict;
     use crate::state::checkpoints::load;
+    use crate::state::manifest::{dir_name, MANIFEST};
+    use crate::state::manifest::{sha256, Chunk, FileEntry, TensorEntry};
+    use crate::state_dict::StateDict;
     use neuron_pc_compiler::HostTensor;
     use std::collections::BTreeMap;
     use std::sync::Arc;

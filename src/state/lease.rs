@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use neuron_pc_cache::hostname;
 
-use crate::checkpoint::{CheckpointError, Location};
+use crate::state::Location;
+use crate::state_dict::CheckpointError;
 
 /// The lease's object: a dot name, so local listings skip it; outside every step directory,
 /// so no checkpoint's listing or deletion sees it.

@@ -2,7 +2,7 @@
 //! [`StateDict`], under PyTorch's names, so checkpoints move both ways between neuron-pc and
 //! `torch.nn.Module.state_dict()`.
 //!
-//! Layout (the same as [`crate::checkpoint`] describes): parameters under their names
+//! Layout (the same as [`crate::state_dict`] describes): parameters under their names
 //! (`mlp.0.weight`), optimizer state under [`OPTIMIZER_PREFIX`] (AdamW:
 //! `optimizer.mlp.0.weight.exp_avg`, `optimizer.mlp.0.weight.exp_avg_sq`, `optimizer.step`; SGD:
 //! `optimizer.mlp.0.weight.momentum_buffer`), and the step in the metadata under
@@ -11,7 +11,7 @@
 //! ```no_run
 //! # use std::path::Path;
 //! # use neuron_pc::{models::{TextEncoder, TextEncoderConfig}, nn::Module, optim::AdamW};
-//! # use neuron_pc::{checkpoint::StateDict, state, LazyDevice, Tensor};
+//! # use neuron_pc::{state, state_dict::StateDict, LazyDevice, Tensor};
 //! # fn main() -> neuron_pc::Result<()> {
 //! let device = LazyDevice::from_env()?;
 //! let model = TextEncoder::new(&device, TextEncoderConfig::default(), 0)?;
@@ -31,13 +31,15 @@
 //! identical layers) is named with `*` for the layer index (`model.layers.*.mlp.up_proj.weight`)
 //! and stands in a state dict as one tensor per layer (`model.layers.0.mlp.up_proj.weight`,
 //! ...): split on the way out, stacked on the way in, so a checkpoint is the same whether the
-//! layers were scanned or not ([`crate::checkpoint::STACKED`]).
+//! layers were scanned or not ([`crate::state_dict::STACKED`]).
 //!
 //! Loading checks every name, shape and dtype first and reports all mismatches at once
-//! ([`crate::checkpoint::CheckpointError::Mismatch`]); on any error nothing is loaded.
+//! ([`crate::state_dict::CheckpointError::Mismatch`]); on any error nothing is loaded.
 
 mod checkpoints;
 mod lease;
+mod location;
+pub(crate) mod manifest;
 mod meter;
 mod parts;
 mod restore;
@@ -46,6 +48,8 @@ mod snapshot;
 mod tidy;
 
 pub use checkpoints::{CheckpointInfo, CheckpointOptions, Checkpoints, Resumed, LEGACY_FILE};
+pub(crate) use location::Location;
+pub use location::{CKPT_S3_ANSWER_TIMEOUT, CKPT_S3_TIMEOUT_ENV};
 pub use meter::SaveProgress;
 
 use std::collections::BTreeMap;
@@ -53,12 +57,12 @@ use std::path::Path;
 
 use neuron_pc_compiler::DType;
 
-use crate::checkpoint::{
-    host_rows, is_stacked, stack_rows, stacked_row_name, CheckpointError, StateDict,
-};
 use crate::error::Result;
 use crate::nn::Module;
 use crate::optim::OptimizerState;
+use crate::state_dict::{
+    host_rows, is_stacked, stack_rows, stacked_row_name, CheckpointError, StateDict,
+};
 use crate::tensor::Tensor;
 
 /// Prefix of optimizer-state tensors in a training checkpoint.

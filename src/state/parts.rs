@@ -5,9 +5,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::checkpoint::manifest::{self, Manifest};
-use crate::checkpoint::{CheckpointError, Location};
 use crate::error::Result;
+use crate::state::manifest::{self, Manifest};
+use crate::state::Location;
+use crate::state_dict::CheckpointError;
 use crate::store::{KvStore, ScopedStore};
 
 fn storage(location: &str, message: &str) -> CheckpointError {

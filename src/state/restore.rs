@@ -16,15 +16,14 @@ use std::path::Path;
 use neuron_pc_compiler::{DType, HostTensor};
 
 use super::{step_in, Restored, OPTIMIZER_PREFIX};
-use crate::checkpoint::manifest::{
-    self, Assembly, Chunk, Manifest, TensorEntry, HF_INDEX, MANIFEST,
-};
-use crate::checkpoint::{
-    check_types, is_stacked, stack_rows, stacked_row_name, CheckpointError, Location, StateDict,
-};
 use crate::error::Result;
 use crate::nn::Module;
 use crate::optim::{HeldState, OptimizerState};
+use crate::state::manifest::{self, Assembly, Chunk, Manifest, TensorEntry, HF_INDEX, MANIFEST};
+use crate::state::Location;
+use crate::state_dict::{
+    check_types, is_stacked, stack_rows, stacked_row_name, CheckpointError, StateDict,
+};
 use crate::tensor::Tensor;
 
 /// A committed checkpoint opened for reading chunk by chunk.
@@ -311,7 +310,7 @@ pub(super) fn load(loc: &Location, dir: &str) -> std::result::Result<StateDict, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::manifest::{Block, FileEntry};
+    use crate::state::manifest::{Block, FileEntry};
 
     /// A checkpoint in a temporary directory: `m` [2, 3] as two flat chunks in two files (as
     /// two ZeRO-1 replicas write it) and `w` [2, 4] as two [2, 2] boxes (two mesh blocks).
@@ -377,7 +376,7 @@ mod tests {
             }
             let tensors = pieces.iter().map(|(_, k, h, _, _)| (*k, h));
             let path = Path::new(file);
-            let bytes = crate::checkpoint::serialize(tensors, Default::default(), path).unwrap();
+            let bytes = crate::state_dict::serialize(tensors, Default::default(), path).unwrap();
             super::super::snapshot::place_chunks(&mut m, &placed, file, &bytes).unwrap();
             loc.put(&format!("step-00000003/{file}"), &bytes).unwrap();
             let entry = FileEntry {

@@ -20,7 +20,7 @@
 //! The lease ([`super::lease`]) stops two jobs writing at once; the run id keeps one job from
 //! picking up another's state after the first has stopped.
 
-use crate::checkpoint::CheckpointError;
+use crate::state_dict::CheckpointError;
 
 /// This run's identity, as far as the checkpoint location is concerned.
 #[derive(Debug)]

@@ -11,13 +11,14 @@ use neuron_pc_compiler::HostTensor;
 
 use super::meter::Meter;
 use super::{OPTIMIZER_PREFIX, STEP_KEY};
-use crate::checkpoint::manifest::{self, Block, Chunk, FileEntry, Manifest, TensorEntry};
-use crate::checkpoint::{host_rows, is_stacked, stacked_row_name, CheckpointError, Location};
 use crate::device::trace::DeviceData;
 use crate::device::DeviceInner;
 use crate::error::Result;
 use crate::nn::Module;
 use crate::optim::{HeldState, OptimizerState};
+use crate::state::manifest::{self, Block, Chunk, FileEntry, Manifest, TensorEntry};
+use crate::state::Location;
+use crate::state_dict::{host_rows, is_stacked, stacked_row_name, CheckpointError};
 use crate::tensor::Tensor;
 use crate::LazyDevice;
 
@@ -352,7 +353,7 @@ struct Piece {
 fn serialize(tensors: &[(String, HostTensor)], file: &str) -> Result<Vec<u8>> {
     let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
     let tensors = tensors.iter().map(|(n, t)| (n.as_str(), t));
-    Ok(crate::checkpoint::serialize(
+    Ok(crate::state_dict::serialize(
         tensors,
         metadata,
         std::path::Path::new(file),

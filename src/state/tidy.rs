@@ -7,8 +7,9 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use crate::checkpoint::manifest::{step_of, MANIFEST};
-use crate::checkpoint::{CheckpointError, Location};
+use crate::state::manifest::{step_of, MANIFEST};
+use crate::state::Location;
+use crate::state_dict::CheckpointError;
 
 /// The committed checkpoints among a location's object names, oldest first: `(step, dir)`.
 pub(super) fn committed_dirs(names: &[String]) -> Vec<(u64, String)> {

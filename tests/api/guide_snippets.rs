@@ -116,7 +116,7 @@ fn checkpoints_move_to_and_from_pytorch() -> Result<()> {
     let torch = TextEncoder::new(&device, small(), 1)?;
     neuron_pc::state::module_state(&torch)?.save(&dir.join("from_torch.safetensors"))?;
     // guide: checkpoints
-    use neuron_pc::{checkpoint::StateDict, state};
+    use neuron_pc::{state, state_dict::StateDict};
     // read in PyTorch with model.load_state_dict(load_file(path))
     state::module_state(&model)?.save(&dir.join("model.safetensors"))?;
     // written in PyTorch with save_file(model.state_dict(), path)
@@ -223,12 +223,12 @@ fn memory_levers() -> Result<()> {
     let mlp = nn::Linear::new(&device, &mut nn::HostRng::new(0), 8, 8, true)?;
     let x = device.tensor(&HostTensor::from_slice(&[0.5f32; 16], &[2, 8])?)?;
     // guide: memory
-    use neuron_pc::nn::{checkpoint, Remat};
+    use neuron_pc::nn::{remat, Remat};
     model.set_remat(Remat::Full);        // or per layer: model.model.layers[i].remat = Remat::Dots
     model.loss_chunk = Some(512);        // LlamaForCausalLM::loss computes the head in chunks
     let loss = device.autocast(Some(DType::BF16), || model.loss(&ids, None, &labels))?;
     // any block of your own: its activations recomputed in the backward pass
-    let y = checkpoint(Remat::Full, &[&x], |xs| Ok(vec![mlp.forward(&xs[0])?]))?;
+    let y = remat(Remat::Full, &[&x], |xs| Ok(vec![mlp.forward(&xs[0])?]))?;
     // guide: end
     let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
     let grads = grad(&loss.add(&y[0].sum_all()?)?, &params.iter().collect::<Vec<_>>())?;

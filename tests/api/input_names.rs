@@ -7,9 +7,9 @@ use neuron_pc_test_support::process::test_path;
 use std::path::Path;
 use std::process::Command;
 
-use neuron_pc::checkpoint::StateDict;
 use neuron_pc::nn::{HostRng, Linear, Module, VarBuilder};
 use neuron_pc::optim::AdamW;
+use neuron_pc::state_dict::StateDict;
 use neuron_pc::{grad, state, DType, DeviceConfig, LazyDevice, Tensor};
 
 const CHILD: &str = "NPC_INPUT_NAMES_CHILD";

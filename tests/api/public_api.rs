@@ -8,12 +8,12 @@
 
 use std::path::{Path, PathBuf};
 
-use neuron_pc::checkpoint::StateDict;
 use neuron_pc::compile::CacheConfig;
 use neuron_pc::data::{DeviceBatch, DeviceLoader, LastBatch};
 use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::{self, HostRng, LayerNorm, Linear, Module, RMSNorm};
 use neuron_pc::optim::{AdamW, WarmupCosine};
+use neuron_pc::state_dict::StateDict;
 use neuron_pc::{grad, state, DType, DeviceConfig, Error, HostTensor, LazyDevice, Result, Tensor};
 
 /// A device as a job in a test harness makes one: explicit configuration, no cache.
@@ -297,5 +297,32 @@ fn a_users_optimizer_restores_through_the_default() -> Result<()> {
         .unwrap_err()
         .to_string();
     assert!(e.contains("w.momentum_buffer is missing"), "{e}");
+    Ok(())
+}
+
+/// Renamed items keep their old names for one release, as deprecated aliases of the new ones
+/// (`CHANGELOG.md`): a job written against them still builds and computes the same.
+#[test]
+#[allow(deprecated)]
+fn renamed_items_answer_to_their_old_names() -> Result<()> {
+    // `checkpoint` (the state-dict format) is `state_dict`
+    let old: neuron_pc::checkpoint::StateDict = StateDict::default();
+    assert!(old.tensors.is_empty());
+    assert_eq!(neuron_pc::checkpoint::STACKED, neuron_pc::state_dict::STACKED);
+    // `nn::checkpoint` (activation recomputation) is `nn::remat`, with the same values
+    let dev = device()?;
+    let x = dev.from_slice(&[0.5f32, -1.0, 2.0], &[3])?;
+    let f = |xs: &[Tensor]| Ok(vec![xs[0].tanh()?.mul(&xs[0])?]);
+    let old = nn::checkpoint(nn::Remat::Full, &[&x], f)?;
+    let new = nn::remat(nn::Remat::Full, &[&x], f)?;
+    let (old, new) = (grad(&old[0].sum_all()?, &[&x])?, grad(&new[0].sum_all()?, &[&x])?);
+    assert_eq!(old[0].to_vec::<f32>()?, new[0].to_vec::<f32>()?);
+    // `is_extracting` is `is_trial_run`; the cache-key and compiler types kept their old names
+    assert_eq!(dev.is_extracting(), dev.is_trial_run());
+    let _: Option<neuron_pc::compile::Compiler> = None::<neuron_pc::compile::CachingCompiler>;
+    let _: Option<neuron_pc::compile::Key> = None::<neuron_pc::compile::ProgramKey>;
+    let _: Option<neuron_pc_cache::CacheKey> = None::<neuron_pc_cache::EntryKey>;
+    let _: Option<neuron_pc_compiler::key::CacheKey> =
+        None::<neuron_pc_compiler::key::ExecutableKey>;
     Ok(())
 }

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use neuron_pc::checkpoint::StateDict;
 use neuron_pc::nn::{Embedding, Init, LayerNorm, Linear, Module, RMSNorm, VarBuilder};
+use neuron_pc::state_dict::StateDict;
 use neuron_pc::{DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
 
 fn device() -> LazyDevice {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use neuron_pc_cache::{Cache, CacheKey, CacheOptions};
+use neuron_pc_cache::{Cache, CacheOptions, EntryKey};
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_neuron-pc")
@@ -29,8 +29,8 @@ fn tmp(tag: &str) -> PathBuf {
     neuron_pc_test_support::paths::fresh_path("npc-cache-cmd", tag)
 }
 
-fn key(label: &str) -> CacheKey {
-    CacheKey::parse(&neuron_pc_compiler::key::sha256_hex(label.as_bytes())).unwrap()
+fn key(label: &str) -> EntryKey {
+    EntryKey::parse(&neuron_pc_compiler::key::sha256_hex(label.as_bytes())).unwrap()
 }
 
 fn inputs(label: &str) -> BTreeMap<String, String> {

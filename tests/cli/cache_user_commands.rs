@@ -8,7 +8,7 @@ use std::process::{Command, Output, Stdio};
 
 use neuron_pc_test_support::s3 as server;
 
-use neuron_pc_cache::{Cache, CacheKey, CacheOptions, S3Options};
+use neuron_pc_cache::{Cache, CacheOptions, EntryKey, S3Options};
 use sha2::{Digest, Sha256};
 
 fn npc(args: &[&str], envs: &[(&str, &str)]) -> Output {
@@ -38,8 +38,8 @@ fn tmp(tag: &str) -> PathBuf {
     neuron_pc_test_support::paths::fresh_dir("npc-ccmd", tag)
 }
 
-fn key(label: &str) -> CacheKey {
-    CacheKey::parse(&hex::encode(Sha256::digest(label.as_bytes()))).unwrap()
+fn key(label: &str) -> EntryKey {
+    EntryKey::parse(&hex::encode(Sha256::digest(label.as_bytes()))).unwrap()
 }
 
 fn inputs() -> BTreeMap<String, String> {
@@ -47,8 +47,8 @@ fn inputs() -> BTreeMap<String, String> {
 }
 
 /// Two keys that share their first `n` hex characters.
-fn twins(n: usize) -> (CacheKey, CacheKey) {
-    let mut seen: BTreeMap<String, CacheKey> = BTreeMap::new();
+fn twins(n: usize) -> (EntryKey, EntryKey) {
+    let mut seen: BTreeMap<String, EntryKey> = BTreeMap::new();
     for i in 0.. {
         let k = key(&format!("twin {i}"));
         if let Some(other) = seen.insert(k.as_str()[..n].to_string(), k.clone()) {
@@ -196,7 +196,7 @@ fn an_s3_cache_lists_both_tiers_counts_remote_entries_and_clear_asks() {
 
     let ls = npc(&["cache", "ls", "--json", "--cache", &url], &envs);
     let l: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
-    let tiers = |k: &CacheKey| {
+    let tiers = |k: &EntryKey| {
         l.as_array()
             .unwrap()
             .iter()

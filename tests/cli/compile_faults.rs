@@ -188,7 +188,7 @@ fn ctrl_c_stops_job_and_workers_and_keeps_finished_entries() {
     let c = neuron_pc_cache::Cache::open(cache.to_str().unwrap(), opts).unwrap();
     for key in entry_keys(&cache) {
         assert!(
-            c.contains(&neuron_pc_cache::CacheKey::parse(&key).unwrap()),
+            c.contains(&neuron_pc_cache::EntryKey::parse(&key).unwrap()),
             "{key} does not verify"
         );
     }

@@ -1,4 +1,4 @@
-//! A trial run (`neuron-pc compile`, extract mode) never writes the user's files: a real
+//! A trial run (`neuron-pc compile`) never writes the user's files: a real
 //! checkpoint survives it byte for byte, the trial's `--resume` reads it, and the real resume
 //! afterwards continues from the real step with the real losses.
 
@@ -6,8 +6,8 @@ use neuron_pc_test_support::process::run_alone;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use neuron_pc::checkpoint::StateDict;
 use neuron_pc::compile::CacheConfig;
+use neuron_pc::state_dict::StateDict;
 use neuron_pc::{DeviceConfig, HostTensor, LazyDevice};
 
 /// A model small enough for debug builds (as `tests/jobs/text_encoder.rs`).
@@ -201,7 +201,7 @@ fn a_trial_run_leaves_a_real_checkpoint_alone_and_the_resume_continues_from_it()
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// In-process: once a device in extract mode exists, no save reaches the disk, an existing
+/// In-process: once a device of a trial run exists, no save reaches the disk, an existing
 /// file keeps its bytes and a new path is not created. (This test owns its process's trial
 /// state: it runs alone in a process of its own.)
 #[test]
@@ -229,7 +229,7 @@ fn in_extract_mode_every_save_path_is_skipped() {
         ..DeviceConfig::default()
     })
     .unwrap();
-    assert!(dev.is_extracting() && neuron_pc::trial::is_trial_run());
+    assert!(dev.is_trial_run() && neuron_pc::trial::is_trial_run());
     let w = dev
         .tensor(&HostTensor::from_slice(&[3.0f32, 4.0], &[2]).unwrap())
         .unwrap();

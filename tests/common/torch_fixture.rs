@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use neuron_pc::checkpoint::StateDict;
+use neuron_pc::state_dict::StateDict;
 use neuron_pc::{grad, DeviceConfig, LazyDevice, Result, Tensor};
 
 pub struct Fixture {

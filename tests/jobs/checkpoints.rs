@@ -7,12 +7,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use neuron_pc::checkpoint::StateDict;
 use neuron_pc::compile::CacheConfig;
 use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::Module;
 use neuron_pc::optim::{average_gradients, AdamW};
 use neuron_pc::state::{CheckpointOptions, Checkpoints};
+use neuron_pc::state_dict::StateDict;
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, state, DType, DeviceConfig, LazyDevice, Tensor};
 use neuron_pc_test_support::paths::fresh_dir;

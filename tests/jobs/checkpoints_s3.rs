@@ -9,12 +9,12 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use neuron_pc::checkpoint::{PartOptions, S3Options, StateDict};
 use neuron_pc::compile::CacheConfig;
 use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::Module;
 use neuron_pc::optim::AdamW;
 use neuron_pc::state::{CheckpointOptions, Checkpoints};
+use neuron_pc::state_dict::{PartOptions, S3Options, StateDict};
 use neuron_pc::{grad, state, DType, DeviceConfig, LazyDevice, Tensor};
 use neuron_pc_test_support::proxy::{Fault, Proxy};
 use neuron_pc_test_support::s3::{moto, new_bucket, Moto};

@@ -99,7 +99,7 @@ fn an_expert_parallel_run_precompiles_follows_one_device_and_saves_qwen3_moe() {
         serde_json::from_slice(&std::fs::read(saved.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["architectures"][0], "Qwen3MoeForCausalLM");
     assert_eq!(config["num_experts"], 4);
-    let sd = neuron_pc::checkpoint::StateDict::load(&saved.join("model.safetensors")).unwrap();
+    let sd = neuron_pc::state_dict::StateDict::load(&saved.join("model.safetensors")).unwrap();
     for e in 0..4 {
         let name = format!("model.layers.1.mlp.experts.{e}.down_proj.weight");
         assert_eq!(sd.tensors[&name].dims(), [32, 32], "{name}");

@@ -171,11 +171,11 @@ fn starts_from_a_save_pretrained_directory_saves_one_and_resumes() {
     // the same run wrote the committed tests/data/llama-saved-by-example, which
     // `scripts/fixtures/llama.py --check` loaded with transformers (tests/llm/llama.rs compares
     // its logits): this run's directory holds the same tensors
-    let committed = neuron_pc::checkpoint::StateDict::load(
+    let committed = neuron_pc::state_dict::StateDict::load(
         &root().join("tests/data/llama-saved-by-example/model.safetensors"),
     )
     .unwrap();
-    let written = neuron_pc::checkpoint::StateDict::load(&saved.join("model.safetensors")).unwrap();
+    let written = neuron_pc::state_dict::StateDict::load(&saved.join("model.safetensors")).unwrap();
     assert_eq!(
         written.tensors.keys().collect::<Vec<_>>(),
         committed.tensors.keys().collect::<Vec<_>>()

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use neuron_pc::checkpoint::StateDict;
 use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM};
+use neuron_pc::state_dict::StateDict;
 use neuron_pc::{DeviceConfig, LazyDevice};
 
 use crate::llama_job;

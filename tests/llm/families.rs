@@ -14,9 +14,9 @@ use crate::llm_check;
 use crate::torch_fixture;
 
 use llm_check::{check_one_step, close, data, save_round_trip, thirty_steps, values};
-use neuron_pc::checkpoint::StateDict;
 use neuron_pc::models::llama::{Family, LlamaConfig, LlamaForCausalLM, LoadOptions};
 use neuron_pc::nn::RopeScaling;
+use neuron_pc::state_dict::StateDict;
 use neuron_pc::DType;
 use torch_fixture::Fixture;
 

@@ -18,9 +18,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use llm_check::{check_one_step, close, data, save_round_trip, thirty_steps, values, TempDir};
-use neuron_pc::checkpoint::StateDict;
 use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM, LoadOptions};
 use neuron_pc::nn::Module;
+use neuron_pc::state_dict::StateDict;
 use neuron_pc::{DType, HostTensor};
 use torch_fixture::Fixture;
 

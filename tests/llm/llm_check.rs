@@ -69,14 +69,14 @@ pub fn adamw(dev: &LazyDevice, params: &[Tensor]) -> AdamW {
 
 /// `(name, values)` of each parameter, a stacked one as its rows (`layers.0.…`, ...).
 pub fn rows(name: &str, values: Vec<f64>, dims: &[usize]) -> Vec<(String, Vec<f64>)> {
-    if !neuron_pc::checkpoint::is_stacked(name) {
+    if !neuron_pc::state_dict::is_stacked(name) {
         return vec![(name.to_string(), values)];
     }
     let n = values.len() / dims[0];
     values
         .chunks(n)
         .enumerate()
-        .map(|(i, v)| (neuron_pc::checkpoint::stacked_row_name(name, i), v.to_vec()))
+        .map(|(i, v)| (neuron_pc::state_dict::stacked_row_name(name, i), v.to_vec()))
         .collect()
 }
 

@@ -2,7 +2,7 @@
 //! `DeviceLoader::for_local_rows`): its replicas' rows in a multi-process run, placed on its
 //! replicas as `DeviceLoader::new` places them from the whole batch.
 //!
-//! Its own test binary: the multi-process device here is a trial run's (extract mode, the
+//! Its own test binary: the multi-process device here is a trial run's (the
 //! only way one process opens a rank of several here), which marks the whole process a trial.
 
 use neuron_pc::data::{DeviceLoader, LastBatch};

@@ -225,7 +225,7 @@ fn packed_documents_compute_what_each_computes_alone() {
 #[test]
 fn llm_c_token_shards_read_as_numpy_wrote_them() {
     let expected =
-        neuron_pc::checkpoint::StateDict::load(&data("shards/expected.safetensors")).unwrap();
+        neuron_pc::state_dict::StateDict::load(&data("shards/expected.safetensors")).unwrap();
     for name in ["gpt2", "llama3"] {
         let shard =
             neuron_pc::data::TokenShard::open(&data(&format!("shards/{name}.bin"))).unwrap();

@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use neuron_pc::checkpoint::StateDict;
 use neuron_pc::data::Tokenizer;
+use neuron_pc::state_dict::StateDict;
 
 fn data(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -23,10 +23,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use neuron_pc::checkpoint::StateDict;
 use neuron_pc::models::{TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::{cross_entropy, Module};
 use neuron_pc::optim::{AdamW, Sgd};
+use neuron_pc::state_dict::StateDict;
 use neuron_pc::{grad, state, DType, DeviceConfig, HostTensor, LazyDevice, Tensor};
 
 fn device() -> LazyDevice {

@@ -487,7 +487,7 @@ fn llm_block_gradients() {
     c.finish();
 }
 
-/// The StableHLO of the step that `record` traces (in extract mode: nothing runs). `record`
+/// The StableHLO of the step that `record` traces (in a trial run: nothing runs). `record`
 /// gets a maker of uploaded zeros (uploads, not constants, which the lowering would fold
 /// away) and returns the values the step must compute.
 fn step_text(

@@ -12,12 +12,12 @@
 
 use std::path::Path;
 
-use neuron_pc::checkpoint::StateDict;
 use neuron_pc::nn::Module;
 use neuron_pc::nn::{
     cross_entropy_with, BatchNorm, CrossEntropyOptions, GroupNorm, Linear, MultiHeadAttention,
     RMSNorm,
 };
+use neuron_pc::state_dict::StateDict;
 use neuron_pc::{grad, state, DeviceConfig, LazyDevice, Result, Tensor};
 
 struct Fixture {

@@ -2,11 +2,11 @@
 //! the single-device run; replicas never diverge; checkpoints move between replica counts; the
 //! loader shards the global batch.
 
-use neuron_pc::checkpoint::StateDict;
 use neuron_pc::data::{DeviceLoader, LastBatch};
 use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::Module;
 use neuron_pc::optim::{average_gradients, clip_grad_norm, AdamW};
+use neuron_pc::state_dict::StateDict;
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, state, DType, Error, HostTensor, Tensor};
 

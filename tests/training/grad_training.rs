@@ -138,7 +138,7 @@ fn adamw_with_a_schedule_compiles_once_and_the_loss_falls() {
 }
 
 /// The step program of two linear layers under a squared error, updated by `update`, as
-/// extract mode writes it (the largest program of the step).
+/// the trial run writes it (the largest program of the step).
 fn extracted_step(tag: &str, update: impl Fn(&[Tensor], &[Tensor]) -> Result<()>) -> String {
     let dir = neuron_pc_test_support::paths::fresh_path("npc", tag);
     let dev = LazyDevice::new(DeviceConfig {
@@ -168,7 +168,7 @@ fn extracted_step(tag: &str, update: impl Fn(&[Tensor], &[Tensor]) -> Result<()>
         .collect();
     programs.sort_by_key(String::len);
     std::fs::remove_dir_all(&dir).unwrap();
-    programs.pop().expect("extract mode wrote the step")
+    programs.pop().expect("the trial run wrote the step")
 }
 
 /// `copy` instructions in what the cpu plugin makes of `program`.

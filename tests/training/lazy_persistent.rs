@@ -1,4 +1,4 @@
-//! The persistent cache seen from the lazy device, across fresh processes, and extract mode.
+//! The persistent cache seen from the lazy device, across fresh processes, and the trial run.
 
 use neuron_pc_test_support::process::{run_alone, test_path};
 use std::process::Command;
@@ -155,7 +155,7 @@ fn extract_mode_writes_graphs_and_flags_zero_filled_reads() {
         outs.push(y);
     }
     let v = outs[2].to_vec::<f32>().unwrap();
-    assert_eq!(v, vec![0.0], "extract mode gives zero-filled stand-ins");
+    assert_eq!(v, vec![0.0], "the trial run gives zero-filled stand-ins");
     let m = dev.metrics();
     assert_eq!(
         (m.graphs_extracted, m.compiles, m.executions),

@@ -1,11 +1,11 @@
-//! Activation checkpointing (`nn::checkpoint`, `LlamaForCausalLM::set_remat`): the gradients
+//! Activation checkpointing (`nn::remat`, `LlamaForCausalLM::set_remat`): the gradients
 //! of a checkpointed model are those of the plain one, for every policy, while the backward
 //! pass recomputes the forward's ops (the optimized program's products are counted in
 //! `remat_program.rs`).
 
 use neuron_pc::compile::CacheConfig;
 use neuron_pc::models::llama::{LlamaConfig, LlamaForCausalLM};
-use neuron_pc::nn::{checkpoint, Module, Remat};
+use neuron_pc::nn::{remat, Module, Remat};
 use neuron_pc::{grad, DeviceConfig, HostTensor, LazyDevice, Tensor};
 
 fn device() -> LazyDevice {
@@ -90,7 +90,7 @@ fn a_block_with_two_outputs_and_an_outside_weight_differentiates_like_the_plain_
         .tensor(&HostTensor::from_slice(&[0.3f32, -0.2, 0.7, 0.1, -0.4, 0.9], &[3, 2]).unwrap())
         .unwrap();
     let run = |policy: Remat| -> Vec<Vec<f64>> {
-        let out = checkpoint(policy, &[&x], |xs| {
+        let out = remat(policy, &[&x], |xs| {
             let h = xs[0].matmul(&w)?.tanh()?;
             let e = h.exp()?.mul(&xs[0].sum(&[1], true)?)?;
             Ok(vec![h, e])

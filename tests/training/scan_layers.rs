@@ -34,10 +34,10 @@ fn config(layers: usize, scan: bool) -> LlamaConfig {
 fn per_layer(named: &[(String, Vec<f64>, Vec<usize>)]) -> Vec<(String, Vec<f64>)> {
     let mut out = Vec::new();
     for (name, v, dims) in named {
-        if neuron_pc::checkpoint::is_stacked(name) {
+        if neuron_pc::state_dict::is_stacked(name) {
             for (i, row) in v.chunks(v.len() / dims[0]).enumerate() {
                 out.push((
-                    neuron_pc::checkpoint::stacked_row_name(name, i),
+                    neuron_pc::state_dict::stacked_row_name(name, i),
                     row.to_vec(),
                 ));
             }

@@ -111,9 +111,9 @@ pub(crate) fn train_config(
     let mut params = Vec::new();
     for (n, t) in model.parameters() {
         let v = t.to_vec::<f32>().unwrap();
-        if neuron_pc::checkpoint::is_stacked(&n) {
+        if neuron_pc::state_dict::is_stacked(&n) {
             for (i, row) in v.chunks(v.len() / t.dims()[0]).enumerate() {
-                params.push((neuron_pc::checkpoint::stacked_row_name(&n, i), row.to_vec()));
+                params.push((neuron_pc::state_dict::stacked_row_name(&n, i), row.to_vec()));
             }
         } else {
             params.push((n, v));

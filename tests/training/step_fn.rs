@@ -357,7 +357,7 @@ fn a_trial_run_traces_every_call_and_extracts_the_step() {
     assert_eq!(
         step.why_traced(),
         None,
-        "extract mode is not a refusal to warn about"
+        "the trial run is not a refusal to warn about"
     );
     drop(step);
     assert_eq!(*calls.borrow(), 5);

@@ -3,10 +3,10 @@
 //! of the optimizer state (measured from the device buffers), and checkpoints are the whole
 //! PyTorch-named state, loadable at any replica count with or without ZeRO-1.
 
-use neuron_pc::checkpoint::StateDict;
 use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
 use neuron_pc::nn::Module;
 use neuron_pc::optim::{average_gradients, AdamW, OptimizerState, Sgd};
+use neuron_pc::state_dict::StateDict;
 use neuron_pc::tensor::Reduction;
 use neuron_pc::{grad, state, DType, Tensor};
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::health::Health;
-use crate::key::CacheKey;
+use crate::key::EntryKey;
 use crate::options::{default_dir, CacheOptions, CACHE_URL_ENV};
 use crate::record::{
     now_secs, sha256_hex, sign, EntryRecord, FailureRecord, ENTRY_FORMAT_VERSION, MAX_RECORD_BYTES,
@@ -204,7 +204,7 @@ impl WaitCounters {
 
 /// Executables are named by key and digest, so two writers racing on one key never mix one's
 /// record with the other's bytes; the record names the one that won.
-pub(crate) fn exe_name(k: &CacheKey, sha256: &str) -> String {
+pub(crate) fn exe_name(k: &EntryKey, sha256: &str) -> String {
     format!(
         "entries/{}/{k}.{}.exe",
         k.shard(),
@@ -212,25 +212,25 @@ pub(crate) fn exe_name(k: &CacheKey, sha256: &str) -> String {
     )
 }
 /// The key an object under `entries/` belongs to.
-pub(crate) fn key_of(name: &str) -> Option<CacheKey> {
+pub(crate) fn key_of(name: &str) -> Option<EntryKey> {
     let file = name.rsplit('/').next()?;
-    CacheKey::parse(file.split('.').next()?).ok()
+    EntryKey::parse(file.split('.').next()?).ok()
 }
-pub(crate) fn program_name(k: &CacheKey) -> String {
+pub(crate) fn program_name(k: &EntryKey) -> String {
     format!("entries/{}/{k}.mlir", k.shard())
 }
-pub(crate) fn record_name(k: &CacheKey) -> String {
+pub(crate) fn record_name(k: &EntryKey) -> String {
     format!("entries/{}/{k}.json", k.shard())
 }
-pub(crate) fn failure_name(k: &CacheKey) -> String {
+pub(crate) fn failure_name(k: &EntryKey) -> String {
     format!("failures/{k}.json")
 }
-pub(crate) fn hint_name(id: &CacheKey) -> String {
+pub(crate) fn hint_name(id: &EntryKey) -> String {
     format!("hints/{id}.json")
 }
 /// A hint is a short note (a list of keys), never an executable.
 const MAX_HINT_BYTES: u64 = 64 << 10;
-pub(crate) fn lock_name(k: &CacheKey) -> String {
+pub(crate) fn lock_name(k: &EntryKey) -> String {
     format!("locks/{k}.lock")
 }
 
@@ -442,7 +442,7 @@ impl Cache {
         }
     }
 
-    pub(crate) fn read_entry(&self, tier: &TierState, key: &CacheKey) -> Result<Option<Hit>> {
+    pub(crate) fn read_entry(&self, tier: &TierState, key: &EntryKey) -> Result<Option<Hit>> {
         let Some(rec_bytes) = tier
             .store
             .get_max(&record_name(key), MAX_RECORD_BYTES as u64)?
@@ -472,7 +472,7 @@ impl Cache {
     }
 
     /// Looks `key` up in every tier; never fails (trouble is a logged miss).
-    pub fn get(&self, key: &CacheKey) -> Lookup {
+    pub fn get(&self, key: &EntryKey) -> Lookup {
         for (i, tier) in self.tiers.iter().enumerate() {
             if tier.is_down() {
                 continue;
@@ -530,7 +530,7 @@ impl Cache {
     /// run (which entries its first steps loaded, so the next run can load them while it
     /// initialises). A hint is only ever advice: it names entries, which are read and
     /// verified as any other. Trouble reading it is a miss.
-    pub fn hint(&self, id: &CacheKey) -> Option<Vec<u8>> {
+    pub fn hint(&self, id: &EntryKey) -> Option<Vec<u8>> {
         let tier = self.live_tiers().find(|t| t.store.tier() == Tier::Local)?;
         tier.store
             .get_max(&hint_name(id), MAX_HINT_BYTES)
@@ -540,7 +540,7 @@ impl Cache {
 
     /// Stores a hint under `id` on the local tier (nothing in a read-only cache or one
     /// without a local tier); failures are ignored.
-    pub fn put_hint(&self, id: &CacheKey, bytes: &[u8]) {
+    pub fn put_hint(&self, id: &EntryKey, bytes: &[u8]) {
         if self.opts.read_only || bytes.len() as u64 > MAX_HINT_BYTES {
             return;
         }
@@ -550,19 +550,19 @@ impl Cache {
     }
 
     /// True when a verified entry for `key` exists.
-    pub fn contains(&self, key: &CacheKey) -> bool {
+    pub fn contains(&self, key: &EntryKey) -> bool {
         matches!(self.get(key), Lookup::Hit(_))
     }
 
     /// The program text stored with `key`, if any.
-    pub fn program(&self, key: &CacheKey) -> Option<String> {
+    pub fn program(&self, key: &EntryKey) -> Option<String> {
         self.live_tiers()
             .find_map(|t| t.store.get(&program_name(key)).ok().flatten())
             .map(|b| String::from_utf8_lossy(&b).into_owned())
     }
 
     /// The record of `key` (unverified executable), for `cache show`.
-    pub fn record(&self, key: &CacheKey) -> Option<(EntryRecord, Tier)> {
+    pub fn record(&self, key: &EntryKey) -> Option<(EntryRecord, Tier)> {
         self.live_tiers().find_map(|t| {
             let b = t.store.get(&record_name(key)).ok().flatten()?;
             EntryRecord::parse(key, &b)
@@ -574,7 +574,7 @@ impl Cache {
     /// The record of a new entry: digest, sizes, signature when a signing key is set.
     pub(crate) fn new_record(
         &self,
-        key: &CacheKey,
+        key: &EntryKey,
         executable: &[u8],
         program: &str,
         key_inputs: &BTreeMap<String, String>,
@@ -605,7 +605,7 @@ impl Cache {
     pub(crate) fn write_entry(
         &self,
         tier: &TierState,
-        key: &CacheKey,
+        key: &EntryKey,
         exe: &[u8],
         program: &[u8],
         record: &EntryRecord,
@@ -634,7 +634,7 @@ impl Cache {
     fn write_record(
         &self,
         tier: &TierState,
-        key: &CacheKey,
+        key: &EntryKey,
         exe_obj: &str,
         program: &[u8],
         record: &EntryRecord,
@@ -689,7 +689,7 @@ impl Cache {
     /// complete entry wins and this one is dropped. Never fails the caller.
     pub fn put(
         &self,
-        key: &CacheKey,
+        key: &EntryKey,
         executable: &[u8],
         program: &str,
         key_inputs: &BTreeMap<String, String>,
@@ -702,7 +702,7 @@ impl Cache {
     /// be loaded, for example).
     pub fn replace(
         &self,
-        key: &CacheKey,
+        key: &EntryKey,
         executable: &[u8],
         program: &str,
         key_inputs: &BTreeMap<String, String>,
@@ -713,7 +713,7 @@ impl Cache {
 
     fn store_entry(
         &self,
-        key: &CacheKey,
+        key: &EntryKey,
         executable: &[u8],
         program: &str,
         key_inputs: &BTreeMap<String, String>,
@@ -753,7 +753,7 @@ impl Cache {
     }
 
     /// Records a failed compilation so other processes do not retry it.
-    pub fn put_failure(&self, key: &CacheKey, message: &str) {
+    pub fn put_failure(&self, key: &EntryKey, message: &str) {
         if self.opts.read_only {
             return;
         }

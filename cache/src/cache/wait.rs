@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use super::{lock_name, recorded, Cache, Lookup, Obtained, TierState};
 use crate::error::{Error, Result};
-use crate::key::CacheKey;
+use crate::key::EntryKey;
 use crate::lease::{try_acquire, Attempt, Backoff};
 
 impl Cache {
@@ -21,7 +21,7 @@ impl Cache {
     /// `retry_failed`. Only a compile failure is an error; storage trouble never is.
     pub fn get_or_compile(
         &self,
-        key: &CacheKey,
+        key: &EntryKey,
         program: &str,
         key_inputs: &BTreeMap<String, String>,
         retry_failed: bool,

@@ -38,7 +38,7 @@ fn waiting_opts() -> CacheOptions {
 
 /// Starts a holder that takes the lease of `k` and compiles for `secs`; returns once it
 /// holds the lease.
-fn holder(f: &Fixture, k: &neuron_pc_cache::CacheKey, secs: f64) -> std::thread::JoinHandle<()> {
+fn holder(f: &Fixture, k: &neuron_pc_cache::EntryKey, secs: f64) -> std::thread::JoinHandle<()> {
     let c = Arc::new(f.cache(waiting_opts()));
     let (tx, rx) = std::sync::mpsc::channel();
     let k = k.clone();

@@ -14,18 +14,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use neuron_pc_cache::{Cache, CacheKey, CacheOptions, Lookup, Obtained, PutOutcome};
+use neuron_pc_cache::{Cache, CacheOptions, EntryKey, Lookup, Obtained, PutOutcome};
 
 const WRITER_KEYS: usize = 6;
 const RACE_KEYS: usize = 20;
 
-fn writer_key(i: usize) -> CacheKey {
+fn writer_key(i: usize) -> EntryKey {
     key(&format!("killed writer {i}"))
 }
-fn writer_len(k: &CacheKey) -> usize {
+fn writer_len(k: &EntryKey) -> usize {
     20_000 + usize::from(k.as_str().as_bytes()[0]) * 700
 }
-fn race_key(i: usize) -> CacheKey {
+fn race_key(i: usize) -> EntryKey {
     key(&format!("race {i}"))
 }
 
@@ -259,7 +259,7 @@ fn eight_processes_racing_on_twenty_keys_compile_each_once_s3() {
 fn least_recently_used_entries_go_first() {
     let f = Fixture::new(Backend::Local);
     let c = f.cache(opts());
-    let ks: Vec<CacheKey> = (0..3).map(|i| key(&format!("lru {i}"))).collect();
+    let ks: Vec<EntryKey> = (0..3).map(|i| key(&format!("lru {i}"))).collect();
     for k in &ks {
         c.put(k, &exe_for(k, 10_000), "", &inputs("l"), 1.0);
         std::thread::sleep(Duration::from_millis(20));

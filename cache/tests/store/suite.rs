@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use neuron_pc_cache::{
-    Cache, CacheKey, CacheOptions, Error, Lookup, Obtained, PutMode, PutOutcome, Tier,
+    Cache, CacheOptions, EntryKey, Error, Lookup, Obtained, PutMode, PutOutcome, Tier,
     ENTRY_FORMAT_VERSION,
 };
 
@@ -161,7 +161,7 @@ fn tiered_reads_through_and_writes_through() {
 }
 
 /// Each way an entry can be damaged, applied to every store of the fixture.
-fn damage(f: &Fixture, k: &CacheKey, exe: &[u8], how: &str, donor: &(CacheKey, Vec<u8>)) {
+fn damage(f: &Fixture, k: &EntryKey, exe: &[u8], how: &str, donor: &(EntryKey, Vec<u8>)) {
     for s in &f.stores {
         let e = exe_obj(k, exe);
         match how {

@@ -10,10 +10,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use neuron_pc_cache::{Cache, CacheKey, Obtained};
+use neuron_pc_cache::{Cache, EntryKey, Obtained};
 
 /// The layout directories, as paths relative to the root, for an entry of `k`.
-fn layout_dirs(k: &CacheKey) -> Vec<String> {
+fn layout_dirs(k: &EntryKey) -> Vec<String> {
     vec![
         "entries".into(),
         format!("entries/{}", &k.as_str()[..2]),
@@ -41,7 +41,7 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, String> {
 
 /// Fills `outside` with what the linked directory `rel` would hold for `k` and `failed`
 /// (records, programs, executables, failure records, locks), as a victim's own files.
-fn plant_victims(outside: &Path, rel: &str, k: &CacheKey, failed: &CacheKey, exe: &[u8]) {
+fn plant_victims(outside: &Path, rel: &str, k: &EntryKey, failed: &EntryKey, exe: &[u8]) {
     let mut names = Vec::new();
     for key in [k, failed] {
         names.extend([
@@ -64,7 +64,7 @@ fn plant_victims(outside: &Path, rel: &str, k: &CacheKey, failed: &CacheKey, exe
 
 /// A job and every maintenance call against a cache whose layout directory `rel` is a link
 /// out of the root: the job still gets its executable, the outside files are untouched.
-fn run_everything(root: &Path, k: &CacheKey, failed: &CacheKey, exe: &[u8]) {
+fn run_everything(root: &Path, k: &EntryKey, failed: &EntryKey, exe: &[u8]) {
     let c = Cache::open(root.to_str().unwrap(), opts()).unwrap();
     // A job: lookup, lease, compile, store; a compile that fails records its failure.
     let got = c

@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail};
 use neuron_pc::compile::extract::{GraphLogLine as LogLine, GraphRecord};
 use neuron_pc::compile::{CacheConfig, CACHE_URL_ENV, USE_CACHE_ENV};
 use neuron_pc::device::EXTRACT_DIR_ENV;
-use neuron_pc_cache::{Cache, CacheKey};
+use neuron_pc_cache::{Cache, EntryKey};
 use neuron_pc_compiler::flags::CompilerFlags;
 
 use super::compile_cmd::exit_reason;
@@ -29,7 +29,7 @@ pub struct AnalyzeArgs {
     /// Compile cache URL (over NEURON_COMPILE_CACHE_URL): report which graphs it already holds.
     #[arg(long)]
     pub cache: Option<String>,
-    /// The job to run in extract mode (after `--`).
+    /// The job to run as a trial run (after `--`).
     #[arg(last = true)]
     pub command: Vec<String>,
 }
@@ -218,7 +218,7 @@ pub fn missing(trial: &HashSet<String>, log: &[LogLine]) -> Vec<LogLine> {
     v
 }
 
-/// Runs the job in extract mode into a fresh directory (under `flags` instead of the
+/// Runs the job as a trial run into a fresh directory (under `flags` instead of the
 /// environment's `NEURON_CC_FLAGS` when given); returns the directory and the job's failure.
 fn trial(args: &AnalyzeArgs, flags: Option<&str>) -> anyhow::Result<(PathBuf, Option<String>)> {
     let d = temp_dir("analyze")?;
@@ -284,7 +284,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<i32> {
     };
     let cached = records
         .iter()
-        .filter(|r| CacheKey::parse(&r.key).is_ok_and(|k| cache.contains(&k)))
+        .filter(|r| EntryKey::parse(&r.key).is_ok_and(|k| cache.contains(&k)))
         .map(|r| r.key.clone())
         .collect();
     let a = Analysis {

@@ -1,4 +1,4 @@
-//! `neuron-pc compile -- <command>`: runs the job in extract mode and compiles each graph as
+//! `neuron-pc compile -- <command>`: runs the job as a trial run and compiles each graph as
 //! soon as its record appears, while the job is still running.
 
 use std::collections::HashSet;
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use neuron_pc::compile::extract::GraphRecord;
 use neuron_pc::compile::{CacheConfig, CACHE_URL_ENV, USE_CACHE_ENV};
 use neuron_pc::timeline::{Timeline, TRACE_ENV};
-use neuron_pc_cache::CacheKey;
+use neuron_pc_cache::EntryKey;
 use neuron_pc_compiler::flags::CompilerFlags;
 
 use super::env::AotEnv;
@@ -82,7 +82,7 @@ impl ExtractDir {
         for path in new {
             self.seen.insert(path.clone());
             let read = GraphRecord::read(&path).and_then(|rec| {
-                let key = CacheKey::parse(&rec.key).map_err(std::io::Error::other)?;
+                let key = EntryKey::parse(&rec.key).map_err(std::io::Error::other)?;
                 Ok((rec, key))
             });
             match read {
@@ -153,7 +153,7 @@ impl Source for ExtractDir {
     }
 }
 
-/// The job's environment: extract mode plus the effective cache and flags, so it computes the
+/// The job's environment: the trial run plus the effective cache and flags, so it computes the
 /// same keys the workers will.
 pub fn job_command(
     argv: &[String],

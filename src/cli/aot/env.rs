@@ -1,15 +1,15 @@
-//! What every AOT command needs: the library's [`Compiler`] for the effective flags, with the
+//! What every AOT command needs: the library's [`CachingCompiler`] for the effective flags, with the
 //! cache resolved and opened the one way the lazy device resolves it, so keys and entries agree.
 
 use anyhow::Context;
-use neuron_pc::compile::{CacheConfig, Compiler};
+use neuron_pc::compile::{CacheConfig, CachingCompiler};
 use neuron_pc_cache::Cache;
 use neuron_pc_compiler::flags::CompilerFlags;
 use neuron_pc_compiler::pjrt::{find_plugin, Client, ClientOptions, Plugin, Target};
 
 /// The compiler and cache of one AOT command.
 pub struct AotEnv {
-    pub compiler: Compiler,
+    pub compiler: CachingCompiler,
     /// How the cache was resolved (workers are started with the same location).
     pub cache: CacheConfig,
 }
@@ -40,7 +40,7 @@ impl AotEnv {
             ..Default::default()
         };
         let client = Client::new(&plugin, &options)?;
-        let compiler = Compiler::with_cache(client, flags, &cache)?;
+        let compiler = CachingCompiler::with_cache(client, flags, &cache)?;
         Ok(AotEnv { compiler, cache })
     }
 
@@ -48,6 +48,6 @@ impl AotEnv {
     pub fn cache(&self) -> &Cache {
         self.compiler
             .cache()
-            .expect("Compiler::with_cache always opens a cache")
+            .expect("CachingCompiler::with_cache always opens a cache")
     }
 }

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use neuron_pc_cache::Cache;
 
 use neuron_pc::compile::extract::GraphRecord;
-use neuron_pc_cache::CacheKey;
+use neuron_pc_cache::EntryKey;
 
 /// At most this many other flag sets are tried (one trial run each).
 const MAX_FLAG_SETS: usize = 4;
@@ -98,7 +98,7 @@ fn differences(run: &BTreeMap<String, String>, other: &BTreeMap<String, String>)
 }
 
 fn is_cached(cache: &Cache, key: &str) -> bool {
-    CacheKey::parse(key).is_ok_and(|k| cache.contains(&k))
+    EntryKey::parse(key).is_ok_and(|k| cache.contains(&k))
 }
 
 /// Checks `records` (the trial under the run's flags) against `cache`; `rerun(flags)` repeats
@@ -122,7 +122,7 @@ pub fn check(
     entries.sort_by_key(|e| std::cmp::Reverse(e.created_at));
     entries.truncate(MAX_RECORDS);
     for entry in entries {
-        let Ok(k) = CacheKey::parse(&entry.key) else {
+        let Ok(k) = EntryKey::parse(&entry.key) else {
             continue;
         };
         let Some((rec, _)) = cache.record(&k) else {

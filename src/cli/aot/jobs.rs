@@ -3,12 +3,12 @@
 
 use std::path::PathBuf;
 
-use neuron_pc_cache::CacheKey;
+use neuron_pc_cache::EntryKey;
 
 /// One graph to compile.
 #[derive(Clone, Debug)]
 pub struct GraphJob {
-    pub key: CacheKey,
+    pub key: EntryKey,
     pub mlir: PathBuf,
     /// Op count (from the extract record, or estimated from the text).
     pub nodes: usize,
@@ -64,7 +64,7 @@ impl std::fmt::Display for Outcome {
 /// How one graph ended, with its figures.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct GraphReport {
-    pub key: CacheKey,
+    pub key: EntryKey,
     pub nodes: usize,
     pub origin: String,
     pub outcome: Outcome,

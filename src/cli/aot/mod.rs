@@ -158,7 +158,7 @@ impl CompileOpts {
 }
 
 /// Whether a key belongs to shard `(i, n)`: its first 8 bytes as a big-endian number, mod n.
-pub fn in_shard(key: &neuron_pc_cache::CacheKey, shard: Option<(u64, u64)>) -> bool {
+pub fn in_shard(key: &neuron_pc_cache::EntryKey, shard: Option<(u64, u64)>) -> bool {
     let Some((i, n)) = shard else { return true };
     // A valid key is 64 hex characters, so its first 16 always parse.
     let head = u64::from_str_radix(&key.as_str()[..16], 16).unwrap_or(0);
@@ -207,14 +207,14 @@ mod tests {
 
     #[test]
     fn shards_partition_keys() {
-        let keys: Vec<neuron_pc_cache::CacheKey> = (0..50u64)
+        let keys: Vec<neuron_pc_cache::EntryKey> = (0..50u64)
             .map(|i| {
                 let hex = format!(
                     "{:016x}{}",
                     i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
                     "0".repeat(48)
                 );
-                neuron_pc_cache::CacheKey::parse(&hex).unwrap()
+                neuron_pc_cache::EntryKey::parse(&hex).unwrap()
             })
             .collect();
         for k in &keys {

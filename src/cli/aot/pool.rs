@@ -63,7 +63,7 @@ pub fn run(env: &AotEnv, cfg: &PoolConfig, source: &mut dyn Source) -> anyhow::R
         first_start: None,
         last_end: None,
     };
-    let mut seen: HashSet<neuron_pc_cache::CacheKey> = HashSet::new();
+    let mut seen: HashSet<neuron_pc_cache::EntryKey> = HashSet::new();
     let mut workers: Vec<Worker> = Vec::new();
     let mut progress = Progress::new(cfg.dry_run);
     let (tx, rx) = mpsc::channel::<Message>();

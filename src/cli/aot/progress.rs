@@ -84,7 +84,7 @@ mod tests {
     #[test]
     fn the_counts_cover_settled_running_and_queued_graphs() {
         let job = GraphJob {
-            key: neuron_pc_cache::CacheKey::parse(&"ab".repeat(32)).unwrap(),
+            key: neuron_pc_cache::EntryKey::parse(&"ab".repeat(32)).unwrap(),
             mlir: Default::default(),
             nodes: 0,
             origin: String::new(),

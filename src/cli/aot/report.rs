@@ -283,7 +283,7 @@ mod tests {
 
     fn g(outcome: Outcome, compile_ms: f64, cpu_ms: f64) -> GraphReport {
         let job = GraphJob {
-            key: neuron_pc_cache::CacheKey::parse(&"0".repeat(64)).unwrap(),
+            key: neuron_pc_cache::EntryKey::parse(&"0".repeat(64)).unwrap(),
             mlir: Default::default(),
             nodes: 1,
             origin: String::new(),

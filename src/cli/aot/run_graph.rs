@@ -67,7 +67,7 @@ pub fn run(args: RunGraphArgs) -> anyhow::Result<i32> {
     let started = Instant::now();
     let obtained = env
         .compiler
-        .get_or_compile(&program)
+        .obtain(&program)
         .map_err(|e| anyhow!("compiling {}: {e}", args.file.display()))?;
     let how = match obtained.source {
         Source::Compiled => "compiled",

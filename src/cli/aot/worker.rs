@@ -10,7 +10,7 @@
 //! from the text, the options, the flags and its own compiler identity and refuses to store
 //! anything when that key differs from the one it was asked for (a different plugin or flag
 //! set would otherwise file an executable under someone else's key). Compiling and storing is
-//! the library's [`neuron_pc::compile::Compiler::get_or_compile`], the same call the lazy
+//! the library's [`neuron_pc::compile::CachingCompiler::obtain`], the same call the lazy
 //! device makes, so leases, failure records and read-only caches behave the same in both.
 
 use std::io::{BufRead, Write};
@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use neuron_pc::compile::{CompileError, Source, Stored};
-use neuron_pc_cache::CacheKey;
+use neuron_pc_cache::EntryKey;
 use neuron_pc_compiler::flags::CompilerFlags;
 
 use super::env::AotEnv;
@@ -45,7 +45,7 @@ pub struct WorkerArgs {
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
 pub struct WorkerJob {
     /// The key the parent expects.
-    pub key: CacheKey,
+    pub key: EntryKey,
     /// The program text's file.
     pub mlir: PathBuf,
     /// The device of each replica of a data-parallel program (empty: one device).
@@ -73,7 +73,7 @@ pub enum WorkerOutcome {
 /// What a worker reports back for one job.
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone)]
 pub struct WorkerResult {
-    pub key: CacheKey,
+    pub key: EntryKey,
     pub outcome: WorkerOutcome,
     pub compile_ms: f64,
     /// CPU time of the compilation, all threads: what it costs when nothing else competes.
@@ -88,7 +88,7 @@ pub struct WorkerResult {
 }
 
 #[cfg(feature = "test-hooks")]
-fn test_hooks(key: &CacheKey) {
+fn test_hooks(key: &EntryKey) {
     let matches =
         |var: &str| std::env::var(var).is_ok_and(|p| !p.is_empty() && key.as_str().starts_with(&p));
     if matches(CRASH_ENV) {
@@ -166,7 +166,7 @@ fn compile_one(env: &AotEnv, job: &WorkerJob) -> WorkerResult {
     test_hooks(&job.key);
     let started = Instant::now();
     let cpu_started = process_cpu_ms();
-    let obtained = env.compiler.get_or_compile(&program);
+    let obtained = env.compiler.obtain(&program);
     let compile_ms = started.elapsed().as_secs_f64() * 1e3;
     let cpu_ms = process_cpu_ms() - cpu_started;
     match obtained {

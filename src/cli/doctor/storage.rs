@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use neuron_pc::compile::{CacheConfig, CACHE_STRICT_ENV, USE_CACHE_ENV};
-use neuron_pc_cache::{CacheKey, ProbeStep, Tier, READ_ONLY_ENV};
+use neuron_pc_cache::{EntryKey, ProbeStep, Tier, READ_ONLY_ENV};
 use neuron_pc_compiler::flags::CompilerFlags;
 use neuron_pc_compiler::key::sha256_hex;
 use neuron_pc_compiler::rng::SplitMix64;
@@ -155,7 +155,7 @@ fn conditional_put(store: &str, honoured: bool, strict: bool) -> Check {
 }
 
 /// A key no real entry has (a digest of this host, process and instant) and some bytes.
-fn probe_entry() -> Result<(CacheKey, Vec<u8>), neuron_pc_cache::Error> {
+fn probe_entry() -> Result<(EntryKey, Vec<u8>), neuron_pc_cache::Error> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "unknown-host".to_string());
@@ -164,7 +164,7 @@ fn probe_entry() -> Result<(CacheKey, Vec<u8>), neuron_pc_cache::Error> {
         .map_or(0, |d| d.as_nanos());
     let pid = std::process::id();
     let digest = sha256_hex(format!("neuron-pc doctor probe {host} {pid} {nanos}").as_bytes());
-    let key = CacheKey::parse(&digest)?;
+    let key = EntryKey::parse(&digest)?;
     let mut rng = SplitMix64::new(nanos as u64 ^ u64::from(pid));
     let payload = (0..PROBE_BYTES / 8)
         .flat_map(|_| rng.next_u64().to_le_bytes())

@@ -150,7 +150,7 @@ impl LayerCache {
 impl LlamaForCausalLM {
     /// Continues each prompt (token ids) by up to `options.max_new_tokens` tokens and returns
     /// the new tokens of each, in order. The prompts run as one batch; see the module
-    /// documentation for the graphs it compiles. Under `neuron-pc compile` (extract mode) the
+    /// documentation for the graphs it compiles. Under `neuron-pc compile` (a trial run) the
     /// tokens are meaningless but the graphs are the real run's.
     pub fn generate(
         &self,

@@ -60,7 +60,7 @@ pub use sharding::LlamaSharding;
 use crate::device::LazyDevice;
 use crate::error::{Error, Result};
 use crate::nn::{
-    apply_rotary_pos_emb, checkpoint, chunked_cross_entropy, cross_entropy,
+    apply_rotary_pos_emb, chunked_cross_entropy, cross_entropy, remat,
     scaled_dot_product_attention, CrossEntropyOptions, Embedding, Init, Linear, Module, RMSNorm,
     Remat, RotaryEmbedding, ScannedLayers, VarBuilder,
 };
@@ -333,7 +333,7 @@ impl LlamaDecoderLayer {
         sin: &Tensor,
         key_mask: Option<&Tensor>,
     ) -> Result<(Tensor, Option<moe::Routing>)> {
-        let out = checkpoint(self.remat, &[x], |xs| {
+        let out = remat(self.remat, &[x], |xs| {
             let (h, routing) = self.forward_block(&xs[0], cos, sin, key_mask, None)?;
             let mut out = vec![h];
             out.extend(routing.map(|r| [r.probs, r.chosen]).into_iter().flatten());

@@ -17,9 +17,9 @@ use super::config::LlamaConfig;
 use super::experts::MoeConfig;
 use super::family::Family;
 use super::proj;
-use crate::checkpoint::{stack_rows, STACKED};
 use crate::error::Result;
 use crate::nn::{join_name, one_hot, softmax, Init, Linear, Module, VarBuilder};
+use crate::state_dict::{stack_rows, STACKED};
 use crate::tensor::Tensor;
 
 /// The checkpoint's names of a family's block: under the layer, then each expert's gate, up

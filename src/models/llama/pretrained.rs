@@ -10,10 +10,10 @@ use neuron_pc_compiler::{DType, HostTensor};
 #[cfg(doc)]
 use super::LlamaSharding;
 use super::{LlamaConfig, LlamaForCausalLM, LoadOptions};
-use crate::checkpoint::{write_atomic, CheckpointError, StateDict};
 use crate::device::LazyDevice;
 use crate::error::{Error, Result};
 use crate::nn::VarBuilder;
+use crate::state_dict::{write_atomic, CheckpointError, StateDict};
 
 pub(super) const SINGLE: &str = "model.safetensors";
 pub(super) const INDEX: &str = "model.safetensors.index.json";

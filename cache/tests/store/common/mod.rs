@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use neuron_pc_cache::{Cache, CacheKey, CacheOptions, LocalStore, S3Options, S3Store, Store};
+use neuron_pc_cache::{Cache, CacheOptions, EntryKey, LocalStore, S3Options, S3Store, Store};
 use sha2::{Digest, Sha256};
 
 /// The fault-injecting S3 proxy, from the workspace's test-support crate (the root crate's
@@ -137,12 +137,12 @@ pub fn opts() -> CacheOptions {
 }
 
 /// A key derived from a label.
-pub fn key(label: &str) -> CacheKey {
-    CacheKey::parse(&hex::encode(Sha256::digest(label.as_bytes()))).expect("hex key")
+pub fn key(label: &str) -> EntryKey {
+    EntryKey::parse(&hex::encode(Sha256::digest(label.as_bytes()))).expect("hex key")
 }
 
 /// Executable bytes that belong to `key` alone.
-pub fn exe_for(key: &CacheKey, len: usize) -> Vec<u8> {
+pub fn exe_for(key: &EntryKey, len: usize) -> Vec<u8> {
     let seed = Sha256::digest(key.as_str().as_bytes());
     (0..len).map(|i| seed[i % 32] ^ (i / 32) as u8).collect()
 }
@@ -159,19 +159,19 @@ pub fn sha16(bytes: &[u8]) -> String {
 }
 
 /// Object names of an entry (the layout documented in the README).
-pub fn record_obj(k: &CacheKey) -> String {
+pub fn record_obj(k: &EntryKey) -> String {
     format!("entries/{}/{k}.json", &k.as_str()[..2])
 }
-pub fn exe_obj(k: &CacheKey, exe: &[u8]) -> String {
+pub fn exe_obj(k: &EntryKey, exe: &[u8]) -> String {
     format!("entries/{}/{k}.{}.exe", &k.as_str()[..2], sha16(exe))
 }
-pub fn program_obj(k: &CacheKey) -> String {
+pub fn program_obj(k: &EntryKey) -> String {
     format!("entries/{}/{k}.mlir", &k.as_str()[..2])
 }
-pub fn lock_obj(k: &CacheKey) -> String {
+pub fn lock_obj(k: &EntryKey) -> String {
     format!("locks/{k}.lock")
 }
-pub fn failure_obj(k: &CacheKey) -> String {
+pub fn failure_obj(k: &EntryKey) -> String {
     format!("failures/{k}.json")
 }
 
@@ -196,7 +196,7 @@ pub fn temporaries(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// A hit's bytes, or `None` for a miss; panics on a recorded failure.
-pub fn hit_bytes(c: &Cache, k: &CacheKey) -> Option<Vec<u8>> {
+pub fn hit_bytes(c: &Cache, k: &EntryKey) -> Option<Vec<u8>> {
     match c.get(k) {
         neuron_pc_cache::Lookup::Hit(h) => Some(h.executable),
         neuron_pc_cache::Lookup::Miss => None,

@@ -13,7 +13,7 @@
 //!
 //! ```
 //! use std::collections::BTreeMap;
-//! use neuron_pc::checkpoint::StateDict;
+//! use neuron_pc::state_dict::StateDict;
 //! use neuron_pc::{DType, HostTensor};
 //! # fn main() -> neuron_pc::Result<()> {
 //! let mut sd = StateDict::default();
@@ -33,11 +33,6 @@
 //! # Ok(()) }
 //! ```
 
-mod location;
-pub(crate) mod manifest;
-
-pub(crate) use location::Location;
-pub use location::{CKPT_S3_ANSWER_TIMEOUT, CKPT_S3_TIMEOUT_ENV};
 pub use neuron_pc_cache::{PartOptions, S3Options};
 
 use std::collections::{BTreeMap, HashMap};
@@ -161,12 +156,12 @@ fn to_st(d: DType) -> Dtype {
     }
 }
 
-fn from_st(d: Dtype) -> Option<DType> {
+pub(crate) fn from_st(d: Dtype) -> Option<DType> {
     DType::ALL.into_iter().find(|x| to_st(*x) == d)
 }
 
 impl StateDict {
-    /// Writes the state dict to `path` atomically. In a trial run (extract mode, see
+    /// Writes the state dict to `path` atomically. In a trial run (see
     /// [`crate::trial`]) nothing is written: the values are zero-filled stand-ins, and the file
     /// at `path` (a real checkpoint, maybe) is left as it was; one line says so per path.
     pub fn save(&self, path: &Path) -> Result<()> {

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use neuron_pc_compiler::{DType, HostTensor};
 use sha2::{Digest, Sha256};
 
-use super::{CheckpointError, Result};
+use crate::state_dict::{CheckpointError, Result};
 
 /// The manifest's `format`.
 pub(crate) const FORMAT: &str = "neuron-pc checkpoint";
@@ -304,7 +304,9 @@ impl Assembly {
                     .tensor(&c.key)
                     .map_err(|err| corrupt(file, format!("{}: {err}", c.key)))?;
                 let data = view.data();
-                if super::from_st(view.dtype()) != Some(*dtype) || data.len() != c.len * size {
+                if crate::state_dict::from_st(view.dtype()) != Some(*dtype)
+                    || data.len() != c.len * size
+                {
                     return Err(corrupt(
                         file,
                         format!("{}: not the manifest's chunk", c.key),

@@ -12,7 +12,7 @@ use neuron_pc_cache::{PartOptions, S3Options};
 #[cfg(feature = "s3")]
 use neuron_pc_cache::{S3Store, Store};
 
-use super::{write_atomic, CheckpointError, Result};
+use crate::state_dict::{write_atomic, CheckpointError, Result};
 
 /// Seconds (fractions allowed) bounding one S3 request of a checkpoint (a part of a large file,
 /// a small file, a listing); default 120. A request that takes longer is retried.
