@@ -20,6 +20,7 @@ pub mod pjrt;
 pub mod reference;
 pub mod rng;
 pub mod sharding;
+pub mod special;
 
 pub use dtype::DType;
 pub use error::{Error, PjrtErrorCode, Result};

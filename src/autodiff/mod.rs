@@ -49,7 +49,7 @@ use neuron_pc_compiler::ir::{Op, ReplicaRule, TensorType};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::device::trace::{post_order, value_key as key, Value};
-use crate::device::{lock, DeviceInner};
+use crate::device::DeviceInner;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -91,16 +91,16 @@ pub fn grad(loss: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
     // The backward pass runs in the dtypes the forward pass chose, autocast or not (as
     // PyTorch's backward ignores the autocast state it is called in): a product's gradient
     // products take its operands' dtypes.
-    let autocast = std::mem::take(&mut *lock(&dev.autocast));
+    let autocast = dev.set_autocast(None);
     let seed = loss
         .constant_like(1.0)
         .and_then(|one| one.reshape(loss.dims()));
     let result = seed.and_then(|seed| grad_of(&dev, &[(loss, seed)], wrt, location));
-    *lock(&dev.autocast) = autocast;
+    dev.set_autocast(autocast);
     let grads = result?;
     // A mesh in each of several processes: each gradient keeps its parameter's layout, so that
     // its mean over the processes (`average_gradients`) runs on every device's block.
-    if dev.mesh.is_some() && dev.global_replicas() > 1 {
+    if dev.mesh().is_some() && dev.global_replicas() > 1 {
         return grads
             .into_iter()
             .zip(wrt)
@@ -162,11 +162,7 @@ fn grad_of(
         let Some(g) = cot.remove(&key(v)) else {
             continue;
         };
-        let (op, ty) = {
-            let rec = lock(&dev.recorder);
-            let (op, ty) = rec.interner.op_of(node.op_id);
-            (op.clone(), ty.clone())
-        };
+        let (op, ty) = dev.op_of(node.op_id);
         blocks.finished(v, &g);
         let block = blocks.block_of(v);
         if let Some(b) = block {
@@ -208,7 +204,7 @@ fn grad_of(
 
 fn value_type(dev: &DeviceInner, v: &Value) -> TensorType {
     match v {
-        Value::Node(n) => lock(&dev.recorder).interner.op_of(n.op_id).1.clone(),
+        Value::Node(n) => dev.op_of(n.op_id).1,
         Value::Data(d) => d.ty(),
     }
 }

@@ -26,7 +26,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use super::key;
 use crate::device::trace::{RematRegion, Value, WeakValue};
-use crate::device::{lock, DeviceInner};
+use crate::device::DeviceInner;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
@@ -126,9 +126,7 @@ where
         outputs: nodes,
         save_dots: policy == Remat::Dots,
     };
-    let mut regions = lock(&dev.remat);
-    regions.retain(|r| r.outputs.iter().any(|o| o.strong_count() > 0));
-    regions.push(Arc::new(region));
+    dev.add_remat(region);
     Ok(outputs)
 }
 
@@ -168,7 +166,7 @@ impl Blocks {
     /// The registered blocks with an output among `needed` (the values below the loss that a
     /// gradient flows through; a block off that path needs no recomputation).
     pub fn collect(dev: &DeviceInner, needed: &HashSet<usize>) -> Blocks {
-        let regions: Vec<Arc<RematRegion>> = lock(&dev.remat).clone();
+        let regions: Vec<Arc<RematRegion>> = dev.remat_regions();
         let mut blocks = Blocks {
             of: HashMap::default(),
             inputs: HashMap::default(),
@@ -261,7 +259,7 @@ impl Blocks {
         }
         for v in &block.nodes {
             let Value::Node(node) = v else { continue };
-            let op = lock(&dev.recorder).interner.op_of(node.op_id).0.clone();
+            let op = dev.op_of(node.op_id).0;
             let kept = block.region.save_dots
                 && matches!(&op, Op::DotGeneral { lhs_batch, .. } if lhs_batch.is_empty());
             let value = if kept {

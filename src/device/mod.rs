@@ -21,15 +21,19 @@
 
 pub(crate) mod checks;
 mod config;
+mod create;
 mod debug;
 pub(crate) mod diagnose;
+mod door;
 mod executables;
 mod inflight;
 mod metrics;
 mod open;
+mod random;
 pub mod rank_check;
 pub(crate) mod replay;
 mod step;
+mod step_fn;
 pub(crate) mod subgraph;
 pub(crate) mod trace;
 mod transfer;
@@ -48,7 +52,11 @@ pub use config::{
     EXTRACT_DIR_ENV, GRAPH_LOG_ENV, MAX_BYTES_IN_FLIGHT_ENV, MAX_IN_FLIGHT_ENV, NO_NEW_GRAPHS_ENV,
 };
 pub use debug::TARGET as DEBUG_STEPS_LOG_TARGET;
+pub use create::{DATA_AXIS, EXPERT_AXIS};
 pub use metrics::Metrics;
+pub use step_fn::StepFn;
+pub use trace::Tensor;
+pub(crate) use door::Tracked;
 
 use crate::compile::CachingCompiler;
 use crate::error::{Error, Result};
@@ -68,37 +76,37 @@ pub struct LazyDevice {
 
 pub(crate) struct DeviceInner {
     /// Compiles (or finds in the cache) every new step graph; owns the PJRT client.
-    pub compiler: CachingCompiler,
+    compiler: CachingCompiler,
     /// The devices the replicas run on (one for a single-device job), replica `r` on
     /// `devices[r]`; on a mesh, mesh position `p` on `devices[p]`.
-    pub devices: Vec<Device>,
+    devices: Vec<Device>,
     /// The device mesh every step program is partitioned over, if there is one.
-    pub mesh: Option<Mesh>,
-    pub config: DeviceConfig,
+    mesh: Option<Mesh>,
+    config: DeviceConfig,
     /// The interner, the tensors that may hold pending values and the tensor ids: one lock
     /// per recorded op.
-    pub recorder: Mutex<Recorder>,
-    pub executables: Mutex<HashMap<Vec<u32>, Arc<StepExecutable>>>,
-    pub metrics: Mutex<Metrics>,
-    pub sites: Mutex<diagnose::Sites>,
+    recorder: Mutex<Recorder>,
+    executables: Mutex<HashMap<Vec<u32>, Arc<StepExecutable>>>,
+    metrics: Mutex<Metrics>,
+    sites: Mutex<diagnose::Sites>,
     /// Optimizer state tensors, for the per-replica bytes in the metrics.
-    pub optimizer_state: Mutex<Vec<Weak<Cell>>>,
+    optimizer_state: Mutex<Vec<Weak<Cell>>>,
     /// The tensors optimizers update, for the per-device parameter bytes in the metrics.
-    pub parameters: Mutex<Vec<Weak<Cell>>>,
+    parameters: Mutex<Vec<Weak<Cell>>>,
     /// Gradients kept between steps (accumulated sums), for the metrics.
-    pub gradients: Mutex<Vec<Weak<Cell>>>,
+    gradients: Mutex<Vec<Weak<Cell>>>,
     /// Index checks whose results are not read yet (see `checks.rs`).
-    pub index_checks: Mutex<Vec<checks::IndexCheck>>,
+    index_checks: Mutex<Vec<checks::IndexCheck>>,
     /// Checkpointed blocks the backward pass recomputes (see `nn::checkpoint`).
-    pub remat: Mutex<Vec<Arc<trace::RematRegion>>>,
+    remat: Mutex<Vec<Arc<trace::RematRegion>>>,
     /// The dtype matrix products are computed in while `LazyDevice::autocast` runs.
-    pub autocast: Mutex<Option<neuron_pc_compiler::DType>>,
+    autocast: Mutex<Option<neuron_pc_compiler::DType>>,
     /// The rank-agreement check of a multi-process run with a store.
-    pub rank_check: Option<rank_check::RankCheck>,
+    rank_check: Option<rank_check::RankCheck>,
     /// Launched steps that may still be running.
     in_flight: InFlight,
     /// The phases of every step, when a timeline was asked for.
-    pub timeline: Option<Timeline>,
+    timeline: Option<Timeline>,
     /// How many step walks ran and the last one's sizes; held while one runs (see
     /// `trace::WalkMark`).
     walks: Mutex<(u64, step::WalkSizes)>,

@@ -180,6 +180,14 @@ impl WeakValue {
     }
 }
 
+/// A tensor on a [`crate::LazyDevice`]: a handle to one recorded or computed value, which the
+/// device owns (the operations are in `crate::tensor`). Cloning is cheap and shares the value
+/// (like `Rc`); use [`Tensor::assign`] for in-place updates.
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) cell: Arc<Cell>,
+}
+
 /// A block whose activations the backward pass recomputes from its inputs instead of keeping
 /// (activation checkpointing, `nn::checkpoint`): the recorded nodes between `inputs` and
 /// `outputs`. Held weakly: a block nobody differentiates any more is dropped at the next

@@ -41,7 +41,7 @@ use std::panic::Location;
 
 use neuron_pc_compiler::DType;
 
-use crate::device::LazyDevice;
+use crate::device::{LazyDevice, Tracked};
 use crate::error::Result;
 use crate::tensor::Tensor;
 
@@ -253,36 +253,20 @@ fn read_for_update(p: &Tensor, done: &[Tensor]) -> Result<Tensor> {
 
 /// Counts `tensors` as optimizer state in the device's metrics (`optimizer_state_bytes`).
 fn register_state<'a>(device: &LazyDevice, tensors: impl IntoIterator<Item = &'a Tensor>) {
-    register(&device.inner.optimizer_state, tensors);
+    let cells = tensors.into_iter().map(|t| &t.cell);
+    device.inner.track(Tracked::OptimizerState, cells);
 }
 
 /// Counts gradients kept on the device between steps (accumulated sums) in the device's
 /// metrics (`gradient_bytes`).
 pub(crate) fn register_gradients(device: &LazyDevice, grads: &[Tensor]) {
-    register(&device.inner.gradients, grads);
+    device.inner.track(Tracked::Gradients, grads.iter().map(|t| &t.cell));
 }
 
 /// Counts the tensors an optimizer updates as parameters in the device's metrics
 /// (`parameter_bytes`).
 fn register_parameters(device: &LazyDevice, params: &[Tensor]) {
-    register(&device.inner.parameters, params);
-}
-
-fn register<'a>(
-    list: &std::sync::Mutex<Vec<std::sync::Weak<crate::device::trace::Cell>>>,
-    tensors: impl IntoIterator<Item = &'a Tensor>,
-) {
-    let mut list = crate::device::lock(list);
-    list.retain(|w| w.strong_count() > 0);
-    for t in tensors {
-        // a parameter given to two optimizers counts once
-        if !list
-            .iter()
-            .any(|w| std::ptr::eq(w.as_ptr(), std::sync::Arc::as_ptr(&t.cell)))
-        {
-            list.push(std::sync::Arc::downgrade(&t.cell));
-        }
-    }
+    device.inner.track(Tracked::Parameters, params.iter().map(|t| &t.cell));
 }
 
 /// State values to restore, by name.

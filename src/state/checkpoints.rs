@@ -264,7 +264,7 @@ impl Checkpoints {
                 Some(n) => n.clone(),
                 None => {
                     let dev = snapshot.device();
-                    let store = dev.inner.rank_check.as_ref().map(|c| c.store());
+                    let store = dev.inner.run_store();
                     let n = attempt_nonce(
                         store,
                         snapshot.rank,
@@ -311,7 +311,7 @@ impl Checkpoints {
             return Ok(false);
         };
         let device = t.device()?;
-        if device.inner.config.topology.world_size > 1 {
+        if device.config().topology.world_size > 1 {
             return Ok(false);
         }
         let started = Instant::now();
@@ -388,7 +388,8 @@ impl Checkpoints {
         O: OptimizerState + ?Sized,
     {
         if let Some((_, t)) = module.parameters().first() {
-            let topology = &t.device()?.inner.config.topology;
+            let device = t.device()?;
+            let topology = &device.config().topology;
             if topology.world_size > 1 && topology.rank == 0 {
                 // before any rank saves again: a killed run's parts must not join a new save
                 let names = self.location.list()?;

@@ -101,7 +101,7 @@ impl Snapshot {
             device.mark_step()?;
         }
         let dev = first.device_inner()?;
-        let topology = &dev.config.topology;
+        let topology = &dev.config().topology;
         let (rank, processes) = (topology.rank, topology.world_size.max(1));
         let mut entries = Vec::with_capacity(tensors.len());
         for (name, t, whole) in tensors {

@@ -6,7 +6,6 @@ use neuron_pc_compiler::DType;
 
 use super::Tensor;
 use crate::device::checks::IndexCheck;
-use crate::device::lock;
 use crate::error::Result;
 
 impl Tensor {
@@ -23,7 +22,7 @@ impl Tensor {
     ) -> Result<()> {
         let dev = self.device_inner()?;
         let count = self.elem_count();
-        if !dev.config.check_indices || count == 0 {
+        if !dev.config().check_indices || count == 0 {
             return Ok(());
         }
         let v = self.to_dtype(DType::I64)?.reshape(&[count])?;
@@ -42,7 +41,7 @@ impl Tensor {
         let hi = seen.max(&[0], false)?;
         let stats = Tensor::stack(&[&bad, &lo, &hi], 0)?;
         // the mark_step that will cut this op's step, counted from 1 as Error::StepFailed does
-        let step = lock(&dev.metrics).steps + 1;
+        let step = dev.steps() + 1;
         dev.add_index_check(IndexCheck {
             stats: stats.cell,
             op,

@@ -147,7 +147,7 @@ impl Tensor {
             ));
         }
         let dev = self.device_inner()?;
-        if let Some(mesh) = dev.mesh.as_ref().filter(|m| *m != sharding.mesh()) {
+        if let Some(mesh) = dev.mesh().filter(|m| *m != sharding.mesh()) {
             return Err(Error::Placement {
                 location: Location::caller(),
                 message: format!(
@@ -157,9 +157,7 @@ impl Tensor {
             });
         }
         // a step whose output this is lays the output out this way (see `step_shardings`)
-        crate::device::lock(&dev.recorder)
-            .interner
-            .sharding(sharding);
+        dev.register_sharding(sharding);
         let op = Op::ShardingConstraint {
             sharding: sharding.hlo(),
         };
@@ -172,7 +170,7 @@ impl Tensor {
     pub fn constrain(&self, spec: &neuron_pc_compiler::sharding::PartitionSpec) -> Result<Tensor> {
         let location = Location::caller();
         let dev = self.device_inner()?;
-        let Some(mesh) = dev.mesh.as_ref() else {
+        let Some(mesh) = dev.mesh() else {
             return Err(Error::Placement {
                 location,
                 message: format!("constrain({spec}) on a device without a mesh"),

@@ -26,22 +26,18 @@
 
 mod collective;
 mod conv;
-mod create;
 mod index_check;
 mod math;
 mod matmul;
 mod ops;
 mod primitives;
-mod random;
 mod shape;
 mod shape_ops;
 mod sort;
-mod step_fn;
 
 pub use collective::Reduction;
-pub use create::{DATA_AXIS, EXPERT_AXIS};
+pub use crate::device::{StepFn, Tensor, DATA_AXIS, EXPERT_AXIS};
 pub(crate) use shape::shape_error;
-pub use step_fn::StepFn;
 
 use std::panic::Location;
 use std::sync::{Arc, Weak};
@@ -50,16 +46,10 @@ use neuron_pc_compiler::ir::{Op, TensorType};
 use neuron_pc_compiler::sharding::{PartitionSpec, Sharding};
 use neuron_pc_compiler::{DType, Element, HostTensor};
 
-use crate::device::trace::{Cell, Operands, Value};
+use crate::device::trace::{Operands, Value};
 use crate::device::{lock, DeviceInner, LazyDevice};
 use crate::error::{Error, Result};
 
-/// A tensor on a [`LazyDevice`]. Cloning is cheap and shares the value (like `Rc`); use
-/// [`Tensor::assign`] for in-place updates.
-#[derive(Clone)]
-pub struct Tensor {
-    pub(crate) cell: Arc<Cell>,
-}
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -194,7 +184,8 @@ impl Tensor {
     }
 
     /// Records `op` over operand values of the given types (each a cell's type, so interned by
-    /// `dev` when it comes from a recorded op or an upload) as a new tensor.
+    /// `dev` when it comes from a recorded op or an upload) as a new tensor: one call to the
+    /// device ([`DeviceInner::record_op`]).
     pub(crate) fn apply_values(
         dev: &Arc<DeviceInner>,
         op: Op,
@@ -202,57 +193,8 @@ impl Tensor {
         types: &[&Arc<TensorType>],
         location: &'static Location<'static>,
     ) -> Result<Tensor> {
-        Tensor::apply_values_locked(dev, lock(&dev.recorder), op, values, types, location)
-    }
-
-    /// [`Tensor::apply_values`] with the device's recorder already locked.
-    pub(crate) fn apply_values_locked(
-        dev: &Arc<DeviceInner>,
-        mut rec: std::sync::MutexGuard<'_, crate::device::trace::Recorder>,
-        op: Op,
-        values: Operands,
-        types: &[&Arc<TensorType>],
-        location: &'static Location<'static>,
-    ) -> Result<Tensor> {
-        let per_replica = dev.result_per_replica(&op, &values);
-        // An application seen before (same op, operands of the same interned types): its id
-        // and type without inference.
-        let mut addrs = crate::device::trace::TypeAddrs::new();
-        for t in types {
-            addrs.push(Arc::as_ptr(t) as usize);
-        }
-        if let Some((op_id, ty)) = rec.interner.applied(&op, &addrs) {
-            return Ok(Tensor {
-                cell: dev.record_interned(&mut rec, op_id, per_replica, ty, values, location),
-            });
-        }
-        // Operand types on the stack for the usual one to four operands.
-        let mut few: [&TensorType; 4] = [&**types[0]; 4];
-        let many: Vec<&TensorType>;
-        let plain: &[&TensorType] = if types.len() <= few.len() {
-            for (slot, t) in few.iter_mut().zip(types) {
-                *slot = t;
-            }
-            &few[..types.len()]
-        } else {
-            many = types.iter().map(|t| &***t).collect();
-            &many
-        };
-        let ty = neuron_pc_compiler::ir::infer(&op, plain)
-            .map_err(|source| Error::Op { location, source })?;
-        // Only types interned by this device may be remembered by address.
-        let interner = &mut rec.interner;
-        let interned = types.iter().all(|t| interner.is_interned(t));
-        let (op_id, ty) = if interned {
-            let key = op.clone();
-            let (op_id, ty) = interner.op(op, ty);
-            interner.remember(&key, addrs, op_id);
-            (op_id, ty)
-        } else {
-            interner.op(op, ty)
-        };
         Ok(Tensor {
-            cell: dev.record_interned(&mut rec, op_id, per_replica, ty, values, location),
+            cell: dev.record_op(op, values, types, location)?,
         })
     }
 
@@ -290,14 +232,14 @@ impl Tensor {
     pub fn to_host(&self) -> Result<HostTensor> {
         let site = Location::caller();
         let dev = self.device_inner()?;
-        if dev.devices.len() > 1 && self.is_per_replica() {
+        if dev.device_count() > 1 && self.is_per_replica() {
             return Err(Error::Placement {
                 location: site,
                 message: format!(
                     "this {} value differs between the {} replicas: read it with \
                      to_host_replicas(), or all_reduce / all_gather it first",
                     self.cell.ty,
-                    dev.devices.len()
+                    dev.device_count()
                 ),
             });
         }
@@ -350,13 +292,13 @@ impl Tensor {
         let site = Location::caller();
         let dev = self.device_inner()?;
         let data = self.computed(&dev, site)?;
-        if dev.mesh.is_some() {
+        if dev.mesh().is_some() {
             // one replica, whatever the mesh splits it into
             let host = dev.download_whole(&data)?;
             dev.poll_index_checks(false)?;
             return Ok(vec![host]);
         }
-        let hosts = (0..dev.devices.len())
+        let hosts = (0..dev.device_count())
             .map(|r| dev.download(&data, r))
             .collect::<Result<Vec<_>>>()?;
         dev.poll_index_checks(false)?;
@@ -432,14 +374,14 @@ impl Tensor {
         }
         let dev = self.device_inner()?;
         let new_value = value.value();
-        if dev.devices.len() > 1 && new_value.is_per_replica() && !self.is_per_replica() {
+        if dev.device_count() > 1 && new_value.is_per_replica() && !self.is_per_replica() {
             return Err(Error::Placement {
                 location,
                 message: format!(
                     "assigning a value that differs between the {} replicas to a replicated \
                      {} tensor{} would make its replicas diverge; average it over the \
                      replicas first (all_reduce with Mean, or optim::average_gradients)",
-                    dev.devices.len(),
+                    dev.device_count(),
                     self.cell.ty,
                     self.name().map(|n| format!(" ({n})")).unwrap_or_default()
                 ),
@@ -471,7 +413,7 @@ fn autocast_operands(
     operands: &[&Tensor],
     location: &'static Location<'static>,
 ) -> Result<Option<Vec<Tensor>>> {
-    let Some(dtype) = *crate::device::lock(&dev.autocast) else {
+    let Some(dtype) = dev.autocast() else {
         return Ok(None);
     };
     let lower = |t: &Tensor| {

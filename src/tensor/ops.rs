@@ -8,8 +8,6 @@ use neuron_pc_compiler::DType;
 
 use super::shape::{broadcast_shape, dim_index, promote};
 use super::Tensor;
-use super::{lock, Value};
-use crate::device::trace::Operands;
 use crate::error::Result;
 
 macro_rules! unary_methods {
@@ -224,15 +222,8 @@ impl Tensor {
         location: &'static Location<'static>,
     ) -> Result<Tensor> {
         let dev = self.device_inner()?;
-        // The constant is an operand only: no tensor of its own, and its node is found by the
-        // value and this tensor's interned type and shared by every use (`Interner::splat`).
-        let ty = &self.cell.ty;
-        let x = self.value();
-        // one lock for the constant and the op
-        let mut rec = lock(&dev.recorder);
-        let c = Value::Node(rec.interner.splat(ty, value));
-        let values = Operands::from_buf([x, c]);
-        Tensor::apply_values_locked(&dev, rec, Op::Binary(op), values, &[ty, ty], location)
+        let cell = dev.record_scalar_op(op, self.value(), &self.cell.ty, value, location)?;
+        Ok(Tensor { cell })
     }
 
     /// `cond ? on_true : on_false`, elementwise with broadcasting; `cond` is pred.

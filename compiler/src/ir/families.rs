@@ -221,12 +221,12 @@ unary_ops! {
     /// The Gauss error function (CHLO's `chlo.erf`).
     Erf {
         name: "erf", stablehlo: "chlo.erf", dtypes: Float, half: true, cheap: false,
-        float: crate::reference::erf, int: None, uint: None,
+        float: crate::special::erf, int: None, uint: None,
     }
     /// `1 - erf(x)`, without the cancellation for large x.
     Erfc {
         name: "erfc", stablehlo: "chlo.erfc", dtypes: Float, half: true, cheap: false,
-        float: crate::reference::erfc, int: None, uint: None,
+        float: crate::special::erfc, int: None, uint: None,
     }
     /// Rounds down to an integral value (the dtype stays a float).
     Floor {

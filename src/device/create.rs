@@ -7,8 +7,8 @@ use neuron_pc_compiler::sharding::{PartitionSpec, Sharding};
 use neuron_pc_compiler::{DType, HostTensor};
 
 use super::Tensor;
-use crate::device::trace::Value;
-use crate::device::LazyDevice;
+use super::trace::Value;
+use super::LazyDevice;
 use crate::error::{Error, Result};
 
 /// The mesh axis a batch is split over on a mesh device ([`LazyDevice::shard`]), and the one

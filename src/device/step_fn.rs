@@ -5,8 +5,8 @@ use std::panic::Location;
 use std::sync::Arc;
 
 use super::Tensor;
-use crate::device::replay::Replayer;
-use crate::device::LazyDevice;
+use super::replay::Replayer;
+use super::LazyDevice;
 use crate::error::Result;
 
 /// A training step (a closure over the model and optimizer, taking the batch's tensors and
