@@ -62,6 +62,10 @@ impl std::fmt::Display for EntryKey {
     }
 }
 
+/// The old name of [`EntryKey`] (until 0.2).
+#[deprecated(since = "0.1.1", note = "renamed `EntryKey`")]
+pub type CacheKey = EntryKey;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,7 +112,3 @@ mod tests {
         }
     }
 }
-
-/// The old name of [`EntryKey`] (until 0.2).
-#[deprecated(since = "0.1.1", note = "renamed `EntryKey`")]
-pub type CacheKey = EntryKey;

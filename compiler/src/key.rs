@@ -171,6 +171,10 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// The old name of [`ExecutableKey`] (until 0.2).
+#[deprecated(since = "0.1.1", note = "renamed `ExecutableKey`")]
+pub type CacheKey = ExecutableKey;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,7 +316,3 @@ mod tests {
         }
     }
 }
-
-/// The old name of [`ExecutableKey`] (until 0.2).
-#[deprecated(since = "0.1.1", note = "renamed `ExecutableKey`")]
-pub type CacheKey = ExecutableKey;

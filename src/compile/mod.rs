@@ -2,8 +2,8 @@
 //!
 //! A [`CachingCompiler`] owns what a compilation needs: the PJRT client of the target, the compiler
 //! flags and the compile options they give, the compiler's identity (which enters every key)
-//! and the opened persistent cache. The lazy device calls [`CachingCompiler::lower`] on each new step
-//! graph and [`CachingCompiler::obtain`] on the program; the worker processes of
+//! and the opened persistent cache. The lazy device calls [`CachingCompiler::lower`] on each new
+//! step graph and [`CachingCompiler::obtain`] on the program; the worker processes of
 //! `neuron-pc compile` call the same `obtain` on the programs a trial run extracted,
 //! so keys, entries, failure records and leases agree between the two by construction.
 //!
@@ -274,8 +274,8 @@ impl CachingCompiler {
     /// Lowers every program recorded over `processes` processes of this one's replicas for
     /// this process alone, its collectives between processes made custom calls (the cpu
     /// target's multi-process runs; see `collectives`, with the `gloo` feature).
-    /// Call it after [`CachingCompiler::with_replicas`] or [`CachingCompiler::with_partitions`]: the layout
-    /// is read from them.
+    /// Call it after [`CachingCompiler::with_replicas`] or [`CachingCompiler::with_partitions`]:
+    /// the layout is read from them.
     pub fn with_processes(mut self, processes: usize) -> CachingCompiler {
         self.processes = (processes > 1).then(|| ProcessLayout {
             processes,
@@ -301,7 +301,8 @@ impl CachingCompiler {
         })
     }
 
-    /// How many partitions each program is split into (1 unless [`CachingCompiler::with_partitions`]).
+    /// How many partitions each program is split into (1 unless
+    /// [`CachingCompiler::with_partitions`]).
     pub fn partitions(&self) -> usize {
         self.options.num_partitions.max(1)
     }
@@ -414,8 +415,8 @@ impl CachingCompiler {
         })
     }
 
-    /// [`CachingCompiler::lower`] for a partitioned program: `params` and `outputs` are the sharding
-    /// of each parameter and output (none: whole on every device). The signature is each
+    /// [`CachingCompiler::lower`] for a partitioned program: `params` and `outputs` are the
+    /// sharding of each parameter and output (none: whole on every device). The signature is each
     /// device's: the blocks' types.
     pub fn lower_sharded(
         &self,

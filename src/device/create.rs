@@ -6,9 +6,9 @@ use neuron_pc_compiler::ir::{Literal, Op};
 use neuron_pc_compiler::sharding::{PartitionSpec, Sharding};
 use neuron_pc_compiler::{DType, HostTensor};
 
-use super::Tensor;
 use super::trace::Value;
 use super::LazyDevice;
+use super::Tensor;
 use crate::error::{Error, Result};
 
 /// The mesh axis a batch is split over on a mesh device ([`LazyDevice::shard`]), and the one

@@ -19,7 +19,7 @@ use neuron_pc_compiler::ir::{BinaryOp, Op, TensorType};
 use neuron_pc_compiler::sharding::{Mesh, Sharding};
 use neuron_pc_compiler::DType;
 
-use super::trace::{Cell, Operands, RematRegion, TypeAddrs, Value};
+use super::trace::{Cell, Operands, Recorder, RematRegion, TypeAddrs, Value};
 use super::{lock, DeviceConfig, DeviceInner};
 use crate::error::{Error, Result};
 use crate::store::ScopedStore;
@@ -48,13 +48,26 @@ impl DeviceInner {
         site: &'static Location<'static>,
     ) -> Result<Arc<Cell>> {
         let per_replica = self.result_per_replica(&op, &operands);
+        let mut rec = lock(&self.recorder);
+        self.record_locked(&mut rec, op, operands, types, per_replica, site)
+    }
+
+    /// [`DeviceInner::record_op`] with the recorder held.
+    fn record_locked(
+        self: &Arc<Self>,
+        rec: &mut Recorder,
+        op: Op,
+        operands: Operands,
+        types: &[&Arc<TensorType>],
+        per_replica: bool,
+        site: &'static Location<'static>,
+    ) -> Result<Arc<Cell>> {
         let mut addrs = TypeAddrs::new();
         for t in types {
             addrs.push(Arc::as_ptr(t) as usize);
         }
-        let mut rec = lock(&self.recorder);
         if let Some((op_id, ty)) = rec.interner.applied(&op, &addrs) {
-            return Ok(self.record_interned(&mut rec, op_id, per_replica, ty, operands, site));
+            return Ok(self.record_interned(rec, op_id, per_replica, ty, operands, site));
         }
         // Operand types on the stack for the usual one to four operands.
         let mut few: [&TensorType; 4] = [&**types[0]; 4];
@@ -68,8 +81,10 @@ impl DeviceInner {
             many = types.iter().map(|t| &***t).collect();
             &many
         };
-        let ty = neuron_pc_compiler::ir::infer(&op, plain)
-            .map_err(|source| Error::Op { location: site, source })?;
+        let ty = neuron_pc_compiler::ir::infer(&op, plain).map_err(|source| Error::Op {
+            location: site,
+            source,
+        })?;
         // Only types interned by this device may be remembered by address.
         let interner = &mut rec.interner;
         let (op_id, ty) = if types.iter().all(|t| interner.is_interned(t)) {
@@ -80,7 +95,7 @@ impl DeviceInner {
         } else {
             interner.op(op, ty)
         };
-        Ok(self.record_interned(&mut rec, op_id, per_replica, ty, operands, site))
+        Ok(self.record_interned(rec, op_id, per_replica, ty, operands, site))
     }
 
     /// `x op c` for `x` of interned type `ty`, with `c` one splat constant of that type: found
@@ -94,8 +109,13 @@ impl DeviceInner {
         value: f64,
         site: &'static Location<'static>,
     ) -> Result<Arc<Cell>> {
-        let c = Value::Node(lock(&self.recorder).interner.splat(ty, value));
-        self.record_op(Op::Binary(op), Operands::from_buf([x, c]), &[ty, ty], site)
+        let op = Op::Binary(op);
+        // a splat constant is the same on every replica: x decides
+        let per_replica = self.result_per_replica(&op, std::slice::from_ref(&x));
+        let mut rec = lock(&self.recorder);
+        let c = Value::Node(rec.interner.splat(ty, value));
+        let operands = Operands::from_buf([x, c]);
+        self.record_locked(&mut rec, op, operands, &[ty, ty], per_replica, site)
     }
 
     /// The op and result type of the recorded op `op_id` (copies: no lock is kept).
@@ -120,7 +140,10 @@ impl DeviceInner {
         });
         list.retain(|w| w.strong_count() > 0);
         for cell in cells {
-            if !list.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(cell))) {
+            if !list
+                .iter()
+                .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(cell)))
+            {
                 list.push(Arc::downgrade(cell));
             }
         }

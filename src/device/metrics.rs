@@ -1,6 +1,6 @@
 //! Counters of what a device did, in the spirit of PyTorch/XLA's metrics report.
 
-use std::sync::{Mutex, Weak};
+use std::sync::Weak;
 
 use super::lock;
 use super::trace::{Cell, Value};
@@ -218,7 +218,7 @@ pub struct Metrics {
 
 /// Bytes one device holds of the registered tensors (optimizer state, parameters): the first
 /// device's buffer of each live tensor whose value is computed (pending ones count by type).
-pub(super) fn registered_bytes(list: &Mutex<Vec<Weak<Cell>>>) -> u64 {
+pub(super) fn registered_bytes(list: &super::lock_order::Ranked<Vec<Weak<Cell>>>) -> u64 {
     lock(list)
         .iter()
         .filter_map(Weak::upgrade)

@@ -27,6 +27,7 @@ pub(crate) mod diagnose;
 mod door;
 mod executables;
 mod inflight;
+mod lock_order;
 mod metrics;
 mod open;
 mod random;
@@ -40,7 +41,7 @@ mod transfer;
 
 use rustc_hash::FxHashMap as HashMap;
 use std::panic::Location;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use neuron_pc_compiler::ir::{Op, ReplicaRule, TensorType};
@@ -51,18 +52,19 @@ pub use config::{
     DeviceConfig, CHECK_INDICES_ENV, CPU_NUM_DEVICES_ENV, DEBUG_STEPS_ENV, DEVICES_ENV,
     EXTRACT_DIR_ENV, GRAPH_LOG_ENV, MAX_BYTES_IN_FLIGHT_ENV, MAX_IN_FLIGHT_ENV, NO_NEW_GRAPHS_ENV,
 };
-pub use debug::TARGET as DEBUG_STEPS_LOG_TARGET;
 pub use create::{DATA_AXIS, EXPERT_AXIS};
+pub use debug::TARGET as DEBUG_STEPS_LOG_TARGET;
+pub(crate) use door::Tracked;
 pub use metrics::Metrics;
 pub use step_fn::StepFn;
 pub use trace::Tensor;
-pub(crate) use door::Tracked;
 
 use crate::compile::CachingCompiler;
 use crate::error::{Error, Result};
 use crate::timeline::{Timeline, DEVICE_TRACK, HOST_TRACK};
 use executables::{How, StepExecutable, StepShardings};
 use inflight::{Bound, InFlight, StepRun};
+use lock_order::{Lock, Ranked};
 use trace::{Cell, DeviceData, Node, Recorder, Value};
 
 /// A device that records tensor operations and runs them as compiled step graphs.
@@ -85,22 +87,22 @@ pub(crate) struct DeviceInner {
     config: DeviceConfig,
     /// The interner, the tensors that may hold pending values and the tensor ids: one lock
     /// per recorded op.
-    recorder: Mutex<Recorder>,
-    executables: Mutex<HashMap<Vec<u32>, Arc<StepExecutable>>>,
-    metrics: Mutex<Metrics>,
-    sites: Mutex<diagnose::Sites>,
+    recorder: Ranked<Recorder>,
+    executables: Ranked<HashMap<Vec<u32>, Arc<StepExecutable>>>,
+    metrics: Ranked<Metrics>,
+    sites: Ranked<diagnose::Sites>,
     /// Optimizer state tensors, for the per-replica bytes in the metrics.
-    optimizer_state: Mutex<Vec<Weak<Cell>>>,
+    optimizer_state: Ranked<Vec<Weak<Cell>>>,
     /// The tensors optimizers update, for the per-device parameter bytes in the metrics.
-    parameters: Mutex<Vec<Weak<Cell>>>,
+    parameters: Ranked<Vec<Weak<Cell>>>,
     /// Gradients kept between steps (accumulated sums), for the metrics.
-    gradients: Mutex<Vec<Weak<Cell>>>,
+    gradients: Ranked<Vec<Weak<Cell>>>,
     /// Index checks whose results are not read yet (see `checks.rs`).
-    index_checks: Mutex<Vec<checks::IndexCheck>>,
+    index_checks: Ranked<Vec<checks::IndexCheck>>,
     /// Checkpointed blocks the backward pass recomputes (see `nn::checkpoint`).
-    remat: Mutex<Vec<Arc<trace::RematRegion>>>,
+    remat: Ranked<Vec<Arc<trace::RematRegion>>>,
     /// The dtype matrix products are computed in while `LazyDevice::autocast` runs.
-    autocast: Mutex<Option<neuron_pc_compiler::DType>>,
+    autocast: Ranked<Option<neuron_pc_compiler::DType>>,
     /// The rank-agreement check of a multi-process run with a store.
     rank_check: Option<rank_check::RankCheck>,
     /// Launched steps that may still be running.
@@ -109,11 +111,11 @@ pub(crate) struct DeviceInner {
     timeline: Option<Timeline>,
     /// How many step walks ran and the last one's sizes; held while one runs (see
     /// `trace::WalkMark`).
-    walks: Mutex<(u64, step::WalkSizes)>,
+    walks: Ranked<(u64, step::WalkSizes)>,
     /// When the last `mark_step` returned (the start of the next step's tracing).
-    last_step_end: Mutex<Instant>,
+    last_step_end: Ranked<Instant>,
     /// What launched steps left to free (see [`Retired`]).
-    retired: Mutex<Retired>,
+    retired: Ranked<Retired>,
     /// Bumped by every change of a tensor's value that is not a step computing a pending one
     /// (`Tensor::assign`, a replayed step's writes): a step function replays only while its
     /// last call's bump is the latest.
@@ -170,9 +172,9 @@ pub(crate) fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<L: Lock>(m: &L) -> L::Guard<'_> {
     // A panic while holding one of these locks leaves plain data behind; keep going.
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    m.acquire()
 }
 
 impl LazyDevice {
@@ -209,7 +211,7 @@ impl LazyDevice {
                 "autocast: {d} is not a lower precision to compute in (bf16 or f16)"
             )));
         }
-        struct Restore<'a>(&'a Mutex<Option<DType>>, Option<DType>);
+        struct Restore<'a>(&'a Ranked<Option<DType>>, Option<DType>);
         impl Drop for Restore<'_> {
             fn drop(&mut self) {
                 *lock(self.0) = self.1;

@@ -1,13 +1,14 @@
 //! Opening a device: the plugin, the client and its devices, the mesh, the rank check.
 
 use rustc_hash::FxHashMap as HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use neuron_pc_compiler::pjrt::{find_plugin, Client, ClientOptions, Device, Plugin, Target};
 use neuron_pc_compiler::sharding::Mesh;
 
 use super::inflight::InFlight;
+use super::lock_order::{Rank, Ranked};
 use super::trace::Recorder;
 use super::{diagnose, rank_check, step, DeviceConfig, DeviceInner, LazyDevice, Metrics};
 use crate::compile::CachingCompiler;
@@ -141,8 +142,8 @@ impl LazyDevice {
         }
         let devices: Vec<Device> = (config.device_index..last).map(Device).collect();
         // Several processes: on cpu each compiles over its own devices, its programs' cross-
-        // process collectives made custom calls (`CachingCompiler::with_processes`); elsewhere (and in
-        // the trial run for them) the program spans every process's replicas, numbered globally.
+        // process collectives made custom calls (`CachingCompiler::with_processes`); elsewhere (and
+        // in the trial run for them) the program spans every process's replicas, numbered globally.
         let topology = &config.topology;
         let ids: Vec<usize> = if topology.is_multi_process() && !gloo {
             (0..topology.global_replicas(config.replicas)).collect()
@@ -198,16 +199,16 @@ impl LazyDevice {
                 devices,
                 mesh,
                 compiler,
-                recorder: Mutex::new(Recorder::default()),
-                executables: Mutex::new(HashMap::default()),
-                metrics: Mutex::new(metrics),
-                sites: Mutex::new(diagnose::Sites::default()),
-                optimizer_state: Mutex::new(Vec::new()),
-                parameters: Mutex::new(Vec::new()),
-                gradients: Mutex::new(Vec::new()),
-                index_checks: Mutex::new(Vec::new()),
-                remat: Mutex::new(Vec::new()),
-                autocast: Mutex::new(None),
+                recorder: Ranked::new(Rank::Recorder, Recorder::default()),
+                executables: Ranked::new(Rank::Executables, HashMap::default()),
+                metrics: Ranked::new(Rank::Metrics, metrics),
+                sites: Ranked::new(Rank::Sites, diagnose::Sites::default()),
+                optimizer_state: Ranked::new(Rank::Tracked, Vec::new()),
+                parameters: Ranked::new(Rank::Tracked, Vec::new()),
+                gradients: Ranked::new(Rank::Tracked, Vec::new()),
+                index_checks: Ranked::new(Rank::IndexChecks, Vec::new()),
+                remat: Ranked::new(Rank::Remat, Vec::new()),
+                autocast: Ranked::new(Rank::Autocast, None),
                 rank_check,
                 in_flight: InFlight::default(),
                 timeline: config.trace.as_ref().map(|p| {
@@ -216,9 +217,9 @@ impl LazyDevice {
                     t.name_track(DEVICE_TRACK, "device: execution");
                     t
                 }),
-                walks: Mutex::new((0, step::WalkSizes::default())),
-                last_step_end: Mutex::new(Instant::now()),
-                retired: Mutex::default(),
+                walks: Ranked::new(Rank::Walks, (0, step::WalkSizes::default())),
+                last_step_end: Ranked::new(Rank::LastStepEnd, Instant::now()),
+                retired: Ranked::new(Rank::Retired, Default::default()),
                 writes: Default::default(),
                 config,
             }),

@@ -4,9 +4,9 @@
 use std::panic::Location;
 use std::sync::Arc;
 
-use super::Tensor;
 use super::replay::Replayer;
 use super::LazyDevice;
+use super::Tensor;
 use crate::error::Result;
 
 /// A training step (a closure over the model and optimizer, taking the batch's tensors and

@@ -260,13 +260,17 @@ fn register_state<'a>(device: &LazyDevice, tensors: impl IntoIterator<Item = &'a
 /// Counts gradients kept on the device between steps (accumulated sums) in the device's
 /// metrics (`gradient_bytes`).
 pub(crate) fn register_gradients(device: &LazyDevice, grads: &[Tensor]) {
-    device.inner.track(Tracked::Gradients, grads.iter().map(|t| &t.cell));
+    device
+        .inner
+        .track(Tracked::Gradients, grads.iter().map(|t| &t.cell));
 }
 
 /// Counts the tensors an optimizer updates as parameters in the device's metrics
 /// (`parameter_bytes`).
 fn register_parameters(device: &LazyDevice, params: &[Tensor]) {
-    device.inner.track(Tracked::Parameters, params.iter().map(|t| &t.cell));
+    device
+        .inner
+        .track(Tracked::Parameters, params.iter().map(|t| &t.cell));
 }
 
 /// State values to restore, by name.

@@ -35,8 +35,8 @@ mod shape;
 mod shape_ops;
 mod sort;
 
-pub use collective::Reduction;
 pub use crate::device::{StepFn, Tensor, DATA_AXIS, EXPERT_AXIS};
+pub use collective::Reduction;
 pub(crate) use shape::shape_error;
 
 use std::panic::Location;
@@ -49,7 +49,6 @@ use neuron_pc_compiler::{DType, Element, HostTensor};
 use crate::device::trace::{Operands, Value};
 use crate::device::{lock, DeviceInner, LazyDevice};
 use crate::error::{Error, Result};
-
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

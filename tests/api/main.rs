@@ -12,6 +12,7 @@ mod features;
 mod guide_snippets;
 mod input_names;
 mod layout;
+mod op_index;
 mod public_api;
 mod pytorch_defaults;
 mod readme_example;

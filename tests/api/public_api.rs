@@ -308,14 +308,20 @@ fn renamed_items_answer_to_their_old_names() -> Result<()> {
     // `checkpoint` (the state-dict format) is `state_dict`
     let old: neuron_pc::checkpoint::StateDict = StateDict::default();
     assert!(old.tensors.is_empty());
-    assert_eq!(neuron_pc::checkpoint::STACKED, neuron_pc::state_dict::STACKED);
+    assert_eq!(
+        neuron_pc::checkpoint::STACKED,
+        neuron_pc::state_dict::STACKED
+    );
     // `nn::checkpoint` (activation recomputation) is `nn::remat`, with the same values
     let dev = device()?;
     let x = dev.from_slice(&[0.5f32, -1.0, 2.0], &[3])?;
     let f = |xs: &[Tensor]| Ok(vec![xs[0].tanh()?.mul(&xs[0])?]);
     let old = nn::checkpoint(nn::Remat::Full, &[&x], f)?;
     let new = nn::remat(nn::Remat::Full, &[&x], f)?;
-    let (old, new) = (grad(&old[0].sum_all()?, &[&x])?, grad(&new[0].sum_all()?, &[&x])?);
+    let (old, new) = (
+        grad(&old[0].sum_all()?, &[&x])?,
+        grad(&new[0].sum_all()?, &[&x])?,
+    );
     assert_eq!(old[0].to_vec::<f32>()?, new[0].to_vec::<f32>()?);
     // `is_extracting` is `is_trial_run`; the cache-key and compiler types kept their old names
     assert_eq!(dev.is_extracting(), dev.is_trial_run());

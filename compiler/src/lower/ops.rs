@@ -200,11 +200,13 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             e.line(&format!(
                 "{v}_iota = \"stablehlo.iota\"() {{iota_dimension = {dim} : i64}} : () -> {it}"
             ));
+            let compare = format!(
+                "{v}_lt = stablehlo.compare {dir}, {v}_a, {v}_b, {ct} : ({s}, {s}) -> {pred}"
+            );
             e.line(&format!(
                 "{v}_s:2 = \"stablehlo.sort\"({}, {v}_iota) ({{\n    \
                  ^bb0({v}_a: {s}, {v}_b: {s}, {v}_ia: {si}, {v}_ib: {si}):\n      \
-                 {v}_lt = stablehlo.compare {dir}, {v}_a, {v}_b, {ct} : ({s}, {s}) -> {pred}\n      \
-                 stablehlo.return {v}_lt : {pred}\n    }}) \
+                 {compare}\n      stablehlo.return {v}_lt : {pred}\n    }}) \
                  {{dimension = {dim} : i64, is_stable = true}} : ({xt}, {it}) -> ({xt}, {it})",
                 args[0]
             ));

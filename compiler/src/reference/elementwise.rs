@@ -33,7 +33,6 @@ pub(crate) fn unary(op: UnaryOp, dtype: DType, x: &Data) -> Data {
     }
 }
 
-
 pub(crate) fn binary(op: BinaryOp, dtype: DType, x: &Data, y: &Data) -> Data {
     match (x, y) {
         (Data::F(a), Data::F(b)) => Data::F(

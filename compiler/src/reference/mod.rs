@@ -23,8 +23,8 @@ use crate::error::{Error, Result};
 use crate::host::HostTensor;
 use crate::ir::{Graph, Node, Op, ReplicaRule, ScanBody, ScanOutput};
 
-use data::{for_each_index, strides, Data, Scalar, Value};
 pub use crate::special::{erf, erfc};
+use data::{for_each_index, strides, Data, Scalar, Value};
 pub use random::threefry2x32;
 
 /// Runs `graph` on `inputs` (one per parameter, in parameter order) and returns its outputs.

@@ -1,5 +1,6 @@
-//! What every AOT command needs: the library's [`CachingCompiler`] for the effective flags, with the
-//! cache resolved and opened the one way the lazy device resolves it, so keys and entries agree.
+//! What every AOT command needs: the library's [`CachingCompiler`] for the effective flags, with
+//! the cache resolved and opened the one way the lazy device resolves it, so keys and entries
+//! agree.
 
 use anyhow::Context;
 use neuron_pc::compile::{CacheConfig, CachingCompiler};

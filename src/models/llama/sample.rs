@@ -69,8 +69,7 @@ impl Sampling {
     }
 
     /// The next token from one row of logits on the host, drawing one number from `rng` when
-    /// sampling: the reference [`Sampling::pick_on_device`] is checked against (`generate`
-    /// picks on the device).
+    /// sampling: the reference the device's pick (what `generate` does) is checked against.
     pub fn pick_on_host(&self, logits: &[f64], rng: Option<&mut HostRng>) -> i32 {
         let argmax = || {
             let mut best = 0;
