@@ -18,8 +18,8 @@
 //!
 //! Debug builds, and so every test run, check each acquisition against the locks the thread
 //! holds and panic naming both; release builds check nothing and pay nothing. The locks of a
-//! tensor's own cell (its value, its name) are not ranked: they are taken alone, or under the
-//! recorder.
+//! tensor's own cell (its value, its donor, its name) are not ranked: private to `device/`
+//! (`Cell`'s methods), each is taken alone, or under the recorder.
 
 use std::sync::{Mutex, MutexGuard};
 

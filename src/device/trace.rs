@@ -105,14 +105,69 @@ pub(crate) struct Cell {
     /// Shared with the device's [`Interner`] for recorded ops (no allocation per op).
     pub ty: Arc<TensorType>,
     pub device: Weak<super::DeviceInner>,
-    pub value: Mutex<Value>,
+    pub(super) value: Mutex<Value>,
     /// The device data this tensor held before an in-place update made it pending: if the
     /// step graph reads that data and nothing else holds it, its buffer is donated to the new
     /// value (updated in place instead of copied).
-    pub donor: Mutex<Option<Weak<DeviceData>>>,
+    pub(super) donor: Mutex<Option<Weak<DeviceData>>>,
     /// A name for diagnostics (a parameter's state-dict name, a batch field), passed on to each
     /// new value so recompile warnings and `neuron-pc analyze` can name graph inputs.
-    pub name: Mutex<Option<Arc<str>>>,
+    pub(super) name: Mutex<Option<Arc<str>>>,
+}
+
+/// What code outside `device/` may do with a cell: read its value, name it, give it a new
+/// value (each takes the cell's locks and lets go before returning).
+impl Cell {
+    /// The current value (a pending node or device data).
+    pub(crate) fn value(&self) -> Value {
+        super::lock(&self.value).clone()
+    }
+
+    /// Whether the value is still to be computed.
+    pub(crate) fn is_pending(&self) -> bool {
+        super::lock(&self.value).is_pending()
+    }
+
+    /// Whether the replicas may hold different values of it.
+    pub(crate) fn is_per_replica(&self) -> bool {
+        super::lock(&self.value).is_per_replica()
+    }
+
+    /// The device data, when the value is computed.
+    pub(crate) fn data(&self) -> Option<Arc<DeviceData>> {
+        match &*super::lock(&self.value) {
+            Value::Data(d) => Some(d.clone()),
+            Value::Node(_) => None,
+        }
+    }
+
+    /// The name given for diagnostics, if any.
+    pub(crate) fn name(&self) -> Option<Arc<str>> {
+        super::lock(&self.name).clone()
+    }
+
+    /// Names the cell, and its current device data, for diagnostics.
+    pub(crate) fn set_name(&self, name: Arc<str>) {
+        if let Value::Data(d) = &*super::lock(&self.value) {
+            *super::lock(&d.name) = Some(name.clone());
+        }
+        *super::lock(&self.name) = Some(name);
+    }
+
+    /// Makes `value` the cell's (an in-place update). Data uploaded for it takes the cell's
+    /// name, unless it has one; a pending value keeps the data it replaces as the donor of
+    /// its buffer. True when the new value is pending (the device must track it).
+    pub(crate) fn replace(&self, value: Value) -> bool {
+        if let (Value::Data(d), Some(name)) = (&value, self.name()) {
+            super::lock(&d.name).get_or_insert(name);
+        }
+        let pending = value.is_pending();
+        let old = std::mem::replace(&mut *super::lock(&self.value), value);
+        if let (true, Value::Data(d)) = (pending, &old) {
+            *super::lock(&self.donor) = Some(Arc::downgrade(d));
+        }
+        pending
+    }
 }
 
 /// What recording an op touches, under the device's one recording lock: the interner, the

@@ -47,12 +47,12 @@ use neuron_pc_compiler::sharding::{PartitionSpec, Sharding};
 use neuron_pc_compiler::{DType, Element, HostTensor};
 
 use crate::device::trace::{Operands, Value};
-use crate::device::{lock, DeviceInner, LazyDevice};
+use crate::device::{DeviceInner, LazyDevice};
 use crate::error::{Error, Result};
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = if lock(&self.cell.value).is_pending() {
+        let state = if self.cell.is_pending() {
             "pending"
         } else {
             "data"
@@ -66,16 +66,12 @@ impl Tensor {
     /// recompile warning and `neuron-pc analyze` say `ids` instead of `input 3`.
     /// [`crate::nn::Module::parameters`] names parameters by their state-dict names.
     pub fn set_name(&self, name: &str) {
-        let name: Arc<str> = Arc::from(name);
-        if let Value::Data(d) = &*lock(&self.cell.value) {
-            *lock(&d.name) = Some(name.clone());
-        }
-        *lock(&self.cell.name) = Some(name);
+        self.cell.set_name(Arc::from(name));
     }
 
     /// The name given with [`Tensor::set_name`], if any.
     pub fn name(&self) -> Option<String> {
-        lock(&self.cell.name).as_deref().map(str::to_string)
+        self.cell.name().as_deref().map(str::to_string)
     }
 
     /// Shape.
@@ -105,7 +101,7 @@ impl Tensor {
 
     /// True when the value has not been computed yet.
     pub fn is_pending(&self) -> bool {
-        lock(&self.cell.value).is_pending()
+        self.cell.is_pending()
     }
 
     pub(crate) fn device_inner(&self) -> Result<Arc<DeviceInner>> {
@@ -120,7 +116,7 @@ impl Tensor {
     }
 
     pub(crate) fn value(&self) -> Value {
-        lock(&self.cell.value).clone()
+        self.cell.value()
     }
 
     /// Records `op` over `operands` (shape-checked now, reported at the caller's line).
@@ -220,7 +216,7 @@ impl Tensor {
     /// hold the same (uploads with [`LazyDevice::tensor`], parameters, results of collectives
     /// over every replica). See [`LazyDevice::shard`].
     pub fn is_per_replica(&self) -> bool {
-        lock(&self.cell.value).is_per_replica()
+        self.cell.is_per_replica()
     }
 
     /// Copies the value to the host, computing it first if it is pending (an implicit sync).
@@ -252,10 +248,9 @@ impl Tensor {
     /// (always, without a mesh) or when it is pending (its layout is decided by the step that
     /// computes it).
     pub fn sharding(&self) -> Option<Sharding> {
-        match &*lock(&self.cell.value) {
-            Value::Data(d) => d.sharding.as_deref().cloned(),
-            Value::Node(_) => None,
-        }
+        self.cell
+            .data()
+            .and_then(|d| d.sharding.as_deref().cloned())
     }
 
     /// Lays the value out over the device's mesh as `spec` says, in place (a parameter placed
@@ -277,11 +272,8 @@ impl Tensor {
             Some(s) => dev.upload_sharded(&host, s)?,
             None => dev.upload(&host, false)?,
         };
-        if let Some(name) = lock(&self.cell.name).clone() {
-            *lock(&data.name) = Some(name);
-        }
         dev.note_write();
-        *lock(&self.cell.value) = Value::Data(data);
+        self.cell.replace(Value::Data(data));
         Ok(())
     }
 
@@ -321,10 +313,10 @@ impl Tensor {
         if self.is_pending() {
             dev.sync(vec![self.cell.clone()], site, false)?;
         }
-        match &*lock(&self.cell.value) {
-            Value::Data(d) => Ok(d.clone()),
-            Value::Node(_) => unreachable!("sync leaves data behind or fails"),
-        }
+        Ok(self
+            .cell
+            .data()
+            .expect("a sync leaves data behind or fails"))
     }
 
     /// The values as a flat vector of `T` (which must be the tensor's dtype).
@@ -389,16 +381,8 @@ impl Tensor {
         // A value uploaded for this tensor (a loaded checkpoint's) is an input of the next step
         // graph: it carries this tensor's name from now on, so that step's diagnostics name it
         // too, not only the steps after (whose values the device names as it computes them).
-        if let (Value::Data(d), Some(name)) = (&new_value, lock(&self.cell.name).clone()) {
-            lock(&d.name).get_or_insert(name);
-        }
-        let pending = new_value.is_pending();
         dev.note_write();
-        let old = std::mem::replace(&mut *lock(&self.cell.value), new_value);
-        if let (true, Value::Data(d)) = (pending, &old) {
-            *lock(&self.cell.donor) = Some(Arc::downgrade(d));
-        }
-        if pending {
+        if self.cell.replace(new_value) {
             dev.register_pending(&self.cell);
         }
         Ok(())
