@@ -119,21 +119,25 @@ pub(crate) struct Cell {
 /// value (each takes the cell's locks and lets go before returning).
 impl Cell {
     /// The current value (a pending node or device data).
+    #[inline]
     pub(crate) fn value(&self) -> Value {
         super::lock(&self.value).clone()
     }
 
     /// Whether the value is still to be computed.
+    #[inline]
     pub(crate) fn is_pending(&self) -> bool {
         super::lock(&self.value).is_pending()
     }
 
     /// Whether the replicas may hold different values of it.
+    #[inline]
     pub(crate) fn is_per_replica(&self) -> bool {
         super::lock(&self.value).is_per_replica()
     }
 
     /// The device data, when the value is computed.
+    #[inline]
     pub(crate) fn data(&self) -> Option<Arc<DeviceData>> {
         match &*super::lock(&self.value) {
             Value::Data(d) => Some(d.clone()),
@@ -142,6 +146,7 @@ impl Cell {
     }
 
     /// The name given for diagnostics, if any.
+    #[inline]
     pub(crate) fn name(&self) -> Option<Arc<str>> {
         super::lock(&self.name).clone()
     }

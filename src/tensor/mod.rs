@@ -115,6 +115,7 @@ impl Tensor {
         })
     }
 
+    #[inline]
     pub(crate) fn value(&self) -> Value {
         self.cell.value()
     }
