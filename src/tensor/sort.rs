@@ -139,14 +139,15 @@ impl Tensor {
         let location = Location::caller();
         let d = dim_index("cumsum", dim, self.dims(), location)?;
         let n = self.dims()[d];
+        let zero = self.device()?.zeros(&[], self.dtype())?;
+        let (mut low, mut high) = (vec![0i64; self.rank()], vec![0i64; self.rank()]);
+        let interior = vec![0usize; self.rank()];
         let mut x = self.clone();
         let mut shift = 1;
         while shift < n {
-            let mut zero_dims = self.dims().to_vec();
-            zero_dims[d] = shift;
-            let zeros = self.device()?.zeros(&zero_dims, self.dtype())?;
-            let head = x.narrow(dim, 0, n - shift)?;
-            x = x.add(&Tensor::cat(&[&zeros, &head], dim)?)?;
+            // x shifted `shift` along `dim`: zeros in front, its last `shift` cropped
+            (low[d], high[d]) = (shift as i64, -(shift as i64));
+            x = x.add(&x.pad(&low, &high, &interior, &zero)?)?;
             shift *= 2;
         }
         Ok(x)

@@ -48,6 +48,23 @@ fn options() -> GenerateOptions {
     o
 }
 
+/// [`options`] sampling with these settings.
+fn sampled(
+    temperature: f64,
+    top_k: Option<usize>,
+    top_p: Option<f64>,
+    seed: u64,
+) -> GenerateOptions {
+    let mut o = options();
+    o.sampling = Sampling::Sample {
+        temperature,
+        top_k,
+        top_p,
+        seed,
+    };
+    o
+}
+
 #[test]
 fn greedy_generation_matches_transformers_token_for_token() {
     let fx = Fixture::load("generate");
@@ -106,14 +123,9 @@ fn sampling_is_seeded_and_its_limits_reduce_to_greedy() {
     let model =
         LlamaForCausalLM::from_pretrained(&fx.dev, &data("families/qwen3-saved-by-rust")).unwrap();
     let sample = |temperature: f64, top_k: Option<usize>, top_p: Option<f64>, seed: u64| {
-        let mut o = options();
-        o.sampling = Sampling::Sample {
-            temperature,
-            top_k,
-            top_p,
-            seed,
-        };
-        model.generate(&prompts, &o).unwrap()
+        model
+            .generate(&prompts, &sampled(temperature, top_k, top_p, seed))
+            .unwrap()
     };
     assert_eq!(sample(1.0, Some(1), None, 1), want, "top_k 1 is greedy");
     assert_eq!(
@@ -177,13 +189,7 @@ fn device_sampling_draws_what_the_host_sampler_draws_with_the_same_seed() {
         (1.5, Some(40), Some(0.8), 10),
     ];
     for (temperature, top_k, top_p, seed) in settings {
-        let mut o = options();
-        o.sampling = Sampling::Sample {
-            temperature,
-            top_k,
-            top_p,
-            seed,
-        };
+        let o = sampled(temperature, top_k, top_p, seed);
         let drawn = model.generate(&prompts, &o).unwrap();
         let logits: Vec<Vec<f64>> = prompts
             .iter()

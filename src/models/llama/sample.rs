@@ -37,21 +37,16 @@ impl Sampling {
         let weights = scaled.sub(&scaled.narrow(1, 0, 1)?)?.exp()?;
         // how many candidates stay: the fewest whose share reaches top_p (those with less
         // than top_p before them)
-        let (kept, count) = match top_p {
+        let (kept, kept_last) = match top_p {
             Some(p) => {
                 let total = weights.sum(&[1], true)?;
                 let before = weights.cumsum(1)?.sub(&weights)?;
                 let keep = before.lt(&total.mul_scalar(*p)?)?;
                 let kept = Tensor::where_cond(&keep, &weights, &weights.zeros_like()?)?;
-                (kept, keep.to_dtype(DType::I32)?.sum(&[1], false)?)
+                let count = keep.to_dtype(DType::I32)?.sum(&[1], false)?;
+                (kept, Some(count.add_scalar(-1.0)?))
             }
-            None => {
-                let all = u
-                    .to_dtype(DType::I32)?
-                    .mul_scalar(0.0)?
-                    .add_scalar(n as f64)?;
-                (weights, all)
-            }
+            None => (weights, None),
         };
         let target = u.reshape(&[b, 1])?.mul(&kept.sum(&[1], true)?)?;
         // the first candidate whose running sum passes the target (the last kept one when
@@ -61,8 +56,10 @@ impl Sampling {
             .le(&target)?
             .to_dtype(DType::I32)?
             .sum(&[1], false)?;
-        let last = count.add_scalar(-1.0)?;
-        let at = Tensor::where_cond(&passed.lt(&last)?, &passed, &last)?;
+        let at = match kept_last {
+            Some(last) => passed.minimum(&last)?,
+            None => passed.clamp(None, Some((n - 1) as f64))?,
+        };
         idx.take_along_dim(&at.reshape(&[b, 1])?, 1)?
             .reshape(&[b])?
             .to_dtype(DType::I32)
