@@ -546,7 +546,9 @@ impl DeviceInner {
             }
         };
         drop(roots);
-        let outputs = self.run(&exe, &mut traced, &aliases, &per_replica, site, found)?;
+        // marshalling starts here, after a compile or cache load (counted as those)
+        let ready = Instant::now();
+        let outputs = self.run(&exe, &mut traced, &aliases, &per_replica, site, ready)?;
         let ran = Instant::now();
         if let Some(capture) = capture {
             *capture = Some(replay::Captured {
@@ -630,7 +632,7 @@ impl DeviceInner {
         aliases: &[(usize, usize)],
         per_replica: &[bool],
         site: &'static Location<'static>,
-        found: Instant,
+        ready: Instant,
     ) -> Result<Vec<Arc<DeviceData>>> {
         if exe.loaded.is_none() {
             return (exe.output_types.iter().zip(per_replica))
@@ -650,7 +652,7 @@ impl DeviceInner {
                     || Arc::strong_count(&traced.params[i]) != 1 + traced.data_refs[i]
             })
             .collect();
-        self.launch(exe, &traced.params, &keep, per_replica, site, found)
+        self.launch(exe, &traced.params, &keep, per_replica, site, ready)
     }
 
     /// Launches `exe` over `params` (one value per parameter), donating every parameter the
