@@ -35,6 +35,7 @@
 //! `--scan-layers` stacks the decoder layers and runs them as one loop: the step graph, and its
 //! compile, stop growing with `--layers`; checkpoints and `--save` directories are unchanged.
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -212,6 +213,10 @@ struct Args {
     /// graph and its compile time do not grow with depth.
     #[arg(long)]
     scan_layers: bool,
+    /// Run each step as a step function (`LazyDevice::step_fn`): traced on its first calls,
+    /// then replayed without tracing (one update per batch: not with --grad-accum > 1).
+    #[arg(long)]
+    step_fn: bool,
 }
 
 /// What the batch's rows are split over, of `replicas` in the whole run: the replicas, or a
@@ -462,7 +467,7 @@ fn main() -> anyhow::Result<()> {
         zero1: args.zero1,
         ..Default::default()
     };
-    let mut opt = AdamW::with_config(&device, &params, adamw)?;
+    let opt = RefCell::new(AdamW::with_config(&device, &params, adamw)?);
     let schedule = WarmupCosine {
         base_lr: args.lr,
         min_lr: args.lr * 0.1,
@@ -470,7 +475,12 @@ fn main() -> anyhow::Result<()> {
         total_steps: args.steps,
     };
     let mut ckpts = ckpt::open(&args)?;
-    let start_step = ckpt::resume(ckpts.as_ref(), args.resume.as_deref(), &model, &opt)?;
+    let start_step = ckpt::resume(
+        ckpts.as_ref(),
+        args.resume.as_deref(),
+        &model,
+        &*opt.borrow(),
+    )?;
     println!(
         "{}: {} parameters, {} layers{}, hidden {}, {} heads over {} kv heads, vocab {}",
         config.family.model_type(),
@@ -549,6 +559,36 @@ fn main() -> anyhow::Result<()> {
     let mut accumulator = (k > 1)
         .then(|| GradAccumulator::new(&device, &params, k))
         .transpose()?;
+    if args.step_fn && k > 1 {
+        bail!("--step-fn runs one update per batch: it does not take --grad-accum {k}");
+    }
+    // --step-fn: [ids, labels, lr] or [ids, mask or position ids, labels, lr]
+    let packed = matches!(task, Task::Packed(_) | Task::Shard(_));
+    let want_norm = args.tensorboard.is_some() && !args.zero1;
+    let mut replay = args.step_fn.then(|| {
+        device.step_fn(|a: &[Tensor]| {
+            let (ids, middle, labels, lr) = match a {
+                [ids, labels, lr] => (ids, None, labels, lr),
+                [ids, middle, labels, lr] => (ids, Some(middle), labels, lr),
+                _ => unreachable!("the loop passes three or four arguments"),
+            };
+            let loss = device.autocast(autocast, || match (packed, middle) {
+                (true, Some(p)) => model.loss_packed(ids, p, labels),
+                (_, mask) => model.loss(ids, mask, labels),
+            })?;
+            let grads = grad(&loss, &params.iter().collect::<Vec<_>>())?;
+            let grads = match args.zero1 {
+                true => grads,
+                false => average_gradients(&grads)?,
+            };
+            let mut out = vec![loss.all_reduce(Reduction::Mean)?];
+            if want_norm {
+                out.push(grad_norm(&grads)?);
+            }
+            opt.borrow_mut().step(&params, &grads, lr)?;
+            Ok(out)
+        })
+    });
     let mut loss_sum: Option<Tensor> = None;
     let mut first_step_at = None;
     let mut last_loss = f64::NAN;
@@ -571,58 +611,70 @@ fn main() -> anyhow::Result<()> {
         // number of tokens in every row, so averaging the replicas' gradients gives the global
         // batch's (with ragged -100 labels, as with --buckets, it weights each micro-batch
         // and replica equally rather than each token)
-        let loss = device.autocast(autocast, || match positions {
-            Some(p) => model.loss_packed(ids, p, labels),
-            None => model.loss(ids, mask, labels),
-        })?;
-        let refs: Vec<&Tensor> = params.iter().collect();
-        let grads = grad(&loss, &refs)?;
-        let loss = loss.all_reduce(Reduction::Mean)?;
-        let loss = match loss_sum.take() {
-            Some(sum) => sum.add(&loss)?,
-            None => loss,
-        };
-        // A tensor still held at `mark_step` is one of the step's outputs: each set of
-        // gradients is dropped once used, or every step would write it out (a second copy of
-        // the parameters' size, which also counts against the in-flight byte budget).
-        let grads = match &mut accumulator {
-            Some(acc) => {
-                let summed = acc.accumulate(&grads)?;
-                drop(grads);
-                match summed {
-                    Some(mean) => mean,
-                    None => {
-                        // a micro-batch: its gradients are summed on the device
-                        loss_sum = Some(loss);
-                        device.mark_step()?;
-                        continue;
+        let (loss, norm) = if let Some(f) = &mut replay {
+            // the same step, replayed: the batch and the learning rate are its arguments
+            let mut a = vec![ids.clone()];
+            a.extend(mask.or(positions).cloned());
+            a.push(labels.clone());
+            a.push(device.scalar(schedule.lr(step), DType::F32)?);
+            let mut out = f.call(&a)?.into_iter();
+            let loss = out.next().context("the step function returned no loss")?;
+            (loss, out.next())
+        } else {
+            let loss = device.autocast(autocast, || match positions {
+                Some(p) => model.loss_packed(ids, p, labels),
+                None => model.loss(ids, mask, labels),
+            })?;
+            let refs: Vec<&Tensor> = params.iter().collect();
+            let grads = grad(&loss, &refs)?;
+            let loss = loss.all_reduce(Reduction::Mean)?;
+            let loss = match loss_sum.take() {
+                Some(sum) => sum.add(&loss)?,
+                None => loss,
+            };
+            // A tensor still held at `mark_step` is one of the step's outputs: each set of
+            // gradients is dropped once used, or every step would write it out (a second copy of
+            // the parameters' size, which also counts against the in-flight byte budget).
+            let grads = match &mut accumulator {
+                Some(acc) => {
+                    let summed = acc.accumulate(&grads)?;
+                    drop(grads);
+                    match summed {
+                        Some(mean) => mean,
+                        None => {
+                            // a micro-batch: its gradients are summed on the device
+                            loss_sum = Some(loss);
+                            device.mark_step()?;
+                            continue;
+                        }
                     }
                 }
-            }
-            None => grads,
-        };
-        // ZeRO-1 reduce-scatters each replica's own gradients inside its step
-        let grads = if args.zero1 {
-            grads
-        } else {
-            let averaged = average_gradients(&grads)?;
+                None => grads,
+            };
+            // ZeRO-1 reduce-scatters each replica's own gradients inside its step
+            let grads = if args.zero1 {
+                grads
+            } else {
+                let averaged = average_gradients(&grads)?;
+                drop(grads);
+                averaged
+            };
+            // in every process and in the trial run too, so all run one step graph; ZeRO-1's
+            // replicas hold their own gradients: no whole averaged one to take it of
+            let norm = (args.tensorboard.is_some() && !args.zero1)
+                .then(|| grad_norm(&grads))
+                .transpose()?;
+            let lr = device.scalar(schedule.lr(step), DType::F32)?;
+            opt.borrow_mut().step(&params, &grads, &lr)?;
             drop(grads);
-            averaged
+            let loss = if k > 1 {
+                loss.mul_scalar(1.0 / k as f64)?
+            } else {
+                loss
+            };
+            device.mark_step()?;
+            (loss, norm)
         };
-        // in every process and in the trial run too, so all run one step graph; ZeRO-1's
-        // replicas hold their own gradients: no whole averaged one to take it of
-        let norm = (args.tensorboard.is_some() && !args.zero1)
-            .then(|| grad_norm(&grads))
-            .transpose()?;
-        let lr = device.scalar(schedule.lr(step), DType::F32)?;
-        opt.step(&params, &grads, &lr)?;
-        drop(grads);
-        let loss = if k > 1 {
-            loss.mul_scalar(1.0 / k as f64)?
-        } else {
-            loss
-        };
-        device.mark_step()?;
         let log_due = (step + 1).is_multiple_of(args.log_every) || step + 1 == args.steps;
         let loss_value = if args.loss_log || log_due || first_step_at.is_none() {
             loss.item()?
@@ -680,10 +732,16 @@ fn main() -> anyhow::Result<()> {
         }
         let ckpt_due = args.ckpt_every > 0 && (step + 1).is_multiple_of(args.ckpt_every);
         if let (true, Some(c)) = (ckpt_due || step + 1 == args.steps, &mut ckpts) {
-            c.save(&model, &opt, step + 1)?;
+            c.save(&model, &*opt.borrow(), step + 1)?;
         }
         if let Some(c) = &mut ckpts {
             monitor.checkpoint(c);
+        }
+    }
+    if let Some(f) = &replay {
+        match f.why_traced() {
+            None if f.is_replaying() => println!("step function: replayed"),
+            why => println!("step function: traced ({})", why.unwrap_or("no plan yet")),
         }
     }
     monitor.finish();
