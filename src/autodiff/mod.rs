@@ -365,6 +365,12 @@ fn vjp(
         } => collective::reduce_scatter(op, r, *dim, replica_groups, x, y, g, location),
         // d scan: a scan the other way over the body's vector-Jacobian product
         Op::Scan { .. } => scan::vjp(op, x, g),
+        // a traced function (an optimizer's update) is applied outside what is differentiated
+        Op::Call { .. } => Err(Error::NotDifferentiable {
+            location,
+            op: op.name(),
+            reason: "a traced function's call has no gradient rule",
+        }),
     }
 }
 

@@ -52,6 +52,23 @@ impl DeviceInner {
         self.record_locked(&mut rec, op, operands, types, per_replica, site)
     }
 
+    /// [`DeviceInner::record_op`] for several ops over the same operands (the results of one
+    /// call), under one lock.
+    pub(crate) fn record_ops(
+        self: &Arc<Self>,
+        ops: impl Iterator<Item = Op>,
+        operands: Operands,
+        types: &[&Arc<TensorType>],
+        site: &'static Location<'static>,
+    ) -> Result<Vec<Arc<Cell>>> {
+        let mut rec = lock(&self.recorder);
+        ops.map(|op| {
+            let per_replica = self.result_per_replica(&op, &operands);
+            self.record_locked(&mut rec, op, operands.clone(), types, per_replica, site)
+        })
+        .collect()
+    }
+
     /// [`DeviceInner::record_op`] with the recorder held.
     fn record_locked(
         self: &Arc<Self>,

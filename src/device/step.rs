@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use neuron_pc_compiler::ir::{Graph, NodeId, Op};
+use neuron_pc_compiler::ir::{CallExpander, Graph, NodeId, Op};
 use neuron_pc_compiler::sharding::Sharding;
 
 use super::trace::{Cell, DeviceData, Interner, Node, Value};
@@ -216,6 +216,8 @@ impl Traced {
     /// Builds the compiler's graph for this walk (only needed when no executable is known).
     pub fn to_graph(&self, interner: &Interner) -> Result<Graph> {
         let mut g = Graph::new();
+        // calls written out: the passes and the compiler see the ops they stand for
+        let mut calls = CallExpander::default();
         let mut ids: Vec<NodeId> = Vec::with_capacity(self.entries.len());
         for e in &self.entries {
             let id = match e {
@@ -232,7 +234,7 @@ impl Traced {
                     }
                     let operands = &self.identity[*at as usize..(at + count) as usize];
                     let args: Vec<NodeId> = operands.iter().map(|&p| ids[p as usize]).collect();
-                    g.push(op.clone(), &args)?
+                    calls.push(&mut g, op, &args)?
                 }
             };
             ids.push(id);

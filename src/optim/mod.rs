@@ -46,9 +46,11 @@ use crate::error::Result;
 use crate::tensor::Tensor;
 
 mod accumulate;
+mod traced;
 mod zero1;
 
 pub use accumulate::GradAccumulator;
+use traced::Updates;
 use zero1::Zero1;
 
 /// Learning rate with linear warm-up then cosine decay to `min_lr` at `total_steps`.
@@ -367,6 +369,8 @@ pub struct AdamW {
     pub step: Tensor,
     /// With ZeRO-1 ([`AdamW::zero1`]) the moments are each replica's block of them.
     zero1: Option<Zero1>,
+    /// The update of one parameter and its moments, traced once per argument types.
+    updates: Updates,
 }
 
 impl AdamW {
@@ -441,6 +445,7 @@ impl AdamW {
             exp_avg_sq,
             step: device.scalar(0.0, DType::F32)?,
             zero1: None,
+            updates: Updates::default(),
         })
     }
 
@@ -479,14 +484,28 @@ impl AdamW {
                 (Some(z), Some(b)) => (b[i].clone(), z.local_block(i, &w)?),
                 _ => (g.clone(), w),
             };
-            let m = self.exp_avg[i]
-                .mul_scalar(self.beta1)?
-                .add(&g.mul_scalar(1.0 - self.beta1)?)?;
-            let v = self.exp_avg_sq[i]
-                .mul_scalar(self.beta2)?
-                .add(&g.mul(&g)?.mul_scalar(1.0 - self.beta2)?)?;
-            let denom = v.sqrt()?.mul(&bc2_rsqrt)?.add_scalar(self.eps)?;
-            let updated = w.mul(&decay)?.sub(&m.div(&denom)?.mul(&step_size)?)?;
+            // one call of the update traced once: three nodes, not one per op
+            let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
+            let args = [
+                &w,
+                &g,
+                &self.exp_avg[i],
+                &self.exp_avg_sq[i],
+                &step_size,
+                &bc2_rsqrt,
+                &decay,
+            ];
+            let mut out = self.updates.call(i, &[b1, b2, eps], &args, |a| {
+                let [w, g, m, v, step_size, bc2_rsqrt, decay] = a else {
+                    unreachable!("traced over seven arguments")
+                };
+                let m = m.mul_scalar(b1)?.add(&g.mul_scalar(1.0 - b1)?)?;
+                let v = v.mul_scalar(b2)?.add(&g.mul(g)?.mul_scalar(1.0 - b2)?)?;
+                let denom = v.sqrt()?.mul(bc2_rsqrt)?.add_scalar(eps)?;
+                let updated = w.mul(decay)?.sub(&m.div(&denom)?.mul(step_size)?)?;
+                Ok(vec![updated, m, v])
+            })?;
+            let (v, m, updated) = (out.remove(2), out.remove(1), out.remove(0));
             match &self.zero1 {
                 Some(_) => updates.push(updated),
                 None => p.assign(&updated)?,

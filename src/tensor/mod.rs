@@ -24,6 +24,7 @@
 //! ```
 #![doc = include_str!("op_index.md")]
 
+mod call;
 mod collective;
 mod conv;
 mod index_check;
@@ -36,6 +37,7 @@ mod shape_ops;
 mod sort;
 
 pub use crate::device::{StepFn, Tensor, DATA_AXIS, EXPERT_AXIS};
+pub(crate) use call::Traced;
 pub use collective::Reduction;
 pub(crate) use shape::shape_error;
 
@@ -177,6 +179,32 @@ impl Tensor {
             &many
         };
         Tensor::apply_values(dev, op, values, types, location)
+    }
+
+    /// Records each of `ops` over the same `operands` (the results of one call), under one lock
+    /// of the recorder.
+    pub(crate) fn apply_each(
+        ops: impl Iterator<Item = Op>,
+        operands: &[&Tensor],
+        location: &'static Location<'static>,
+    ) -> Result<Vec<Tensor>> {
+        let Some(first) = operands.first() else {
+            return Err(Error::Config("a call needs at least one operand".into()));
+        };
+        let dev = first.device_inner()?;
+        if operands
+            .iter()
+            .any(|t| !Weak::ptr_eq(&t.cell.device, &first.cell.device))
+        {
+            return Err(Error::DeviceMismatch {
+                location,
+                op: "call",
+            });
+        }
+        let values: Operands = operands.iter().map(|t| t.value()).collect();
+        let types: Vec<&Arc<TensorType>> = operands.iter().map(|t| &t.cell.ty).collect();
+        let cells = dev.record_ops(ops, values, &types, location)?;
+        Ok(cells.into_iter().map(|cell| Tensor { cell }).collect())
     }
 
     /// Records `op` over operand values of the given types (each a cell's type, so interned by

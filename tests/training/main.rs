@@ -20,6 +20,7 @@ mod lazy_device;
 mod lazy_persistent;
 mod made_before_loop;
 mod memory_metrics;
+mod optimizer_calls;
 mod processes;
 mod remat;
 mod remat_program;

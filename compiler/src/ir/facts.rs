@@ -37,7 +37,7 @@ impl Op {
             Op::ReplicaId | Op::ProcessCollective { .. } | Op::ProcessIndex => false,
             Op::ProcessBucket { .. } => false,
             // a whole loop is no constant to fold ahead of time
-            Op::Scan { .. } => false,
+            Op::Scan { .. } | Op::Call { .. } => false,
             // a layout the user asked for, kept where it was put
             Op::ShardingConstraint { .. } => false,
             Op::Unary(_)
@@ -114,7 +114,9 @@ impl Op {
             | Op::RandomBits { .. }
             | Op::StopGradient
             | Op::ShardingConstraint { .. }
-            | Op::Scan { .. } => ReplicaRule::Local,
+            | Op::Scan { .. }
+            // a body holds no replica-dependent op (`CallBody::new`)
+            | Op::Call { .. } => ReplicaRule::Local,
         }
     }
 
@@ -159,7 +161,8 @@ impl Op {
             | Op::ProcessCollective { .. }
             | Op::ProcessBucket { .. }
             | Op::ProcessIndex
-            | Op::Scan { .. } => false,
+            | Op::Scan { .. }
+            | Op::Call { .. } => false,
         }
     }
 
@@ -206,7 +209,8 @@ impl Op {
             | Op::ProcessCollective { .. }
             | Op::ProcessBucket { .. }
             | Op::ProcessIndex
-            | Op::Scan { .. } => false,
+            | Op::Scan { .. }
+            | Op::Call { .. } => false,
         }
     }
 
@@ -253,7 +257,8 @@ impl Op {
             | Op::ProcessCollective { .. }
             | Op::ProcessBucket { .. }
             | Op::ProcessIndex
-            | Op::Scan { .. } => None,
+            | Op::Scan { .. }
+            | Op::Call { .. } => None,
         }
     }
 }

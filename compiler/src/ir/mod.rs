@@ -15,10 +15,13 @@
 //!   the reason.
 //! - [`infer`]: shape and dtype inference, callable on its own (the lazy device calls it for
 //!   every traced op); errors name the op, the operand types and what was expected.
+//! - [`CallBody`]: a computation recorded once and applied by [`Op::Call`] (one node per
+//!   result); graphs are compiled with calls written out ([`expand_calls`]).
 //! - [`Graph`]: an append-only arena of [`Node`]s, parameters numbered in creation order, an
 //!   ordered output list. A graph's identity for caching is the key of its lowered program
 //!   (see [`crate::key`]), not anything computed here.
 
+mod call;
 mod facts;
 mod families;
 mod graph;
@@ -26,6 +29,7 @@ mod infer;
 mod op;
 mod types;
 
+pub use call::{expand_calls, CallBody, CallExpander};
 pub use facts::ReplicaRule;
 pub use families::{BinaryOp, CompareOp, DTypeClass, ReduceOp, UnaryOp};
 pub use infer::{infer, shape_error};

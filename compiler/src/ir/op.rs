@@ -6,6 +6,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::call::CallBody;
 use super::families::{BinaryOp, CompareOp, ReduceOp, UnaryOp};
 use super::types::{Literal, TensorType};
 use crate::dtype::DType;
@@ -300,6 +301,17 @@ pub enum Op {
         /// Which of the loop's results this node is.
         output: ScanOutput,
     },
+    /// Result `output` of `body` applied to the operands (see [`CallBody`]): a computation
+    /// recorded once and applied many times, so a trace records one node per result instead
+    /// of the body's ops. A graph is compiled with its calls expanded
+    /// ([`CallBody::expand`], [`crate::passes::expand_calls`]): the program is the one the
+    /// body's ops would have made.
+    Call {
+        /// The computation, its parameters the operands.
+        body: Arc<CallBody>,
+        /// Which of the body's outputs this node is.
+        output: usize,
+    },
 }
 
 /// What a [`Op::ProcessCollective`] computes from the processes' values (the same results as
@@ -376,6 +388,7 @@ impl Op {
             Op::ProcessBucket { .. } => "process_all_reduce_bucket",
             Op::ProcessIndex => "process_index",
             Op::Scan { .. } => "scan",
+            Op::Call { .. } => "call",
         }
     }
 }
@@ -524,6 +537,11 @@ impl fmt::Display for Op {
                 body.carries,
                 body.xs,
                 body.graph.len()
+            ),
+            Op::Call { body, output } => write!(
+                f,
+                "{n}{{body={} nodes, output={output}}}",
+                body.graph().len()
             ),
             Op::AllReduce { op, replica_groups } => {
                 write!(

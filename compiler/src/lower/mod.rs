@@ -72,6 +72,8 @@ fn lower(
     partitioning: Option<&Partitioning>,
 ) -> Result<String> {
     graph.validate()?;
+    let expanded = crate::ir::expand_calls(graph)?;
+    let graph = &expanded;
     if let Some(p) = partitioning {
         let (np, no) = (graph.parameters().len(), graph.outputs().len());
         if p.params.len() != np || p.outputs.len() != no || p.num_partitions == 0 {

@@ -341,6 +341,11 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
         }
         Op::RandomBits { dims } => return Ok(random::emit(e, &v, &args[0], dims)),
         Op::Scan { .. } => return super::scan::emit(e, graph, i, node),
+        Op::Call { .. } => {
+            return Err(Error::InvalidGraph {
+                message: format!("call at node {i} reached the op lowering, not expanded"),
+            })
+        }
         // only differentiation sees it: the value is the operand's
         Op::StopGradient => return Ok(args[0].clone()),
         // alone it orders nothing: the value is the operand's

@@ -66,7 +66,8 @@ pub fn run_pipeline(graph: &Graph, flags: &CompilerFlags) -> Result<Graph> {
 pub fn run_pipeline_report(graph: &Graph, flags: &CompilerFlags) -> Result<(Graph, Vec<PassRun>)> {
     let level = plan(flags.opt_level);
     let mut runs = Vec::new();
-    let mut g = graph.clone();
+    // the passes and the lowering see the ops a call stands for
+    let mut g = crate::ir::expand_calls(graph)?;
     for _ in 0..level.max_rounds {
         let before = g.clone();
         for &pass in level.passes {

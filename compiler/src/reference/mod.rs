@@ -223,6 +223,11 @@ fn eval_node(node: &Node, a: &[&Value]) -> Result<Data> {
             reverse,
             output,
         } => scan(body, *length, *reverse, *output, a)?,
+        Op::Call { body, output } => {
+            let values = node_values(body.graph(), a.iter().map(|&v| v.clone()).collect())?;
+            let k = body.graph().outputs()[*output];
+            values[k.0].data.clone()
+        }
         Op::AllReduce { replica_groups, .. }
         | Op::AllGather { replica_groups, .. }
         | Op::ReduceScatter { replica_groups, .. } => {

@@ -6,6 +6,7 @@ mod ops_common;
 mod passes_util;
 
 mod flags_parse;
+mod ops_call;
 mod ops_composite;
 mod ops_conv;
 mod ops_elementwise;

@@ -83,6 +83,7 @@ fn infer_type(op: &Op, operands: &[&TensorType]) -> Result<TensorType> {
             output,
             ..
         } => infer_scan(op, operands, body, *length, *output),
+        Op::Call { body, output } => body.result_type(op, operands, *output),
         Op::ReplicaId | Op::ProcessIndex => {
             arity(op, operands, 0)?;
             Ok(TensorType::new(DType::U32, Vec::new()))

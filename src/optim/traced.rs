@@ -1,0 +1,57 @@
+//! An optimizer's per-parameter update as a function traced once and called per parameter
+//! ([`Traced`]): each step records a few nodes a parameter (one per updated tensor) instead of
+//! one per op of the update, which is most of a small model's tracing. The compiled program
+//! is the one the ops would have made: the step graph writes the calls out.
+
+use std::collections::HashMap;
+
+use neuron_pc_compiler::ir::TensorType;
+
+use crate::error::Result;
+use crate::tensor::{Tensor, Traced};
+
+/// The update functions of one optimizer, by the settings baked into them (as bits) and the
+/// types of their arguments; the last one each parameter used, looked up without allocating.
+#[derive(Default)]
+pub(super) struct Updates {
+    by_key: HashMap<(Vec<u64>, Vec<TensorType>), Traced>,
+    last: Vec<Option<(Vec<u64>, Traced, Vec<TensorType>)>>,
+}
+
+impl Updates {
+    /// The update of parameter `i` over `args` with `settings`: the one it used last when the
+    /// settings and the argument types are the same, else one traced by `f` (or shared with a
+    /// parameter of the same types).
+    pub fn call(
+        &mut self,
+        i: usize,
+        settings: &[f64],
+        args: &[&Tensor],
+        f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
+    ) -> Result<Vec<Tensor>> {
+        let bits: Vec<u64> = settings.iter().map(|s| s.to_bits()).collect();
+        if self.last.len() <= i {
+            self.last.resize_with(i + 1, || None);
+        }
+        if let Some((b, traced, types)) = &self.last[i] {
+            let same_types =
+                types.len() == args.len() && types.iter().zip(args).all(|(t, a)| t == a.ty());
+            if *b == bits && same_types {
+                return traced.call(args);
+            }
+        }
+        let types: Vec<TensorType> = args.iter().map(|a| a.ty().clone()).collect();
+        let key = (bits.clone(), types.clone());
+        let traced = match self.by_key.get(&key) {
+            Some(t) => t.clone(),
+            None => {
+                let t = Traced::new(&args[0].device()?, &types, f)?;
+                self.by_key.insert(key, t.clone());
+                t
+            }
+        };
+        let out = traced.call(args);
+        self.last[i] = Some((bits, traced, types));
+        out
+    }
+}
