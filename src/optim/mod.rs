@@ -371,6 +371,8 @@ pub struct AdamW {
     zero1: Option<Zero1>,
     /// The update of one parameter and its moments, traced once per argument types.
     updates: Updates,
+    /// The step count's increment and the bias corrections, traced once.
+    corrections: Updates,
 }
 
 impl AdamW {
@@ -446,30 +448,34 @@ impl AdamW {
             step: device.scalar(0.0, DType::F32)?,
             zero1: None,
             updates: Updates::default(),
+            corrections: Updates::default(),
         })
     }
 
     /// Records one update of `params` with `grads` at learning rate `lr` (a device scalar).
     #[track_caller]
     pub fn step(&mut self, params: &[Tensor], grads: &[Tensor], lr: &Tensor) -> Result<()> {
-        let t = self.step.add_scalar(1.0)?;
-        // bias corrections 1 - beta^t, computed on the device from the step count
-        let bc1 = t
-            .constant_like(self.beta1)?
-            .pow(&t)?
-            .neg()?
-            .add_scalar(1.0)?;
-        let bc2 = t
-            .constant_like(self.beta2)?
-            .pow(&t)?
-            .neg()?
-            .add_scalar(1.0)?;
-        let step_size = lr.div(&bc1)?;
-        // sqrt(v) / sqrt(bc2) as PyTorch writes it, computed as sqrt(v) * rsqrt(bc2): one
-        // divide per element fewer (XLA makes the same rewrite of JAX's AdamW, not of a sqrt
-        // that several parameters share); the two differ by at most an ulp.
-        let bc2_rsqrt = bc2.rsqrt()?;
-        let decay = lr.mul_scalar(-self.weight_decay)?.add_scalar(1.0)?;
+        let (b1, b2, wd) = (self.beta1, self.beta2, self.weight_decay);
+        let args = [&self.step, lr];
+        let scalars = self.corrections.call(0, &[b1, b2, wd], &args, |a| {
+            let [step, lr] = a else {
+                unreachable!("traced over two arguments")
+            };
+            let t = step.add_scalar(1.0)?;
+            // bias corrections 1 - beta^t, computed on the device from the step count
+            let bc1 = t.constant_like(b1)?.pow(&t)?.neg()?.add_scalar(1.0)?;
+            let bc2 = t.constant_like(b2)?.pow(&t)?.neg()?.add_scalar(1.0)?;
+            let step_size = lr.div(&bc1)?;
+            // sqrt(v) / sqrt(bc2) as PyTorch writes it, computed as sqrt(v) * rsqrt(bc2): one
+            // divide per element fewer (XLA makes the same rewrite of JAX's AdamW, not of a
+            // sqrt that several parameters share); the two differ by at most an ulp.
+            let bc2_rsqrt = bc2.rsqrt()?;
+            let decay = lr.mul_scalar(-wd)?.add_scalar(1.0)?;
+            Ok(vec![t, step_size, bc2_rsqrt, decay])
+        })?;
+        let [t, step_size, bc2_rsqrt, decay] = &scalars[..] else {
+            unreachable!("the corrections' four results")
+        };
         let done = gradients_done(grads)?;
         // with ZeRO-1, this replica's block of each averaged gradient (one exchange a bucket)
         let blocks = match &self.zero1 {
@@ -485,15 +491,15 @@ impl AdamW {
                 _ => (g.clone(), w),
             };
             // one call of the update traced once: three nodes, not one per op
-            let (b1, b2, eps) = (self.beta1, self.beta2, self.eps);
+            let eps = self.eps;
             let args = [
                 &w,
                 &g,
                 &self.exp_avg[i],
                 &self.exp_avg_sq[i],
-                &step_size,
-                &bc2_rsqrt,
-                &decay,
+                step_size,
+                bc2_rsqrt,
+                decay,
             ];
             let mut out = self.updates.call(i, &[b1, b2, eps], &args, |a| {
                 let [w, g, m, v, step_size, bc2_rsqrt, decay] = a else {
@@ -518,7 +524,7 @@ impl AdamW {
                 p.assign(&whole)?;
             }
         }
-        self.step.assign(&t)
+        self.step.assign(t)
     }
 
     /// State tensors under PyTorch-like names (`<param>.exp_avg`, `<param>.exp_avg_sq`, each

@@ -4,6 +4,7 @@
 //! is the one the ops would have made: the step graph writes the calls out.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use neuron_pc_compiler::ir::TensorType;
 
@@ -15,7 +16,7 @@ use crate::tensor::{Tensor, Traced};
 #[derive(Default)]
 pub(super) struct Updates {
     by_key: HashMap<(Vec<u64>, Vec<TensorType>), Traced>,
-    last: Vec<Option<(Vec<u64>, Traced, Vec<TensorType>)>>,
+    last: Vec<Option<(Vec<u64>, Traced, Vec<Arc<TensorType>>)>>,
 }
 
 impl Updates {
@@ -34,8 +35,11 @@ impl Updates {
             self.last.resize_with(i + 1, || None);
         }
         if let Some((b, traced, types)) = &self.last[i] {
+            // a device's tensors share their types: compared by address first
+            let same =
+                |t: &Arc<TensorType>, a: &&Tensor| Arc::ptr_eq(t, &a.cell.ty) || **t == *a.ty();
             let same_types =
-                types.len() == args.len() && types.iter().zip(args).all(|(t, a)| t == a.ty());
+                types.len() == args.len() && types.iter().zip(args).all(|(t, a)| same(t, a));
             if *b == bits && same_types {
                 return traced.call(args);
             }
@@ -51,7 +55,8 @@ impl Updates {
             }
         };
         let out = traced.call(args);
-        self.last[i] = Some((bits, traced, types));
+        let held = args.iter().map(|a| a.cell.ty.clone()).collect();
+        self.last[i] = Some((bits, traced, held));
         out
     }
 }
