@@ -162,21 +162,22 @@ fn grad_of(
         let Some(g) = cot.remove(&key(v)) else {
             continue;
         };
-        let (op, ty) = dev.op_of(node.op_id);
+        let (op, ty, operand_types) = dev.op_view(node);
         blocks.finished(v, &g);
         let block = blocks.block_of(v);
         if let Some(b) = block {
             blocks.enter(b, &dev, &g, location)?;
         }
-        let read = |u: &Value, ty: Option<TensorType>| match block.and_then(|b| blocks.primal(b, u))
-        {
+        let read = |u: &Value, ty: &Arc<TensorType>| match block.and_then(|b| blocks.primal(b, u)) {
             Some(t) => t.clone(),
             None => Tensor {
-                cell: dev.detached_cell(u.clone(), ty.unwrap_or_else(|| value_type(&dev, u))),
+                cell: dev.detached_cell_of(u.clone(), ty.clone()),
             },
         };
-        let y = read(v, Some(ty));
-        let xs: Vec<Tensor> = node.operands.iter().map(|o| read(o, None)).collect();
+        let y = read(v, &ty);
+        let xs: Vec<Tensor> = (node.operands.iter().zip(&operand_types))
+            .map(|(o, t)| read(o, t))
+            .collect();
         let grads = vjp(&op, &xs, &y, &g, location)?;
         for (operand, gi) in node.operands.iter().zip(grads) {
             let k = key(operand);

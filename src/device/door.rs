@@ -19,8 +19,8 @@ use neuron_pc_compiler::ir::{BinaryOp, Op, TensorType};
 use neuron_pc_compiler::sharding::{Mesh, Sharding};
 use neuron_pc_compiler::DType;
 
-use super::trace::{Cell, Operands, Recorder, RematRegion, TypeAddrs, Value};
-use super::{lock, DeviceConfig, DeviceInner};
+use super::trace::{Cell, Node, Operands, Recorder, RematRegion, TypeAddrs, Value};
+use super::{lock, DeviceConfig, DeviceInner, Mutex};
 use crate::error::{Error, Result};
 use crate::store::ScopedStore;
 
@@ -140,6 +140,37 @@ impl DeviceInner {
         let rec = lock(&self.recorder);
         let (op, ty) = rec.interner.op_of(op_id);
         (op.clone(), ty.clone())
+    }
+
+    /// What differentiating `node` reads, under one lock: its op, its result type and its
+    /// operands' types (each the device's shared copy).
+    pub(crate) fn op_view(&self, node: &Node) -> (Op, Arc<TensorType>, Vec<Arc<TensorType>>) {
+        let mut rec = lock(&self.recorder);
+        let op = rec.interner.op_of(node.op_id).0.clone();
+        let ty = rec.interner.result_type(node.op_id).clone();
+        let operands = (node.operands.iter())
+            .map(|o| match o {
+                Value::Node(n) => rec.interner.result_type(n.op_id).clone(),
+                Value::Data(d) => rec.interner.ty_arc(d.ty()),
+            })
+            .collect();
+        (op, ty, operands)
+    }
+
+    /// [`DeviceInner::detached_cell`] of a type the device already shares (no lookup).
+    pub(crate) fn detached_cell_of(
+        self: &Arc<Self>,
+        value: Value,
+        ty: Arc<TensorType>,
+    ) -> Arc<Cell> {
+        Arc::new(Cell {
+            id: u64::MAX,
+            ty,
+            device: Arc::downgrade(self),
+            value: Mutex::new(value),
+            donor: Mutex::new(None),
+            name: Mutex::new(None),
+        })
     }
 
     /// Makes `sharding` known by its `mhlo.sharding` text, so that a step whose output a

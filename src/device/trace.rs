@@ -491,6 +491,11 @@ impl Interner {
         (op, ty)
     }
 
+    /// The shared copy of op `id`'s result type.
+    pub fn result_type(&self, id: u32) -> &Arc<TensorType> {
+        &self.op_list[id as usize].1
+    }
+
     pub fn type_of(&self, id: u32) -> &TensorType {
         &self.type_list[id as usize]
     }
