@@ -1,5 +1,5 @@
 //! An optimizer's per-parameter update as a function traced once and called per parameter
-//! ([`Traced`]): each step records a few nodes a parameter (one per updated tensor) instead of
+//! ([`TracedFn`]): each step records a few nodes a parameter (one per updated tensor) instead of
 //! one per op of the update, which is most of a small model's tracing. The compiled program
 //! is the one the ops would have made: the step graph writes the calls out.
 
@@ -9,14 +9,14 @@ use std::sync::Arc;
 use neuron_pc_compiler::ir::TensorType;
 
 use crate::error::Result;
-use crate::tensor::{Tensor, Traced};
+use crate::tensor::{Tensor, TracedFn};
 
 /// The update functions of one optimizer, by the settings baked into them (as bits) and the
 /// types of their arguments; the last one each parameter used, looked up without allocating.
 #[derive(Default)]
 pub(super) struct Updates {
-    by_key: HashMap<(Vec<u64>, Vec<TensorType>), Traced>,
-    last: Vec<Option<(Vec<u64>, Traced, Vec<Arc<TensorType>>)>>,
+    by_key: HashMap<(Vec<u64>, Vec<TensorType>), TracedFn>,
+    last: Vec<Option<(Vec<u64>, TracedFn, Vec<Arc<TensorType>>)>>,
 }
 
 impl Updates {
@@ -49,7 +49,7 @@ impl Updates {
         let traced = match self.by_key.get(&key) {
             Some(t) => t.clone(),
             None => {
-                let t = Traced::new(&args[0].device()?, &types, f)?;
+                let t = TracedFn::new(&args[0].device()?, &types, f)?;
                 self.by_key.insert(key, t.clone());
                 t
             }

@@ -17,11 +17,11 @@ use super::Tensor;
 
 /// A function of tensors of fixed types, traced once into a [`CallBody`].
 #[derive(Clone, Debug)]
-pub(crate) struct Traced {
+pub(crate) struct TracedFn {
     body: Arc<CallBody>,
 }
 
-impl Traced {
+impl TracedFn {
     /// Traces `f` over stand-ins of `types`. `f` may read only its arguments and constants:
     /// a tensor from outside would be a value of this trace, not of the later calls.
     #[track_caller]
@@ -29,7 +29,7 @@ impl Traced {
         device: &LazyDevice,
         types: &[TensorType],
         f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
-    ) -> Result<Traced> {
+    ) -> Result<TracedFn> {
         let location = Location::caller();
         let dev = &device.inner;
         let args: Vec<Tensor> = (types.iter().enumerate())
@@ -52,7 +52,7 @@ impl Traced {
         let op_error = |source| Error::Op { location, source };
         sub.graph.set_outputs(&ids).map_err(op_error)?;
         let body = CallBody::new(sub.graph).map_err(op_error)?;
-        Ok(Traced {
+        Ok(TracedFn {
             body: Arc::new(body),
         })
     }

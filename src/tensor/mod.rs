@@ -37,7 +37,7 @@ mod shape_ops;
 mod sort;
 
 pub use crate::device::{StepFn, Tensor, DATA_AXIS, EXPERT_AXIS};
-pub(crate) use call::Traced;
+pub(crate) use call::TracedFn;
 pub use collective::Reduction;
 pub(crate) use shape::shape_error;
 
