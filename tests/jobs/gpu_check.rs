@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 const LIMIT: u64 = 60 * 1024 * 1024;
-const ROWS: [&str; 14] = [
+const ROWS: [&str; 15] = [
     "targets",
     "doctor",
     "losses",
@@ -21,6 +21,7 @@ const ROWS: [&str; 14] = [
     "jax",
     "mock-nccl",
     "llama",
+    "llama-stepfn",
     "llama-jax",
     "llama-bf16",
 ];
@@ -148,6 +149,24 @@ fn on_the_cpu_target_every_row_passes_or_is_skipped_for_a_missing_framework() {
         }
     }
     assert_eq!(code, 0, "{text}");
+    // each llama row's timeline beside its log: the steps' executions on the device's track
+    for row in ["llama", "llama-stepfn", "llama-bf16"] {
+        let path = scratch()
+            .join("work-targetcpu")
+            .join(format!("{row}.trace.json"));
+        let trace = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        let json: serde_json::Value = serde_json::from_str(&trace).unwrap();
+        let executions = json
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["name"] == "execute")
+            .count();
+        assert!(
+            executions >= 30,
+            "{row}: {executions} executions in its timeline"
+        );
+    }
 }
 
 #[test]
