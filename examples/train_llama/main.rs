@@ -479,7 +479,7 @@ fn main() -> anyhow::Result<()> {
         ckpts.as_ref(),
         args.resume.as_deref(),
         &model,
-        &*opt.borrow(),
+        &opt.borrow(),
     )?;
     println!(
         "{}: {} parameters, {} layers{}, hidden {}, {} heads over {} kv heads, vocab {}",

@@ -11,12 +11,15 @@ use neuron_pc_compiler::ir::TensorType;
 use crate::error::Result;
 use crate::tensor::{Tensor, TracedFn};
 
+/// A parameter's last update: the settings' bits, the function and the argument types.
+type Last = (Vec<u64>, TracedFn, Vec<Arc<TensorType>>);
+
 /// The update functions of one optimizer, by the settings baked into them (as bits) and the
 /// types of their arguments; the last one each parameter used, looked up without allocating.
 #[derive(Default)]
 pub(super) struct Updates {
     by_key: HashMap<(Vec<u64>, Vec<TensorType>), TracedFn>,
-    last: Vec<Option<(Vec<u64>, TracedFn, Vec<Arc<TensorType>>)>>,
+    last: Vec<Option<Last>>,
 }
 
 impl Updates {

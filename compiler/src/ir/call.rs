@@ -112,13 +112,16 @@ impl Hash for CallBody {
     }
 }
 
+/// One application: a body (by its address) over operands.
+type Application = (usize, Vec<NodeId>);
+
 /// Writes calls out into a graph being built: each body over the same operands once, however
 /// many of its results are read (a call's results are separate nodes over one application).
 #[derive(Default)]
 pub struct CallExpander {
     /// By the body's address and the operands: the body (held, so the address stays its) and
     /// its outputs in the graph.
-    done: HashMap<(usize, Vec<NodeId>), (Arc<CallBody>, Vec<NodeId>)>,
+    done: HashMap<Application, (Arc<CallBody>, Vec<NodeId>)>,
 }
 
 impl CallExpander {

@@ -304,7 +304,7 @@ pub enum Op {
     /// Result `output` of `body` applied to the operands (see [`CallBody`]): a computation
     /// recorded once and applied many times, so a trace records one node per result instead
     /// of the body's ops. A graph is compiled with its calls expanded
-    /// ([`CallBody::expand`], [`crate::passes::expand_calls`]): the program is the one the
+    /// ([`super::CallExpander`], [`super::expand_calls`]): the program is the one the
     /// body's ops would have made.
     Call {
         /// The computation, its parameters the operands.
