@@ -12,18 +12,9 @@ use std::sync::Arc;
 
 use super::facts::ReplicaRule;
 use super::infer::shape_error;
-use super::op::{Graph, NodeId, Op};
+use super::op::{CallBody, Graph, NodeId, Op};
 use super::types::TensorType;
 use crate::error::{Error, Result};
-
-/// The graph an [`Op::Call`] applies: its parameters are the call's operands, its outputs the
-/// call's results. Compared by content; hashed by a fingerprint taken once, so a recorder
-/// looking a call up does not walk the body.
-#[derive(Clone, Debug)]
-pub struct CallBody {
-    graph: Graph,
-    fingerprint: u64,
-}
 
 impl CallBody {
     /// A body over `graph`, which needs at least one output and no op whose value differs

@@ -29,10 +29,10 @@ mod infer;
 mod op;
 mod types;
 
-pub use call::{expand_calls, CallBody, CallExpander};
+pub use call::{expand_calls, CallExpander};
 pub use facts::ReplicaRule;
 pub use families::{BinaryOp, CompareOp, DTypeClass, ReduceOp, UnaryOp};
 pub use infer::{infer, shape_error};
+pub use op::{CallBody, Op, ProcessCollective, Saved, ScanBody, ScanOutput};
 pub use op::{Graph, Node, NodeId};
-pub use op::{Op, ProcessCollective, Saved, ScanBody, ScanOutput};
 pub use types::{Literal, TensorType};

@@ -1,12 +1,12 @@
 //! The primitive ops (their fieldless families, `UnaryOp` and the rest, are in `families.rs`),
 //! and the types that hold them: a [`Node`], a [`Graph`] of nodes (its methods are in `graph.rs`),
-//! and a loop's [`ScanBody`]. They are one module because they are one recursive type: a
-//! loop is an op whose body is a graph of ops.
+//! a loop's [`ScanBody`] and a call's [`CallBody`] (its methods are in `call.rs`). They are one
+//! module because they are one recursive type: a loop or a call is an op whose body is a graph
+//! of ops.
 
 use std::fmt;
 use std::sync::Arc;
 
-use super::call::CallBody;
 use super::families::{BinaryOp, CompareOp, ReduceOp, UnaryOp};
 use super::types::{Literal, TensorType};
 use crate::dtype::DType;
@@ -641,6 +641,15 @@ pub struct ScanBody {
     /// What differentiation keeps of each iteration for the backward loop. The loop computes
     /// the same values whatever this says.
     pub saved: Saved,
+}
+
+/// The graph an [`Op::Call`] applies: its parameters are the call's operands, its outputs the
+/// call's results. Compared by content; hashed by a fingerprint taken once, so a recorder
+/// looking a call up does not walk the body.
+#[derive(Clone, Debug)]
+pub struct CallBody {
+    pub(super) graph: Graph,
+    pub(super) fingerprint: u64,
 }
 
 /// What the backward pass of a scan reads from the forward loop, per iteration; the rest it
