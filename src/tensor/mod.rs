@@ -137,16 +137,7 @@ impl Tensor {
         let first = operands
             .first()
             .expect("ops built from tensors have operands");
-        let dev = first.device_inner()?;
-        if operands
-            .iter()
-            .any(|t| !Weak::ptr_eq(&t.cell.device, &first.cell.device))
-        {
-            return Err(Error::DeviceMismatch {
-                location,
-                op: op.name(),
-            });
-        }
+        let dev = first.shared_device(operands, op.name(), location)?;
         if matches!(op, Op::DotGeneral { .. } | Op::Convolution { .. }) {
             if let Some(cast) = autocast_operands(&dev, operands, location)? {
                 let refs: Vec<&Tensor> = cast.iter().collect();
@@ -183,6 +174,23 @@ impl Tensor {
 
     /// Records each of `ops` over the same `operands` (the results of one call), under one lock
     /// of the recorder.
+    /// This tensor's device, which every one of `operands` must be on (`op` names the op in
+    /// the error).
+    fn shared_device(
+        &self,
+        operands: &[&Tensor],
+        op: &'static str,
+        location: &'static Location<'static>,
+    ) -> Result<Arc<DeviceInner>> {
+        if operands
+            .iter()
+            .any(|t| !Weak::ptr_eq(&t.cell.device, &self.cell.device))
+        {
+            return Err(Error::DeviceMismatch { location, op });
+        }
+        self.device_inner()
+    }
+
     pub(crate) fn apply_each(
         ops: impl Iterator<Item = Op>,
         operands: &[&Tensor],
@@ -191,16 +199,7 @@ impl Tensor {
         let Some(first) = operands.first() else {
             return Err(Error::Config("a call needs at least one operand".into()));
         };
-        let dev = first.device_inner()?;
-        if operands
-            .iter()
-            .any(|t| !Weak::ptr_eq(&t.cell.device, &first.cell.device))
-        {
-            return Err(Error::DeviceMismatch {
-                location,
-                op: "call",
-            });
-        }
+        let dev = first.shared_device(operands, "call", location)?;
         let values: Operands = operands.iter().map(|t| t.value()).collect();
         let types: Vec<&Arc<TensorType>> = operands.iter().map(|t| &t.cell.ty).collect();
         let cells = dev.record_ops(ops, values, &types, location)?;
