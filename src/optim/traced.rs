@@ -26,6 +26,7 @@ impl Updates {
     /// The update of parameter `i` over `args` with `settings`: the one it used last when the
     /// settings and the argument types are the same, else one traced by `f` (or shared with a
     /// parameter of the same types).
+    #[track_caller]
     pub fn call(
         &mut self,
         i: usize,
