@@ -602,6 +602,8 @@ pub struct Sgd {
     /// Per parameter; with ZeRO-1 ([`Sgd::zero1`]) each replica's block of it.
     pub momentum_buffer: Vec<Tensor>,
     zero1: Option<Zero1>,
+    /// The update of one parameter (and its buffer), traced once per argument types.
+    updates: Updates,
 }
 
 impl Sgd {
@@ -657,6 +659,7 @@ impl Sgd {
             weight_decay,
             momentum_buffer,
             zero1,
+            updates: Updates::default(),
         })
     }
 
@@ -675,19 +678,34 @@ impl Sgd {
                 (Some(z), Some(b)) => (b[i].clone(), z.local_block(i, &w)?),
                 _ => (g.clone(), w),
             };
-            let g = if self.weight_decay != 0.0 {
-                g.add(&w.mul_scalar(self.weight_decay)?)?
-            } else {
-                g
-            };
-            let d = if self.momentum != 0.0 {
-                let b = self.momentum_buffer[i].mul_scalar(self.momentum)?.add(&g)?;
-                self.momentum_buffer[i].assign(&b)?;
-                b
-            } else {
-                g
-            };
-            let updated = w.sub(&d.mul(lr)?)?;
+            // one call of the update traced once: one node per updated tensor
+            let (momentum, decay) = (self.momentum, self.weight_decay);
+            let mut args = vec![&w, &g, lr];
+            if momentum != 0.0 {
+                args.push(&self.momentum_buffer[i]);
+            }
+            let mut out = self.updates.call(i, &[momentum, decay], &args, |a| {
+                let (w, g, lr) = (&a[0], &a[1], &a[2]);
+                let g = match decay != 0.0 {
+                    true => g.add(&w.mul_scalar(decay)?)?,
+                    false => g.clone(),
+                };
+                let mut out = Vec::new();
+                let d = match a.get(3) {
+                    Some(buffer) => {
+                        let b = buffer.mul_scalar(momentum)?.add(&g)?;
+                        out.push(b.clone());
+                        b
+                    }
+                    None => g,
+                };
+                out.insert(0, w.sub(&d.mul(lr)?)?);
+                Ok(out)
+            })?;
+            if momentum != 0.0 {
+                self.momentum_buffer[i].assign(&out.remove(1))?;
+            }
+            let updated = out.remove(0);
             match &self.zero1 {
                 Some(_) => updates.push(updated),
                 None => p.assign(&updated)?,

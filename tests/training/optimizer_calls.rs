@@ -1,6 +1,7 @@
 //! AdamW's per-parameter update recorded as calls of a function traced once
 //! (`src/optim/traced.rs`): the same numbers as the update written op by op, bit for bit, with
 //! a few recorded nodes per parameter instead of one per op; a changed setting traces anew.
+//! SGD (momentum and weight decay) likewise.
 
 use neuron_pc::optim::AdamW;
 use neuron_pc::{DType, DeviceConfig, LazyDevice, Result, Tensor};
@@ -129,4 +130,39 @@ fn adamws_calls_compute_the_ops_numbers_bit_for_bit_with_fewer_recorded_nodes() 
         with_calls + 2 * 14 <= op_by_op,
         "{with_calls} recorded ops with calls, {op_by_op} op by op"
     );
+}
+
+#[test]
+fn sgds_calls_compute_the_ops_numbers_bit_for_bit() {
+    let dev = device();
+    let (params, grads) = setup(&dev);
+    let (mine, mine_grads) = setup(&dev);
+    let mut opt = neuron_pc::optim::Sgd::new(&dev, &params, 0.9, 0.01).unwrap();
+    let mut buffers: Vec<Tensor> = (mine.iter())
+        .map(|p| dev.zeros(p.dims(), DType::F32).unwrap())
+        .collect();
+    dev.mark_step().unwrap();
+    let lr = dev.scalar(0.05, DType::F32).unwrap();
+    for step in 0..3 {
+        opt.step(&params, &grads(step), &lr).unwrap();
+        dev.mark_step().unwrap();
+        // torch.optim.SGD: g + wd * p, then the momentum buffer, then p - lr * buffer
+        for ((p, g), b) in mine.iter().zip(mine_grads(step)).zip(&mut buffers) {
+            let g = g.add(&p.mul_scalar(0.01).unwrap()).unwrap();
+            let next = b.mul_scalar(0.9).unwrap().add(&g).unwrap();
+            b.assign(&next).unwrap();
+            p.assign(&p.sub(&next.mul(&lr).unwrap()).unwrap()).unwrap();
+        }
+        dev.mark_step().unwrap();
+        assert_eq!(
+            values(&params),
+            values(&mine),
+            "parameters after step {step}"
+        );
+        assert_eq!(
+            values(&opt.momentum_buffer),
+            values(&buffers),
+            "buffers after {step}"
+        );
+    }
 }
