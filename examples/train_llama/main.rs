@@ -34,6 +34,8 @@
 //! and after the last.
 //! `--scan-layers` stacks the decoder layers and runs them as one loop: the step graph, and its
 //! compile, stop growing with `--layers`; checkpoints and `--save` directories are unchanged.
+//! `--step-fn` runs each step as a step function (`LazyDevice::step_fn`): traced on its first
+//! calls, then replayed without tracing (the GPU kit's `llama-stepfn` row).
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
