@@ -309,14 +309,7 @@ impl DeviceInner {
     /// A cell over an existing value that is not registered as pending: it never becomes a
     /// step output by itself (intermediate values during differentiation).
     pub(crate) fn detached_cell(self: &Arc<Self>, value: Value, ty: TensorType) -> Arc<Cell> {
-        Arc::new(Cell {
-            id: u64::MAX,
-            ty: self.interned(ty),
-            device: Arc::downgrade(self),
-            value: Mutex::new(value),
-            donor: Mutex::new(None),
-            name: Mutex::new(None),
-        })
+        self.detached_cell_of(value, self.interned(ty))
     }
 
     /// Records `op` (of result type `ty`) over `operands` as a new pending cell.

@@ -34,20 +34,22 @@ impl Updates {
         args: &[&Tensor],
         f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
     ) -> Result<Vec<Tensor>> {
-        let bits: Vec<u64> = settings.iter().map(|s| s.to_bits()).collect();
         if self.last.len() <= i {
             self.last.resize_with(i + 1, || None);
         }
         if let Some((b, traced, types)) = &self.last[i] {
+            let same_settings =
+                b.len() == settings.len() && b.iter().zip(settings).all(|(b, s)| *b == s.to_bits());
             // a device's tensors share their types: compared by address first
             let same =
                 |t: &Arc<TensorType>, a: &&Tensor| Arc::ptr_eq(t, &a.cell.ty) || **t == *a.ty();
             let same_types =
                 types.len() == args.len() && types.iter().zip(args).all(|(t, a)| same(t, a));
-            if *b == bits && same_types {
+            if same_settings && same_types {
                 return traced.call(args);
             }
         }
+        let bits: Vec<u64> = settings.iter().map(|s| s.to_bits()).collect();
         let types: Vec<TensorType> = args.iter().map(|a| a.ty().clone()).collect();
         let key = (bits.clone(), types.clone());
         let traced = match self.by_key.get(&key) {

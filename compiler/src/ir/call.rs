@@ -6,6 +6,7 @@
 //! ([`CallExpander`]), so the program, and the numbers it computes, are those of the body's
 //! ops written out.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -172,14 +173,14 @@ fn no_output(body: &CallBody, output: usize) -> Error {
 }
 
 /// `graph` with every call written out: the same outputs from the same parameters, computed
-/// by the bodies' ops. A graph without calls comes back as it is.
-pub fn expand_calls(graph: &Graph) -> Result<Graph> {
+/// by the bodies' ops. A graph without calls comes back borrowed, as it is.
+pub fn expand_calls(graph: &Graph) -> Result<Cow<'_, Graph>> {
     if !graph
         .nodes()
         .iter()
         .any(|n| matches!(n.op, Op::Call { .. }))
     {
-        return Ok(graph.clone());
+        return Ok(Cow::Borrowed(graph));
     }
     let mut g = Graph::with_capacity(graph.len());
     let mut calls = CallExpander::default();
@@ -195,5 +196,5 @@ pub fn expand_calls(graph: &Graph) -> Result<Graph> {
     }
     let outs: Vec<NodeId> = graph.outputs().iter().map(|o| ids[o.0]).collect();
     g.set_outputs(&outs)?;
-    Ok(g)
+    Ok(Cow::Owned(g))
 }

@@ -73,7 +73,7 @@ fn lower(
 ) -> Result<String> {
     graph.validate()?;
     let expanded = crate::ir::expand_calls(graph)?;
-    let graph = &expanded;
+    let graph: &Graph = &expanded;
     if let Some(p) = partitioning {
         let (np, no) = (graph.parameters().len(), graph.outputs().len());
         if p.params.len() != np || p.outputs.len() != no || p.num_partitions == 0 {

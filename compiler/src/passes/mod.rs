@@ -67,7 +67,7 @@ pub fn run_pipeline_report(graph: &Graph, flags: &CompilerFlags) -> Result<(Grap
     let level = plan(flags.opt_level);
     let mut runs = Vec::new();
     // the passes and the lowering see the ops a call stands for
-    let mut g = crate::ir::expand_calls(graph)?;
+    let mut g = crate::ir::expand_calls(graph)?.into_owned();
     for _ in 0..level.max_rounds {
         let before = g.clone();
         for &pass in level.passes {
