@@ -61,9 +61,10 @@ use neuron_pc::{grad, DType, DeviceConfig, LazyDevice, Tensor};
 mod ckpt;
 mod model;
 mod monitor;
+mod replay;
 mod task;
 
-use task::{rows, Task};
+use task::{batch_split, rows, Task};
 
 /// Train a small Llama.
 #[derive(Parser, Debug)]
@@ -219,26 +220,6 @@ struct Args {
     /// then replayed without tracing (one update per batch: not with --grad-accum > 1).
     #[arg(long)]
     step_fn: bool,
-}
-
-/// What the batch's rows are split over, of `replicas` in the whole run: the replicas, or a
-/// mesh's data and expert axes (in each process, the processes its replicas).
-fn batch_split(mesh: bool, (fsdp, ep): (usize, usize), replicas: usize) -> (usize, String) {
-    // the expert axis is data parallel outside the experts: the batch is split over it too
-    let axes = match ep {
-        1 => format!("--fsdp {fsdp}"),
-        _ => format!("--fsdp {fsdp} x --ep {ep}"),
-    };
-    if mesh && replicas > 1 {
-        (
-            fsdp * ep * replicas,
-            format!("{axes} x {replicas} processes"),
-        )
-    } else if mesh {
-        (fsdp * ep, axes)
-    } else {
-        (replicas, format!("{replicas} replica(s)"))
-    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -564,33 +545,14 @@ fn main() -> anyhow::Result<()> {
     if args.step_fn && k > 1 {
         bail!("--step-fn runs one update per batch: it does not take --grad-accum {k}");
     }
-    // --step-fn: [ids, labels, lr] or [ids, mask or position ids, labels, lr]
-    let packed = matches!(task, Task::Packed(_) | Task::Shard(_));
-    let want_norm = args.tensorboard.is_some() && !args.zero1;
-    let mut replay = args.step_fn.then(|| {
-        device.step_fn(|a: &[Tensor]| {
-            let (ids, middle, labels, lr) = match a {
-                [ids, labels, lr] => (ids, None, labels, lr),
-                [ids, middle, labels, lr] => (ids, Some(middle), labels, lr),
-                _ => unreachable!("the loop passes three or four arguments"),
-            };
-            let loss = device.autocast(autocast, || match (packed, middle) {
-                (true, Some(p)) => model.loss_packed(ids, p, labels),
-                (_, mask) => model.loss(ids, mask, labels),
-            })?;
-            let grads = grad(&loss, &params.iter().collect::<Vec<_>>())?;
-            let grads = match args.zero1 {
-                true => grads,
-                false => average_gradients(&grads)?,
-            };
-            let mut out = vec![loss.all_reduce(Reduction::Mean)?];
-            if want_norm {
-                out.push(grad_norm(&grads)?);
-            }
-            opt.borrow_mut().step(&params, &grads, lr)?;
-            Ok(out)
-        })
-    });
+    let settings = replay::Settings {
+        packed: matches!(task, Task::Packed(_) | Task::Shard(_)),
+        autocast,
+        zero1: args.zero1,
+        norm: args.tensorboard.is_some() && !args.zero1,
+    };
+    let mut replay =
+        (args.step_fn).then(|| replay::step_fn(&device, &model, &params, &opt, settings));
     let mut loss_sum: Option<Tensor> = None;
     let mut first_step_at = None;
     let mut last_loss = f64::NAN;

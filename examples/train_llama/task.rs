@@ -143,3 +143,23 @@ pub fn rows(t: &HostTensor, start: usize, n: usize) -> HostTensor {
     )
     .expect("a slice of rows has the row size")
 }
+
+/// What the batch's rows are split over, of `replicas` in the whole run: the replicas, or a
+/// mesh's data and expert axes (in each process, the processes its replicas).
+pub fn batch_split(mesh: bool, (fsdp, ep): (usize, usize), replicas: usize) -> (usize, String) {
+    // the expert axis is data parallel outside the experts: the batch is split over it too
+    let axes = match ep {
+        1 => format!("--fsdp {fsdp}"),
+        _ => format!("--fsdp {fsdp} x --ep {ep}"),
+    };
+    if mesh && replicas > 1 {
+        (
+            fsdp * ep * replicas,
+            format!("{axes} x {replicas} processes"),
+        )
+    } else if mesh {
+        (fsdp * ep, axes)
+    } else {
+        (replicas, format!("{replicas} replica(s)"))
+    }
+}
