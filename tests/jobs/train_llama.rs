@@ -101,6 +101,41 @@ fn scanned_layers_precompile_and_train_as_the_unrolled_model() {
     }
 }
 
+/// `--step-fn`: the step traced on its first calls, then replayed without tracing, trains as
+/// the traced loop does (the same losses, bit for bit); it takes no `--grad-accum`.
+#[test]
+fn a_step_function_trains_as_the_traced_loop() {
+    let cache = tmp("step-fn");
+    let mut args = SMALL.to_vec();
+    args.extend([
+        "--layers",
+        "2",
+        "--peak-matmul",
+        "0",
+        "--steps",
+        "8",
+        "--loss-log",
+    ]);
+    let traced = run(&cache, &args);
+    let mut replayed_args = args.clone();
+    replayed_args.push("--step-fn");
+    let replayed = run(&cache, &replayed_args);
+    assert!(
+        replayed.stdout.contains("step function: replayed"),
+        "{}",
+        replayed.stdout
+    );
+    assert_eq!(replayed.losses.len(), 8);
+    assert_eq!(replayed.losses, traced.losses);
+    replayed_args.extend(["--grad-accum", "2"]);
+    fails_with(
+        &cache,
+        &replayed_args,
+        "--step-fn runs one update per batch",
+    );
+    std::fs::remove_dir_all(&cache).unwrap();
+}
+
 /// `NEURON_CC_FLAGS=--auto-cast` does not enter loop bodies: with scanned layers the run says
 /// so, once; unrolled it has nothing to say.
 #[test]
