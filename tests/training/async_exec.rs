@@ -42,18 +42,29 @@ fn small() -> TextEncoderConfig {
     }
 }
 
+/// A model whose step's program takes longer to run than its recording, so that a host that
+/// does not wait runs ahead of the device on any machine: with `small()` the two were close,
+/// and which was faster depended on the machine's load.
+fn wide() -> TextEncoderConfig {
+    TextEncoderConfig {
+        embed: 64,
+        mlp: vec![512],
+        ..small()
+    }
+}
+
 /// Trains `steps` traced steps (parameters and moments donated, updated in place) reading
 /// nothing until the end; returns every loss and the final parameters, as raw f32 bits, and
 /// the most steps that were in flight at once.
 fn train(in_flight: usize, steps: u64) -> (Vec<u32>, Vec<u32>, u64) {
     let dev = device(in_flight);
-    let model = TextEncoder::new(&dev, small(), 3).unwrap();
+    let model = TextEncoder::new(&dev, wide(), 3).unwrap();
     let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
     let mut opt = AdamW::new(&dev, &params, 0.01).unwrap();
-    let task = SyntheticTask::new(small(), 5);
+    let task = SyntheticTask::new(wide(), 5);
     let mut losses = Vec::new();
     for step in 0..steps {
-        let b = task.batch(0, step, 8);
+        let b = task.batch(0, step, 64);
         let t: Vec<Tensor> = b.iter().map(|h| dev.tensor(h).unwrap()).collect();
         let lr = dev.scalar(1e-2, DType::F32).unwrap();
         let loss = model.loss(&t[0], &t[1], &t[2]).unwrap();
