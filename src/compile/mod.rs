@@ -406,7 +406,11 @@ impl CachingCompiler {
     /// as `(parameter, output)` donation pairs) and keys it. The signature comes from the IR.
     pub fn lower(&self, graph: &Graph, aliases: &[(usize, usize)]) -> Result<Program> {
         let optimized = self.optimize(graph)?;
-        let text = neuron_pc_compiler::lower::to_stablehlo_with_aliases(&optimized, aliases)?;
+        let options = neuron_pc_compiler::lower::LowerOptions {
+            uninitialized_stacks: self.client.runs_own_handlers(),
+        };
+        let text =
+            neuron_pc_compiler::lower::to_stablehlo_with_options(&optimized, aliases, options)?;
         Ok(Program {
             key: self.key_of(&text),
             signature: Some(signature_of(&optimized)),

@@ -19,6 +19,7 @@
 
 mod ops;
 pub use ops::{process_reduce_code, process_target, PROCESS_INDEX_TARGET};
+pub use scan::UNINITIALIZED_TARGET;
 mod random;
 mod scan;
 pub(crate) mod text;
@@ -40,7 +41,30 @@ pub fn to_stablehlo(graph: &Graph) -> Result<String> {
 /// (an optimizer step then holds one copy of the parameters, not two). Each parameter and each
 /// output appears at most once, and the two must have the same type.
 pub fn to_stablehlo_with_aliases(graph: &Graph, aliases: &[(usize, usize)]) -> Result<String> {
-    lower(graph, aliases, None)
+    lower(graph, aliases, None, LowerOptions::default())
+}
+
+/// What the runtime that will run a program offers its lowering. The default asks for nothing
+/// beyond StableHLO, so the text runs on any target.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LowerOptions {
+    /// Start each buffer a loop stacks its per-iteration values into (`ScanOutput::Stacked`)
+    /// as the runtime allocated it, by a custom call to [`UNINITIALIZED_TARGET`], instead of
+    /// filled with zeros: the loop writes every row before anything reads one, and on cpu the
+    /// zero fill (and XLA's copy of a fill shared by several loop states) cost a scanned
+    /// 32-layer Llama about a tenth of its step. Only for a runtime that registered the
+    /// handler ([`crate::pjrt::Client::runs_own_handlers`]); a partitioned program keeps the
+    /// zeros (the SPMD partitioner would see a custom call it cannot split).
+    pub uninitialized_stacks: bool,
+}
+
+/// Like [`to_stablehlo_with_aliases`], with what the runtime offers ([`LowerOptions`]).
+pub fn to_stablehlo_with_options(
+    graph: &Graph,
+    aliases: &[(usize, usize)],
+    options: LowerOptions,
+) -> Result<String> {
+    lower(graph, aliases, None, options)
 }
 
 /// How a program is partitioned by XLA's SPMD partitioner: the partition count and the
@@ -63,13 +87,14 @@ pub fn to_stablehlo_partitioned(
     aliases: &[(usize, usize)],
     partitioning: &Partitioning,
 ) -> Result<String> {
-    lower(graph, aliases, Some(partitioning))
+    lower(graph, aliases, Some(partitioning), LowerOptions::default())
 }
 
 fn lower(
     graph: &Graph,
     aliases: &[(usize, usize)],
     partitioning: Option<&Partitioning>,
+    options: LowerOptions,
 ) -> Result<String> {
     graph.validate()?;
     let expanded = crate::ir::expand_calls(graph)?;
@@ -113,6 +138,7 @@ fn lower(
         graph.len(),
         partitioning.is_some_and(|p| p.num_partitions > 1),
     );
+    e.uninitialized_stacks = options.uninitialized_stacks && partitioning.is_none();
     let params = graph.parameter_types();
     let outputs = graph.output_types();
     match partitioning {
@@ -194,6 +220,8 @@ pub(crate) struct Emitter {
     /// and the CPU backend's collectives accept nothing else (so there a float max/min
     /// reduction may drop a NaN, as the plugin's fast min/max does).
     pub(crate) partitioned: bool,
+    /// [`LowerOptions::uninitialized_stacks`].
+    pub(crate) uninitialized_stacks: bool,
 }
 
 impl Emitter {
@@ -205,6 +233,7 @@ impl Emitter {
             scans: Vec::new(),
             buckets: Vec::new(),
             partitioned,
+            uninitialized_stacks: false,
         }
     }
 

@@ -16,6 +16,11 @@ use super::text::{dense, tensor, tensor_of};
 use super::Emitter;
 use crate::dtype::DType;
 
+/// The custom call whose result is a buffer as the runtime allocated it, never written by the
+/// call ([`super::LowerOptions::uninitialized_stacks`]; the handler is
+/// `crate::pjrt::ffi`'s, registered by every cpu client whose plugin has the FFI extension).
+pub const UNINITIALIZED_TARGET: &str = "neuron_pc_uninitialized";
+
 /// A loop already in the text: what identifies it and where its results are.
 pub(crate) struct Emitted {
     body: Arc<ScanBody>,
@@ -138,12 +143,21 @@ fn emit_loop(
         tys.push(tensor(graph.node_type(o)));
     }
     for (b, t) in stacked_tys.iter().enumerate() {
-        let zero = Literal::splat(t.dtype, 0.0, &t.dims);
-        e.line(&format!(
-            "{v}_z{b} = stablehlo.constant {} : {}",
-            dense(&zero),
-            tensor(t)
-        ));
+        if e.uninitialized_stacks {
+            // the attributes only keep XLA from merging two calls into one buffer
+            e.line(&format!(
+                "{v}_z{b} = stablehlo.custom_call @{UNINITIALIZED_TARGET}() {{api_version = 4 : \
+                 i32, backend_config = {{loop = {i} : i64, stack = {b} : i64}}}} : () -> {}",
+                tensor(t)
+            ));
+        } else {
+            let zero = Literal::splat(t.dtype, 0.0, &t.dims);
+            e.line(&format!(
+                "{v}_z{b} = stablehlo.constant {} : {}",
+                dense(&zero),
+                tensor(t)
+            ));
+        }
         init.push(format!("{v}_z{b}"));
         tys.push(tensor(t));
     }
@@ -229,6 +243,7 @@ fn emit_loop(
     let ni = body.invariants();
     params.extend((0..ni).map(|k| format!("{v}_a{}", 1 + nc + m + nx + k)));
     let mut inner = Emitter::new(format!("{}s{i}_", e.prefix), g.len(), e.partitioned);
+    inner.uninitialized_stacks = e.uninitialized_stacks;
     inner.emit_nodes(g, &params)?;
     e.out.push_str(&inner.out);
     let mut next = vec![format!("{v}_i1")];

@@ -63,6 +63,8 @@ pub(crate) struct ClientInner {
     pub(crate) devices: Vec<*mut sys::PJRT_Device>,
     platform_name: String,
     platform_version: String,
+    /// Whether neuron-pc's own custom-call handlers are registered for this client's platform.
+    own_handlers: bool,
     /// The key-value callbacks' store: the client may call them as long as it lives, so this
     /// is dropped after it (fields drop after `Drop::drop` destroyed the client).
     _kv: Option<Box<KvHandle>>,
@@ -185,6 +187,7 @@ impl Client {
             devices: Vec::new(),
             platform_name: String::new(),
             platform_version: String::new(),
+            own_handlers: false,
             _kv: kv,
         };
         let mut pn = sys::PJRT_Client_PlatformName_Args {
@@ -215,6 +218,15 @@ impl Client {
             };
             inner.devices = devs.to_vec();
         }
+        if inner.platform_name == "cpu" {
+            inner.own_handlers = plugin.register_own_handlers().unwrap_or_else(|e| {
+                tracing::warn!(
+                    "neuron-pc's own custom calls are unavailable on this plugin ({e}); \
+                     scanned loops start their stacks from zeros"
+                );
+                false
+            });
+        }
         Ok(Client {
             inner: Arc::new(inner),
         })
@@ -223,6 +235,12 @@ impl Client {
     /// The plugin's platform name (`cpu`, `cuda`, `neuron`).
     pub fn platform_name(&self) -> &str {
         &self.inner.platform_name
+    }
+
+    /// Whether this client runs neuron-pc's own custom calls that need no setup (on cpu, with
+    /// a plugin that has the FFI extension): what [`crate::lower::LowerOptions`] may use.
+    pub fn runs_own_handlers(&self) -> bool {
+        self.inner.own_handlers
     }
 
     /// The plugin's platform version string.

@@ -13,6 +13,7 @@ use std::ffi::{c_char, c_void};
 use super::sys;
 use super::Plugin;
 use crate::error::{Error, Result};
+use crate::lower::UNINITIALIZED_TARGET;
 
 /// `XLA_FFI_Extension_Base`.
 #[repr(C)]
@@ -247,6 +248,35 @@ impl Plugin {
         // with XLA's typed-FFI signature; the plugin copies the names.
         let err = unsafe { register(&mut args) };
         self.check("PJRT_FFI_Register_Handler", err)
+    }
+}
+
+/// The handler of [`UNINITIALIZED_TARGET`]: answers the probe and writes nothing, so its
+/// result is the buffer XLA allocated for it, as it was.
+unsafe extern "C" fn uninitialized(frame: *mut CallFrame) -> *mut FfiError {
+    // SAFETY: XLA's call frame.
+    let _ = unsafe { answer_probe(frame) };
+    std::ptr::null_mut()
+}
+
+impl Plugin {
+    /// Registers neuron-pc's own handlers that every cpu client has ([`UNINITIALIZED_TARGET`]),
+    /// once per plugin library and process. False where the plugin has no FFI extension.
+    pub fn register_own_handlers(&self) -> Result<bool> {
+        use std::collections::HashSet;
+        use std::path::PathBuf;
+        use std::sync::Mutex;
+        static DONE: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
+        if !self.has_ffi() {
+            return Ok(false);
+        }
+        let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
+        let done = done.get_or_insert_with(HashSet::new);
+        if !done.contains(self.path()) {
+            self.register_ffi_handler(UNINITIALIZED_TARGET, "Host", uninitialized)?;
+            done.insert(self.path().to_path_buf());
+        }
+        Ok(true)
     }
 }
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use neuron_pc_compiler::ir::{
     BinaryOp, Graph, NodeId, Op, Saved, ScanBody, ScanOutput, TensorType, UnaryOp,
 };
+use neuron_pc_compiler::pjrt::CompileOptions;
 use neuron_pc_compiler::{lower, reference, DType, HostTensor};
 use ops_common::{check_graph, random_tensor, ty, Domain, Rng};
 
@@ -62,6 +63,25 @@ fn scan(body: &Arc<ScanBody>, length: usize, reverse: bool, output: ScanOutput) 
         reverse,
         output,
     }
+}
+
+/// A loop body of one carry of `[2]` and one scanned slice of `x_dims`, its next carry what
+/// `f` pushes (given the graph, the carry and the slice).
+fn one_carry_body(
+    x_dims: &[usize],
+    f: impl FnOnce(&mut Graph, NodeId, NodeId) -> NodeId,
+) -> Arc<ScanBody> {
+    let mut g = Graph::new();
+    let c = g.parameter(ty(DType::F32, &[2]));
+    let x = g.parameter(ty(DType::F32, x_dims));
+    let next = f(&mut g, c, x);
+    g.set_outputs(&[next]).unwrap();
+    Arc::new(ScanBody {
+        graph: g,
+        carries: 1,
+        xs: 1,
+        saved: Saved::Everything,
+    })
 }
 
 /// A program reading the final carries and the stacked `tanh` of a 3-iteration scan.
@@ -157,30 +177,14 @@ fn one_while_loop_gives_every_result_on_the_cpu_plugin() {
 fn a_scan_inside_a_scan_lowers_and_runs() {
     // inner: a carry of [2] added to each of 4 rows; outer: runs the inner loop on each of 3
     // [4, 2] slices, carrying the result
-    let mut inner = Graph::new();
-    let c = inner.parameter(ty(DType::F32, &[2]));
-    let x = inner.parameter(ty(DType::F32, &[2]));
-    let y = inner.push(Op::Binary(BinaryOp::Add), &[c, x]).unwrap();
-    inner.set_outputs(&[y]).unwrap();
-    let inner = Arc::new(ScanBody {
-        graph: inner,
-        carries: 1,
-        xs: 1,
-        saved: Saved::Everything,
+    let inner = one_carry_body(&[2], |g, c, x| {
+        g.push(Op::Binary(BinaryOp::Add), &[c, x]).unwrap()
     });
-    let mut outer = Graph::new();
-    let c = outer.parameter(ty(DType::F32, &[2]));
-    let x = outer.parameter(ty(DType::F32, &[4, 2]));
-    let y = outer
-        .push(scan(&inner, 4, false, ScanOutput::Carry(0)), &[c, x])
-        .unwrap();
-    let y = outer.push(Op::Unary(UnaryOp::Sin), &[y]).unwrap();
-    outer.set_outputs(&[y]).unwrap();
-    let outer = Arc::new(ScanBody {
-        graph: outer,
-        carries: 1,
-        xs: 1,
-        saved: Saved::Everything,
+    let outer = one_carry_body(&[4, 2], |g, c, x| {
+        let y = g
+            .push(scan(&inner, 4, false, ScanOutput::Carry(0)), &[c, x])
+            .unwrap();
+        g.push(Op::Unary(UnaryOp::Sin), &[y]).unwrap()
     });
     let mut g = Graph::new();
     let c = g.parameter(ty(DType::F32, &[2]));
@@ -300,4 +304,68 @@ fn the_body_is_part_of_the_program_text_the_cache_key_hashes() {
     );
     assert_ne!(ta, tb);
     assert!(ta.contains("stablehlo.tanh") && tb.contains("stablehlo.sine"));
+}
+
+/// Compiles `text` on the test's cpu client and runs it on `inputs`.
+fn run_text(text: &str, inputs: &[HostTensor]) -> Vec<HostTensor> {
+    let exe = ops_common::client()
+        .compile(text, &CompileOptions::default())
+        .unwrap_or_else(|e| panic!("compile failed: {e}\n{text}"));
+    exe.execute_host(inputs).expect("execute")
+}
+
+#[test]
+fn stacks_start_unwritten_on_cpu_and_give_the_same_bits_as_zeros() {
+    let client = ops_common::client();
+    assert!(
+        client.runs_own_handlers(),
+        "the pinned cpu plugin has the FFI extension: its client registers neuron-pc's handlers"
+    );
+    let options = lower::LowerOptions {
+        uninitialized_stacks: true,
+    };
+    let call = format!("@{}()", lower::UNINITIALIZED_TARGET);
+    // a loop inside a loop, each stacking: the inner loop's buffer is asked for once per
+    // iteration of the outer one, inside its body
+    let mut y = NodeId(0);
+    let inner = one_carry_body(&[2], |g, c, x| {
+        y = g.push(Op::Binary(BinaryOp::Add), &[c, x]).unwrap();
+        g.push(Op::Unary(UnaryOp::Sin), &[y]).unwrap()
+    });
+    let mut rows = NodeId(0);
+    let outer = one_carry_body(&[4, 2], |g, c, x| {
+        let last = g
+            .push(scan(&inner, 4, false, ScanOutput::Carry(0)), &[c, x])
+            .unwrap();
+        let stacked = g
+            .push(scan(&inner, 4, false, ScanOutput::Stacked(y)), &[c, x])
+            .unwrap();
+        rows = g.push(Op::Unary(UnaryOp::Tanh), &[stacked]).unwrap();
+        last
+    });
+    for reverse in [false, true] {
+        let (flat, _) = program(reverse);
+        let mut nested = Graph::new();
+        let c = nested.parameter(ty(DType::F32, &[2]));
+        let xs = nested.parameter(ty(DType::F32, &[3, 4, 2]));
+        let op = |o| scan(&outer, 3, reverse, o);
+        let last = nested.push(op(ScanOutput::Carry(0)), &[c, xs]).unwrap();
+        let all = nested
+            .push(op(ScanOutput::Stacked(rows)), &[c, xs])
+            .unwrap();
+        nested.set_outputs(&[last, all]).unwrap();
+        for (what, g, buffers) in [("flat", &flat, 1), ("nested", &nested, 2)] {
+            let zeros = lower::to_stablehlo(g).unwrap();
+            let text = lower::to_stablehlo_with_options(g, &[], options).unwrap();
+            assert!(!zeros.contains(&call), "{zeros}");
+            assert_eq!(text.matches(&call).count(), buffers, "{what}: {text}");
+            let x = inputs(g, 21);
+            let (got, want) = (run_text(&text, &x), run_text(&zeros, &x));
+            let oracle = reference::evaluate(g, &x).unwrap();
+            for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(a.bytes(), b.bytes(), "{what} reverse={reverse}: output {k}");
+                ops_common::assert_close(&format!("{what} {k}"), a, &oracle[k], 1.0);
+            }
+        }
+    }
 }
