@@ -280,17 +280,29 @@ pub(super) fn vjp(op: &Op, x: &[Tensor], g: &Tensor) -> Result<Vec<Option<Tensor
 
     // What the backward body reads from the forward: the values kept per `saved` (and the
     // iteration's carries and slices, always kept), everything else recomputed.
-    let keep = |n: usize| -> bool {
-        let node = &fg.nodes()[n];
-        match body.saved {
-            Saved::Everything => varies[n] && !cheap(&node.op),
+    let mut kept: Vec<bool> = Vec::with_capacity(fg.len());
+    for (n, node) in fg.nodes().iter().enumerate() {
+        let k = match body.saved {
+            Saved::Everything => {
+                // A one-operand function of a value the backward body has anyway (a kept value,
+                // the iteration's carries and slices): one evaluation per element costs less
+                // than a stacked copy written and read back (SwiGLU's sigmoid of the gate).
+                let from_kept = matches!(node.op, Op::Unary(_))
+                    && node
+                        .operands
+                        .iter()
+                        .all(|o| kept[o.0] || matches!(fg.nodes()[o.0].op, Op::Parameter { .. }));
+                varies[n] && !cheap(&node.op) && !from_kept
+            }
             Saved::Inputs => false,
             Saved::Dots => {
                 varies[n]
                     && matches!(&node.op, Op::DotGeneral { lhs_batch, .. } if lhs_batch.is_empty())
             }
-        }
-    };
+        };
+        kept.push(k);
+    }
+    let keep = |n: usize| kept[n];
     let by_key: HashMap<usize, usize> = replay
         .iter()
         .enumerate()

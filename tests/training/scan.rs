@@ -27,9 +27,13 @@ fn random(dev: &LazyDevice, dims: &[usize], seed: u64) -> Tensor {
         .unwrap()
 }
 
-/// One layer: `h' = tanh(h . w + b) * scale + h`, and the per-layer output `sum(h')`.
+/// One layer: `h' = tanh(p + b) * sigmoid(p) * scale + h` with `p = h . w`, and the per-layer
+/// output `sum(h')`. The backward loop reads `p` back and computes `sigmoid(p)` again rather
+/// than reading a stacked copy (a function of one kept value), as SwiGLU's gate.
 fn layer(h: &Tensor, w: &Tensor, b: &Tensor, scale: &Tensor) -> (Tensor, Tensor) {
-    let y = h.matmul(w).unwrap().add(b).unwrap().tanh().unwrap();
+    let p = h.matmul(w).unwrap();
+    let y = p.add(b).unwrap().tanh().unwrap();
+    let y = y.mul(&p.sigmoid().unwrap()).unwrap();
     let next = y.mul(scale).unwrap().add(h).unwrap();
     let s = next.sum_all().unwrap();
     (next, s)

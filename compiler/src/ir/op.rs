@@ -657,7 +657,8 @@ pub struct CallBody {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Saved {
     /// Every intermediate value the gradient rules read, but for cheap ones (elementwise
-    /// arithmetic, layout changes) that the backward loop recomputes from their operands.
+    /// arithmetic, layout changes) and one-operand functions of a value kept anyway (a
+    /// sigmoid of a kept product) that the backward loop recomputes from their operands.
     #[default]
     Everything,
     /// Only each iteration's carries and slices (a layer's input): the body runs again in the
