@@ -15,9 +15,7 @@
 //! start the processes here. On cuda and Neuron the runtime's collectives cross processes
 //! themselves and none of this is used.
 
-use std::collections::HashSet;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use neuron_pc_compiler::ir::ProcessCollective;
@@ -96,17 +94,8 @@ fn current() -> &'static RwLock<Option<Arc<Groups>>> {
     &CURRENT
 }
 
-/// The platform name XLA's cpu client registers custom-call handlers under.
-const HOST_PLATFORM: &str = "Host";
-
 /// Registers the cross-process handlers with `plugin` (once per plugin and process).
 pub fn register(plugin: &Plugin) -> Result<()> {
-    static DONE: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
-    let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
-    let done = done.get_or_insert_with(HashSet::new);
-    if done.contains(plugin.path()) {
-        return Ok(());
-    }
     let handlers: [(&str, ffi::Handler); 4] = [
         (PROCESS_INDEX_TARGET, process_index),
         (
@@ -126,9 +115,8 @@ pub fn register(plugin: &Plugin) -> Result<()> {
         ),
     ];
     for (name, handler) in handlers {
-        plugin.register_ffi_handler(name, HOST_PLATFORM, handler)?;
+        plugin.register_host_handler_once(name, handler)?;
     }
-    done.insert(plugin.path().to_path_buf());
     Ok(())
 }
 

@@ -302,7 +302,6 @@ pub(super) fn vjp(op: &Op, x: &[Tensor], g: &Tensor) -> Result<Vec<Option<Tensor
         };
         kept.push(k);
     }
-    let keep = |n: usize| kept[n];
     let by_key: HashMap<usize, usize> = replay
         .iter()
         .enumerate()
@@ -313,7 +312,7 @@ pub(super) fn vjp(op: &Op, x: &[Tensor], g: &Tensor) -> Result<Vec<Option<Tensor
         stop.insert(key(&t.value()));
     }
     for (n, t) in replay.iter().enumerate() {
-        if matches!(fg.nodes()[n].op, Op::Parameter { .. }) || keep(n) {
+        if matches!(fg.nodes()[n].op, Op::Parameter { .. }) || kept[n] {
             stop.insert(key(&t.value()));
         }
     }

@@ -8,12 +8,18 @@
 //! it concurrently. The C structures below follow `xla/ffi/api/c_api.h` (FFI API 0.x) and
 //! `xla/pjrt/c/pjrt_c_api_ffi_extension.h`; only the fields read or written here are typed.
 
+use std::collections::HashSet;
 use std::ffi::{c_char, c_void};
+use std::path::PathBuf;
+use std::sync::Mutex;
 
 use super::sys;
 use super::Plugin;
 use crate::error::{Error, Result};
 use crate::lower::UNINITIALIZED_TARGET;
+
+/// The platform name XLA's cpu client registers custom-call handlers under.
+pub const HOST_PLATFORM: &str = "Host";
 
 /// `XLA_FFI_Extension_Base`.
 #[repr(C)]
@@ -249,6 +255,31 @@ impl Plugin {
         let err = unsafe { register(&mut args) };
         self.check("PJRT_FFI_Register_Handler", err)
     }
+
+    /// [`Plugin::register_ffi_handler`] for the cpu client's platform ([`HOST_PLATFORM`]),
+    /// unless this process already registered `name` with this plugin library (XLA refuses a
+    /// second registration, and every client of the library shares the first).
+    pub fn register_host_handler_once(&self, name: &str, handler: Handler) -> Result<()> {
+        static DONE: Mutex<Option<HashSet<(PathBuf, String)>>> = Mutex::new(None);
+        let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
+        let done = done.get_or_insert_with(HashSet::new);
+        let key = (self.path().to_path_buf(), name.to_string());
+        if !done.contains(&key) {
+            self.register_ffi_handler(name, HOST_PLATFORM, handler)?;
+            done.insert(key);
+        }
+        Ok(())
+    }
+
+    /// Registers the handlers every cpu client has ([`UNINITIALIZED_TARGET`]). False where the
+    /// plugin has no FFI extension.
+    pub(crate) fn register_own_handlers(&self) -> Result<bool> {
+        if !self.has_ffi() {
+            return Ok(false);
+        }
+        self.register_host_handler_once(UNINITIALIZED_TARGET, uninitialized)?;
+        Ok(true)
+    }
 }
 
 /// The handler of [`UNINITIALIZED_TARGET`]: answers the probe and writes nothing, so its
@@ -257,27 +288,6 @@ unsafe extern "C" fn uninitialized(frame: *mut CallFrame) -> *mut FfiError {
     // SAFETY: XLA's call frame.
     let _ = unsafe { answer_probe(frame) };
     std::ptr::null_mut()
-}
-
-impl Plugin {
-    /// Registers neuron-pc's own handlers that every cpu client has ([`UNINITIALIZED_TARGET`]),
-    /// once per plugin library and process. False where the plugin has no FFI extension.
-    pub fn register_own_handlers(&self) -> Result<bool> {
-        use std::collections::HashSet;
-        use std::path::PathBuf;
-        use std::sync::Mutex;
-        static DONE: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
-        if !self.has_ffi() {
-            return Ok(false);
-        }
-        let mut done = DONE.lock().unwrap_or_else(|p| p.into_inner());
-        let done = done.get_or_insert_with(HashSet::new);
-        if !done.contains(self.path()) {
-            self.register_ffi_handler(UNINITIALIZED_TARGET, "Host", uninitialized)?;
-            done.insert(self.path().to_path_buf());
-        }
-        Ok(true)
-    }
 }
 
 /// If this call is XLA's metadata probe, answers it (the FFI version, no traits) and returns
