@@ -407,7 +407,7 @@ impl CachingCompiler {
     pub fn lower(&self, graph: &Graph, aliases: &[(usize, usize)]) -> Result<Program> {
         let optimized = self.optimize(graph)?;
         let options = neuron_pc_compiler::lower::LowerOptions {
-            uninitialized_stacks: self.client.runs_own_handlers(),
+            own_handlers: self.client.runs_own_handlers(),
         };
         let text =
             neuron_pc_compiler::lower::to_stablehlo_with_options(&optimized, aliases, options)?;

@@ -19,7 +19,7 @@
 
 mod ops;
 pub use ops::{process_reduce_code, process_target, PROCESS_INDEX_TARGET};
-pub use scan::UNINITIALIZED_TARGET;
+pub use scan::{READ_ROWS_TARGET, UNINITIALIZED_TARGET, WRITE_ROWS_TARGET};
 mod random;
 mod scan;
 pub(crate) mod text;
@@ -48,14 +48,19 @@ pub fn to_stablehlo_with_aliases(graph: &Graph, aliases: &[(usize, usize)]) -> R
 /// beyond StableHLO, so the text runs on any target.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct LowerOptions {
-    /// Start each buffer a loop stacks its per-iteration values into (`ScanOutput::Stacked`)
-    /// as the runtime allocated it, by a custom call to [`UNINITIALIZED_TARGET`], instead of
+    /// The runtime registered neuron-pc's own custom-call handlers
+    /// ([`crate::pjrt::Client::runs_own_handlers`]: a cpu client whose plugin has the FFI
+    /// extension), so a loop's stacked results (`ScanOutput::Stacked`) use them. Each buffer
+    /// starts as the runtime allocated it, by a call to [`UNINITIALIZED_TARGET`], instead of
     /// filled with zeros: the loop writes every row before anything reads one, and on cpu the
     /// zero fill (and XLA's copy of a fill shared by several loop states) cost a scanned
-    /// 32-layer Llama about a tenth of its step. Only for a runtime that registered the
-    /// handler ([`crate::pjrt::Client::runs_own_handlers`]); a partitioned program keeps the
-    /// zeros (the SPMD partitioner would see a custom call it cannot split).
-    pub uninitialized_stacks: bool,
+    /// 32-layer Llama about a tenth of its step. Each iteration reads its rows of the scanned
+    /// operands by a call to [`READ_ROWS_TARGET`] and writes its row of each stack by one to
+    /// [`WRITE_ROWS_TARGET`] (in place): one copy of the rows' bytes each, instead of a
+    /// `dynamic_slice` or `dynamic_update_slice`, which XLA's cpu backend copies element by
+    /// element. A partitioned program keeps the plain ops (the SPMD partitioner would see
+    /// custom calls it cannot split).
+    pub own_handlers: bool,
 }
 
 /// Like [`to_stablehlo_with_aliases`], with what the runtime offers ([`LowerOptions`]).
@@ -138,7 +143,7 @@ fn lower(
         graph.len(),
         partitioning.is_some_and(|p| p.num_partitions > 1),
     );
-    e.uninitialized_stacks = options.uninitialized_stacks && partitioning.is_none();
+    e.own_handlers = options.own_handlers && partitioning.is_none();
     let params = graph.parameter_types();
     let outputs = graph.output_types();
     match partitioning {
@@ -220,8 +225,8 @@ pub(crate) struct Emitter {
     /// and the CPU backend's collectives accept nothing else (so there a float max/min
     /// reduction may drop a NaN, as the plugin's fast min/max does).
     pub(crate) partitioned: bool,
-    /// [`LowerOptions::uninitialized_stacks`].
-    pub(crate) uninitialized_stacks: bool,
+    /// [`LowerOptions::own_handlers`].
+    pub(crate) own_handlers: bool,
 }
 
 impl Emitter {
@@ -233,7 +238,7 @@ impl Emitter {
             scans: Vec::new(),
             buckets: Vec::new(),
             partitioned,
-            uninitialized_stacks: false,
+            own_handlers: false,
         }
     }
 

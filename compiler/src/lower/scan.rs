@@ -17,9 +17,18 @@ use super::Emitter;
 use crate::dtype::DType;
 
 /// The custom call whose result is a buffer as the runtime allocated it, never written by the
-/// call ([`super::LowerOptions::uninitialized_stacks`]; the handler is
+/// call ([`super::LowerOptions::own_handlers`]; the handler is
 /// `crate::pjrt::ffi`'s, registered by every cpu client whose plugin has the FFI extension).
 pub const UNINITIALIZED_TARGET: &str = "neuron_pc_uninitialized";
+
+/// The custom call that writes whole rows into a stacked buffer in place: `(stack, update,
+/// row)`, its result aliased to the stack; one copy of the update's bytes, where XLA's cpu
+/// backend writes a `dynamic_update_slice` element by element on one thread.
+pub const WRITE_ROWS_TARGET: &str = "neuron_pc_write_rows";
+
+/// The custom call that reads whole rows of a scanned operand: `(stack, row)`; one copy of
+/// the rows' bytes, where XLA's cpu backend copies a `dynamic_slice` element by element.
+pub const READ_ROWS_TARGET: &str = "neuron_pc_read_rows";
 
 /// A loop already in the text: what identifies it and where its results are.
 pub(crate) struct Emitted {
@@ -143,7 +152,7 @@ fn emit_loop(
         tys.push(tensor(graph.node_type(o)));
     }
     for (b, t) in stacked_tys.iter().enumerate() {
-        if e.uninitialized_stacks {
+        if e.own_handlers {
             // the attributes only keep XLA from merging two calls into one buffer
             e.line(&format!(
                 "{v}_z{b} = stablehlo.custom_call @{UNINITIALIZED_TARGET}() {{api_version = 4 : \
@@ -226,14 +235,22 @@ fn emit_loop(
         let mut row_dims = vec![1];
         row_dims.extend_from_slice(&slice.dims);
         let row = tensor_of(slice.dtype, &row_dims);
-        e.line(&format!(
-            "{v}_x{j}r = \"stablehlo.dynamic_slice\"({arg}, {}) {{slice_sizes = {}}} : ({}, {}) \
-             -> {row}",
-            at(whole.rank()),
-            super::text::i64_array(&sizes),
-            tensor(whole),
-            index_tys(whole.rank())
-        ));
+        if e.own_handlers {
+            e.line(&format!(
+                "{v}_x{j}r = stablehlo.custom_call @{READ_ROWS_TARGET}({arg}, {idx}) \
+                 {{api_version = 4 : i32}} : ({}, {counter}) -> {row}",
+                tensor(whole)
+            ));
+        } else {
+            e.line(&format!(
+                "{v}_x{j}r = \"stablehlo.dynamic_slice\"({arg}, {}) {{slice_sizes = {}}} : ({}, \
+                 {}) -> {row}",
+                at(whole.rank()),
+                super::text::i64_array(&sizes),
+                tensor(whole),
+                index_tys(whole.rank())
+            ));
+        }
         e.line(&format!(
             "{v}_x{j} = \"stablehlo.reshape\"({v}_x{j}r) : ({row}) -> {}",
             tensor(slice)
@@ -243,7 +260,7 @@ fn emit_loop(
     let ni = body.invariants();
     params.extend((0..ni).map(|k| format!("{v}_a{}", 1 + nc + m + nx + k)));
     let mut inner = Emitter::new(format!("{}s{i}_", e.prefix), g.len(), e.partitioned);
-    inner.uninitialized_stacks = e.uninitialized_stacks;
+    inner.own_handlers = e.own_handlers;
     inner.emit_nodes(g, &params)?;
     e.out.push_str(&inner.out);
     let mut next = vec![format!("{v}_i1")];
@@ -264,15 +281,29 @@ fn emit_loop(
             inner.names[n.0],
             tensor(value)
         ));
-        e.line(&format!(
-            "{v}_u{b} = \"stablehlo.dynamic_update_slice\"({v}_a{}, {v}_u{b}r, {}) : ({}, {row}, \
-             {}) -> {}",
-            1 + nc + b,
-            at(t.rank()),
-            tensor(t),
-            index_tys(t.rank()),
-            tensor(t)
-        ));
+        if e.own_handlers {
+            // the result is the stack's own buffer: XLA copies the stack first only where
+            // something else still reads it (nothing does in this loop)
+            e.line(&format!(
+                "{v}_u{b} = stablehlo.custom_call @{WRITE_ROWS_TARGET}({v}_a{}, {v}_u{b}r, {idx}) \
+                 {{api_version = 4 : i32, output_operand_aliases = \
+                 [#stablehlo.output_operand_alias<output_tuple_indices = [], operand_index = 0, \
+                 operand_tuple_indices = []>]}} : ({}, {row}, {counter}) -> {}",
+                1 + nc + b,
+                tensor(t),
+                tensor(t)
+            ));
+        } else {
+            e.line(&format!(
+                "{v}_u{b} = \"stablehlo.dynamic_update_slice\"({v}_a{}, {v}_u{b}r, {}) : ({}, \
+                 {row}, {}) -> {}",
+                1 + nc + b,
+                at(t.rank()),
+                tensor(t),
+                index_tys(t.rank()),
+                tensor(t)
+            ));
+        }
         next.push(format!("{v}_u{b}"));
     }
     next.extend((1 + nc + m..tys.len()).map(|k| format!("{v}_a{k}")));

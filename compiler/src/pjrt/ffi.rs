@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use super::sys;
 use super::Plugin;
 use crate::error::{Error, Result};
-use crate::lower::UNINITIALIZED_TARGET;
+use crate::lower::{READ_ROWS_TARGET, UNINITIALIZED_TARGET, WRITE_ROWS_TARGET};
 
 /// The platform name XLA's cpu client registers custom-call handlers under.
 pub const HOST_PLATFORM: &str = "Host";
@@ -278,6 +278,8 @@ impl Plugin {
             return Ok(false);
         }
         self.register_host_handler_once(UNINITIALIZED_TARGET, uninitialized)?;
+        self.register_host_handler_once(WRITE_ROWS_TARGET, write_rows)?;
+        self.register_host_handler_once(READ_ROWS_TARGET, read_rows)?;
         Ok(true)
     }
 }
@@ -287,6 +289,115 @@ impl Plugin {
 unsafe extern "C" fn uninitialized(frame: *mut CallFrame) -> *mut FfiError {
     // SAFETY: XLA's call frame.
     let _ = unsafe { answer_probe(frame) };
+    std::ptr::null_mut()
+}
+
+/// Bytes of one element of XLA FFI's element type `dtype`, for the types a stack holds.
+fn element_bytes(dtype: i32) -> Option<usize> {
+    match dtype {
+        dtype::PRED | dtype::S8 | dtype::U8 => Some(1),
+        dtype::S16 | dtype::U16 | dtype::F16 | dtype::BF16 => Some(2),
+        dtype::S32 | dtype::U32 | dtype::F32 => Some(4),
+        dtype::S64 | dtype::U64 | dtype::F64 => Some(8),
+        _ => None,
+    }
+}
+
+/// The handler of [`WRITE_ROWS_TARGET`]: `(stack, update, row)` to the stack with the update's
+/// rows written from `row` on (clamped as `dynamic_update_slice` clamps), the result aliased
+/// to the stack by the call's `output_operand_aliases`, so one `memcpy` of the update's bytes.
+/// Where XLA gave the result a buffer of its own anyway, the stack is copied into it first.
+unsafe extern "C" fn write_rows(frame: *mut CallFrame) -> *mut FfiError {
+    // SAFETY: XLA's call frame.
+    if unsafe { answer_probe(frame) } {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: a call frame of an execution, not the probe.
+    let (args, rets) = unsafe { (args(frame), rets(frame)) };
+    let fail = |m: &str| {
+        // SAFETY: the frame is live.
+        unsafe { error(frame, &format!("{WRITE_ROWS_TARGET}: {m}")) }
+    };
+    let ([stack, update, row], [out]) = (&args[..], &rets[..]) else {
+        return fail("expects (stack, update, row) and one result");
+    };
+    let taken = update.dims.first().map_or(0, |&d| d.max(0) as usize);
+    let fits = whole_rows(update, stack) && out.dtype == stack.dtype && out.dims == stack.dims;
+    let Some((row_bytes, start)) = rows_of(stack, row, taken).filter(|_| fits) else {
+        return fail("the update is not whole rows of the stack");
+    };
+    let rows = stack.dims[0] as usize;
+    // SAFETY: the buffers have the sizes their dimensions say; `out` and `stack` are the same
+    // buffer or do not overlap, and the update is another value's buffer.
+    unsafe {
+        if out.data != stack.data {
+            std::ptr::copy_nonoverlapping(stack.data, out.data, rows * row_bytes);
+        }
+        std::ptr::copy_nonoverlapping(
+            update.data,
+            out.data.add(start * row_bytes),
+            taken * row_bytes,
+        );
+    }
+    std::ptr::null_mut()
+}
+
+/// Checks `stack` and a row index `row` for a call that moves `taken` whole rows of it:
+/// the bytes of one row and the first row moved (clamped as `dynamic_slice` and
+/// `dynamic_update_slice` clamp their start).
+fn rows_of(stack: &BufferRef, row: &BufferRef, taken: usize) -> Option<(usize, usize)> {
+    let width = element_bytes(stack.dtype)?;
+    let rows = usize::try_from(*stack.dims.first()?).ok()?;
+    if taken > rows || row.dtype != dtype::S32 || !row.dims.is_empty() {
+        return None;
+    }
+    let row_bytes = stack.elements().checked_div(rows).unwrap_or(0) * width;
+    // SAFETY: a scalar s32 operand in host memory (the cpu client's buffers).
+    let at = i64::from(unsafe { *(row.data as *const i32) });
+    Some((row_bytes, at.clamp(0, (rows - taken) as i64) as usize))
+}
+
+/// Whether `part` is whole rows of `stack`: same element type, same rank, same dimensions
+/// after the first.
+fn whole_rows(part: &BufferRef, stack: &BufferRef) -> bool {
+    part.dtype == stack.dtype
+        && !stack.dims.is_empty()
+        && part.dims.len() == stack.dims.len()
+        && part.dims[1..] == stack.dims[1..]
+}
+
+/// The handler of [`READ_ROWS_TARGET`]: `(stack, row)` to as many of the stack's rows from
+/// `row` on (clamped as `dynamic_slice` clamps) as the result has: one `memcpy`.
+unsafe extern "C" fn read_rows(frame: *mut CallFrame) -> *mut FfiError {
+    // SAFETY: XLA's call frame.
+    if unsafe { answer_probe(frame) } {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: a call frame of an execution, not the probe.
+    let (args, rets) = unsafe { (args(frame), rets(frame)) };
+    let ([stack, row], [out]) = (&args[..], &rets[..]) else {
+        // SAFETY: the frame is live.
+        return unsafe { error(frame, &format!("{READ_ROWS_TARGET}: expects (stack, row)")) };
+    };
+    let taken = out.dims.first().map_or(0, |&d| d.max(0) as usize);
+    let Some((row_bytes, start)) = rows_of(stack, row, taken).filter(|_| whole_rows(out, stack))
+    else {
+        // SAFETY: the frame is live.
+        return unsafe {
+            error(
+                frame,
+                &format!("{READ_ROWS_TARGET}: the result is not whole rows of the stack"),
+            )
+        };
+    };
+    // SAFETY: the buffers have the sizes their dimensions say and do not overlap.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            stack.data.add(start * row_bytes),
+            out.data,
+            taken * row_bytes,
+        );
+    }
     std::ptr::null_mut()
 }
 

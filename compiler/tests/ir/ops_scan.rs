@@ -315,16 +315,16 @@ fn run_text(text: &str, inputs: &[HostTensor]) -> Vec<HostTensor> {
 }
 
 #[test]
-fn stacks_start_unwritten_on_cpu_and_give_the_same_bits_as_zeros() {
+fn stacks_and_scanned_rows_go_through_own_calls_on_cpu_with_the_same_bits_as_plain_ops() {
     let client = ops_common::client();
     assert!(
         client.runs_own_handlers(),
         "the pinned cpu plugin has the FFI extension: its client registers neuron-pc's handlers"
     );
-    let options = lower::LowerOptions {
-        uninitialized_stacks: true,
-    };
+    let options = lower::LowerOptions { own_handlers: true };
     let call = format!("@{}()", lower::UNINITIALIZED_TARGET);
+    let write = format!("@{}(", lower::WRITE_ROWS_TARGET);
+    let read = format!("@{}(", lower::READ_ROWS_TARGET);
     // a loop inside a loop, each stacking: the inner loop's buffer is asked for once per
     // iteration of the outer one, inside its body
     let mut y = NodeId(0);
@@ -357,8 +357,14 @@ fn stacks_start_unwritten_on_cpu_and_give_the_same_bits_as_zeros() {
         for (what, g, buffers) in [("flat", &flat, 1), ("nested", &nested, 2)] {
             let zeros = lower::to_stablehlo(g).unwrap();
             let text = lower::to_stablehlo_with_options(g, &[], options).unwrap();
-            assert!(!zeros.contains(&call), "{zeros}");
+            assert!(!zeros.contains("custom_call"), "{zeros}");
             assert_eq!(text.matches(&call).count(), buffers, "{what}: {text}");
+            assert_eq!(text.matches(&write).count(), buffers, "{what}: {text}");
+            let slices = zeros.matches("\"stablehlo.dynamic_slice\"").count();
+            assert!(slices >= buffers, "{what}: {zeros}");
+            assert_eq!(text.matches(&read).count(), slices, "{what}: {text}");
+            assert!(!text.contains("dynamic_update_slice"), "{what}: {text}");
+            assert!(!text.contains("dynamic_slice"), "{what}: {text}");
             let x = inputs(g, 21);
             let (got, want) = (run_text(&text, &x), run_text(&zeros, &x));
             let oracle = reference::evaluate(g, &x).unwrap();
@@ -367,5 +373,159 @@ fn stacks_start_unwritten_on_cpu_and_give_the_same_bits_as_zeros() {
                 ops_common::assert_close(&format!("{what} {k}"), a, &oracle[k], 1.0);
             }
         }
+    }
+}
+
+/// `tensor<2x3xf32>` for `el` `f32` and `dims` `[2, 3]`.
+fn tensor_text(el: &str, dims: &[usize]) -> String {
+    let dims: Vec<String> = dims.iter().map(|x| x.to_string()).collect();
+    format!("tensor<{}x{el}>", dims.join("x"))
+}
+
+/// A program writing `update` (`[k, ..]`) into `stack` (`[n, ..]`) from row `%r`, by
+/// `dynamic_update_slice` or by the write-rows call; `el` is the element type's name.
+fn row_write_program(by_call: bool, el: &str, stack: &[usize], update: &[usize]) -> String {
+    let shape = |d: &[usize]| tensor_text(el, d);
+    let (s, u) = (shape(stack), shape(update));
+    let write = if by_call {
+        format!(
+            "%o = stablehlo.custom_call @{}(%s, %u, %r) {{api_version = 4 : i32, \
+             output_operand_aliases = [#stablehlo.output_operand_alias<output_tuple_indices = \
+             [], operand_index = 0, operand_tuple_indices = []>]}} : ({s}, {u}, tensor<i32>) \
+             -> {s}",
+            lower::WRITE_ROWS_TARGET
+        )
+    } else {
+        let mut at = vec!["%r"];
+        at.extend(std::iter::repeat_n("%z", stack.len() - 1));
+        let tys = vec!["tensor<i32>"; stack.len()].join(", ");
+        format!(
+            "%o = \"stablehlo.dynamic_update_slice\"(%s, %u, {}) : ({s}, {u}, {tys}) -> {s}",
+            at.join(", ")
+        )
+    };
+    format!(
+        "func.func @main(%s: {s}, %u: {u}, %r: tensor<i32>) -> {s} {{\n  %z = stablehlo.constant \
+         dense<0> : tensor<i32>\n  {write}\n  return %o : {s}\n}}"
+    )
+}
+
+#[test]
+fn the_write_rows_call_writes_what_dynamic_update_slice_writes_clamped_alike() {
+    let mut rng = Rng::new(5);
+    let shapes = [
+        (DType::F32, vec![4, 3, 2], vec![1, 3, 2]),
+        (DType::F32, vec![5, 3], vec![2, 3]),
+        (DType::F32, vec![4], vec![1]),
+        (DType::BF16, vec![2, 5], vec![2, 5]),
+    ];
+    let every_type = DType::ALL.map(|d| (d, vec![3, 4], vec![1, 4]));
+    for (dtype, stack, update) in shapes.into_iter().chain(every_type) {
+        let el = dtype.mlir_name();
+        let by_call = row_write_program(true, el, &stack, &update);
+        let plain = row_write_program(false, el, &stack, &update);
+        // rows written are told from rows kept: the stack's values are negative (false), the
+        // update's positive (true)
+        let s = match dtype {
+            DType::Pred => HostTensor::zeros(dtype, &stack),
+            _ => random_tensor(&mut rng, &ty(dtype, &stack), Domain::Range(-4.0, -1.0)),
+        };
+        let u = random_tensor(&mut rng, &ty(dtype, &update), Domain::Range(1.0, 4.0));
+        // in range, the last row that fits, past the end and before the start (both clamped)
+        for row in [0, 1, stack[0] as i32 - update[0] as i32, 7, -3] {
+            let r = HostTensor::from_slice(&[row], &[]).unwrap();
+            let x = [s.clone(), u.clone(), r];
+            let (got, want) = (run_text(&by_call, &x), run_text(&plain, &x));
+            assert_eq!(got[0].bytes(), want[0].bytes(), "{el}{stack:?} row {row}");
+            assert_ne!(
+                got[0].bytes(),
+                s.bytes(),
+                "{el}{stack:?} row {row}: nothing written"
+            );
+        }
+    }
+}
+
+/// A program reading `rows` rows of `stack` from row `%r`, by `dynamic_slice` or by the
+/// read-rows call; `el` is the element type's name.
+fn row_read_program(by_call: bool, el: &str, stack: &[usize], rows: usize) -> String {
+    let shape = |d: &[usize]| tensor_text(el, d);
+    let mut part = stack.to_vec();
+    part[0] = rows;
+    let (s, p) = (shape(stack), shape(&part));
+    let read = if by_call {
+        format!(
+            "%o = stablehlo.custom_call @{}(%s, %r) {{api_version = 4 : i32}} : ({s}, \
+             tensor<i32>) -> {p}",
+            lower::READ_ROWS_TARGET
+        )
+    } else {
+        let mut at = vec!["%r"];
+        at.extend(std::iter::repeat_n("%z", stack.len() - 1));
+        let tys = vec!["tensor<i32>"; stack.len()].join(", ");
+        let sizes: Vec<String> = part.iter().map(|d| d.to_string()).collect();
+        format!(
+            "%o = \"stablehlo.dynamic_slice\"(%s, {}) {{slice_sizes = array<i64: {}>}} : ({s}, \
+             {tys}) -> {p}",
+            at.join(", "),
+            sizes.join(", ")
+        )
+    };
+    format!(
+        "func.func @main(%s: {s}, %r: tensor<i32>) -> {p} {{\n  %z = stablehlo.constant \
+         dense<0> : tensor<i32>\n  {read}\n  return %o : {p}\n}}"
+    )
+}
+
+#[test]
+fn the_read_rows_call_reads_what_dynamic_slice_reads_clamped_alike() {
+    let mut rng = Rng::new(6);
+    let shapes = [
+        (DType::F32, vec![4, 3, 2], 1),
+        (DType::F32, vec![5, 3], 2),
+        (DType::F32, vec![4], 1),
+        (DType::BF16, vec![2, 5], 2),
+    ];
+    let every_type = DType::ALL.map(|d| (d, vec![3, 4], 1));
+    for (dtype, stack, rows) in shapes.into_iter().chain(every_type) {
+        let el = dtype.mlir_name();
+        let by_call = row_read_program(true, el, &stack, rows);
+        let plain = row_read_program(false, el, &stack, rows);
+        let s = random_tensor(&mut rng, &ty(dtype, &stack), Domain::Range(-4.0, 4.0));
+        for row in [0, 1, stack[0] as i32 - rows as i32, 7, -3] {
+            let r = HostTensor::from_slice(&[row], &[]).unwrap();
+            let x = [s.clone(), r];
+            let (got, want) = (run_text(&by_call, &x), run_text(&plain, &x));
+            assert_eq!(got[0].dims(), want[0].dims(), "{el}{stack:?} row {row}");
+            assert_eq!(got[0].bytes(), want[0].bytes(), "{el}{stack:?} row {row}");
+        }
+    }
+}
+
+#[test]
+fn the_row_calls_refuse_rows_of_another_shape_with_one_error_line() {
+    let stack = HostTensor::zeros(DType::F32, &[4, 3]);
+    let row = HostTensor::from_slice(&[0i32], &[]).unwrap();
+    let read =
+        row_read_program(true, "f32", &[4, 3], 1).replace("tensor<1x3xf32>", "tensor<1x2xf32>");
+    let write = row_write_program(true, "f32", &[4, 3], &[1, 2]);
+    let update = HostTensor::zeros(DType::F32, &[1, 2]);
+    for (text, inputs, want) in [
+        (
+            read,
+            vec![stack.clone(), row.clone()],
+            "neuron_pc_read_rows: the result is not whole rows of the stack",
+        ),
+        (
+            write,
+            vec![stack, update, row],
+            "neuron_pc_write_rows: the update is not whole rows of the stack",
+        ),
+    ] {
+        let exe = ops_common::client()
+            .compile(&text, &CompileOptions::default())
+            .unwrap();
+        let err = exe.execute_host(&inputs).unwrap_err().to_string();
+        assert!(err.contains(want), "{err}");
     }
 }
