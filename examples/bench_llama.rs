@@ -259,6 +259,7 @@ fn main() -> anyhow::Result<()> {
     }
     let mut synced = Vec::new();
     let mut last_synced = None;
+    let before = device.metrics();
     for i in 0..args.steps {
         let t = Instant::now();
         let loss = step(i, &mut opt)?;
@@ -266,6 +267,10 @@ fn main() -> anyhow::Result<()> {
         synced.push(t.elapsed().as_secs_f64() * 1e3);
         last_synced = Some(loss);
     }
+    // launch to completion per synced step: the device's share of `synced`
+    let after = device.metrics();
+    let execute_ms = (after.execute_ms - before.execute_ms)
+        / (after.executions - before.executions).max(1) as f64;
     let round = (args.steps / 2).max(1);
     let mut pipelined = Vec::new();
     for _ in 0..args.rounds {
@@ -294,7 +299,8 @@ fn main() -> anyhow::Result<()> {
     };
     let peak_rss = peak_rss_mib().map_or("n/a".to_string(), |v| format!("{v:.1}"));
     println!(
-        "RESULT neuron-pc synced_ms={:.3} pipelined_ms={pipelined} compile_ms={:.1} params={} \
+        "RESULT neuron-pc synced_ms={:.3} execute_ms={execute_ms:.3} pipelined_ms={pipelined} \
+         compile_ms={:.1} params={} \
          active={} loss={last:.4} layout=fsdp{}_tp{}_ep{} device_bytes={} temp_bytes={} \
          remat={} precision={} loss_chunk={} scan_layers={} program_bytes={} \
          peak_rss_mib={peak_rss}",
