@@ -58,11 +58,8 @@ pub struct LowerOptions {
     /// operands by a call to [`READ_ROWS_TARGET`] and writes its row of each stack by one to
     /// [`WRITE_ROWS_TARGET`] (in place): one copy of the rows' bytes each, instead of a
     /// `dynamic_slice` or `dynamic_update_slice`, which XLA's cpu backend copies element by
-    /// element. And a loop of even length runs two iterations a trip: XLA's cpu `while`
-    /// waits for a trip's body to finish before it starts the next, so the end of one
-    /// iteration never overlapped the start of the next. A partitioned program keeps the plain
-    /// ops and one iteration a trip (the SPMD partitioner would see custom calls it cannot
-    /// split).
+    /// element. A partitioned program keeps the plain ops (the SPMD partitioner would see
+    /// custom calls it cannot split).
     pub own_handlers: bool,
 }
 

@@ -5,9 +5,7 @@
 //! (so the body reads them as block arguments, not as values captured from `main`). Each
 //! iteration slices `xs[i]` out of every scanned operand, runs the body (its values named
 //! under the prefix `s<node>_`), and writes each stacked node's value into row `i` of its
-//! buffer. With the runtime's own handlers (`LowerOptions::own_handlers`, cpu) a loop of even
-//! length runs the body twice a trip (the second copy's values under `s<node>k1_`), for rows
-//! `i` and `i + 1` (mirrored when reversed), and the counter steps by two.
+//! buffer.
 
 use std::sync::Arc;
 
@@ -177,14 +175,6 @@ fn emit_loop(
         tys.push(tensor(graph.node_type(o)));
     }
     let state = tys.join(", ");
-    // Two iterations a trip where the runtime is the cpu one (`own_handlers`) and the length is
-    // even: its `while` waits for each trip's body before the next starts, so two layers a
-    // trip let the end of one overlap the start of the next (see `LowerOptions`).
-    let unroll = if e.own_handlers && length % 2 == 0 {
-        2
-    } else {
-        1
-    };
     let block_args = |tag: &str| -> String {
         let args: Vec<String> = tys
             .iter()
@@ -213,133 +203,109 @@ fn emit_loop(
     e.out.push_str("  }, {\n");
     // body
     e.out.push_str(&format!("  ^bb0({}):\n", block_args("a")));
+    let idx = if reverse {
+        e.line(&format!(
+            "{v}_last = stablehlo.constant dense<{}> : {counter}",
+            length - 1
+        ));
+        e.line(&format!(
+            "{v}_idx = stablehlo.subtract {v}_last, {v}_a0 : {counter}"
+        ));
+        format!("{v}_idx")
+    } else {
+        format!("{v}_a0")
+    };
     e.line(&format!(
         "{v}_zero = stablehlo.constant dense<0> : {counter}"
     ));
+    let at = |rank: usize| -> String {
+        let mut s = vec![idx.clone()];
+        s.extend(std::iter::repeat_n(format!("{v}_zero"), rank - 1));
+        s.join(", ")
+    };
     let index_tys = |rank: usize| vec![counter.clone(); rank].join(", ");
     let m = stacked.len();
-    let ni = body.invariants();
-    let mut carries: Vec<String> = (1..=nc).map(|k| format!("{v}_a{k}")).collect();
-    let mut stacks: Vec<String> = (0..m).map(|b| format!("{v}_a{}", 1 + nc + b)).collect();
-    for k in 0..unroll {
-        // this copy's row: the counter plus k forward, its mirror backward
-        let tag = if k == 0 {
-            String::new()
-        } else {
-            format!("k{k}")
-        };
-        let idx = if reverse {
+    let mut params: Vec<String> = (1..=nc).map(|k| format!("{v}_a{k}")).collect();
+    for j in 0..nx {
+        let whole = graph.node_type(node.operands[nc + j]);
+        let slice = g.node_type(g.parameters()[nc + j]);
+        let arg = format!("{v}_a{}", 1 + nc + m + j);
+        let mut sizes = vec![1i64];
+        sizes.extend(slice.dims.iter().map(|&d| d as i64));
+        let mut row_dims = vec![1];
+        row_dims.extend_from_slice(&slice.dims);
+        let row = tensor_of(slice.dtype, &row_dims);
+        if e.own_handlers {
             e.line(&format!(
-                "{v}_last{tag} = stablehlo.constant dense<{}> : {counter}",
-                length - 1 - k
+                "{v}_x{j}r = stablehlo.custom_call @{READ_ROWS_TARGET}({arg}, {idx}) \
+                 {{api_version = 4 : i32}} : ({}, {counter}) -> {row}",
+                tensor(whole)
             ));
-            e.line(&format!(
-                "{v}_idx{tag} = stablehlo.subtract {v}_last{tag}, {v}_a0 : {counter}"
-            ));
-            format!("{v}_idx{tag}")
-        } else if k == 0 {
-            format!("{v}_a0")
         } else {
             e.line(&format!(
-                "{v}_off{tag} = stablehlo.constant dense<{k}> : {counter}"
+                "{v}_x{j}r = \"stablehlo.dynamic_slice\"({arg}, {}) {{slice_sizes = {}}} : ({}, \
+                 {}) -> {row}",
+                at(whole.rank()),
+                super::text::i64_array(&sizes),
+                tensor(whole),
+                index_tys(whole.rank())
             ));
-            e.line(&format!(
-                "{v}_idx{tag} = stablehlo.add {v}_a0, {v}_off{tag} : {counter}"
-            ));
-            format!("{v}_idx{tag}")
-        };
-        let at = |rank: usize| -> String {
-            let mut s = vec![idx.clone()];
-            s.extend(std::iter::repeat_n(format!("{v}_zero"), rank - 1));
-            s.join(", ")
-        };
-        let mut params = carries.clone();
-        for j in 0..nx {
-            let whole = graph.node_type(node.operands[nc + j]);
-            let slice = g.node_type(g.parameters()[nc + j]);
-            let arg = format!("{v}_a{}", 1 + nc + m + j);
-            let mut sizes = vec![1i64];
-            sizes.extend(slice.dims.iter().map(|&d| d as i64));
-            let mut row_dims = vec![1];
-            row_dims.extend_from_slice(&slice.dims);
-            let row = tensor_of(slice.dtype, &row_dims);
-            if e.own_handlers {
-                e.line(&format!(
-                    "{v}_x{j}r{tag} = stablehlo.custom_call @{READ_ROWS_TARGET}({arg}, {idx}) \
-                     {{api_version = 4 : i32}} : ({}, {counter}) -> {row}",
-                    tensor(whole)
-                ));
-            } else {
-                e.line(&format!(
-                    "{v}_x{j}r{tag} = \"stablehlo.dynamic_slice\"({arg}, {}) {{slice_sizes = {}}} \
-                     : ({}, {}) -> {row}",
-                    at(whole.rank()),
-                    super::text::i64_array(&sizes),
-                    tensor(whole),
-                    index_tys(whole.rank())
-                ));
-            }
-            e.line(&format!(
-                "{v}_x{j}{tag} = \"stablehlo.reshape\"({v}_x{j}r{tag}) : ({row}) -> {}",
-                tensor(slice)
-            ));
-            params.push(format!("{v}_x{j}{tag}"));
         }
-        params.extend((0..ni).map(|q| format!("{v}_a{}", 1 + nc + m + nx + q)));
-        let mut inner = Emitter::new(format!("{}s{i}{tag}_", e.prefix), g.len(), e.partitioned);
-        inner.own_handlers = e.own_handlers;
-        inner.emit_nodes(g, &params)?;
-        e.out.push_str(&inner.out);
-        carries = g
-            .outputs()
-            .iter()
-            .map(|o| inner.names[o.0].clone())
-            .collect();
-        for (b, (&n, t)) in stacked.iter().zip(&stacked_tys).enumerate() {
-            let value = g.node_type(n);
-            let mut row_dims = vec![1];
-            row_dims.extend_from_slice(&value.dims);
-            let row = tensor_of(value.dtype, &row_dims);
-            e.line(&format!(
-                "{v}_u{b}r{tag} = \"stablehlo.reshape\"({}) : ({}) -> {row}",
-                inner.names[n.0],
-                tensor(value)
-            ));
-            let stack = &stacks[b];
-            let to = format!("{v}_u{b}{tag}");
-            if e.own_handlers {
-                // the result is the stack's own buffer: XLA copies the stack first only where
-                // something else still reads it (nothing does in this loop)
-                e.line(&format!(
-                    "{to} = stablehlo.custom_call @{WRITE_ROWS_TARGET}({stack}, {v}_u{b}r{tag}, \
-                     {idx}) {{api_version = 4 : i32, output_operand_aliases = \
-                     [#stablehlo.output_operand_alias<output_tuple_indices = [], operand_index = \
-                     0, operand_tuple_indices = []>]}} : ({}, {row}, {counter}) -> {}",
-                    tensor(t),
-                    tensor(t)
-                ));
-            } else {
-                e.line(&format!(
-                    "{to} = \"stablehlo.dynamic_update_slice\"({stack}, {v}_u{b}r{tag}, {}) : \
-                     ({}, {row}, {}) -> {}",
-                    at(t.rank()),
-                    tensor(t),
-                    index_tys(t.rank()),
-                    tensor(t)
-                ));
-            }
-            stacks[b] = to;
-        }
+        e.line(&format!(
+            "{v}_x{j} = \"stablehlo.reshape\"({v}_x{j}r) : ({row}) -> {}",
+            tensor(slice)
+        ));
+        params.push(format!("{v}_x{j}"));
     }
-    e.line(&format!(
-        "{v}_step = stablehlo.constant dense<{unroll}> : {counter}"
-    ));
-    e.line(&format!(
-        "{v}_i1 = stablehlo.add {v}_a0, {v}_step : {counter}"
-    ));
+    let ni = body.invariants();
+    params.extend((0..ni).map(|k| format!("{v}_a{}", 1 + nc + m + nx + k)));
+    let mut inner = Emitter::new(format!("{}s{i}_", e.prefix), g.len(), e.partitioned);
+    inner.own_handlers = e.own_handlers;
+    inner.emit_nodes(g, &params)?;
+    e.out.push_str(&inner.out);
     let mut next = vec![format!("{v}_i1")];
-    next.extend(carries);
-    next.extend(stacks);
+    e.line(&format!(
+        "{v}_one = stablehlo.constant dense<1> : {counter}"
+    ));
+    e.line(&format!(
+        "{v}_i1 = stablehlo.add {v}_a0, {v}_one : {counter}"
+    ));
+    next.extend(g.outputs().iter().map(|o| inner.names[o.0].clone()));
+    for (b, (&n, t)) in stacked.iter().zip(&stacked_tys).enumerate() {
+        let value = g.node_type(n);
+        let mut row_dims = vec![1];
+        row_dims.extend_from_slice(&value.dims);
+        let row = tensor_of(value.dtype, &row_dims);
+        e.line(&format!(
+            "{v}_u{b}r = \"stablehlo.reshape\"({}) : ({}) -> {row}",
+            inner.names[n.0],
+            tensor(value)
+        ));
+        if e.own_handlers {
+            // the result is the stack's own buffer: XLA copies the stack first only where
+            // something else still reads it (nothing does in this loop)
+            e.line(&format!(
+                "{v}_u{b} = stablehlo.custom_call @{WRITE_ROWS_TARGET}({v}_a{}, {v}_u{b}r, {idx}) \
+                 {{api_version = 4 : i32, output_operand_aliases = \
+                 [#stablehlo.output_operand_alias<output_tuple_indices = [], operand_index = 0, \
+                 operand_tuple_indices = []>]}} : ({}, {row}, {counter}) -> {}",
+                1 + nc + b,
+                tensor(t),
+                tensor(t)
+            ));
+        } else {
+            e.line(&format!(
+                "{v}_u{b} = \"stablehlo.dynamic_update_slice\"({v}_a{}, {v}_u{b}r, {}) : ({}, \
+                 {row}, {}) -> {}",
+                1 + nc + b,
+                at(t.rank()),
+                tensor(t),
+                index_tys(t.rank()),
+                tensor(t)
+            ));
+        }
+        next.push(format!("{v}_u{b}"));
+    }
     next.extend((1 + nc + m..tys.len()).map(|k| format!("{v}_a{k}")));
     e.line(&format!(
         "\"stablehlo.return\"({}) : ({state}) -> ()",

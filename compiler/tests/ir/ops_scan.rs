@@ -86,22 +86,22 @@ fn one_carry_body(
 
 /// A program reading the final carries and the stacked `tanh` of a 3-iteration scan.
 fn program(reverse: bool) -> (Graph, NodeId) {
-    program_of(3, reverse)
-}
-
-/// [`program`] with `length` iterations.
-fn program_of(length: usize, reverse: bool) -> (Graph, NodeId) {
     let (body, t) = layer();
     let body = Arc::new(body);
     let mut g = Graph::new();
-    let ops: Vec<NodeId> = [&[2, 4][..], &[], &[length, 4, 4], &[length, 2, 4], &[2, 4]]
+    let ops: Vec<NodeId> = [&[2, 4][..], &[], &[3, 4, 4], &[3, 2, 4], &[2, 4]]
         .iter()
         .map(|d| g.parameter(ty(DType::F32, d)))
         .collect();
-    let op = |o| scan(&body, length, reverse, o);
-    let h = g.push(op(ScanOutput::Carry(0)), &ops).unwrap();
-    let total = g.push(op(ScanOutput::Carry(1)), &ops).unwrap();
-    let ts = g.push(op(ScanOutput::Stacked(t)), &ops).unwrap();
+    let h = g
+        .push(scan(&body, 3, reverse, ScanOutput::Carry(0)), &ops)
+        .unwrap();
+    let total = g
+        .push(scan(&body, 3, reverse, ScanOutput::Carry(1)), &ops)
+        .unwrap();
+    let ts = g
+        .push(scan(&body, 3, reverse, ScanOutput::Stacked(t)), &ops)
+        .unwrap();
     g.set_outputs(&[h, total, ts]).unwrap();
     (g, t)
 }
@@ -345,7 +345,6 @@ fn stacks_and_scanned_rows_go_through_own_calls_on_cpu_with_the_values_of_plain_
     });
     for reverse in [false, true] {
         let (flat, _) = program(reverse);
-        let (even, _) = program_of(4, reverse);
         let mut nested = Graph::new();
         let c = nested.parameter(ty(DType::F32, &[2]));
         let xs = nested.parameter(ty(DType::F32, &[3, 4, 2]));
@@ -355,22 +354,15 @@ fn stacks_and_scanned_rows_go_through_own_calls_on_cpu_with_the_values_of_plain_
             .push(op(ScanOutput::Stacked(rows)), &[c, xs])
             .unwrap();
         nested.set_outputs(&[last, all]).unwrap();
-        // (what, program, stacked buffers, rows written and read in the text): a loop of
-        // even length writes its body twice, for two rows a trip (the nested program's
-        // inner loop has 4 iterations, its outer one 3)
-        for (what, g, buffers, writes, reads) in [
-            ("3 iterations", &flat, 1, 1, 2),
-            ("4 iterations", &even, 1, 2, 4),
-            ("nested", &nested, 2, 3, 3),
-        ] {
+        for (what, g, buffers) in [("flat", &flat, 1), ("nested", &nested, 2)] {
             let zeros = lower::to_stablehlo(g).unwrap();
             let text = lower::to_stablehlo_with_options(g, &[], options).unwrap();
             assert!(!zeros.contains("custom_call"), "{zeros}");
             assert_eq!(text.matches(&call).count(), buffers, "{what}: {text}");
-            assert_eq!(text.matches(&write).count(), writes, "{what}: {text}");
-            assert_eq!(text.matches(&read).count(), reads, "{what}: {text}");
-            let whiles = zeros.matches("stablehlo.while").count();
-            assert_eq!(text.matches("stablehlo.while").count(), whiles, "{what}");
+            assert_eq!(text.matches(&write).count(), buffers, "{what}: {text}");
+            let slices = zeros.matches("\"stablehlo.dynamic_slice\"").count();
+            assert!(slices >= buffers, "{what}: {zeros}");
+            assert_eq!(text.matches(&read).count(), slices, "{what}: {text}");
             assert!(!text.contains("dynamic_update_slice"), "{what}: {text}");
             assert!(!text.contains("dynamic_slice"), "{what}: {text}");
             let x = inputs(g, 21);
