@@ -230,8 +230,6 @@ fn emit_loop(
         let whole = graph.node_type(node.operands[nc + j]);
         let slice = g.node_type(g.parameters()[nc + j]);
         let arg = format!("{v}_a{}", 1 + nc + m + j);
-        let mut sizes = vec![1i64];
-        sizes.extend(slice.dims.iter().map(|&d| d as i64));
         let mut row_dims = vec![1];
         row_dims.extend_from_slice(&slice.dims);
         let row = tensor_of(slice.dtype, &row_dims);
@@ -242,6 +240,8 @@ fn emit_loop(
                 tensor(whole)
             ));
         } else {
+            let mut sizes = vec![1i64];
+            sizes.extend(slice.dims.iter().map(|&d| d as i64));
             e.line(&format!(
                 "{v}_x{j}r = \"stablehlo.dynamic_slice\"({arg}, {}) {{slice_sizes = {}}} : ({}, \
                  {}) -> {row}",

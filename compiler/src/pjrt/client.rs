@@ -222,7 +222,7 @@ impl Client {
             inner.own_handlers = plugin.register_own_handlers().unwrap_or_else(|e| {
                 tracing::warn!(
                     "neuron-pc's own custom calls are unavailable on this plugin ({e}); \
-                     scanned loops start their stacks from zeros"
+                     scanned loops use the plain StableHLO ops (zero-filled stacks, slices)"
                 );
                 false
             });

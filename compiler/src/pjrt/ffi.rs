@@ -271,8 +271,9 @@ impl Plugin {
         Ok(())
     }
 
-    /// Registers the handlers every cpu client has ([`UNINITIALIZED_TARGET`]). False where the
-    /// plugin has no FFI extension.
+    /// Registers the handlers every cpu client has ([`UNINITIALIZED_TARGET`],
+    /// [`WRITE_ROWS_TARGET`], [`READ_ROWS_TARGET`]). False where the plugin has no FFI
+    /// extension.
     pub(crate) fn register_own_handlers(&self) -> Result<bool> {
         if !self.has_ffi() {
             return Ok(false);
@@ -309,22 +310,47 @@ fn element_bytes(dtype: i32) -> Option<usize> {
 /// Where XLA gave the result a buffer of its own anyway, the stack is copied into it first.
 unsafe extern "C" fn write_rows(frame: *mut CallFrame) -> *mut FfiError {
     // SAFETY: XLA's call frame.
+    unsafe { row_call(frame, WRITE_ROWS_TARGET, write_rows_of) }
+}
+
+/// Answers XLA's probe, or runs `body` on a row call's operands and results; a refusal
+/// fails the execution with one line naming `target`.
+///
+/// # Safety
+/// `frame` is the call frame XLA passed the handler; `body` may trust the buffers' sizes.
+unsafe fn row_call(
+    frame: *mut CallFrame,
+    target: &str,
+    body: unsafe fn(&[BufferRef], &[BufferRef]) -> std::result::Result<(), &'static str>,
+) -> *mut FfiError {
+    // SAFETY: the caller's contract.
     if unsafe { answer_probe(frame) } {
         return std::ptr::null_mut();
     }
-    // SAFETY: a call frame of an execution, not the probe.
-    let (args, rets) = unsafe { (args(frame), rets(frame)) };
-    let fail = |m: &str| {
+    // SAFETY: a call frame of an execution, not the probe; its buffers are live for the call.
+    match unsafe { body(&args(frame), &rets(frame)) } {
+        Ok(()) => std::ptr::null_mut(),
         // SAFETY: the frame is live.
-        unsafe { error(frame, &format!("{WRITE_ROWS_TARGET}: {m}")) }
-    };
-    let ([stack, update, row], [out]) = (&args[..], &rets[..]) else {
-        return fail("expects (stack, update, row) and one result");
+        Err(m) => unsafe { error(frame, &format!("{target}: {m}")) },
+    }
+}
+
+/// [`write_rows`] on its buffers.
+///
+/// # Safety
+/// The buffers of a live call: each has the bytes its dimensions say.
+unsafe fn write_rows_of(
+    args: &[BufferRef],
+    rets: &[BufferRef],
+) -> std::result::Result<(), &'static str> {
+    let ([stack, update, row], [out]) = (args, rets) else {
+        return Err("expects (stack, update, row) and one result");
     };
     let taken = update.dims.first().map_or(0, |&d| d.max(0) as usize);
     let fits = whole_rows(update, stack) && out.dtype == stack.dtype && out.dims == stack.dims;
-    let Some((row_bytes, start)) = rows_of(stack, row, taken).filter(|_| fits) else {
-        return fail("the update is not whole rows of the stack");
+    // SAFETY: the caller's contract.
+    let Some((row_bytes, start)) = unsafe { rows_of(stack, row, taken) }.filter(|_| fits) else {
+        return Err("the update is not whole rows of the stack");
     };
     let rows = stack.dims[0] as usize;
     // SAFETY: the buffers have the sizes their dimensions say; `out` and `stack` are the same
@@ -339,20 +365,23 @@ unsafe extern "C" fn write_rows(frame: *mut CallFrame) -> *mut FfiError {
             taken * row_bytes,
         );
     }
-    std::ptr::null_mut()
+    Ok(())
 }
 
 /// Checks `stack` and a row index `row` for a call that moves `taken` whole rows of it:
 /// the bytes of one row and the first row moved (clamped as `dynamic_slice` and
 /// `dynamic_update_slice` clamp their start).
-fn rows_of(stack: &BufferRef, row: &BufferRef, taken: usize) -> Option<(usize, usize)> {
+///
+/// # Safety
+/// `row` is a buffer of a live call (read once it is checked to be an `s32` scalar).
+unsafe fn rows_of(stack: &BufferRef, row: &BufferRef, taken: usize) -> Option<(usize, usize)> {
     let width = element_bytes(stack.dtype)?;
     let rows = usize::try_from(*stack.dims.first()?).ok()?;
     if taken > rows || row.dtype != dtype::S32 || !row.dims.is_empty() {
         return None;
     }
     let row_bytes = stack.elements().checked_div(rows).unwrap_or(0) * width;
-    // SAFETY: a scalar s32 operand in host memory (the cpu client's buffers).
+    // SAFETY: the caller's contract: an s32 scalar in host memory (the cpu client's buffers).
     let at = i64::from(unsafe { *(row.data as *const i32) });
     Some((row_bytes, at.clamp(0, (rows - taken) as i64) as usize))
 }
@@ -370,25 +399,25 @@ fn whole_rows(part: &BufferRef, stack: &BufferRef) -> bool {
 /// `row` on (clamped as `dynamic_slice` clamps) as the result has: one `memcpy`.
 unsafe extern "C" fn read_rows(frame: *mut CallFrame) -> *mut FfiError {
     // SAFETY: XLA's call frame.
-    if unsafe { answer_probe(frame) } {
-        return std::ptr::null_mut();
-    }
-    // SAFETY: a call frame of an execution, not the probe.
-    let (args, rets) = unsafe { (args(frame), rets(frame)) };
-    let ([stack, row], [out]) = (&args[..], &rets[..]) else {
-        // SAFETY: the frame is live.
-        return unsafe { error(frame, &format!("{READ_ROWS_TARGET}: expects (stack, row)")) };
+    unsafe { row_call(frame, READ_ROWS_TARGET, read_rows_of) }
+}
+
+/// [`read_rows`] on its buffers.
+///
+/// # Safety
+/// As [`write_rows_of`].
+unsafe fn read_rows_of(
+    args: &[BufferRef],
+    rets: &[BufferRef],
+) -> std::result::Result<(), &'static str> {
+    let ([stack, row], [out]) = (args, rets) else {
+        return Err("expects (stack, row) and one result");
     };
     let taken = out.dims.first().map_or(0, |&d| d.max(0) as usize);
-    let Some((row_bytes, start)) = rows_of(stack, row, taken).filter(|_| whole_rows(out, stack))
-    else {
-        // SAFETY: the frame is live.
-        return unsafe {
-            error(
-                frame,
-                &format!("{READ_ROWS_TARGET}: the result is not whole rows of the stack"),
-            )
-        };
+    // SAFETY: the caller's contract.
+    let moved = unsafe { rows_of(stack, row, taken) };
+    let Some((row_bytes, start)) = moved.filter(|_| whole_rows(out, stack)) else {
+        return Err("the result is not whole rows of the stack");
     };
     // SAFETY: the buffers have the sizes their dimensions say and do not overlap.
     unsafe {
@@ -398,7 +427,7 @@ unsafe extern "C" fn read_rows(frame: *mut CallFrame) -> *mut FfiError {
             taken * row_bytes,
         );
     }
-    std::ptr::null_mut()
+    Ok(())
 }
 
 /// If this call is XLA's metadata probe, answers it (the FFI version, no traits) and returns
