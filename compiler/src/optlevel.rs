@@ -138,10 +138,16 @@ pub fn backend_options(flags: &CompilerFlags) -> Vec<(String, OverrideValue)> {
     match flags.target {
         // every bf16 rounding the program asks for is kept (`passes::half_products_in_f32`)
         Target::Cpu => level
-            .chain([(
-                "xla_allow_excess_precision".to_string(),
-                OverrideValue::Bool(false),
-            )])
+            .chain([
+                (
+                    "xla_allow_excess_precision".to_string(),
+                    OverrideValue::Bool(false),
+                ),
+                (
+                    "xla_cpu_copy_insertion_use_region_analysis".to_string(),
+                    OverrideValue::Bool(true),
+                ),
+            ])
             .collect(),
         Target::Cuda => level
             .chain([(
@@ -188,15 +194,22 @@ mod tests {
             names,
             [
                 "xla_backend_optimization_level",
-                "xla_allow_excess_precision"
+                "xla_allow_excess_precision",
+                "xla_cpu_copy_insertion_use_region_analysis"
             ]
         );
         assert_eq!(
             backend_options(&CompilerFlags::default()),
-            [(
-                "xla_allow_excess_precision".to_string(),
-                OverrideValue::Bool(false)
-            )]
+            [
+                (
+                    "xla_allow_excess_precision".to_string(),
+                    OverrideValue::Bool(false)
+                ),
+                (
+                    "xla_cpu_copy_insertion_use_region_analysis".to_string(),
+                    OverrideValue::Bool(true)
+                )
+            ]
         );
         let o1_trn = CompilerFlags::parse("--optlevel 1 --target trn1").unwrap();
         assert!(backend_options(&o1_trn).is_empty());
