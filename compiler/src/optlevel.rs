@@ -122,7 +122,13 @@ pub const fn plan(level: OptLevel) -> LevelPlan {
 ///
 /// On cpu, XLA may not drop a half-precision rounding the program asks for
 /// (`xla_allow_excess_precision` off): the float32 products of
-/// [`crate::passes::half_products_in_f32`] must be rounded where a bf16 kernel's are.
+/// [`crate::passes::half_products_in_f32`] must be rounded where a bf16 kernel's are. And
+/// copy insertion runs by region analysis (`xla_cpu_copy_insertion_use_region_analysis`, off
+/// by XLA's default on cpu): without it XLA copies a `while` loop's carried values once per
+/// iteration (a scanned Llama's hidden state and its cotangent, each layer forward and back),
+/// and the scanned 32-layer step's program ran 2-4% slower at batch 4 (the same at batch 8;
+/// `hlo_steptime`, 2026-11-30). Programs without loops are unchanged, and the
+/// scanned-against-unrolled tests pass as before on the three pinned plugins.
 ///
 /// On cuda, XLA's sharded autotuning is off: with it, the processes of a multi-process run
 /// must compile each program together (each autotunes a share of the fusions and waits for
