@@ -15,6 +15,7 @@ use std::time::Instant;
 use neuron_pc_compiler::pjrt::Event;
 
 use super::lock;
+use super::trace::DeviceData;
 use crate::error::{Error, Result};
 
 /// One launched step (on every replica).
@@ -32,6 +33,10 @@ pub(crate) struct StepRun {
     finished: Arc<OnceLock<(Instant, Option<String>)>>,
     /// The outcome of the first wait, so every later wait reports the same.
     waited: OnceLock<Option<String>>,
+    /// The inputs it was given to update in place, kept until it completes: some plugins
+    /// (`xla-cpu-pjrt` 0.0.1) block a donated buffer's destruction until the step that took it
+    /// ends, which held every launch back to one step in flight.
+    donated: Mutex<Vec<Arc<DeviceData>>>,
 }
 
 impl StepRun {
@@ -42,6 +47,7 @@ impl StepRun {
         site: &'static Location<'static>,
         step: u64,
         graph: String,
+        donated: Vec<Arc<DeviceData>>,
     ) -> StepRun {
         let launched = Instant::now();
         let finished = Arc::new(OnceLock::new());
@@ -73,7 +79,15 @@ impl StepRun {
             launched,
             finished,
             waited: OnceLock::new(),
+            donated: Mutex::new(donated),
         }
+    }
+
+    /// Waits for the step (see [`StepRun::wait`]), then frees the inputs it took.
+    fn retire(&self) -> Result<()> {
+        let waited = self.wait();
+        drop(std::mem::take(&mut *lock(&self.donated)));
+        waited
     }
 
     /// True once the step completed.
@@ -180,7 +194,7 @@ impl InFlight {
             let Some(oldest) = q.pop() else {
                 break;
             };
-            let r = oldest.wait();
+            let r = oldest.retire();
             if result.is_ok() {
                 result = r;
             }
@@ -203,7 +217,7 @@ impl InFlight {
         };
         let mut result = Ok(());
         for r in &runs {
-            let w = r.wait();
+            let w = r.retire();
             if result.is_ok() {
                 result = w;
             }
@@ -217,7 +231,7 @@ impl InFlight {
         let mut out = Vec::new();
         while q.front_finished() {
             if let Some(r) = q.pop() {
-                let _ = r.wait();
+                let _ = r.retire();
                 out.push(r);
             }
         }

@@ -694,12 +694,14 @@ impl DeviceInner {
             t.span(HOST_TRACK, "marshal", marshal_from, launch_started, &[]);
         }
         self.phase("launch", launch_started, Some(&graph));
-        // What this step allocated on each device: its outputs, less the donated inputs they
-        // reuse (every input not kept is aliased to one output of its size).
-        // `keep` is in ascending order, as both callers build it.
-        let donated: usize = (0..params.len())
+        // The inputs it updates in place (`keep` is in ascending order, as both callers build
+        // it). What it allocated on each device: its outputs, less those inputs, each aliased to
+        // one output of its size.
+        let taken: Vec<Arc<DeviceData>> = (0..params.len())
             .filter(|i| keep.binary_search(i).is_err())
-            .filter_map(|i| params[i].buffers.first())
+            .map(|i| params[i].clone())
+            .collect();
+        let donated: usize = (taken.iter().filter_map(|d| d.buffers.first()))
             .map(Buffer::size_in_bytes)
             .sum();
         let outputs: usize = launched
@@ -707,7 +709,7 @@ impl DeviceInner {
             .first()
             .map_or(0, |o| o.iter().map(Buffer::size_in_bytes).sum());
         let new_bytes = outputs.saturating_sub(donated) as u64;
-        let run = Arc::new(StepRun::new(launched.done, site, step, graph));
+        let run = Arc::new(StepRun::new(launched.done, site, step, graph, taken));
         let zero_filled = params.iter().any(|d| d.zero_filled);
         if launched
             .outputs
