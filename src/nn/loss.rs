@@ -2,7 +2,9 @@
 
 use neuron_pc_compiler::ir::Op;
 
-use crate::autodiff::{remat, Remat};
+use neuron_pc_compiler::DType;
+
+use crate::autodiff::{scan, Remat, ScanOptions};
 use crate::error::Result;
 use crate::tensor::{shape_error, Tensor};
 
@@ -93,12 +95,14 @@ pub fn cross_entropy_with(
         options.ignore_index,
         location,
     )?;
-    let (sum, count) = summed_rows(&logits, &labels, options)?;
+    let valid = valid_rows(&labels, options)?;
+    let (sum, count) = summed_rows(&logits, &labels, &valid, options)?;
     sum.div(&count)
 }
 
-/// The rows' losses summed over the rows that are not ignored, and how many those are (float
-/// scalars of the logits' dtype): `logits [n, classes]`, `labels [n]`, checked by the caller.
+/// The rows' losses summed over the `valid` rows (`[n]`, boolean), and how many those are
+/// (float scalars of the logits' dtype): `logits [n, classes]`, `labels [n]`, checked by the
+/// caller.
 ///
 /// Written as `logsumexp(row) - (1 - ε) row[label] - ε mean(row)`, the log-probabilities never
 /// formed: the label's logit is picked by a select the gradient passes through elementwise, so
@@ -108,6 +112,7 @@ pub fn cross_entropy_with(
 fn summed_rows(
     logits: &Tensor,
     labels: &Tensor,
+    valid: &Tensor,
     options: CrossEntropyOptions,
 ) -> Result<(Tensor, Tensor)> {
     let (n, classes) = (logits.dims()[0], logits.dims()[1]);
@@ -118,9 +123,8 @@ fn summed_rows(
         .sum(&[1], false)?
         .log()?
         .add(&max.reshape(&[n])?)?;
-    let valid = valid_rows(labels, options)?;
     // ignored rows pick class 0, then are masked out
-    let safe = Tensor::where_cond(&valid, labels, &labels.zeros_like()?)?;
+    let safe = Tensor::where_cond(valid, labels, &labels.zeros_like()?)?;
     let dev = logits.device_inner()?;
     let iota = Tensor::apply_nullary(
         &dev,
@@ -158,12 +162,13 @@ fn valid_rows(labels: &Tensor, options: CrossEntropyOptions) -> Result<Tensor> {
 
 /// [`cross_entropy_with`] of the logits `hidden . weight^T` (a language model's head: `hidden
 /// [.., h]`, `weight [classes, h]`, `labels [..]`), computed `chunk` rows at a time so that at
-/// most one chunk's logits exist at once, in the forward pass and in the backward pass: each
-/// chunk's logits (in float32) are reduced to a sum as soon as they are computed, and the
-/// backward pass recomputes them chunk by chunk ([`crate::nn::checkpoint`]). The value and the
-/// gradients (for `hidden` and `weight`) are those of the whole; the cost is the head's
-/// product computed twice. For a vocabulary of 128k and 8k tokens, the whole logits are 4 GiB
-/// of float32; chunks of 1024 rows, 512 MiB.
+/// most one chunk's logits exist at once, in the forward pass and in the backward pass: one
+/// loop over the chunks ([`crate::nn::scan`]) reduces each chunk's logits (in float32) to a sum
+/// as soon as they are computed, and its backward loop computes them again, chunk by chunk.
+/// The value and the gradients (for `hidden` and `weight`) are those of the whole; the cost is
+/// the head's product computed twice. The last chunk is filled up with rows that count for
+/// nothing. For a vocabulary of 128k and 8k tokens, the whole logits are 4 GiB of float32;
+/// chunks of 1024 rows, 512 MiB.
 #[track_caller]
 pub fn chunked_cross_entropy(
     hidden: &Tensor,
@@ -223,30 +228,45 @@ pub fn chunked_cross_entropy(
         options.ignore_index,
         location,
     )?;
-    let count = valid_rows(&labels, options)?
-        .to_dtype(neuron_pc_compiler::DType::F32)?
-        .sum_all()?;
-    let mut total: Option<Tensor> = None;
-    for start in (0..n).step_by(chunk) {
-        let len = chunk.min(n - start);
-        // Each chunk starts once the one before is summed: nothing else orders the chunks, and
-        // XLA's scheduler would compute every chunk's logits first, then reduce them.
-        let after: Vec<Tensor> = total.iter().cloned().collect();
-        let rows = hidden.narrow(0, start, len)?.after(&after)?;
-        // the labels are an input of the block too, so that what the backward pass computes
-        // from them (the one-hot rows, times the cotangent) waits with the rest of the block
-        let targets = labels.narrow(0, start, len)?.after(&after)?;
-        let sum = remat(Remat::Full, &[&rows, &targets], |xs| {
-            let logits = xs[0]
-                .linear(weight, None)?
-                .to_dtype(neuron_pc_compiler::DType::F32)?;
-            Ok(vec![summed_rows(&logits, &xs[1], options)?.0])
-        })?
-        .remove(0);
-        total = Some(match total {
-            Some(t) => t.add(&sum)?,
-            None => sum,
-        });
-    }
-    total.expect("n > 0 rows").div(&count)
+    // 1 for a row that counts, 0 for an ignored one and for the rows that fill the last chunk
+    let counted = valid_rows(&labels, options)?.to_dtype(DType::F32)?;
+    let count = counted.sum_all()?;
+    let chunks = n.div_ceil(chunk);
+    let fill = (chunks * chunk - n) as i64;
+    let filled = |t: &Tensor, rank: usize| -> Result<Tensor> {
+        if fill == 0 {
+            return Ok(t.clone());
+        }
+        let mut high = vec![0; rank];
+        high[0] = fill;
+        t.pad(
+            &vec![0; rank],
+            &high,
+            &vec![0; rank],
+            &t.constant_like(0.0)?,
+        )
+    };
+    let rows = filled(&hidden, 2)?.reshape(&[chunks, chunk, h])?;
+    let targets = filled(&labels, 1)?.reshape(&[chunks, chunk])?;
+    let counted = filled(&counted, 1)?.reshape(&[chunks, chunk])?;
+    // A loop, not a block per chunk: XLA orders its iterations and cannot merge the backward
+    // loop's logits into the forward's. Newer XLA cpu pipelines expand optimization barriers
+    // before their last CSE, which undid both for checkpointed blocks (every chunk's logits
+    // were alive at once).
+    let options_loop = ScanOptions {
+        reverse: false,
+        remat: Remat::Full,
+    };
+    let (total, _) = scan(
+        &[&count.zeros_like()?],
+        &[&rows, &targets, &counted],
+        options_loop,
+        |sum, x| {
+            let logits = x[0].linear(weight, None)?.to_dtype(DType::F32)?;
+            let valid = x[2].ne(&x[2].zeros_like()?)?;
+            let (chunk_sum, _) = summed_rows(&logits, &x[1], &valid, options)?;
+            Ok((vec![sum[0].add(&chunk_sum)?], vec![]))
+        },
+    )?;
+    total[0].div(&count)
 }
