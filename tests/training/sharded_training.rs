@@ -18,8 +18,10 @@ use neuron_pc::{
 /// agree within 1e-5, but AdamW divides by the root of a running square of each gradient, so
 /// sums taken in another order (any split of the work) move the parameters apart by more:
 /// measured 1.4e-4 for the data-parallel replicas this project has always had, 5.5e-5 to
-/// 1.3e-4 for the meshes. A broken layout is off by orders of magnitude more.
-const PARAM_TOLERANCE: f64 = 2e-4;
+/// 1.4e-4 for the meshes with the default plugin, and up to 2.4e-4 (FSDP 2 x TP 2's attention
+/// projections) with `xla-cpu-pjrt` 0.0.1, whose XLA splits the sums differently. A broken
+/// layout is off by orders of magnitude more.
+const PARAM_TOLERANCE: f64 = 3e-4;
 
 const BATCH: usize = 4;
 const SEQ: usize = 16;
