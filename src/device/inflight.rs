@@ -15,7 +15,6 @@ use std::time::Instant;
 use neuron_pc_compiler::pjrt::Event;
 
 use super::lock;
-use super::trace::DeviceData;
 use crate::error::{Error, Result};
 
 /// One launched step (on every replica).
@@ -33,10 +32,11 @@ pub(crate) struct StepRun {
     finished: Arc<OnceLock<(Instant, Option<String>)>>,
     /// The outcome of the first wait, so every later wait reports the same.
     waited: OnceLock<Option<String>>,
-    /// The inputs it was given to update in place, kept until it completes: some plugins
+    /// The inputs it was given to update in place (their `DeviceData`, type-erased since
+    /// `trace` imports this module), kept until it completes: some plugins
     /// (`xla-cpu-pjrt` 0.0.1) block a donated buffer's destruction until the step that took it
     /// ends, which held every launch back to one step in flight.
-    donated: Mutex<Vec<Arc<DeviceData>>>,
+    donated: Mutex<Vec<Arc<dyn Send + Sync>>>,
 }
 
 impl StepRun {
@@ -47,7 +47,7 @@ impl StepRun {
         site: &'static Location<'static>,
         step: u64,
         graph: String,
-        donated: Vec<Arc<DeviceData>>,
+        donated: Vec<Arc<dyn Send + Sync>>,
     ) -> StepRun {
         let launched = Instant::now();
         let finished = Arc::new(OnceLock::new());

@@ -709,7 +709,11 @@ impl DeviceInner {
             .first()
             .map_or(0, |o| o.iter().map(Buffer::size_in_bytes).sum());
         let new_bytes = outputs.saturating_sub(donated) as u64;
-        let run = Arc::new(StepRun::new(launched.done, site, step, graph, taken));
+        let held = taken
+            .into_iter()
+            .map(|d| d as Arc<dyn Send + Sync>)
+            .collect();
+        let run = Arc::new(StepRun::new(launched.done, site, step, graph, held));
         let zero_filled = params.iter().any(|d| d.zero_filled);
         if launched
             .outputs
