@@ -697,22 +697,19 @@ impl DeviceInner {
         // The inputs it updates in place (`keep` is in ascending order, as both callers build
         // it). What it allocated on each device: its outputs, less those inputs, each aliased to
         // one output of its size.
-        let taken: Vec<Arc<DeviceData>> = (0..params.len())
-            .filter(|i| keep.binary_search(i).is_err())
-            .map(|i| params[i].clone())
-            .collect();
-        let donated: usize = (taken.iter().filter_map(|d| d.buffers.first()))
-            .map(Buffer::size_in_bytes)
-            .sum();
+        let mut held: Vec<Arc<dyn Send + Sync>> = Vec::with_capacity(params.len() - keep.len());
+        let mut donated = 0;
+        for (i, d) in params.iter().enumerate() {
+            if keep.binary_search(&i).is_err() {
+                donated += d.buffers.first().map_or(0, Buffer::size_in_bytes);
+                held.push(d.clone());
+            }
+        }
         let outputs: usize = launched
             .outputs
             .first()
             .map_or(0, |o| o.iter().map(Buffer::size_in_bytes).sum());
         let new_bytes = outputs.saturating_sub(donated) as u64;
-        let held = taken
-            .into_iter()
-            .map(|d| d as Arc<dyn Send + Sync>)
-            .collect();
         let run = Arc::new(StepRun::new(launched.done, site, step, graph, held));
         let zero_filled = params.iter().any(|d| d.zero_filled);
         if launched

@@ -44,11 +44,12 @@ fn small() -> TextEncoderConfig {
 
 /// A model whose step's program takes longer to run than its recording, so that a host that
 /// does not wait runs ahead of the device on any machine: with `small()` the two were close,
-/// and which was faster depended on the machine's load.
+/// and which was faster depended on the machine's load. With a hidden layer of 512,
+/// `xla-cpu-pjrt` ran the step fast enough that 1 run in 3 had no two steps in flight.
 fn wide() -> TextEncoderConfig {
     TextEncoderConfig {
         embed: 64,
-        mlp: vec![512],
+        mlp: vec![1024],
         ..small()
     }
 }
