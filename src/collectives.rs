@@ -96,8 +96,9 @@ fn current() -> &'static RwLock<Option<Arc<Groups>>> {
 
 /// Registers the cross-process handlers with `plugin` (once per plugin and process).
 pub fn register(plugin: &Plugin) -> Result<()> {
-    let handlers: [(&str, ffi::Handler); 4] = [
+    let handlers: [(&str, ffi::Handler); 5] = [
         (PROCESS_INDEX_TARGET, process_index),
+        (process_target(&ProcessCollective::Ordered), ordered),
         (
             process_target(&ProcessCollective::AllReduce(ReduceOp::Sum)),
             all_reduce,
@@ -440,6 +441,30 @@ unsafe extern "C" fn process_index(frame: *mut CallFrame) -> *mut FfiError {
             *(r.data as *mut u32) = c.groups.rank as u32;
             Ok(())
         })
+    }
+}
+
+/// The operand, once the others are computed (an ordering edge). XLA gives the result the
+/// operand's buffer (aliased), so there is nothing to do unless copy insertion gave it its own.
+unsafe extern "C" fn ordered(frame: *mut CallFrame) -> *mut FfiError {
+    // SAFETY: XLA calls this handler with its call frame; past the probe, its lists are live
+    // for the call, and the operand and the result do not overlap unless they are one buffer.
+    unsafe {
+        if ffi::answer_probe(frame) {
+            return std::ptr::null_mut();
+        }
+        let (args, rets) = (ffi::args(frame), ffi::rets(frame));
+        let (Some(a), Some(r)) = (args.first(), rets.first()) else {
+            return ffi::error(frame, "an ordering edge without its operand or result");
+        };
+        let el = match element(a.dtype) {
+            Ok(el) => el,
+            Err(m) => return ffi::error(frame, &m),
+        };
+        if a.data != r.data {
+            std::ptr::copy_nonoverlapping(a.data, r.data, a.elements() * el.size());
+        }
+        std::ptr::null_mut()
     }
 }
 

@@ -250,7 +250,9 @@ pub enum Op {
     /// same device (replica or partition) of each of the run's `processes` processes. Made only
     /// by [`crate::passes::cross_process`], for a target whose runtime keeps collectives inside
     /// a process (cpu); lowers to a custom call to a handler of neuron-pc's own, which calls
-    /// the collective library (gloo) for the device the call runs on.
+    /// the collective library (gloo) for the device the call runs on. A second operand, if
+    /// any, is only waited for: the previous collective's result, so that every process runs
+    /// its calls in the same order (an edge that no compiler pass removes).
     ProcessCollective {
         /// What the processes' values make.
         collective: ProcessCollective,
@@ -333,6 +335,11 @@ pub enum ProcessCollective {
         /// The split dimension.
         dim: usize,
     },
+    /// No exchange: the operand, in place, once the second operand (the previous collective's
+    /// result) is computed. It orders an XLA collective inside the process after the one before
+    /// it in every process alike, where an optimization barrier would not hold: newer XLA cpu
+    /// pipelines drop barriers before they schedule.
+    Ordered,
 }
 
 impl ProcessCollective {
@@ -342,6 +349,7 @@ impl ProcessCollective {
             ProcessCollective::AllReduce(_) => "process_all_reduce",
             ProcessCollective::AllGather { .. } => "process_all_gather",
             ProcessCollective::ReduceScatter { .. } => "process_reduce_scatter",
+            ProcessCollective::Ordered => "process_ordered",
         }
     }
 }
@@ -421,8 +429,12 @@ impl fmt::Display for Op {
                     ProcessCollective::ReduceScatter { op, dim } => {
                         write!(f, "{n}{{op={}, dim={dim}", op.name())?
                     }
+                    ProcessCollective::Ordered => write!(f, "{n}{{")?,
                 }
-                write!(f, ", processes={processes}, tag={tag}")?;
+                if *collective != ProcessCollective::Ordered {
+                    f.write_str(", ")?;
+                }
+                write!(f, "processes={processes}, tag={tag}")?;
                 if *leader {
                     f.write_str(", leader")?;
                 }

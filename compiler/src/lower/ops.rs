@@ -66,14 +66,22 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
                 ProcessCollective::AllReduce(op) => (op, 0),
                 ProcessCollective::AllGather { dim } => (ReduceOp::Sum, dim),
                 ProcessCollective::ReduceScatter { op, dim } => (op, dim),
+                ProcessCollective::Ordered => (ReduceOp::Sum, 0),
             };
             // the handler reads and writes row-major buffers: XLA must not pick another layout
+            // (of an ordering edge too, which it never reads)
+            let operand_layouts: Vec<String> = (node.operands.iter())
+                .map(|&o| row_major(graph.node_type(o).rank()))
+                .collect();
             let mut layouts = format!(
                 "operand_layouts = [{}], result_layouts = [{}]",
-                row_major(in_ty.map_or(0, TensorType::rank)),
+                operand_layouts.join(", "),
                 row_major(node.ty.rank())
             );
-            if matches!(collective, ProcessCollective::AllReduce(_)) {
+            if matches!(
+                collective,
+                ProcessCollective::AllReduce(_) | ProcessCollective::Ordered
+            ) {
                 layouts.push_str(IN_PLACE);
             }
             let call = |arg: &str, sig: &str| {
@@ -94,7 +102,10 @@ pub(crate) fn emit(e: &mut Emitter, graph: &Graph, i: usize, node: &Node) -> Res
             // each device's block, in a manual region of the operand's layout; a gather or a
             // scatter along a dimension the layout splits runs on whole copies instead (the
             // processes' blocks of a device's block do not make that device's block)
-            let along = !matches!(collective, ProcessCollective::AllReduce(_));
+            let along = matches!(
+                collective,
+                ProcessCollective::AllGather { .. } | ProcessCollective::ReduceScatter { .. }
+            );
             let layout = if along && sharding_tiles(layout, x.rank())?.get(dim) > Some(&1) {
                 "{replicated}"
             } else {
@@ -549,6 +560,7 @@ pub fn process_target(c: &ProcessCollective) -> &'static str {
         ProcessCollective::AllReduce(_) => "neuron_pc_process_all_reduce",
         ProcessCollective::AllGather { .. } => "neuron_pc_process_all_gather",
         ProcessCollective::ReduceScatter { .. } => "neuron_pc_process_reduce_scatter",
+        ProcessCollective::Ordered => "neuron_pc_process_ordered",
     }
 }
 

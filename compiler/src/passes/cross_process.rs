@@ -279,14 +279,40 @@ impl Rewrite<'_> {
             leader,
         };
         self.tag += 1;
-        self.chained(b, op, value)
+        if self.layout.partitioned {
+            // the call sits in a manual region of its operand's layout; the edge is an `After`
+            return self.chained(b, op, value);
+        }
+        // The previous collective's result as a second operand, which the handler only waits
+        // for. An `After` is an optimization barrier, and newer XLA cpu pipelines drop those
+        // before scheduling: one device of a process then ran its call ahead of an all-reduce
+        // inside the process, while the other process kept the program's order (a deadlock).
+        let operands = match self.last {
+            Some(previous) if previous != value => vec![value, previous],
+            _ => vec![value],
+        };
+        let id = b.push(op, &operands)?;
+        self.last = Some(id);
+        Ok(id)
     }
 
-    /// `value` waiting for the previous collective's result, if any (`After`).
+    /// `value` waiting for the previous collective's result, if any: by an `After` in a
+    /// partitioned program, else by an [`ProcessCollective::Ordered`] call, which no compiler
+    /// pass removes.
     fn after_last(&self, b: &mut Builder, value: NodeId) -> Result<NodeId> {
         match self.last {
-            Some(previous) => b.push(Op::After, &[value, previous]),
-            None => Ok(value),
+            Some(previous) if self.layout.partitioned => b.push(Op::After, &[value, previous]),
+            Some(previous) if previous != value => {
+                let ordered = Op::ProcessCollective {
+                    collective: ProcessCollective::Ordered,
+                    processes: self.layout.processes,
+                    tag: 0,
+                    manual: None,
+                    leader: false,
+                };
+                b.push(ordered, &[value, previous])
+            }
+            _ => Ok(value),
         }
     }
 

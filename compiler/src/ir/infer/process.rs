@@ -6,7 +6,8 @@ use crate::error::Result;
 use super::{dtype_in, shape_error, unary};
 use crate::ir::{Op, ProcessCollective, ReduceOp, TensorType};
 
-/// A [`Op::ProcessCollective`] of one operand.
+/// A [`Op::ProcessCollective`] of one operand (and perhaps an ordering edge, which does not
+/// count).
 pub(super) fn infer_process_collective(
     op: &Op,
     operands: &[&TensorType],
@@ -14,7 +15,10 @@ pub(super) fn infer_process_collective(
     processes: usize,
 ) -> Result<TensorType> {
     let e = |m: String| shape_error(op, operands, m);
-    let x = unary(op, operands)?;
+    let x = match operands {
+        [x] | [x, _] => *x,
+        _ => unary(op, operands)?,
+    };
     if processes == 0 {
         return Err(e("no processes".to_string()));
     }
@@ -41,6 +45,7 @@ pub(super) fn infer_process_collective(
             }
             dims[dim] /= processes;
         }
+        ProcessCollective::Ordered => {}
     }
     Ok(TensorType::new(x.dtype, dims))
 }
