@@ -297,12 +297,19 @@ impl Rewrite<'_> {
     }
 
     /// `value` waiting for the previous collective's result, if any: by an `After` in a
-    /// partitioned program, else by an [`ProcessCollective::Ordered`] call, which no compiler
-    /// pass removes.
+    /// partitioned program; else, after a call between processes, by an
+    /// [`ProcessCollective::Ordered`] call, which no compiler pass removes. XLA runs its own
+    /// collectives in one order on every device, so one after another needs no edge.
     fn after_last(&self, b: &mut Builder, value: NodeId) -> Result<NodeId> {
+        let after_call = |previous: NodeId, b: &Builder| {
+            matches!(
+                b.node(previous).map(|n| &n.op),
+                Ok(Op::ProcessCollective { .. })
+            )
+        };
         match self.last {
             Some(previous) if self.layout.partitioned => b.push(Op::After, &[value, previous]),
-            Some(previous) if previous != value => {
+            Some(previous) if previous != value && after_call(previous, b) => {
                 let ordered = Op::ProcessCollective {
                     collective: ProcessCollective::Ordered,
                     processes: self.layout.processes,
