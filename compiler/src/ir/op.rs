@@ -336,9 +336,9 @@ pub enum ProcessCollective {
         dim: usize,
     },
     /// No exchange: the operand, in place, once the second operand (the previous collective's
-    /// result) is computed. It orders an XLA collective inside the process after the one before
-    /// it in every process alike, where an optimization barrier would not hold: newer XLA cpu
-    /// pipelines drop barriers before they schedule.
+    /// result) is computed. It orders an XLA collective inside the process after the call
+    /// between processes before it, in every process alike, where an optimization barrier
+    /// would not hold: newer XLA cpu pipelines drop barriers before they schedule.
     Ordered,
 }
 
