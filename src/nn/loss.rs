@@ -228,9 +228,9 @@ pub fn chunked_cross_entropy(
         options.ignore_index,
         location,
     )?;
-    // 1 for a row that counts, 0 for an ignored one and for the rows that fill the last chunk
-    let counted = valid_rows(&labels, options)?.to_dtype(DType::F32)?;
-    let count = counted.sum_all()?;
+    // the rows that count: not ignored, and not the rows that fill the last chunk
+    let valid = valid_rows(&labels, options)?;
+    let count = valid.to_dtype(DType::F32)?.sum_all()?;
     let chunks = n.div_ceil(chunk);
     let fill = (chunks * chunk - n) as i64;
     let filled = |t: &Tensor, rank: usize| -> Result<Tensor> {
@@ -248,23 +248,22 @@ pub fn chunked_cross_entropy(
     };
     let rows = filled(&hidden, 2)?.reshape(&[chunks, chunk, h])?;
     let targets = filled(&labels, 1)?.reshape(&[chunks, chunk])?;
-    let counted = filled(&counted, 1)?.reshape(&[chunks, chunk])?;
+    let valid = filled(&valid, 1)?.reshape(&[chunks, chunk])?;
     // A loop, not a block per chunk: XLA orders its iterations and cannot merge the backward
     // loop's logits into the forward's. Newer XLA cpu pipelines expand optimization barriers
     // before their last CSE, which undid both for checkpointed blocks (every chunk's logits
     // were alive at once).
     let options_loop = ScanOptions {
-        reverse: false,
         remat: Remat::Full,
+        ..ScanOptions::default()
     };
     let (total, _) = scan(
         &[&count.zeros_like()?],
-        &[&rows, &targets, &counted],
+        &[&rows, &targets, &valid],
         options_loop,
         |sum, x| {
             let logits = x[0].linear(weight, None)?.to_dtype(DType::F32)?;
-            let valid = x[2].ne(&x[2].zeros_like()?)?;
-            let (chunk_sum, _) = summed_rows(&logits, &x[1], &valid, options)?;
+            let (chunk_sum, _) = summed_rows(&logits, &x[1], &x[2], options)?;
             Ok((vec![sum[0].add(&chunk_sum)?], vec![]))
         },
     )?;

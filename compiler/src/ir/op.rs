@@ -338,7 +338,8 @@ pub enum ProcessCollective {
     /// No exchange: the operand, in place, once the second operand (the previous collective's
     /// result) is computed. It orders an XLA collective inside the process after the call
     /// between processes before it, in every process alike, where an optimization barrier
-    /// would not hold: newer XLA cpu pipelines drop barriers before they schedule.
+    /// would not hold: newer XLA cpu pipelines drop barriers before they schedule. The op's
+    /// other fields mean nothing for it (tag 0, no layout, not a leader's).
     Ordered,
 }
 
