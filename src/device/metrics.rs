@@ -5,12 +5,31 @@ use std::sync::Weak;
 use super::lock;
 use super::trace::{Cell, Value};
 
+thread_local! {
+    /// This thread's time since its last step that the metrics count as something other than
+    /// tracing (waits for values and batches, steps cut by reads), in ms.
+    static NOT_TRACING: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
+}
+
+/// Counts `ms` of this thread's time as not tracing: `host_trace_ms` (from a step's end to the
+/// next cut, on the loop's thread) leaves it out.
+pub(crate) fn not_tracing(ms: f64) {
+    NOT_TRACING.with(|t| t.set(t.get() + ms));
+}
+
+/// This thread's time counted by [`not_tracing`] since the last call, which starts the count
+/// again (at a step's cut and end).
+pub(crate) fn take_not_tracing() -> f64 {
+    NOT_TRACING.with(|t| t.replace(0.0))
+}
+
 impl crate::LazyDevice {
     /// Counts a batch the loader handed over after `ms` of waiting.
     pub(crate) fn record_batch_wait(&self, ms: f64) {
         let mut m = lock(&self.inner.metrics);
         m.batches_loaded += 1;
         m.batch_wait_ms += ms;
+        not_tracing(ms);
     }
 
     /// Counts a checkpoint save (`saved` or failed): `blocked_ms` of the loop, `n` bytes written.
@@ -132,6 +151,11 @@ pub struct Metrics {
     /// not the host's).
     #[serde(default)]
     pub in_flight_wait_ms: f64,
+    /// The host waiting for steps to finish in order to read their values (`to_vec`, `item`,
+    /// a checkpoint's copy) or in `synchronize`, in ms, on any thread: the device's time, not
+    /// the host's. A loop's own waits are not in its `host_trace_ms`.
+    #[serde(default)]
+    pub read_wait_ms: f64,
     /// The most steps a device left in flight when `mark_step` returned.
     #[serde(default)]
     pub peak_steps_in_flight: u64,
@@ -331,6 +355,15 @@ impl Metrics {
                 format!(
                     "{:.1} ms over {} batches from the loader",
                     self.batch_wait_ms, self.batches_loaded
+                ),
+            );
+        }
+        if self.read_wait_ms > 0.0 {
+            line(
+                "read wait",
+                format!(
+                    "{:.1} ms waiting for steps to finish to read their values",
+                    self.read_wait_ms
                 ),
             );
         }

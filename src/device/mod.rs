@@ -253,10 +253,7 @@ impl LazyDevice {
 
     /// Waits for every launched step; the first failure among them, naming its `mark_step`.
     pub fn synchronize(&self) -> Result<()> {
-        self.inner.free_retired();
-        let (done, result) = self.inner.in_flight.drain();
-        self.inner.account(&done);
-        result?;
+        self.inner.wait_for_all()?;
         self.inner.poll_index_checks(true)
     }
 
@@ -471,6 +468,12 @@ impl DeviceInner {
         capture: Option<&mut Option<replay::Captured>>,
     ) -> Result<()> {
         let started = Instant::now();
+        // the loop's waits and reads' steps since the last step: not tracing
+        let not_tracing = if explicit {
+            metrics::take_not_tracing()
+        } else {
+            0.0
+        };
         if !explicit {
             // (a `mark_step` freed them before taking its pending list)
             self.free_retired();
@@ -576,8 +579,14 @@ impl DeviceInner {
             m.last_step_ops = traced.op_count as u64;
             m.host_finish_ms += ms(end - ran);
             if let Some(from) = traced_from {
-                m.host_trace_ms += ms(started.saturating_duration_since(from));
+                let window = ms(started.saturating_duration_since(from));
+                m.host_trace_ms += (window - not_tracing).max(0.0);
             }
+        }
+        if explicit {
+            metrics::take_not_tracing(); // the next step's count starts here
+        } else {
+            metrics::not_tracing(ms(end - started));
         }
         {
             let mut retired = lock(&self.retired);

@@ -278,6 +278,7 @@ impl Replayer {
         self.previous = None;
         lock(&dev.retired).values.append(&mut replaced);
         *lock(&dev.last_step_end) = Instant::now();
+        super::metrics::take_not_tracing();
         Ok(Some(results))
     }
 }

@@ -179,16 +179,20 @@ impl DeviceInner {
 
     /// Copies replica `replica`'s value to the host (on a mesh: position `replica`'s block).
     pub(crate) fn download(&self, data: &DeviceData, replica: usize) -> Result<HostTensor> {
+        let mut wait_ms = 0.0;
         if let Some(p) = &data.producer {
             self.free_retired();
             let waited = Instant::now();
             p.wait()?;
             self.phase("wait", waited, Some(&p.graph));
+            wait_ms = super::ms(waited.elapsed());
+            super::metrics::not_tracing(wait_ms);
         }
         let started = Instant::now();
         let host = data.buffers[replica].to_host()?;
         self.phase("transfer to host", started, None);
         let mut m = lock(&self.metrics);
+        m.read_wait_ms += wait_ms;
         m.transfers_to_host += 1;
         m.bytes_to_host += host.bytes().len() as u64;
         if data.zero_filled {
@@ -200,6 +204,18 @@ impl DeviceInner {
             }
         }
         Ok(host)
+    }
+
+    /// Waits for every step in flight (`synchronize`), counted as a read's wait.
+    pub(crate) fn wait_for_all(&self) -> Result<()> {
+        self.free_retired();
+        let waited = Instant::now();
+        let (done, result) = self.in_flight.drain();
+        let wait_ms = super::ms(waited.elapsed());
+        super::metrics::not_tracing(wait_ms);
+        lock(&self.metrics).read_wait_ms += wait_ms;
+        self.account(&done);
+        result
     }
 
     /// Copies replica `replica`'s value to the host once its step is done, outside the

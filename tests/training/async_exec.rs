@@ -229,6 +229,43 @@ fn execution_time_is_measured_from_launch_to_completion() {
 }
 
 #[test]
+fn a_loop_that_reads_every_step_waits_on_the_device_not_in_its_tracing() {
+    let _serial = serial();
+    let dev = device(4);
+    let (x, w) = matmul_inputs(&dev);
+    // Each step: tens of ms of matmuls on the device, a few ops recorded, its value read back.
+    let step = |i: usize| {
+        let shift = dev.scalar(i as f64, DType::F32).unwrap();
+        let mut y = x.add(&shift).unwrap();
+        for _ in 0..8 {
+            y = y.matmul(&w).unwrap().tanh().unwrap();
+        }
+        let s = y.sum_all().unwrap();
+        dev.mark_step().unwrap();
+        assert!(s.item().unwrap().is_finite());
+    };
+    // the first step's window holds the device's setup and the inputs' upload
+    step(0);
+    let before = dev.metrics();
+    for i in 1..6 {
+        step(i);
+    }
+    dev.mark_step().unwrap(); // nothing pending: no step
+    dev.synchronize().unwrap();
+    let m = dev.metrics();
+    assert_eq!(m.executions - before.executions, 5, "{m:?}");
+    // Before, the time a read waited for its step counted as the next step's tracing, so
+    // the loop's tracing read as long as the device's work.
+    let waits = m.read_wait_ms - before.read_wait_ms;
+    let trace = m.host_trace_ms - before.host_trace_ms;
+    assert!(
+        trace > 0.0 && trace < waits / 4.0,
+        "trace {trace} ms against {waits} ms of waits for reads"
+    );
+    assert!(m.report().contains("read wait"), "{}", m.report());
+}
+
+#[test]
 fn a_step_that_fails_while_running_is_reported_at_the_next_wait_with_its_site() {
     let _serial = serial();
     let dev = device(2);
