@@ -28,8 +28,11 @@ pub(crate) struct StepRun {
     /// The graph's key, as logs show it.
     pub graph: String,
     pub launched: Instant,
-    /// Set by the completion callback: when, and the error message if it failed.
-    finished: Arc<OnceLock<(Instant, Option<String>)>>,
+    /// Set by the completion callback: when the device began it (see [`Busy`]), when it
+    /// completed, and the error message if it failed.
+    finished: Arc<OnceLock<(Instant, Instant, Option<String>)>>,
+    /// When the device's latest step completed, shared by its steps.
+    busy: Busy,
     /// The outcome of the first wait, so every later wait reports the same.
     waited: OnceLock<Option<String>>,
     /// The inputs it was given to update in place (their `DeviceData`, type-erased since
@@ -42,28 +45,31 @@ pub(crate) struct StepRun {
 impl StepRun {
     /// Tracks a launched step; registers the completion callbacks that timestamp it (when the
     /// last replica finishes; the first failure is kept).
-    pub fn new(
+    fn new(
         done: Vec<Event>,
         site: &'static Location<'static>,
         step: u64,
         graph: String,
         donated: Vec<Arc<dyn Send + Sync>>,
+        busy: Busy,
     ) -> StepRun {
         let launched = Instant::now();
         let finished = Arc::new(OnceLock::new());
         if done.is_empty() {
-            let _ = finished.set((launched, None));
+            let _ = finished.set((launched, launched, None));
         }
         let remaining = Arc::new(AtomicUsize::new(done.len()));
         let failure: Arc<Mutex<Option<String>>> = Arc::default();
         for event in &done {
             let (slot, remaining, failure) = (finished.clone(), remaining.clone(), failure.clone());
+            let busy = busy.clone();
             let registered = event.on_ready(move |status| {
                 if let Err(e) = status {
                     lock(&failure).get_or_insert_with(|| e.to_string());
                 }
                 if remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    let _ = slot.set((Instant::now(), lock(&failure).take()));
+                    let (from, at) = busy.completed(launched);
+                    let _ = slot.set((from, at, lock(&failure).take()));
                 }
             });
             if let Err(e) = registered {
@@ -78,6 +84,7 @@ impl StepRun {
             graph,
             launched,
             finished,
+            busy,
             waited: OnceLock::new(),
             donated: Mutex::new(donated),
         }
@@ -107,9 +114,11 @@ impl StepRun {
                     waited = w;
                 }
             }
-            let _ = self
-                .finished
-                .set((Instant::now(), waited.as_ref().err().map(|e| e.to_string())));
+            if self.finished.get().is_none() {
+                let (from, at) = self.busy.completed(self.launched);
+                let _ =
+                    (self.finished).set((from, at, waited.as_ref().err().map(|e| e.to_string())));
+            }
             waited.err().map(|e| e.to_string())
         });
         match failure {
@@ -130,7 +139,31 @@ impl StepRun {
 
     /// When the step completed (None while running).
     pub fn finished_at(&self) -> Option<Instant> {
-        self.finished.get().map(|(at, _)| *at)
+        self.finished.get().map(|(_, at, _)| *at)
+    }
+
+    /// When the device began the step, as far as the host can tell: its launch, or the
+    /// completion of the step before it, whichever came later (None while running).
+    pub fn began_at(&self) -> Option<Instant> {
+        self.finished.get().map(|(from, _, _)| *from)
+    }
+}
+
+/// The completion of a device's latest step, shared by its steps. A device runs its steps one
+/// after the other (a GPU's stream; on cpu, steps that donate each other's outputs), so a step
+/// queued behind another begins when that one completes: from then to its own completion is
+/// the device's time on it, where launch to completion also counts the queue.
+#[derive(Clone, Default)]
+pub(crate) struct Busy(Arc<Mutex<Option<Instant>>>);
+
+impl Busy {
+    /// A step launched at `launched` completed now: when it began, and now.
+    fn completed(&self, launched: Instant) -> (Instant, Instant) {
+        let mut latest = lock(&self.0);
+        let now = Instant::now().max(latest.unwrap_or(launched));
+        let from = latest.map_or(launched, |l| l.max(launched));
+        *latest = Some(now);
+        (from, now)
     }
 }
 
@@ -149,6 +182,7 @@ pub(crate) struct Bound {
 #[derive(Default)]
 pub(crate) struct InFlight {
     runs: Mutex<Queue>,
+    busy: Busy,
 }
 
 #[derive(Default)]
@@ -179,6 +213,19 @@ pub(crate) struct Pushed {
 }
 
 impl InFlight {
+    /// Tracks a step just launched, which completes when `done` are ready (see
+    /// [`StepRun`]); `donated` are the inputs it updates in place.
+    pub fn run(
+        &self,
+        done: Vec<Event>,
+        site: &'static Location<'static>,
+        step: u64,
+        graph: String,
+        donated: Vec<Arc<dyn Send + Sync>>,
+    ) -> StepRun {
+        StepRun::new(done, site, step, graph, donated, self.busy.clone())
+    }
+
     /// Adds a launched step that allocated `bytes` per device; while more than `bound` is in
     /// flight, waits for the oldest steps.
     pub fn push(&self, run: Arc<StepRun>, bytes: u64, bound: Bound) -> Pushed {

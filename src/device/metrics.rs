@@ -1,9 +1,11 @@
 //! Counters of what a device did, in the spirit of PyTorch/XLA's metrics report.
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
+use super::inflight::StepRun;
 use super::lock;
 use super::trace::{Cell, Value};
+use crate::timeline::DEVICE_TRACK;
 
 thread_local! {
     /// This thread's time since its last step that the metrics count as something other than
@@ -21,6 +23,33 @@ pub(crate) fn not_tracing(ms: f64) {
 /// again (at a step's cut and end).
 pub(crate) fn take_not_tracing() -> f64 {
     NOT_TRACING.with(|t| t.replace(0.0))
+}
+
+impl super::DeviceInner {
+    /// Adds the execution times of steps that left the in-flight queue to the metrics (and
+    /// their executions to the timeline).
+    pub(super) fn account(&self, done: &[Arc<StepRun>]) {
+        if done.is_empty() {
+            return;
+        }
+        let mut m = lock(&self.metrics);
+        for r in done {
+            m.execute_ms += r.execute_ms().unwrap_or(0.0);
+            let (Some(from), Some(end)) = (r.began_at(), r.finished_at()) else {
+                continue;
+            };
+            m.device_busy_ms += super::ms(end - from);
+            if let Some(t) = &self.timeline {
+                let queued = ("queued_ms", super::ms(from - r.launched).into());
+                let step = [
+                    ("graph", r.graph.clone().into()),
+                    ("step", r.step.into()),
+                    queued,
+                ];
+                t.span(DEVICE_TRACK, "execute", from, end, &step);
+            }
+        }
+    }
 }
 
 impl crate::LazyDevice {
@@ -119,6 +148,11 @@ pub struct Metrics {
     pub executions: u64,
     /// Total wall time of the finished executions (launch to results ready), in ms.
     pub execute_ms: f64,
+    /// The device's time on those executions, in ms: each from its launch or the completion
+    /// of the step before it, whichever was later, to its completion. With steps queued ahead,
+    /// launch to completion (`execute_ms`) also counts each step's wait for the ones before.
+    #[serde(default)]
+    pub device_busy_ms: f64,
     /// Batches a [`crate::data::DeviceLoader`] handed to the training loop.
     #[serde(default)]
     pub batches_loaded: u64,
@@ -347,7 +381,10 @@ impl Metrics {
         }
         line(
             "executions",
-            format!("{} in {:.1} ms", self.executions, self.execute_ms),
+            format!(
+                "{} in {:.1} ms, launch to completion (the device busy {:.1} ms)",
+                self.executions, self.execute_ms, self.device_busy_ms
+            ),
         );
         if self.batches_loaded > 0 {
             line(

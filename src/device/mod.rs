@@ -61,9 +61,9 @@ pub use trace::Tensor;
 
 use crate::compile::CachingCompiler;
 use crate::error::{Error, Result};
-use crate::timeline::{Timeline, DEVICE_TRACK, HOST_TRACK};
+use crate::timeline::{Timeline, HOST_TRACK};
 use executables::{How, StepExecutable, StepShardings};
-use inflight::{Bound, InFlight, StepRun};
+use inflight::{Bound, InFlight};
 use lock_order::{Lock, Ranked};
 use trace::{Cell, DeviceData, Node, Recorder, Value};
 
@@ -369,27 +369,6 @@ impl DeviceInner {
     /// Registers a tensor that became pending again (an in-place update).
     pub(crate) fn register_pending(&self, cell: &Arc<Cell>) {
         lock(&self.recorder).track(Arc::downgrade(cell));
-    }
-
-    /// Adds the execution times of steps that left the in-flight queue to the metrics (and
-    /// their executions to the timeline).
-    fn account(&self, done: &[Arc<StepRun>]) {
-        if done.is_empty() {
-            return;
-        }
-        let mut m = lock(&self.metrics);
-        for r in done {
-            m.execute_ms += r.execute_ms().unwrap_or(0.0);
-            if let (Some(t), Some(end)) = (&self.timeline, r.finished_at()) {
-                t.span(
-                    DEVICE_TRACK,
-                    "execute",
-                    r.launched,
-                    end,
-                    &[("graph", r.graph.clone().into()), ("step", r.step.into())],
-                );
-            }
-        }
     }
 
     /// Records a host-side phase on the timeline, if there is one.
@@ -719,7 +698,7 @@ impl DeviceInner {
             .first()
             .map_or(0, |o| o.iter().map(Buffer::size_in_bytes).sum());
         let new_bytes = outputs.saturating_sub(donated) as u64;
-        let run = Arc::new(StepRun::new(launched.done, site, step, graph, held));
+        let run = Arc::new(self.in_flight.run(launched.done, site, step, graph, held));
         let zero_filled = params.iter().any(|d| d.zero_filled);
         if launched
             .outputs

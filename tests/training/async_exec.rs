@@ -229,6 +229,43 @@ fn execution_time_is_measured_from_launch_to_completion() {
 }
 
 #[test]
+fn queued_steps_count_the_device_time_once() {
+    let _serial = serial();
+    // The same 8 matmul steps, launched one at a time and queued 8 deep.
+    let run = |dev: LazyDevice| {
+        let started = std::time::Instant::now();
+        let (m, values) = new_outputs(&dev, 8);
+        (m, started.elapsed().as_secs_f64() * 1e3, values)
+    };
+    let (one, _, one_values) = run(device(1));
+    let (deep, deep_wall_ms, deep_values) = run(bounded(64, 1 << 30));
+    assert_eq!(one_values, deep_values);
+    assert!(deep.peak_steps_in_flight >= 4, "{deep:?}");
+    assert_eq!((one.executions, deep.executions), (8, 8));
+    // Launch to completion counts each queued step's wait for the ones before it; the
+    // device's time counts each step once, within the run's wall time.
+    assert!(
+        deep.execute_ms > 2.0 * deep.device_busy_ms,
+        "launch to completion {} ms, busy {} ms",
+        deep.execute_ms,
+        deep.device_busy_ms
+    );
+    assert!(
+        deep.device_busy_ms > 0.0 && deep.device_busy_ms <= deep_wall_ms + 1.0,
+        "busy {} ms in a run of {deep_wall_ms} ms",
+        deep.device_busy_ms
+    );
+    // and about what the steps took one at a time
+    assert!(
+        deep.device_busy_ms > 0.4 * one.device_busy_ms,
+        "busy {} ms queued, {} ms one at a time",
+        deep.device_busy_ms,
+        one.device_busy_ms
+    );
+    assert!(one.report().contains("the device busy"), "{}", one.report());
+}
+
+#[test]
 fn a_loop_that_reads_every_step_waits_on_the_device_not_in_its_tracing() {
     let _serial = serial();
     let dev = device(4);
