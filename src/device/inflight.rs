@@ -226,6 +226,26 @@ impl InFlight {
         StepRun::new(done, site, step, graph, donated, self.busy.clone())
     }
 
+    /// Waits for the oldest steps until fewer than `steps` (at least 1) are in flight, so
+    /// that the next launch makes no more than `steps`: the steps that left, and the first
+    /// failure waited for.
+    pub fn make_room(&self, steps: usize) -> (Vec<Arc<StepRun>>, Result<()>) {
+        let mut q = lock(&self.runs);
+        let mut retired = Vec::new();
+        let mut result = Ok(());
+        while q.runs.len() >= steps.max(1) {
+            let Some(oldest) = q.pop() else {
+                break;
+            };
+            let r = oldest.retire();
+            if result.is_ok() {
+                result = r;
+            }
+            retired.push(oldest);
+        }
+        (retired, result)
+    }
+
     /// Adds a launched step that allocated `bytes` per device; while more than `bound` is in
     /// flight, waits for the oldest steps.
     pub fn push(&self, run: Arc<StepRun>, bytes: u64, bound: Bound) -> Pushed {

@@ -665,6 +665,16 @@ impl DeviceInner {
                 p.wait()?;
             }
         }
+        // No more than the bound's steps run at once: the oldest are waited for before this
+        // one launches (XLA's cpu client blocks a 33rd execution inside the launch call).
+        let room_from = Instant::now();
+        let (room, freed) = self.in_flight.make_room(self.config.max_steps_in_flight);
+        let room_wait = room_from.elapsed();
+        if room_wait.as_micros() > 50 {
+            self.phase("wait (steps in flight)", room_from, None);
+        }
+        self.account(&room);
+        freed?;
         let args: Vec<Vec<&Buffer>> = (0..self.devices.len())
             .map(|r| params.iter().map(|d| &d.buffers[r]).collect())
             .collect();
@@ -737,9 +747,10 @@ impl DeviceInner {
         }
         {
             let mut m = lock(&self.metrics);
-            m.host_marshal_ms += ms(launch_started.saturating_duration_since(marshal_from));
+            let marshal = launch_started.saturating_duration_since(marshal_from);
+            m.host_marshal_ms += ms(marshal.saturating_sub(room_wait));
             m.host_launch_ms += ms(launched_at - launch_started);
-            m.in_flight_wait_ms += ms(waited);
+            m.in_flight_wait_ms += ms(waited + room_wait);
             m.host_finish_ms += ms(launched_at.elapsed().saturating_sub(waited));
             m.donated_buffers += (params.len() - keep.len()) as u64;
             m.last_step_outputs = result.len() as u64;

@@ -229,6 +229,46 @@ fn execution_time_is_measured_from_launch_to_completion() {
 }
 
 #[test]
+fn a_step_launches_only_once_fewer_than_the_bound_are_in_flight() {
+    let _serial = serial();
+    let path = std::env::temp_dir().join(format!("npc-bound-{}.json", std::process::id()));
+    let dev = LazyDevice::new(DeviceConfig {
+        cache: CacheConfig::disabled(),
+        max_steps_in_flight: 2,
+        trace: Some(path.clone()),
+        ..DeviceConfig::default()
+    })
+    .unwrap();
+    let (m, _) = new_outputs(&dev, 6);
+    assert_eq!(m.peak_steps_in_flight, 2, "{m:?}");
+    drop(dev);
+    let events = neuron_pc::timeline::read(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let of = |name: &str| -> Vec<(f64, f64)> {
+        let mut v: Vec<(f64, f64)> = (events.iter())
+            .filter(|e| e.name == name)
+            .map(|e| (e.ts, e.ts + e.dur.unwrap_or(0.0)))
+            .collect();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        v
+    };
+    let (launches, executions) = (of("launch"), of("execute"));
+    assert_eq!((launches.len(), executions.len()), (6, 6));
+    // Step k launches after step k - 2 completed: with 2 in flight, the oldest is waited for
+    // before the launch, not after it (a launch past XLA's cpu client's own bound of 32
+    // executions blocked inside the call, and counted the device's time as the host's).
+    for k in 2..6 {
+        assert!(
+            launches[k].0 + 1.0 >= executions[k - 2].1,
+            "step {k} launched at {} µs, step {} completed at {} µs",
+            launches[k].0,
+            k - 2,
+            executions[k - 2].1
+        );
+    }
+}
+
+#[test]
 fn queued_steps_count_the_device_time_once() {
     let _serial = serial();
     // The same 8 matmul steps, launched one at a time and queued 8 deep.
