@@ -283,8 +283,7 @@ impl Iterator for DeviceLoader {
         let waiting = std::time::Instant::now();
         match self.rx.recv() {
             Ok(batch) => {
-                let ms = waiting.elapsed().as_secs_f64() * 1e3;
-                self.device.record_batch_wait(ms);
+                self.device.record_batch_wait(waiting);
                 Some(batch)
             }
             // The stream ended, or the batch iterator panicked on the loader thread: say so

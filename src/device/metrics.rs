@@ -1,6 +1,8 @@
 //! Counters of what a device did, in the spirit of PyTorch/XLA's metrics report.
 
+use std::cell::RefCell;
 use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use super::inflight::StepRun;
 use super::lock;
@@ -8,21 +10,46 @@ use super::trace::{Cell, Value};
 use crate::timeline::DEVICE_TRACK;
 
 thread_local! {
-    /// This thread's time since its last step that the metrics count as something other than
-    /// tracing (waits for values and batches, steps cut by reads), in ms.
-    static NOT_TRACING: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
+    /// This thread's spans since its last step that the metrics count as something other than
+    /// tracing: waits for values and batches, steps cut by reads.
+    static NOT_TRACING: RefCell<Vec<(Instant, Instant)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Counts `ms` of this thread's time as not tracing: `host_trace_ms` (from a step's end to the
-/// next cut, on the loop's thread) leaves it out.
-pub(crate) fn not_tracing(ms: f64) {
-    NOT_TRACING.with(|t| t.set(t.get() + ms));
+/// Counts this thread's time from `from` to now as not tracing: `host_trace_ms` and the
+/// timeline's `trace` spans (from a step's end to the next cut, on the loop's thread) leave it
+/// out.
+pub(crate) fn not_tracing(from: Instant) -> f64 {
+    let to = Instant::now();
+    NOT_TRACING.with(|t| t.borrow_mut().push((from, to)));
+    super::ms(to - from)
 }
 
-/// This thread's time counted by [`not_tracing`] since the last call, which starts the count
-/// again (at a step's cut and end).
-pub(crate) fn take_not_tracing() -> f64 {
-    NOT_TRACING.with(|t| t.replace(0.0))
+/// This thread's spans counted by [`not_tracing`] since the last call, which starts the
+/// count again (at a step's cut and end).
+pub(crate) fn take_not_tracing() -> Vec<(Instant, Instant)> {
+    NOT_TRACING.with(|t| std::mem::take(&mut *t.borrow_mut()))
+}
+
+/// The parts of `from..to` outside every span of `not`, in order.
+pub(crate) fn tracing_parts(
+    from: Instant,
+    to: Instant,
+    mut not: Vec<(Instant, Instant)>,
+) -> Vec<(Instant, Instant)> {
+    not.sort_by_key(|s| s.0);
+    let mut parts = Vec::with_capacity(not.len() + 1);
+    let mut at = from;
+    for (a, b) in not {
+        if a > at {
+            parts.push((at, a.min(to)));
+        }
+        at = at.max(b);
+        if at >= to {
+            return parts;
+        }
+    }
+    parts.push((at, to));
+    parts
 }
 
 impl super::DeviceInner {
@@ -53,12 +80,12 @@ impl super::DeviceInner {
 }
 
 impl crate::LazyDevice {
-    /// Counts a batch the loader handed over after `ms` of waiting.
-    pub(crate) fn record_batch_wait(&self, ms: f64) {
+    /// Counts a batch the loader handed over after waiting since `waiting`.
+    pub(crate) fn record_batch_wait(&self, waiting: Instant) {
+        let ms = not_tracing(waiting);
         let mut m = lock(&self.inner.metrics);
         m.batches_loaded += 1;
         m.batch_wait_ms += ms;
-        not_tracing(ms);
     }
 
     /// Counts a checkpoint save (`saved` or failed): `blocked_ms` of the loop, `n` bytes written.
@@ -472,5 +499,42 @@ impl Metrics {
     /// The counters as JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tracing_parts;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn tracing_is_the_window_less_the_spans_that_are_not() {
+        let t0 = Instant::now();
+        let at = |us: u64| t0 + Duration::from_micros(us);
+        let us = |parts: Vec<(Instant, Instant)>| -> Vec<(u128, u128)> {
+            (parts.iter())
+                .map(|(a, b)| ((*a - t0).as_micros(), (*b - t0).as_micros()))
+                .collect()
+        };
+        assert_eq!(us(tracing_parts(at(10), at(100), vec![])), [(10, 100)]);
+        // two waits inside, given out of order
+        let waits = vec![(at(60), at(70)), (at(20), at(30))];
+        assert_eq!(
+            us(tracing_parts(at(10), at(100), waits)),
+            [(10, 20), (30, 60), (70, 100)]
+        );
+        // a span from before the window, overlapping spans, a span past its end
+        let waits = vec![
+            (at(0), at(15)),
+            (at(40), at(55)),
+            (at(50), at(60)),
+            (at(90), at(120)),
+        ];
+        assert_eq!(
+            us(tracing_parts(at(10), at(100), waits)),
+            [(15, 40), (60, 90)]
+        );
+        // the whole window waited
+        assert!(tracing_parts(at(10), at(100), vec![(at(5), at(100))]).is_empty());
     }
 }

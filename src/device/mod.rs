@@ -447,22 +447,12 @@ impl DeviceInner {
         capture: Option<&mut Option<replay::Captured>>,
     ) -> Result<()> {
         let started = Instant::now();
-        // the loop's waits and reads' steps since the last step: not tracing
-        let not_tracing = if explicit {
-            metrics::take_not_tracing()
-        } else {
-            0.0
-        };
         if !explicit {
             // (a `mark_step` freed them before taking its pending list)
             self.free_retired();
             // A read computes the index checks recorded so far with its value, so the read
             // can report them (a mark_step's pending list holds them already).
             self.pending_check_cells(&mut cells);
-        }
-        let traced_from = explicit.then(|| *lock(&self.last_step_end));
-        if let (Some(from), Some(t)) = (traced_from, &self.timeline) {
-            t.span(HOST_TRACK, "trace", from, started, &[]);
         }
         let roots: Vec<_> = cells
             .iter()
@@ -479,6 +469,18 @@ impl DeviceInner {
         if !explicit {
             lock(&self.metrics).implicit_syncs += 1;
             debug::warn_implicit_sync(self, site);
+        }
+        // from the last step's end, less the loop's waits and the steps its reads cut
+        let tracing = if explicit {
+            let from = *lock(&self.last_step_end);
+            metrics::tracing_parts(from, started, metrics::take_not_tracing())
+        } else {
+            Vec::new()
+        };
+        if let Some(t) = &self.timeline {
+            for (a, b) in &tracing {
+                t.span(HOST_TRACK, "trace", *a, *b, &[]);
+            }
         }
         let mut traced = {
             let mut walks = lock(&self.walks);
@@ -557,15 +559,12 @@ impl DeviceInner {
             let mut m = lock(&self.metrics);
             m.last_step_ops = traced.op_count as u64;
             m.host_finish_ms += ms(end - ran);
-            if let Some(from) = traced_from {
-                let window = ms(started.saturating_duration_since(from));
-                m.host_trace_ms += (window - not_tracing).max(0.0);
-            }
+            m.host_trace_ms += tracing.iter().map(|(a, b)| ms(*b - *a)).sum::<f64>();
         }
         if explicit {
             metrics::take_not_tracing(); // the next step's count starts here
         } else {
-            metrics::not_tracing(ms(end - started));
+            metrics::not_tracing(started);
         }
         {
             let mut retired = lock(&self.retired);

@@ -185,8 +185,7 @@ impl DeviceInner {
             let waited = Instant::now();
             p.wait()?;
             self.phase("wait", waited, Some(&p.graph));
-            wait_ms = super::ms(waited.elapsed());
-            super::metrics::not_tracing(wait_ms);
+            wait_ms = super::metrics::not_tracing(waited);
         }
         let started = Instant::now();
         let host = data.buffers[replica].to_host()?;
@@ -211,8 +210,7 @@ impl DeviceInner {
         self.free_retired();
         let waited = Instant::now();
         let (done, result) = self.in_flight.drain();
-        let wait_ms = super::ms(waited.elapsed());
-        super::metrics::not_tracing(wait_ms);
+        let wait_ms = super::metrics::not_tracing(waited);
         lock(&self.metrics).read_wait_ms += wait_ms;
         self.account(&done);
         result

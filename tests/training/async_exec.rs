@@ -308,7 +308,14 @@ fn queued_steps_count_the_device_time_once() {
 #[test]
 fn a_loop_that_reads_every_step_waits_on_the_device_not_in_its_tracing() {
     let _serial = serial();
-    let dev = device(4);
+    let path = std::env::temp_dir().join(format!("npc-reads-{}.json", std::process::id()));
+    let dev = LazyDevice::new(DeviceConfig {
+        cache: CacheConfig::disabled(),
+        max_steps_in_flight: 4,
+        trace: Some(path.clone()),
+        ..DeviceConfig::default()
+    })
+    .unwrap();
     let (x, w) = matmul_inputs(&dev);
     // Each step: tens of ms of matmuls on the device, a few ops recorded, its value read back.
     let step = |i: usize| {
@@ -340,6 +347,32 @@ fn a_loop_that_reads_every_step_waits_on_the_device_not_in_its_tracing() {
         "trace {trace} ms against {waits} ms of waits for reads"
     );
     assert!(m.report().contains("read wait"), "{}", m.report());
+    // The timeline's tracing is the metric's: its spans leave the reads' waits out.
+    drop(dev);
+    let events = neuron_pc::timeline::read(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let spans = |name: &str| -> Vec<(f64, f64)> {
+        (events.iter())
+            .filter(|e| e.name == name)
+            .map(|e| (e.ts, e.ts + e.dur.unwrap_or(0.0)))
+            .collect()
+    };
+    let (traces, waits) = (spans("trace"), spans("wait"));
+    assert!(waits.len() >= 6, "{} waits", waits.len());
+    let traced_us: f64 = traces.iter().map(|(a, b)| b - a).sum();
+    assert!(
+        (traced_us / 1e3 - m.host_trace_ms).abs() < 0.05 * m.host_trace_ms + 0.05,
+        "trace spans {traced_us} µs, host_trace_ms {}",
+        m.host_trace_ms
+    );
+    for (t0, t1) in &traces {
+        for (w0, w1) in &waits {
+            assert!(
+                t1 - 1.0 <= *w0 || *w1 <= t0 + 1.0,
+                "trace [{t0}, {t1}] over wait [{w0}, {w1}]"
+            );
+        }
+    }
 }
 
 #[test]
