@@ -198,6 +198,20 @@ impl Queue {
         Some(run)
     }
 
+    /// Waits for the oldest step and takes it out, into `retired`, its failure into `result`
+    /// unless an earlier one is there; false when there was none.
+    fn retire_oldest(&mut self, retired: &mut Vec<Arc<StepRun>>, result: &mut Result<()>) -> bool {
+        let Some(oldest) = self.pop() else {
+            return false;
+        };
+        let r = oldest.retire();
+        if result.is_ok() {
+            *result = r;
+        }
+        retired.push(oldest);
+        true
+    }
+
     fn front_finished(&self) -> bool {
         self.runs.front().is_some_and(|(r, _)| r.is_finished())
     }
@@ -233,16 +247,7 @@ impl InFlight {
         let mut q = lock(&self.runs);
         let mut retired = Vec::new();
         let mut result = Ok(());
-        while q.runs.len() >= steps.max(1) {
-            let Some(oldest) = q.pop() else {
-                break;
-            };
-            let r = oldest.retire();
-            if result.is_ok() {
-                result = r;
-            }
-            retired.push(oldest);
-        }
+        while q.runs.len() >= steps.max(1) && q.retire_oldest(&mut retired, &mut result) {}
         (retired, result)
     }
 
@@ -254,19 +259,11 @@ impl InFlight {
         q.bytes += bytes;
         let mut retired = Vec::new();
         let mut result = Ok(());
-        while q.runs.len() > bound.steps.max(1)
+        while (q.runs.len() > bound.steps.max(1)
             || (q.runs.len() > 1 && q.bytes > bound.bytes)
-            || q.front_finished()
-        {
-            let Some(oldest) = q.pop() else {
-                break;
-            };
-            let r = oldest.retire();
-            if result.is_ok() {
-                result = r;
-            }
-            retired.push(oldest);
-        }
+            || q.front_finished())
+            && q.retire_oldest(&mut retired, &mut result)
+        {}
         Pushed {
             retired,
             steps: q.runs.len(),

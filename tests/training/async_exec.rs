@@ -228,31 +228,43 @@ fn execution_time_is_measured_from_launch_to_completion() {
     assert!(m.execute_ms > 0.0, "{m:?}");
 }
 
-#[test]
-fn a_step_launches_only_once_fewer_than_the_bound_are_in_flight() {
-    let _serial = serial();
-    let path = std::env::temp_dir().join(format!("npc-bound-{}.json", std::process::id()));
+/// A device that keeps at most `in_flight` steps in flight and writes a timeline, and the
+/// timeline's path (written when the device is dropped).
+fn timed_device(in_flight: usize, name: &str) -> (LazyDevice, std::path::PathBuf) {
+    let path = std::env::temp_dir().join(format!("npc-{name}-{}.json", std::process::id()));
     let dev = LazyDevice::new(DeviceConfig {
         cache: CacheConfig::disabled(),
-        max_steps_in_flight: 2,
+        max_steps_in_flight: in_flight,
         trace: Some(path.clone()),
         ..DeviceConfig::default()
     })
     .unwrap();
+    (dev, path)
+}
+
+/// The timeline's `name` spans, as (start, end) in µs, by start.
+fn timeline_spans(path: &std::path::Path, name: &str) -> Vec<(f64, f64)> {
+    let events = neuron_pc::timeline::read(path).unwrap();
+    let mut v: Vec<(f64, f64)> = (events.iter())
+        .filter(|e| e.name == name)
+        .map(|e| (e.ts, e.ts + e.dur.unwrap_or(0.0)))
+        .collect();
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    v
+}
+
+#[test]
+fn a_step_launches_only_once_fewer_than_the_bound_are_in_flight() {
+    let _serial = serial();
+    let (dev, path) = timed_device(2, "bound");
     let (m, _) = new_outputs(&dev, 6);
     assert_eq!(m.peak_steps_in_flight, 2, "{m:?}");
     drop(dev);
-    let events = neuron_pc::timeline::read(&path).unwrap();
+    let (launches, executions) = (
+        timeline_spans(&path, "launch"),
+        timeline_spans(&path, "execute"),
+    );
     let _ = std::fs::remove_file(&path);
-    let of = |name: &str| -> Vec<(f64, f64)> {
-        let mut v: Vec<(f64, f64)> = (events.iter())
-            .filter(|e| e.name == name)
-            .map(|e| (e.ts, e.ts + e.dur.unwrap_or(0.0)))
-            .collect();
-        v.sort_by(|a, b| a.0.total_cmp(&b.0));
-        v
-    };
-    let (launches, executions) = (of("launch"), of("execute"));
     assert_eq!((launches.len(), executions.len()), (6, 6));
     // Step k launches after step k - 2 completed: with 2 in flight, the oldest is waited for
     // before the launch, not after it (a launch past XLA's cpu client's own bound of 32
@@ -308,14 +320,7 @@ fn queued_steps_count_the_device_time_once() {
 #[test]
 fn a_loop_that_reads_every_step_waits_on_the_device_not_in_its_tracing() {
     let _serial = serial();
-    let path = std::env::temp_dir().join(format!("npc-reads-{}.json", std::process::id()));
-    let dev = LazyDevice::new(DeviceConfig {
-        cache: CacheConfig::disabled(),
-        max_steps_in_flight: 4,
-        trace: Some(path.clone()),
-        ..DeviceConfig::default()
-    })
-    .unwrap();
+    let (dev, path) = timed_device(4, "reads");
     let (x, w) = matmul_inputs(&dev);
     // Each step: tens of ms of matmuls on the device, a few ops recorded, its value read back.
     let step = |i: usize| {
@@ -349,15 +354,11 @@ fn a_loop_that_reads_every_step_waits_on_the_device_not_in_its_tracing() {
     assert!(m.report().contains("read wait"), "{}", m.report());
     // The timeline's tracing is the metric's: its spans leave the reads' waits out.
     drop(dev);
-    let events = neuron_pc::timeline::read(&path).unwrap();
+    let (traces, waits) = (
+        timeline_spans(&path, "trace"),
+        timeline_spans(&path, "wait"),
+    );
     let _ = std::fs::remove_file(&path);
-    let spans = |name: &str| -> Vec<(f64, f64)> {
-        (events.iter())
-            .filter(|e| e.name == name)
-            .map(|e| (e.ts, e.ts + e.dur.unwrap_or(0.0)))
-            .collect()
-    };
-    let (traces, waits) = (spans("trace"), spans("wait"));
     assert!(waits.len() >= 6, "{} waits", waits.len());
     let traced_us: f64 = traces.iter().map(|(a, b)| b - a).sum();
     assert!(
