@@ -15,17 +15,29 @@ thread_local! {
     static NOT_TRACING: RefCell<Vec<(Instant, Instant)>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The most spans a thread keeps: one that reads and never cuts a step (a logger, a replayed
+/// loop's reads between replays are taken at each replay) drops its oldest, which no window
+/// of a step could still need.
+const NOT_TRACING_KEPT: usize = 1024;
+
 /// Counts this thread's time from `from` to now as not tracing: `host_trace_ms` and the
 /// timeline's `trace` spans (from a step's end to the next cut, on the loop's thread) leave it
-/// out.
+/// out. Returns it, in ms.
 pub(crate) fn not_tracing(from: Instant) -> f64 {
     let to = Instant::now();
-    NOT_TRACING.with(|t| t.borrow_mut().push((from, to)));
+    NOT_TRACING.with(|t| {
+        let mut spans = t.borrow_mut();
+        if spans.len() >= NOT_TRACING_KEPT {
+            spans.drain(..NOT_TRACING_KEPT / 2);
+        }
+        spans.push((from, to));
+    });
     super::ms(to - from)
 }
 
 /// This thread's spans counted by [`not_tracing`] since the last call, which starts the
-/// count again (at a step's cut and end).
+/// count again (at a step's cut, and after a replayed step). A window clips them to itself
+/// ([`tracing_parts`]), so spans from before it never count.
 pub(crate) fn take_not_tracing() -> Vec<(Instant, Instant)> {
     NOT_TRACING.with(|t| std::mem::take(&mut *t.borrow_mut()))
 }
@@ -504,8 +516,27 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
-    use super::tracing_parts;
+    use super::{not_tracing, take_not_tracing, tracing_parts, NOT_TRACING_KEPT};
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_thread_that_reads_and_never_cuts_keeps_a_bounded_list() {
+        std::thread::spawn(|| {
+            let first = Instant::now();
+            for _ in 0..3 * NOT_TRACING_KEPT {
+                not_tracing(Instant::now());
+            }
+            let last = Instant::now();
+            not_tracing(last);
+            let kept = take_not_tracing();
+            assert!(kept.len() <= NOT_TRACING_KEPT, "{} spans kept", kept.len());
+            assert!(kept[0].0 > first, "the oldest are the ones dropped");
+            assert_eq!(kept.last().unwrap().0, last);
+            assert!(take_not_tracing().is_empty());
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn tracing_is_the_window_less_the_spans_that_are_not() {

@@ -561,9 +561,7 @@ impl DeviceInner {
             m.host_finish_ms += ms(end - ran);
             m.host_trace_ms += tracing.iter().map(|(a, b)| ms(*b - *a)).sum::<f64>();
         }
-        if explicit {
-            metrics::take_not_tracing(); // the next step's count starts here
-        } else {
+        if !explicit {
             metrics::not_tracing(started);
         }
         {
