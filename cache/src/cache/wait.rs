@@ -119,9 +119,11 @@ impl Cache {
                 }
             }
             done_waiting(waited);
-            // Someone may have finished between our miss and taking the lock.
+            // Someone may have finished between our miss and taking the lock: after a wait,
+            // the holder we waited for, whose lease ended between our last look and this one.
             if guard.is_some() {
                 match self.get(key) {
+                    Lookup::Hit(h) if waited => return Ok(Obtained::Waited(h)),
                     Lookup::Hit(h) => return Ok(Obtained::Hit(h)),
                     Lookup::Failed(f) if !retry_failed => return Err(recorded(&f)),
                     _ => {}
