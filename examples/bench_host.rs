@@ -199,5 +199,8 @@ fn main() -> anyhow::Result<()> {
          (peak) {} steps)",
         m.peak_steps_in_flight
     );
+    if std::env::var_os("BENCH_HOST_REPORT").is_some() {
+        eprintln!("{}", m.report());
+    }
     Ok(())
 }

@@ -38,6 +38,9 @@ pub const TRACE_ENV: &str = "NEURON_PC_TRACE";
 pub const HOST_TRACK: u64 = 1;
 /// Track of the device's executions (launch to completion).
 pub const DEVICE_TRACK: u64 = 2;
+/// Track of the device's launch thread: the runtime's launch calls, off the loop's thread (see
+/// [`crate::DeviceConfig::launch_thread`]).
+pub const LAUNCH_TRACK: u64 = 3;
 
 /// One trace event (complete events and track-name metadata).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]

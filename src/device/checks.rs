@@ -67,10 +67,7 @@ impl DeviceInner {
                 match &*lock(&c.stats.value) {
                     Value::Node(_) => false,
                     Value::Data(d) => {
-                        wait || match &d.producer {
-                            Some(p) => p.is_finished(),
-                            None => true,
-                        }
+                        wait || d.is_placed() && d.producer().is_none_or(|p| p.is_finished())
                     }
                 }
             });
@@ -88,7 +85,7 @@ impl DeviceInner {
             let copies = if self.mesh.is_some() {
                 1
             } else {
-                data.buffers.len()
+                self.devices.len()
             };
             for r in 0..copies {
                 let host = self.download_quietly(&data, r)?;

@@ -19,6 +19,8 @@ pub const NO_NEW_GRAPHS_ENV: &str = "NEURON_PC_NO_COMPILE_AFTER_WARMUP";
 pub const DEBUG_STEPS_ENV: &str = "NEURON_PC_DEBUG_STEPS";
 /// How many launched steps may run at once before `mark_step` waits for the oldest.
 pub const MAX_IN_FLIGHT_ENV: &str = "NEURON_PC_MAX_STEPS_IN_FLIGHT";
+/// `0` launches steps on the thread that cuts them (see [`DeviceConfig::launch_thread`]).
+pub const LAUNCH_THREAD_ENV: &str = "NEURON_PC_LAUNCH_THREAD";
 /// Bytes per device that the outputs of steps in flight may hold (`512M`, `2G`).
 pub const MAX_BYTES_IN_FLIGHT_ENV: &str = "NEURON_PC_MAX_BYTES_IN_FLIGHT";
 /// Steps a device may have in flight unless `NEURON_PC_MAX_STEPS_IN_FLIGHT` says otherwise.
@@ -84,6 +86,12 @@ pub struct DeviceConfig {
     /// input count nothing, so a training step whose parameters and optimizer state are
     /// updated in place is held back by the step count alone.
     pub max_bytes_in_flight: u64,
+    /// Launch each step on the device's own launch thread, so that `mark_step` returns once
+    /// the step is handed over and the loop traces the next step while the runtime launches
+    /// this one (as PyTorch/XLA schedules its executions). A failure to launch is then the
+    /// error of the next `mark_step`, read or `synchronize`. Off (`NEURON_PC_LAUNCH_THREAD=0`):
+    /// `mark_step` makes the launch call itself. The trial run always does.
+    pub launch_thread: bool,
     /// Write a Chrome trace-event timeline of the device's phases here when it is dropped
     /// (`NEURON_PC_TRACE`; see [`crate::timeline`]).
     pub trace: Option<PathBuf>,
@@ -113,6 +121,7 @@ impl Default for DeviceConfig {
             graph_log: None,
             max_steps_in_flight: DEFAULT_MAX_STEPS_IN_FLIGHT,
             max_bytes_in_flight: DEFAULT_MAX_BYTES_IN_FLIGHT,
+            launch_thread: true,
             trace: None,
             topology: Topology::single(),
             check_indices: false,
@@ -183,6 +192,7 @@ impl DeviceConfig {
                 Ok(v) if !v.is_empty() => size_env(MAX_BYTES_IN_FLIGHT_ENV, &v)?,
                 _ => DEFAULT_MAX_BYTES_IN_FLIGHT,
             },
+            launch_thread: std::env::var(LAUNCH_THREAD_ENV).map_or(true, |v| v.trim() != "0"),
             ..DeviceConfig::default()
         })
     }

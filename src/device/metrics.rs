@@ -113,6 +113,8 @@ impl crate::LazyDevice {
 
     /// A snapshot of the counters (steps still running are not in `execute_ms` yet).
     pub fn metrics(&self) -> Metrics {
+        // every step cut so far launched
+        self.inner.launcher.flush_quietly();
         let done = self.inner.in_flight.retire_finished();
         self.inner.account(&done);
         let mut m = lock(&self.inner.metrics).clone();
@@ -224,6 +226,14 @@ pub struct Metrics {
     /// not the host's).
     #[serde(default)]
     pub in_flight_wait_ms: f64,
+    /// The device's launch thread (see [`crate::DeviceConfig::launch_thread`]), off the loop's
+    /// thread: its time in the runtime's launch calls and their bookkeeping, in ms (with it on,
+    /// `host_launch_ms` stays 0).
+    #[serde(default)]
+    pub launch_thread_ms: f64,
+    /// The launch thread waiting for steps in flight, past the in-flight bounds, in ms.
+    #[serde(default)]
+    pub launch_thread_wait_ms: f64,
     /// The host waiting for steps to finish in order to read their values (`to_vec`, `item`,
     /// a checkpoint's copy) or in `synchronize`, in ms, on any thread: the device's time, not
     /// the host's. A loop's own waits are not in its `host_trace_ms`.
@@ -320,7 +330,7 @@ pub(super) fn registered_bytes(list: &super::lock_order::Ranked<Vec<Weak<Cell>>>
         .iter()
         .filter_map(Weak::upgrade)
         .map(|c| match &*lock(&c.value) {
-            Value::Data(d) => d.buffers[0].size_in_bytes() as u64,
+            Value::Data(d) => d.device_bytes(),
             Value::Node(_) => c.ty.size_in_bytes() as u64,
         })
         .sum()
@@ -415,6 +425,15 @@ impl Metrics {
                     self.host_marshal_ms,
                     self.host_launch_ms,
                     self.host_finish_ms
+                ),
+            );
+        }
+        if self.launch_thread_ms > 0.0 {
+            line(
+                "launch thread",
+                format!(
+                    "{:.1} ms launching, {:.1} ms waiting for steps in flight",
+                    self.launch_thread_ms, self.launch_thread_wait_ms
                 ),
             );
         }

@@ -27,6 +27,7 @@ pub(crate) mod diagnose;
 mod door;
 mod executables;
 mod inflight;
+mod launch;
 mod lock_order;
 mod metrics;
 mod open;
@@ -45,7 +46,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use neuron_pc_compiler::ir::{Op, ReplicaRule, TensorType};
-use neuron_pc_compiler::pjrt::{Buffer, Client, Device};
+use neuron_pc_compiler::pjrt::{Client, Device};
 use neuron_pc_compiler::sharding::{Mesh, Sharding};
 
 pub use config::{
@@ -63,7 +64,7 @@ use crate::compile::CachingCompiler;
 use crate::error::{Error, Result};
 use crate::timeline::{Timeline, HOST_TRACK};
 use executables::{How, StepExecutable, StepShardings};
-use inflight::{Bound, InFlight};
+use inflight::InFlight;
 use lock_order::{Lock, Ranked};
 use trace::{Cell, DeviceData, Node, Recorder, Value};
 
@@ -107,6 +108,8 @@ pub(crate) struct DeviceInner {
     rank_check: Option<rank_check::RankCheck>,
     /// Launched steps that may still be running.
     in_flight: InFlight,
+    /// The launch thread and the launches handed to it (see `launch.rs`).
+    launcher: launch::Launcher,
     /// The phases of every step, when a timeline was asked for.
     timeline: Option<Timeline>,
     /// How many step walks ran and the last one's sizes; held while one runs (see
@@ -408,6 +411,7 @@ impl DeviceInner {
         site: &'static Location<'static>,
         capture: Option<&mut Option<replay::Captured>>,
     ) -> Result<()> {
+        self.launcher.take_failure()?;
         self.poll_index_checks(false)?;
         // before this step's pending list joins what is retired (see `Retired`)
         self.free_retired();
@@ -604,8 +608,8 @@ impl DeviceInner {
 
     /// Executes (or, in a trial run, stands in zero-filled outputs for) one traced graph.
     fn run(
-        &self,
-        exe: &StepExecutable,
+        self: &Arc<Self>,
+        exe: &Arc<StepExecutable>,
         traced: &mut step::Traced,
         aliases: &[(usize, usize)],
         per_replica: &[bool],
@@ -624,144 +628,39 @@ impl DeviceInner {
         // A parameter may be donated when the graph's own operands are its only holders
         // besides the parameter list; anything else (another tensor holding the same data,
         // a recorded node outside this graph) keeps it.
-        let keep: Vec<usize> = (0..traced.params.len())
-            .filter(|&i| {
-                !aliases.iter().any(|&(p, _)| p == i)
-                    || Arc::strong_count(&traced.params[i]) != 1 + traced.data_refs[i]
-            })
-            .collect();
-        self.launch(exe, &traced.params, &keep, per_replica, site, ready)
+        // A launch still queued holds its inputs: one of them held back from donation here is
+        // counted again once the queue is empty (a step that reads a value, then one that
+        // updates it in place: gradient accumulation).
+        let kept = |i: usize| {
+            !aliases.iter().any(|&(p, _)| p == i)
+                || Arc::strong_count(&traced.params[i]) != 1 + traced.data_refs[i]
+        };
+        let mut keep: Vec<usize> = (0..traced.params.len()).filter(|&i| kept(i)).collect();
+        let candidate = |i: &usize| aliases.iter().any(|&(p, _)| p == *i);
+        if keep.iter().any(candidate) && self.launcher.queued() > 0 {
+            self.launcher.flush_quietly();
+            keep = (0..traced.params.len()).filter(|&i| kept(i)).collect();
+        }
+        self.launch(
+            exe,
+            traced.params.clone(),
+            keep,
+            per_replica,
+            site,
+            ready,
+            false,
+        )
     }
+}
 
-    /// Launches `exe` over `params` (one value per parameter), donating every parameter the
-    /// program aliases except those in `keep`; one value per output. The host waits for no
-    /// input's step: the runtime orders the executions by their buffers, a donated one too.
-    /// The host's time from `marshal_from` to the launch call counts as marshalling.
-    fn launch(
-        &self,
-        exe: &StepExecutable,
-        params: &[Arc<DeviceData>],
-        keep: &[usize],
-        per_replica: &[bool],
-        site: &'static Location<'static>,
-        marshal_from: Instant,
-    ) -> Result<Vec<Arc<DeviceData>>> {
-        let step = lock(&self.metrics).steps;
-        let Some(loaded) = &exe.loaded else {
-            return Err(Error::StepFailed {
-                site,
-                step,
-                message: "the trial run: there is no executable to launch".into(),
-            });
-        };
-        // A value whose step failed fails every step that uses it (a step still running is
-        // ordered before this one by the runtime: PJRT waits for an input buffer's definition,
-        // a donated buffer's too, as for a launch of `jax.jit`).
-        for d in params {
-            if let Some(p) = d.producer.as_ref().filter(|p| p.is_finished()) {
-                p.wait()?;
-            }
+impl Drop for LazyDevice {
+    fn drop(&mut self) {
+        // The last handle (each launch handed over holds one too): the launches are made here,
+        // so that the device is dropped on this thread, its timeline written before it returns.
+        let launcher = &self.inner.launcher;
+        if Arc::strong_count(&self.inner) <= 1 + launcher.queued() {
+            launcher.flush_quietly();
         }
-        // No more than the bound's steps run at once: the oldest are waited for before this
-        // one launches (XLA's cpu client blocks a 33rd execution inside the launch call).
-        let room_from = Instant::now();
-        let (room, freed) = self.in_flight.make_room(self.config.max_steps_in_flight);
-        let room_wait = room_from.elapsed();
-        if room_wait.as_micros() > 50 {
-            self.phase("wait (steps in flight)", room_from, None);
-        }
-        self.account(&room);
-        freed?;
-        let args: Vec<Vec<&Buffer>> = (0..self.devices.len())
-            .map(|r| params.iter().map(|d| &d.buffers[r]).collect())
-            .collect();
-        let launch_started = Instant::now();
-        let launched = loaded
-            .launch_replicated(&args, keep)
-            .map_err(|e| Error::StepFailed {
-                site,
-                step,
-                message: e.to_string(),
-            })?;
-        let launched_at = Instant::now();
-        let graph = exe.key.short().to_string();
-        if let Some(t) = &self.timeline {
-            t.span(HOST_TRACK, "marshal", marshal_from, launch_started, &[]);
-        }
-        self.phase("launch", launch_started, Some(&graph));
-        // The inputs it updates in place (`keep` is in ascending order, as both callers build
-        // it). What it allocated on each device: its outputs, less those inputs, each aliased to
-        // one output of its size.
-        let mut held: Vec<Arc<dyn Send + Sync>> = Vec::with_capacity(params.len() - keep.len());
-        let mut donated = 0;
-        for (i, d) in params.iter().enumerate() {
-            if keep.binary_search(&i).is_err() {
-                donated += d.buffers.first().map_or(0, Buffer::size_in_bytes);
-                held.push(d.clone());
-            }
-        }
-        let outputs: usize = launched
-            .outputs
-            .first()
-            .map_or(0, |o| o.iter().map(Buffer::size_in_bytes).sum());
-        let new_bytes = outputs.saturating_sub(donated) as u64;
-        let run = Arc::new(self.in_flight.run(launched.done, site, step, graph, held));
-        let zero_filled = params.iter().any(|d| d.zero_filled);
-        if launched
-            .outputs
-            .iter()
-            .any(|o| o.len() != per_replica.len())
-        {
-            return Err(Error::StepFailed {
-                site,
-                step,
-                message: format!(
-                    "the executable returned {:?} outputs per replica, {} expected",
-                    launched.outputs.iter().map(Vec::len).collect::<Vec<_>>(),
-                    per_replica.len()
-                ),
-            });
-        }
-        // Output `k` of every replica becomes one value.
-        let mut per_device: Vec<std::vec::IntoIter<Buffer>> =
-            launched.outputs.into_iter().map(Vec::into_iter).collect();
-        let result: Vec<Arc<DeviceData>> = (per_replica.iter().enumerate())
-            .map(|(k, &p)| {
-                let buffers = per_device.iter_mut().filter_map(Iterator::next).collect();
-                let sharding = exe.out_sharding(k).cloned();
-                self.wrap_buffers(buffers, p, sharding, zero_filled, Some(run.clone()))
-            })
-            .collect();
-        let bound_started = Instant::now();
-        let bound = Bound {
-            steps: self.config.max_steps_in_flight,
-            bytes: self.config.max_bytes_in_flight,
-        };
-        let pushed = self.in_flight.push(run, new_bytes, bound);
-        let waited = bound_started.elapsed();
-        if pushed.retired.len() > 1 || waited.as_micros() > 50 {
-            self.phase("wait (steps in flight)", bound_started, None);
-        }
-        {
-            let mut m = lock(&self.metrics);
-            let marshal = launch_started.saturating_duration_since(marshal_from);
-            m.host_marshal_ms += ms(marshal.saturating_sub(room_wait));
-            m.host_launch_ms += ms(launched_at - launch_started);
-            m.in_flight_wait_ms += ms(waited + room_wait);
-            m.host_finish_ms += ms(launched_at.elapsed().saturating_sub(waited));
-            m.donated_buffers += (params.len() - keep.len()) as u64;
-            m.last_step_outputs = result.len() as u64;
-            m.executions += 1;
-            m.peak_steps_in_flight = m.peak_steps_in_flight.max(pushed.steps as u64);
-            m.peak_bytes_in_flight = m.peak_bytes_in_flight.max(pushed.bytes);
-            if let Some(mem) = &exe.memory {
-                m.step_temp_bytes = m.step_temp_bytes.max(mem.temp);
-                m.step_peak_bytes = m.step_peak_bytes.max(mem.total());
-            }
-        }
-        self.account(&pushed.retired);
-        pushed.result?;
-        Ok(result)
     }
 }
 

@@ -8,12 +8,13 @@ use neuron_pc_compiler::pjrt::{find_plugin, Client, ClientOptions, Device, Plugi
 use neuron_pc_compiler::sharding::Mesh;
 
 use super::inflight::InFlight;
+use super::launch::Launcher;
 use super::lock_order::{Rank, Ranked};
 use super::trace::Recorder;
 use super::{diagnose, rank_check, step, DeviceConfig, DeviceInner, LazyDevice, Metrics};
 use crate::compile::CachingCompiler;
 use crate::error::{Error, Result};
-use crate::timeline::{Timeline, DEVICE_TRACK, HOST_TRACK};
+use crate::timeline::{Timeline, DEVICE_TRACK, HOST_TRACK, LAUNCH_TRACK};
 
 impl LazyDevice {
     /// A device configured from the environment (see [`DeviceConfig::from_env`]).
@@ -194,6 +195,8 @@ impl LazyDevice {
             world_size: config.topology.world_size,
             ..Metrics::default()
         };
+        // the trial run launches nothing
+        let launch_thread = config.launch_thread && !extracting;
         Ok(LazyDevice {
             inner: Arc::new(DeviceInner {
                 devices,
@@ -215,8 +218,10 @@ impl LazyDevice {
                     let t = Timeline::new(p);
                     t.name_track(HOST_TRACK, "host: trace, step cut, compile, launch, wait");
                     t.name_track(DEVICE_TRACK, "device: execution");
+                    t.name_track(LAUNCH_TRACK, "launch thread: launch calls");
                     t
                 }),
+                launcher: Launcher::new(launch_thread),
                 walks: Ranked::new(Rank::Walks, (0, step::WalkSizes::default())),
                 last_step_end: Ranked::new(Rank::LastStepEnd, Instant::now()),
                 retired: Ranked::new(Rank::Retired, Default::default()),

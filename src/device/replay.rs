@@ -188,6 +188,9 @@ impl Replayer {
             return Ok(None);
         }
         let started = Instant::now();
+        // launched in place, after the launches handed over (which hold their inputs: the
+        // donation count below must not see them)
+        dev.launcher.flush()?;
         dev.poll_index_checks(false)?;
         dev.free_retired();
         let data_of = |cell: &Cell| match &*lock(&cell.value) {
@@ -232,9 +235,16 @@ impl Replayer {
         lock(&dev.metrics).steps += 1;
         // A donated input's step may still run: the runtime orders the two (as a launch after
         // a launch of `jax.jit` does), so the host does not wait.
-        let outputs = dev.launch(&plan.exe, &params, &keep, &plan.per_replica, site, gathered)?;
+        let outputs = dev.launch(
+            &plan.exe,
+            params,
+            keep,
+            &plan.per_replica,
+            site,
+            gathered,
+            true,
+        )?;
         let ran = Instant::now();
-        drop(params);
         let mut returned = Vec::with_capacity(outputs.len());
         let mut replaced = Vec::with_capacity(outputs.len());
         for ((data, cell), ty) in outputs.into_iter().zip(&kept).zip(&plan.out_types) {

@@ -9,7 +9,7 @@ use rustc_hash::FxHashMap as HashMap;
 use std::hash::BuildHasher;
 use std::panic::Location;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use neuron_pc_compiler::ir::{Literal, Op, TensorType};
 use neuron_pc_compiler::pjrt::Buffer;
@@ -18,7 +18,11 @@ use neuron_pc_compiler::sharding::Sharding;
 /// Device memory holding one tensor's value: one buffer per replica, on that replica's device;
 /// on a mesh device, one per mesh position: the whole value, or its block when it is sharded.
 pub(crate) struct DeviceData {
-    pub buffers: Vec<Buffer>,
+    /// Its buffers and the step computing them, set once that step is launched: at once, or
+    /// by the device's launch thread for a step's output (see `launch.rs`).
+    placed: OnceLock<std::result::Result<Placed, Failure>>,
+    /// The whole value's type.
+    pub ty: TensorType,
     /// How the value is split over a mesh device's positions (`buffers[p]` is position `p`'s
     /// block); none: every buffer holds the whole value.
     pub sharding: Option<Arc<Sharding>>,
@@ -31,8 +35,6 @@ pub(crate) struct DeviceData {
     pub zero_filled: bool,
     /// The buffer's type, interned by the owning device.
     pub ty_id: u32,
-    /// The step that computes this value, while it may still be running (none for uploads).
-    pub producer: Option<Arc<super::inflight::StepRun>>,
     /// The name of the tensor holding this value, when it has one (see `Tensor::set_name`).
     pub name: Mutex<Option<Arc<str>>>,
     /// Its parameter's position in the step walk that last reached it.
@@ -501,15 +503,102 @@ impl Interner {
     }
 }
 
+/// A launched value's buffers (one per device) and the step that computes them, while it may
+/// still be running (none for uploads).
+pub(crate) struct Placed {
+    pub buffers: Vec<Buffer>,
+    pub producer: Option<Arc<super::inflight::StepRun>>,
+}
+
+/// Why a step's outputs were never placed: its launch failed (or a step it depends on did).
+#[derive(Clone, Debug)]
+pub(crate) struct Failure {
+    pub site: &'static Location<'static>,
+    pub step: u64,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn error(&self) -> crate::error::Error {
+        crate::error::Error::StepFailed {
+            site: self.site,
+            step: self.step,
+            message: self.message.clone(),
+        }
+    }
+}
+
 impl DeviceData {
+    /// A value whose buffers are (or will be) `placed`, of type `ty` (the whole value's).
+    pub fn new(
+        ty: TensorType,
+        placed: Option<Placed>,
+        sharding: Option<Arc<Sharding>>,
+        sharding_id: u32,
+        per_replica: bool,
+        zero_filled: bool,
+        ty_id: u32,
+    ) -> DeviceData {
+        let slot = OnceLock::new();
+        if let Some(p) = placed {
+            let _ = slot.set(Ok(p));
+        }
+        DeviceData {
+            placed: slot,
+            ty,
+            sharding,
+            sharding_id,
+            per_replica,
+            zero_filled,
+            ty_id,
+            name: Mutex::new(None),
+            mark: WalkMark::default(),
+        }
+    }
+
     /// The value's type (the whole value's, when the buffers hold blocks).
     pub fn ty(&self) -> TensorType {
-        let b = &self.buffers[0];
-        let dims = match &self.sharding {
-            Some(s) => s.dims().to_vec(),
-            None => b.dims().to_vec(),
-        };
-        TensorType::new(b.dtype(), dims)
+        self.ty.clone()
+    }
+
+    /// Its buffers and producer, once its step was launched (waiting for the launch).
+    pub fn placed(&self) -> crate::error::Result<&Placed> {
+        self.placed.wait().as_ref().map_err(Failure::error)
+    }
+
+    /// Its buffers, one per device, once its step was launched.
+    pub fn buffers(&self) -> crate::error::Result<&[Buffer]> {
+        Ok(&self.placed()?.buffers)
+    }
+
+    /// The step computing it, when known without waiting (none for uploads and for a step
+    /// not yet launched).
+    pub fn producer(&self) -> Option<&Arc<super::inflight::StepRun>> {
+        match self.placed.get() {
+            Some(Ok(p)) => p.producer.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Bytes of one device's buffer: its block of a sharded value (by type until launched).
+    pub fn device_bytes(&self) -> u64 {
+        if let Some(Ok(p)) = self.placed.get() {
+            return p.buffers.first().map_or(0, |b| b.size_in_bytes() as u64);
+        }
+        match &self.sharding {
+            Some(s) => TensorType::new(self.ty.dtype, s.shard_dims()).size_in_bytes() as u64,
+            None => self.ty.size_in_bytes() as u64,
+        }
+    }
+
+    /// True once its step was launched (or its launch failed).
+    pub fn is_placed(&self) -> bool {
+        self.placed.get().is_some()
+    }
+
+    /// Places a launched step's output (false when it was placed already).
+    pub fn place(&self, outcome: std::result::Result<Placed, Failure>) -> bool {
+        self.placed.set(outcome).is_ok()
     }
 }
 

@@ -2,7 +2,7 @@
 //! per replica, or each mesh position's block of a sharded value), zeros, and reads (a
 //! replica's buffer, or a sharded value's blocks put together).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use neuron_pc_compiler::ir::TensorType;
@@ -11,7 +11,7 @@ use neuron_pc_compiler::sharding::Sharding;
 use neuron_pc_compiler::{DType, HostTensor};
 
 use super::inflight::StepRun;
-use super::trace::{self, DeviceData};
+use super::trace::{DeviceData, Placed};
 use super::{lock, DeviceInner};
 use crate::error::Result;
 
@@ -152,17 +152,45 @@ impl DeviceInner {
             None => (0, None),
         };
         drop(rec);
-        Arc::new(DeviceData {
-            buffers,
+        Arc::new(DeviceData::new(
+            ty,
+            Some(Placed { buffers, producer }),
             sharding,
             sharding_id,
             per_replica,
             zero_filled,
             ty_id,
-            producer,
-            name: Mutex::new(None),
-            mark: trace::WalkMark::default(),
-        })
+        ))
+    }
+
+    /// A step's output `ty` (the whole value's type) before the step is launched: its buffers
+    /// are placed by the launch (see `launch.rs`).
+    pub(crate) fn unplaced(
+        &self,
+        ty: &TensorType,
+        per_replica: bool,
+        sharding: Option<&Arc<Sharding>>,
+        zero_filled: bool,
+    ) -> Arc<DeviceData> {
+        let mut rec = lock(&self.recorder);
+        let ty_id = rec.interner.ty(ty);
+        let (sharding_id, sharding) = match sharding.filter(|s| !s.is_replicated()) {
+            Some(s) => {
+                let (id, shared) = rec.interner.sharding(s);
+                (id, Some(shared))
+            }
+            None => (0, None),
+        };
+        drop(rec);
+        Arc::new(DeviceData::new(
+            ty.clone(),
+            None,
+            sharding,
+            sharding_id,
+            per_replica,
+            zero_filled,
+            ty_id,
+        ))
     }
 
     /// Copies the whole value to the host: the first device's buffer, or every block of a
@@ -171,7 +199,7 @@ impl DeviceInner {
         let Some(sharding) = &data.sharding else {
             return self.download(data, 0);
         };
-        let blocks = (0..data.buffers.len())
+        let blocks = (0..data.buffers()?.len())
             .map(|p| self.download(data, p))
             .collect::<Result<Vec<_>>>()?;
         Ok(sharding.assemble(&blocks)?)
@@ -180,15 +208,22 @@ impl DeviceInner {
     /// Copies replica `replica`'s value to the host (on a mesh: position `replica`'s block).
     pub(crate) fn download(&self, data: &DeviceData, replica: usize) -> Result<HostTensor> {
         let mut wait_ms = 0.0;
-        if let Some(p) = &data.producer {
+        if !data.is_placed() {
+            let waited = Instant::now();
+            self.placed(data)?;
+            self.phase("wait (launch)", waited, None);
+            wait_ms += super::metrics::not_tracing(waited);
+        }
+        let placed = self.placed(data)?;
+        if let Some(p) = &placed.producer {
             self.free_retired();
             let waited = Instant::now();
             p.wait()?;
             self.phase("wait", waited, Some(&p.graph));
-            wait_ms = super::metrics::not_tracing(waited);
+            wait_ms += super::metrics::not_tracing(waited);
         }
         let started = Instant::now();
-        let host = data.buffers[replica].to_host()?;
+        let host = placed.buffers[replica].to_host()?;
         self.phase("transfer to host", started, None);
         let mut m = lock(&self.metrics);
         m.read_wait_ms += wait_ms;
@@ -209,19 +244,31 @@ impl DeviceInner {
     pub(crate) fn wait_for_all(&self) -> Result<()> {
         self.free_retired();
         let waited = Instant::now();
+        let launched = self.launcher.flush();
         let (done, result) = self.in_flight.drain();
         let wait_ms = super::metrics::not_tracing(waited);
         lock(&self.metrics).read_wait_ms += wait_ms;
         self.account(&done);
-        result
+        launched.and(result)
     }
 
     /// Copies replica `replica`'s value to the host once its step is done, outside the
     /// metrics and the timeline (the device's own bookkeeping reads, such as index checks).
     pub(crate) fn download_quietly(&self, data: &DeviceData, replica: usize) -> Result<HostTensor> {
-        if let Some(p) = &data.producer {
+        let placed = self.placed(data)?;
+        if let Some(p) = &placed.producer {
             p.wait()?;
         }
-        Ok(data.buffers[replica].to_host()?)
+        Ok(placed.buffers[replica].to_host()?)
+    }
+
+    /// `data`'s buffers once its step was launched; a failed launch's error, which no step cut
+    /// reports again.
+    fn placed<'a>(&self, data: &'a DeviceData) -> Result<&'a Placed> {
+        data.placed().inspect_err(|e| {
+            if let crate::error::Error::StepFailed { step, .. } = e {
+                self.launcher.reported(*step);
+            }
+        })
     }
 }

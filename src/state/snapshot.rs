@@ -288,7 +288,7 @@ impl Snapshot {
         let shard = s.shard_dims();
         let mut seen = std::collections::HashSet::new();
         let mut out = Vec::new();
-        for p in 0..data.buffers.len() {
+        for p in 0..data.buffers()?.len() {
             let index = s.block_of(p);
             if !seen.insert(index.clone()) {
                 continue;

@@ -16,6 +16,7 @@ mod debug_steps;
 mod expert_parallel;
 mod grad_accumulation;
 mod grad_training;
+mod launch_thread;
 mod lazy_device;
 mod lazy_persistent;
 mod made_before_loop;

@@ -393,11 +393,14 @@ fn the_host_time_split_counts_tracing_for_traced_steps_and_not_for_replayed_ones
         dev.mark_step().unwrap();
     }
     dev.synchronize().unwrap();
-    let traced = run(&dev.metrics());
+    let m = dev.metrics();
+    let traced = run(&m);
+    // every part but the launch call, which the launch thread made (the default), off the loop
     assert!(
-        traced.iter().all(|&v| v > 0.0),
+        (traced.iter().enumerate()).all(|(i, &v)| (i == 4) == (v == 0.0)),
         "every part counted: {traced:?}"
     );
+    assert!(m.launch_thread_ms > 0.0, "{m:?}");
     // replayed calls: no tracing and no key; the plan's check, marshalling, launch, finish
     let mut step =
         dev.step_fn(|a: &[Tensor]| Ok(vec![sgd_step(&mut opt, &w, &a[0], &a[1], &a[2])?]));
@@ -406,11 +409,14 @@ fn the_host_time_split_counts_tracing_for_traced_steps_and_not_for_replayed_ones
     }
     assert!(step.is_replaying());
     let before = run(&dev.metrics());
+    let thread_before = dev.metrics().launch_thread_ms;
     for _ in 0..20 {
         step.call(&[x.clone(), y.clone(), lr.clone()]).unwrap();
     }
     dev.synchronize().unwrap();
     let after = run(&dev.metrics());
+    // replayed steps launch on the caller's thread
+    assert_eq!(dev.metrics().launch_thread_ms, thread_before);
     assert_eq!(after[0], before[0], "replayed steps trace nothing");
     assert_eq!(after[1], before[1], "replayed steps walk no graph");
     for i in 2..6 {

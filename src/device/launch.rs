@@ -1,0 +1,428 @@
+//! Launching steps off the loop's thread. A step cut traces, keys and finds its executable,
+//! hands the launch to the device's launch thread and returns, so that the loop records the
+//! next step while the runtime's launch call runs: XLA's cpu client runs a program this small
+//! inside that call, and a GPU client enqueues each of the program's kernels in it. PyTorch/XLA
+//! schedules its executions off the Python thread for the same reason.
+//!
+//! The step's outputs exist at once, without buffers; the launch places them
+//! (`DeviceData::placed`), and whatever needs a buffer (a read, a checkpoint's copy) waits for
+//! that. Launches run in the order the steps were cut, so a step's inputs are placed before it
+//! launches, and a bounded queue keeps the loop at most [`QUEUED`] launches ahead of the thread.
+//! A launch that fails places its failure in its outputs and is the error of the next step cut,
+//! `synchronize` or read.
+
+use std::panic::Location;
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use neuron_pc_compiler::pjrt::Buffer;
+
+use super::executables::StepExecutable;
+use super::inflight::Bound;
+use super::trace::{DeviceData, Failure, Placed};
+use super::{lock, ms, DeviceInner};
+use crate::error::{Error, Result};
+use crate::timeline::{HOST_TRACK, LAUNCH_TRACK};
+
+/// Launches handed over and not yet made, past which a step cut waits for the launch thread.
+pub(crate) const QUEUED: usize = 8;
+
+/// One step's launch: its executable, its inputs (those in `keep` are not donated) and the
+/// outputs to place.
+pub(crate) struct Launch {
+    exe: Arc<StepExecutable>,
+    params: Vec<Arc<DeviceData>>,
+    keep: Vec<usize>,
+    /// Weak, so that a later step cut's donation count (`Arc::strong_count`) sees only the
+    /// tensors holding them.
+    outputs: Vec<Weak<DeviceData>>,
+    site: &'static Location<'static>,
+    step: u64,
+    /// When the step cut began building the launch (marshalling, on the loop's thread).
+    marshal_from: Instant,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Launches handed over and not yet made.
+    queued: usize,
+    /// The first launch that failed since a step cut last reported one.
+    failure: Option<Failure>,
+    /// Threads waiting for the queue to empty (none: a launch made wakes nobody).
+    flushing: usize,
+}
+
+/// A device's launch thread and the queue to it (none: launches are made by the step cut).
+pub(crate) struct Launcher {
+    /// A launch and its device (which it keeps: one strong count per launch queued).
+    sender: Mutex<Option<SyncSender<(Arc<DeviceInner>, Launch)>>>,
+    queue: Arc<(Mutex<Queue>, Condvar)>,
+}
+
+impl Launcher {
+    /// A launcher with its own thread when `thread`, else one that makes launches in place.
+    pub fn new(thread: bool) -> Launcher {
+        let queue: Arc<(Mutex<Queue>, Condvar)> = Arc::default();
+        if !thread {
+            return Launcher {
+                sender: Mutex::new(None),
+                queue,
+            };
+        }
+        let (sender, receiver) = sync_channel::<(Arc<DeviceInner>, Launch)>(QUEUED);
+        let shared = queue.clone();
+        let spawned = std::thread::Builder::new()
+            .name("neuron-pc launch".into())
+            .spawn(move || {
+                // ends when the device (the sender's owner) is dropped
+                while let Ok((dev, launch)) = receiver.recv() {
+                    let made = dev.make(launch, true);
+                    // before the count, so that a flush leaves no launch holding the device
+                    drop(dev);
+                    let (q, done) = &*shared;
+                    let mut q = lock(q);
+                    q.queued -= 1;
+                    if let Err(f) = made {
+                        q.failure.get_or_insert(f);
+                    }
+                    if q.queued == 0 && q.flushing > 0 {
+                        done.notify_all();
+                    }
+                }
+            });
+        match spawned {
+            Ok(_) => Launcher {
+                sender: Mutex::new(Some(sender)),
+                queue,
+            },
+            Err(e) => {
+                tracing::warn!("no launch thread ({e}): steps launch on the loop's thread");
+                Launcher::new(false)
+            }
+        }
+    }
+
+    /// Launches handed over and not yet made.
+    pub fn queued(&self) -> usize {
+        lock(&self.queue.0).queued
+    }
+
+    /// Waits until every launch handed over was made; the first that failed since the last
+    /// report, as an error.
+    pub fn flush(&self) -> Result<()> {
+        let mut q = self.emptied();
+        q.failure.take().map_or(Ok(()), |f| Err(f.error()))
+    }
+
+    /// Waits until every launch handed over was made, keeping any failure for a later report.
+    pub fn flush_quietly(&self) {
+        drop(self.emptied());
+    }
+
+    fn emptied(&self) -> std::sync::MutexGuard<'_, Queue> {
+        let (q, done) = &*self.queue;
+        let mut q = lock(q);
+        if q.queued > 0 {
+            q.flushing += 1;
+            while q.queued > 0 {
+                q = done.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
+            q.flushing -= 1;
+        }
+        q
+    }
+
+    /// The failure of step `step` was reported (a read of its output): no step cut reports it
+    /// again.
+    pub fn reported(&self, step: u64) {
+        let mut q = lock(&self.queue.0);
+        if q.failure.as_ref().is_some_and(|f| f.step == step) {
+            q.failure = None;
+        }
+    }
+
+    /// A launch that failed since the last report, as an error.
+    pub fn take_failure(&self) -> Result<()> {
+        let failure = lock(&self.queue.0).failure.take();
+        failure.map_or(Ok(()), |f| Err(f.error()))
+    }
+
+    /// Hands `launch` to the thread: the time spent waiting for room in the queue; the launch
+    /// back when there is no thread.
+    fn hand_over(
+        &self,
+        dev: &Arc<DeviceInner>,
+        launch: Launch,
+    ) -> std::result::Result<Duration, Launch> {
+        let sender = lock(&self.sender).clone();
+        let Some(sender) = sender else {
+            return Err(launch);
+        };
+        lock(&self.queue.0).queued += 1;
+        let started = Instant::now();
+        match sender.try_send((dev.clone(), launch)) {
+            Ok(()) => Ok(Duration::ZERO),
+            Err(std::sync::mpsc::TrySendError::Full(sent)) => match sender.send(sent) {
+                Ok(()) => Ok(started.elapsed()),
+                Err(e) => self.undo(e.0 .1),
+            },
+            Err(std::sync::mpsc::TrySendError::Disconnected((_, launch))) => self.undo(launch),
+        }
+    }
+
+    fn undo(&self, launch: Launch) -> std::result::Result<Duration, Launch> {
+        lock(&self.queue.0).queued -= 1;
+        Err(launch)
+    }
+}
+
+impl DeviceInner {
+    /// Launches `exe` over `params` (one value per parameter), donating every parameter the
+    /// program aliases except those in `keep`; one value per output, placed by the launch. The
+    /// host waits for no input's step: the runtime orders the executions by their buffers, a
+    /// donated one too. The host's time from `marshal_from` to the hand-over (or, launching in
+    /// place, to the launch call) counts as marshalling. `in_place`: made on this thread once
+    /// the launches handed over are made, whatever the configuration (a replayed step, whose
+    /// host work is too small to gain from the hand-over: measured in `examples/bench_host.rs`).
+    /// A launch made in place (none but the caller's thread on the device, or `in_place`)
+    /// reports its failure at once.
+    pub(super) fn launch(
+        self: &Arc<Self>,
+        exe: &Arc<StepExecutable>,
+        params: Vec<Arc<DeviceData>>,
+        keep: Vec<usize>,
+        per_replica: &[bool],
+        site: &'static Location<'static>,
+        marshal_from: Instant,
+        in_place: bool,
+    ) -> Result<Vec<Arc<DeviceData>>> {
+        let step = lock(&self.metrics).steps;
+        if exe.loaded.is_none() {
+            return Err(Error::StepFailed {
+                site,
+                step,
+                message: "the trial run: there is no executable to launch".into(),
+            });
+        }
+        if exe.output_types.len() != per_replica.len() {
+            return Err(Error::StepFailed {
+                site,
+                step,
+                message: format!(
+                    "the executable has {} outputs, {} expected",
+                    exe.output_types.len(),
+                    per_replica.len()
+                ),
+            });
+        }
+        let zero_filled = params.iter().any(|d| d.zero_filled);
+        let outputs: Vec<Arc<DeviceData>> = (exe.output_types.iter().zip(per_replica))
+            .enumerate()
+            .map(|(k, (ty, &p))| self.unplaced(ty, p, exe.out_sharding(k), zero_filled))
+            .collect();
+        let launch = Launch {
+            exe: exe.clone(),
+            params,
+            keep,
+            outputs: outputs.iter().map(Arc::downgrade).collect(),
+            site,
+            step,
+            marshal_from,
+        };
+        let handed = if in_place {
+            // after the launches handed over before it
+            self.launcher.flush()?;
+            Err(launch)
+        } else {
+            self.launcher.hand_over(self, launch)
+        };
+        match handed {
+            Ok(waited) => {
+                if let Some(t) = &self.timeline {
+                    t.span(HOST_TRACK, "marshal", marshal_from, Instant::now(), &[]);
+                }
+                let mut m = lock(&self.metrics);
+                m.host_marshal_ms += ms(marshal_from.elapsed().saturating_sub(waited));
+                m.in_flight_wait_ms += ms(waited);
+            }
+            Err(launch) => self.make(launch, false).map_err(|f| f.error())?,
+        }
+        Ok(outputs)
+    }
+
+    /// Makes `launch` (`on_thread`: on the launch thread, else in place) and places its
+    /// outputs; its failure placed in every output.
+    fn make(&self, launch: Launch, on_thread: bool) -> std::result::Result<(), Failure> {
+        let fail = |message: String| Failure {
+            site: launch.site,
+            step: launch.step,
+            message,
+        };
+        let made = self.make_placing(&launch, on_thread).map_err(|e| match e {
+            Error::StepFailed {
+                site,
+                step,
+                message,
+            } => Failure {
+                site,
+                step,
+                message,
+            },
+            e => fail(e.to_string()),
+        });
+        if let Err(f) = &made {
+            for o in launch.outputs.iter().filter_map(Weak::upgrade) {
+                o.place(Err(f.clone()));
+            }
+        }
+        made
+    }
+
+    fn make_placing(&self, launch: &Launch, on_thread: bool) -> Result<()> {
+        let Launch {
+            exe,
+            params,
+            keep,
+            site,
+            step,
+            ..
+        } = launch;
+        let (site, step) = (*site, *step);
+        let track = if on_thread { LAUNCH_TRACK } else { HOST_TRACK };
+        let started = Instant::now();
+        let loaded = exe.loaded.as_ref().expect("checked by the step cut");
+        // A value whose launch or step failed fails every step that uses it (a step still
+        // running is ordered before this one by the runtime: PJRT waits for an input buffer's
+        // definition, a donated buffer's too, as for a launch of `jax.jit`).
+        let mut placed = Vec::with_capacity(params.len());
+        for d in params {
+            let p = d.placed()?;
+            if let Some(r) = p.producer.as_ref().filter(|r| r.is_finished()) {
+                r.wait()?;
+            }
+            placed.push(p);
+        }
+        // No more than the bound's steps run at once: the oldest are waited for before this
+        // one launches (XLA's cpu client blocks a 33rd execution inside the launch call).
+        let room_from = Instant::now();
+        let (room, freed) = self.in_flight.make_room(self.config.max_steps_in_flight);
+        let room_wait = room_from.elapsed();
+        if room_wait.as_micros() > 50 {
+            self.span(track, "wait (steps in flight)", room_from, None);
+        }
+        self.account(&room);
+        freed?;
+        let args: Vec<Vec<&Buffer>> = (0..self.devices.len())
+            .map(|r| placed.iter().map(|p| &p.buffers[r]).collect())
+            .collect();
+        let launch_started = Instant::now();
+        let launched = loaded
+            .launch_replicated(&args, keep)
+            .map_err(|e| Error::StepFailed {
+                site,
+                step,
+                message: e.to_string(),
+            })?;
+        let launched_at = Instant::now();
+        let graph = exe.key.short().to_string();
+        if let Some(t) = self.timeline.as_ref().filter(|_| !on_thread) {
+            t.span(track, "marshal", launch.marshal_from, launch_started, &[]);
+        }
+        self.span(track, "launch", launch_started, Some(&graph));
+        // The inputs it updates in place (`keep` is in ascending order, as both callers build
+        // it). What it allocated on each device: its outputs, less those inputs, each aliased to
+        // one output of its size.
+        let mut held: Vec<Arc<dyn Send + Sync>> = Vec::with_capacity(params.len() - keep.len());
+        let mut donated = 0;
+        for (i, (d, p)) in params.iter().zip(&placed).enumerate() {
+            if keep.binary_search(&i).is_err() {
+                donated += p.buffers.first().map_or(0, Buffer::size_in_bytes);
+                held.push(d.clone());
+            }
+        }
+        drop(placed);
+        let outputs: usize = launched
+            .outputs
+            .first()
+            .map_or(0, |o| o.iter().map(Buffer::size_in_bytes).sum());
+        let new_bytes = outputs.saturating_sub(donated) as u64;
+        if launched
+            .outputs
+            .iter()
+            .any(|o| o.len() != launch.outputs.len())
+        {
+            return Err(Error::StepFailed {
+                site,
+                step,
+                message: format!(
+                    "the executable returned {:?} outputs per replica, {} expected",
+                    launched.outputs.iter().map(Vec::len).collect::<Vec<_>>(),
+                    launch.outputs.len()
+                ),
+            });
+        }
+        // Output `k` of every replica becomes one value; the buffers of an output nobody holds
+        // any more stay with the step until it completes.
+        let mut per_device: Vec<std::vec::IntoIter<Buffer>> =
+            launched.outputs.into_iter().map(Vec::into_iter).collect();
+        let mut values = Vec::with_capacity(launch.outputs.len());
+        for o in &launch.outputs {
+            let buffers: Vec<Buffer> = per_device.iter_mut().filter_map(Iterator::next).collect();
+            match o.upgrade() {
+                Some(o) => values.push((o, buffers)),
+                None => held.push(Arc::new(buffers)),
+            }
+        }
+        let run = Arc::new(self.in_flight.run(launched.done, site, step, graph, held));
+        for (o, buffers) in values {
+            o.place(Ok(Placed {
+                buffers,
+                producer: Some(run.clone()),
+            }));
+        }
+        let bound_started = Instant::now();
+        let bound = Bound {
+            steps: self.config.max_steps_in_flight,
+            bytes: self.config.max_bytes_in_flight,
+        };
+        let pushed = self.in_flight.push(run, new_bytes, bound);
+        let waited = bound_started.elapsed();
+        if pushed.retired.len() > 1 || waited.as_micros() > 50 {
+            self.span(track, "wait (steps in flight)", bound_started, None);
+        }
+        {
+            let mut m = lock(&self.metrics);
+            if on_thread {
+                m.launch_thread_ms += ms(started.elapsed().saturating_sub(waited + room_wait));
+                m.launch_thread_wait_ms += ms(waited + room_wait);
+            } else {
+                let marshal = launch_started.saturating_duration_since(launch.marshal_from);
+                m.host_marshal_ms += ms(marshal.saturating_sub(room_wait));
+                m.host_launch_ms += ms(launched_at - launch_started);
+                m.in_flight_wait_ms += ms(waited + room_wait);
+                m.host_finish_ms += ms(launched_at.elapsed().saturating_sub(waited));
+            }
+            m.donated_buffers += (params.len() - keep.len()) as u64;
+            m.last_step_outputs = launch.outputs.len() as u64;
+            m.executions += 1;
+            m.peak_steps_in_flight = m.peak_steps_in_flight.max(pushed.steps as u64);
+            m.peak_bytes_in_flight = m.peak_bytes_in_flight.max(pushed.bytes);
+            if let Some(mem) = &exe.memory {
+                m.step_temp_bytes = m.step_temp_bytes.max(mem.temp);
+                m.step_peak_bytes = m.step_peak_bytes.max(mem.total());
+            }
+        }
+        self.account(&pushed.retired);
+        pushed.result
+    }
+
+    /// A span of track `track` from `start` to now, with the step's graph when given.
+    fn span(&self, track: u64, name: &str, start: Instant, graph: Option<&str>) {
+        if let Some(t) = &self.timeline {
+            let args: Vec<(&str, serde_json::Value)> =
+                graph.map(|g| ("graph", g.into())).into_iter().collect();
+            t.span(track, name, start, Instant::now(), &args);
+        }
+    }
+}
