@@ -43,6 +43,9 @@ pub(crate) struct Launch {
     marshal_from: Instant,
 }
 
+/// A launch handed over, with its device.
+type Queued = (Arc<DeviceInner>, Launch);
+
 #[derive(Default)]
 struct Queue {
     /// Launches handed over and not yet made.
@@ -56,7 +59,7 @@ struct Queue {
 /// A device's launch thread and the queue to it (none: launches are made by the step cut).
 pub(crate) struct Launcher {
     /// A launch and its device (which it keeps: one strong count per launch queued).
-    sender: Mutex<Option<SyncSender<(Arc<DeviceInner>, Launch)>>>,
+    sender: Mutex<Option<SyncSender<Queued>>>,
     queue: Arc<(Mutex<Queue>, Condvar)>,
 }
 
@@ -70,7 +73,7 @@ impl Launcher {
                 queue,
             };
         }
-        let (sender, receiver) = sync_channel::<(Arc<DeviceInner>, Launch)>(QUEUED);
+        let (sender, receiver) = sync_channel::<Queued>(QUEUED);
         let shared = queue.clone();
         let spawned = std::thread::Builder::new()
             .name("neuron-pc launch".into())
@@ -178,8 +181,9 @@ impl Launcher {
 }
 
 impl DeviceInner {
-    /// Launches `exe` over `params` (one value per parameter), donating every parameter the
-    /// program aliases except those in `keep`; one value per output, placed by the launch. The
+    /// Launches `exe` over `inputs`' parameters (one value per parameter), donating every
+    /// parameter the program aliases except those in its `keep` list (ascending); one value per
+    /// output, placed by the launch. The
     /// host waits for no input's step: the runtime orders the executions by their buffers, a
     /// donated one too. The host's time from `marshal_from` to the hand-over (or, launching in
     /// place, to the launch call) counts as marshalling. `in_place`: made on this thread once
@@ -190,13 +194,13 @@ impl DeviceInner {
     pub(super) fn launch(
         self: &Arc<Self>,
         exe: &Arc<StepExecutable>,
-        params: Vec<Arc<DeviceData>>,
-        keep: Vec<usize>,
+        inputs: (Vec<Arc<DeviceData>>, Vec<usize>),
         per_replica: &[bool],
         site: &'static Location<'static>,
         marshal_from: Instant,
         in_place: bool,
     ) -> Result<Vec<Arc<DeviceData>>> {
+        let (params, keep) = inputs;
         let step = lock(&self.metrics).steps;
         if exe.loaded.is_none() {
             return Err(Error::StepFailed {
@@ -259,17 +263,21 @@ impl DeviceInner {
             step: launch.step,
             message,
         };
-        let made = self.make_placing(&launch, on_thread).map_err(|e| match e {
-            Error::StepFailed {
+        let made = self.make_placing(&launch, on_thread).map_err(|e| {
+            if let Error::StepFailed {
                 site,
                 step,
                 message,
-            } => Failure {
-                site,
-                step,
-                message,
-            },
-            e => fail(e.to_string()),
+            } = e
+            {
+                Failure {
+                    site,
+                    step,
+                    message,
+                }
+            } else {
+                fail(e.to_string())
+            }
         });
         if let Err(f) = &made {
             for o in launch.outputs.iter().filter_map(Weak::upgrade) {

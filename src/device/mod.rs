@@ -643,8 +643,7 @@ impl DeviceInner {
         }
         self.launch(
             exe,
-            traced.params.clone(),
-            keep,
+            (traced.params.clone(), keep),
             per_replica,
             site,
             ready,

@@ -237,8 +237,7 @@ impl Replayer {
         // a launch of `jax.jit` does), so the host does not wait.
         let outputs = dev.launch(
             &plan.exe,
-            params,
-            keep,
+            (params, keep),
             &plan.per_replica,
             site,
             gathered,
