@@ -11,7 +11,7 @@
 //! A launch that fails places its failure in its outputs and is the error of the next step cut,
 //! `synchronize` or read.
 
-use std::panic::Location;
+use std::panic::{catch_unwind, AssertUnwindSafe, Location};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -45,6 +45,28 @@ pub(crate) struct Launch {
 
 /// A launch handed over, with its device.
 type Queued = (Arc<DeviceInner>, Launch);
+
+impl Drop for Launch {
+    fn drop(&mut self) {
+        // outputs a launch never placed (a panic while making it) fail rather than leave their
+        // readers waiting
+        for o in self.outputs.iter().filter_map(Weak::upgrade) {
+            if !o.is_placed() {
+                o.place(Err(Failure::never_made(self.site, self.step)));
+            }
+        }
+    }
+}
+
+impl Failure {
+    fn never_made(site: &'static Location<'static>, step: u64) -> Failure {
+        Failure {
+            site,
+            step,
+            message: "the launch thread failed while launching this step".into(),
+        }
+    }
+}
 
 #[derive(Default)]
 struct Queue {
@@ -80,7 +102,11 @@ impl Launcher {
             .spawn(move || {
                 // ends when the device (the sender's owner) is dropped
                 while let Ok((dev, launch)) = receiver.recv() {
-                    let made = dev.make(launch, true);
+                    let (site, step) = (launch.site, launch.step);
+                    // A panic fails this step (`Launch`'s drop places the failure in its
+                    // outputs) and leaves the thread serving the next.
+                    let made = catch_unwind(AssertUnwindSafe(|| dev.make(launch, true)))
+                        .unwrap_or_else(|_| Err(Failure::never_made(site, step)));
                     // before the count, so that a flush leaves no launch holding the device
                     drop(dev);
                     let (q, done) = &*shared;
