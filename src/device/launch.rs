@@ -105,15 +105,16 @@ impl Launcher {
                     let (site, step) = (launch.site, launch.step);
                     // A panic fails this step (`Launch`'s drop places the failure in its
                     // outputs) and leaves the thread serving the next.
-                    let made = catch_unwind(AssertUnwindSafe(|| dev.make(launch, true)))
-                        .unwrap_or_else(|_| Err(Failure::never_made(site, step)));
+                    let panicked =
+                        catch_unwind(AssertUnwindSafe(|| dev.make(launch, true))).is_err();
                     // before the count, so that a flush leaves no launch holding the device
                     drop(dev);
                     let (q, done) = &*shared;
                     let mut q = lock(q);
                     q.queued -= 1;
-                    if let Err(f) = made {
-                        q.failure.get_or_insert(f);
+                    if panicked {
+                        // (a failure `make` returns is noted by `make`, before any read sees it)
+                        q.failure.get_or_insert(Failure::never_made(site, step));
                     }
                     if q.queued == 0 && q.flushing > 0 {
                         done.notify_all();
@@ -306,6 +307,11 @@ impl DeviceInner {
             }
         });
         if let Err(f) = &made {
+            if on_thread {
+                // before a read can see it in an output and mark it reported
+                let mut q = lock(&self.launcher.queue.0);
+                q.failure.get_or_insert_with(|| f.clone());
+            }
             for o in launch.outputs.iter().filter_map(Weak::upgrade) {
                 o.place(Err(f.clone()));
             }

@@ -32,7 +32,7 @@ fn bounded(steps: usize, bytes: u64) -> LazyDevice {
     .expect("cpu device: run scripts/setup")
 }
 
-fn small() -> TextEncoderConfig {
+pub(super) fn small() -> TextEncoderConfig {
     TextEncoderConfig {
         vocab: 64,
         embed: 16,
@@ -58,14 +58,25 @@ fn wide() -> TextEncoderConfig {
 /// nothing until the end; returns every loss and the final parameters, as raw f32 bits, and
 /// the most steps that were in flight at once.
 fn train(in_flight: usize, steps: u64) -> (Vec<u32>, Vec<u32>, u64) {
-    let dev = device(in_flight);
-    let model = TextEncoder::new(&dev, wide(), 3).unwrap();
+    let (losses, params, m) = train_on(&device(in_flight), wide(), 64, steps);
+    (losses, params, m.peak_steps_in_flight)
+}
+
+/// [`train`] on `dev`, the model of `config` on batches of `batch`: the losses and final
+/// parameters as raw f32 bits, and the metrics once they are read.
+pub(super) fn train_on(
+    dev: &LazyDevice,
+    config: TextEncoderConfig,
+    batch: usize,
+    steps: u64,
+) -> (Vec<u32>, Vec<u32>, neuron_pc::Metrics) {
+    let model = TextEncoder::new(dev, config.clone(), 3).unwrap();
     let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
-    let mut opt = AdamW::new(&dev, &params, 0.01).unwrap();
-    let task = SyntheticTask::new(wide(), 5);
+    let mut opt = AdamW::new(dev, &params, 0.01).unwrap();
+    let task = SyntheticTask::new(config, 5);
     let mut losses = Vec::new();
     for step in 0..steps {
-        let b = task.batch(0, step, 64);
+        let b = task.batch(0, step, batch);
         let t: Vec<Tensor> = b.iter().map(|h| dev.tensor(h).unwrap()).collect();
         let lr = dev.scalar(1e-2, DType::F32).unwrap();
         let loss = model.loss(&t[0], &t[1], &t[2]).unwrap();
@@ -82,10 +93,9 @@ fn train(in_flight: usize, steps: u64) -> (Vec<u32>, Vec<u32>, u64) {
             .map(f32::to_bits)
             .collect()
     };
-    let peak = dev.metrics().peak_steps_in_flight;
     let losses = losses.iter().flat_map(bits).collect();
     let params = params.iter().flat_map(bits).collect();
-    (losses, params, peak)
+    (losses, params, dev.metrics())
 }
 
 #[test]
@@ -376,17 +386,20 @@ fn a_loop_that_reads_every_step_waits_on_the_device_not_in_its_tracing() {
     }
 }
 
+/// An output far larger than memory: the plugin cannot allocate it when the step runs.
+pub(super) fn huge_output(dev: &LazyDevice) -> Tensor {
+    dev.full(1.0, &[1 << 20, 1 << 20, 64], DType::F32)
+        .unwrap()
+        .add(&dev.ones(&[1 << 20, 1 << 20, 64], DType::F32).unwrap())
+        .unwrap()
+}
+
 #[test]
 fn a_step_that_fails_while_running_is_reported_at_the_next_wait_with_its_site() {
     let _serial = serial();
     let dev = device(2);
     let w = dev.from_slice(&[1.0f32, 2.0], &[2]).unwrap();
-    // An output far larger than memory: the plugin cannot allocate it when the step runs.
-    let huge = dev
-        .full(1.0, &[1 << 20, 1 << 20, 64], DType::F32)
-        .unwrap()
-        .add(&dev.ones(&[1 << 20, 1 << 20, 64], DType::F32).unwrap())
-        .unwrap();
+    let huge = huge_output(&dev);
     let doubled = w.mul_scalar(2.0).unwrap();
     let launched = dev.mark_step();
     let line = line!() - 1;

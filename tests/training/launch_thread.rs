@@ -3,11 +3,10 @@
 //! launches made in place, and a launch that fails must still be reported with its site.
 
 use neuron_pc::compile::CacheConfig;
-use neuron_pc::models::{SyntheticTask, TextEncoder, TextEncoderConfig};
-use neuron_pc::nn::Module;
-use neuron_pc::optim::AdamW;
 use neuron_pc::timeline::{self, HOST_TRACK, LAUNCH_TRACK};
-use neuron_pc::{grad, DType, DeviceConfig, Error, LazyDevice, Metrics, Tensor};
+use neuron_pc::{DeviceConfig, Error, LazyDevice};
+
+use super::async_exec::{huge_output, small, train_on};
 
 fn device(launch_thread: bool, trace: Option<std::path::PathBuf>) -> LazyDevice {
     LazyDevice::new(DeviceConfig {
@@ -19,53 +18,11 @@ fn device(launch_thread: bool, trace: Option<std::path::PathBuf>) -> LazyDevice 
     .expect("cpu device: run scripts/setup")
 }
 
-fn config() -> TextEncoderConfig {
-    TextEncoderConfig {
-        vocab: 64,
-        embed: 16,
-        seq_len: 8,
-        mlp: vec![32],
-        classes: 4,
-    }
-}
-
-/// `steps` traced AdamW steps (parameters and moments donated, updated in place), nothing read
-/// until the end: every loss and the final parameters as raw f32 bits, and the metrics.
-fn train(dev: &LazyDevice, steps: u64) -> (Vec<u32>, Vec<u32>, Metrics) {
-    let model = TextEncoder::new(dev, config(), 3).unwrap();
-    let params: Vec<Tensor> = model.parameters().into_iter().map(|(_, t)| t).collect();
-    let mut opt = AdamW::new(dev, &params, 0.01).unwrap();
-    let task = SyntheticTask::new(config(), 5);
-    let mut losses = Vec::new();
-    for step in 0..steps {
-        let b = task.batch(0, step, 16);
-        let t: Vec<Tensor> = b.iter().map(|h| dev.tensor(h).unwrap()).collect();
-        let lr = dev.scalar(1e-2, DType::F32).unwrap();
-        let loss = model.loss(&t[0], &t[1], &t[2]).unwrap();
-        let refs: Vec<&Tensor> = params.iter().collect();
-        let grads = grad(&loss, &refs).unwrap();
-        opt.step(&params, &grads, &lr).unwrap();
-        dev.mark_step().unwrap();
-        losses.push(loss);
-    }
-    dev.synchronize().unwrap();
-    let bits = |t: &Tensor| -> Vec<u32> {
-        t.to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect()
-    };
-    let losses = losses.iter().flat_map(bits).collect();
-    let params = params.iter().flat_map(bits).collect();
-    (losses, params, dev.metrics())
-}
-
 #[test]
 fn launches_on_the_thread_compute_and_donate_what_launches_in_place_do() {
     let (threaded, in_place) = (device(true, None), device(false, None));
-    let (losses, params, m) = train(&threaded, 12);
-    let (want_losses, want_params, want) = train(&in_place, 12);
+    let (losses, params, m) = train_on(&threaded, small(), 16, 12);
+    let (want_losses, want_params, want) = train_on(&in_place, small(), 16, 12);
     assert_eq!(losses, want_losses, "the losses");
     assert_eq!(params, want_params, "the trained parameters");
     assert_eq!(m.executions, want.executions);
@@ -138,12 +95,7 @@ fn the_loop_records_the_next_step_while_the_thread_launches_the_last() {
 fn a_failed_launch_is_the_error_of_the_next_step_cut_with_its_site() {
     let dev = device(true, None);
     let w = dev.from_slice(&[1.0f32, 2.0], &[2]).unwrap();
-    // An output far larger than memory: the plugin cannot allocate it.
-    let huge = dev
-        .full(1.0, &[1 << 20, 1 << 20, 64], DType::F32)
-        .unwrap()
-        .add(&dev.ones(&[1 << 20, 1 << 20, 64], DType::F32).unwrap())
-        .unwrap();
+    let huge = huge_output(&dev);
     dev.mark_step().unwrap();
     let line = line!() - 1;
     // The step after it, or a read of its output, reports it with the failed step's site.
