@@ -81,7 +81,7 @@ struct Queue {
 /// A device's launch thread and the queue to it (none: launches are made by the step cut).
 pub(crate) struct Launcher {
     /// A launch and its device (which it keeps: one strong count per launch queued).
-    sender: Mutex<Option<SyncSender<Queued>>>,
+    sender: Option<SyncSender<Queued>>,
     queue: Arc<(Mutex<Queue>, Condvar)>,
 }
 
@@ -91,7 +91,7 @@ impl Launcher {
         let queue: Arc<(Mutex<Queue>, Condvar)> = Arc::default();
         if !thread {
             return Launcher {
-                sender: Mutex::new(None),
+                sender: None,
                 queue,
             };
         }
@@ -123,7 +123,7 @@ impl Launcher {
             });
         match spawned {
             Ok(_) => Launcher {
-                sender: Mutex::new(Some(sender)),
+                sender: Some(sender),
                 queue,
             },
             Err(e) => {
@@ -185,8 +185,7 @@ impl Launcher {
         dev: &Arc<DeviceInner>,
         launch: Launch,
     ) -> std::result::Result<Duration, Launch> {
-        let sender = lock(&self.sender).clone();
-        let Some(sender) = sender else {
+        let Some(sender) = &self.sender else {
             return Err(launch);
         };
         lock(&self.queue.0).queued += 1;
