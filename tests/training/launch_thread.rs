@@ -3,7 +3,9 @@
 //! launches made in place, and a launch that fails must still be reported with its site.
 
 use neuron_pc::compile::CacheConfig;
-use neuron_pc::timeline::{self, HOST_TRACK, LAUNCH_TRACK};
+use std::time::{Duration, Instant};
+
+use neuron_pc::timeline::{self, TraceEvent, HOST_TRACK, LAUNCH_TRACK};
 use neuron_pc::{DeviceConfig, Error, LazyDevice};
 
 use super::async_exec::{huge_output, small, train_on};
@@ -40,55 +42,78 @@ fn launches_on_the_thread_compute_and_donate_what_launches_in_place_do() {
     );
 }
 
-#[test]
-fn the_loop_records_the_next_step_while_the_thread_launches_the_last() {
-    let path = std::env::temp_dir().join(format!("npc-launch-thread-{}.json", std::process::id()));
+/// Two steps under a bound of one step in flight: a long one (matmuls of 512 x 512), then a
+/// small one compiled before, whose launch must wait for the first to complete. How long the
+/// small step's `mark_step` took, and the timeline.
+fn long_then_short(launch_thread: bool) -> (Duration, Vec<TraceEvent>) {
+    let path = std::env::temp_dir().join(format!(
+        "npc-launch-thread-{launch_thread}-{}.json",
+        std::process::id()
+    ));
     let _ = std::fs::remove_file(&path);
-    let dev = device(true, Some(path.clone()));
-    let w = dev.from_slice(&vec![0.01f32; 32 * 32], &[32, 32]).unwrap();
-    let x = dev.from_slice(&vec![1.0f32; 32 * 32], &[32, 32]).unwrap();
-    for _ in 0..40 {
-        // a few hundred ops to record, so each step's tracing takes a while
-        let mut y = x.clone();
-        for _ in 0..100 {
-            y = y.matmul(&w).unwrap().tanh().unwrap();
-        }
-        w.assign(&w.add(&y.mul_scalar(1e-3).unwrap()).unwrap())
-            .unwrap();
-        dev.mark_step().unwrap();
+    let dev = LazyDevice::new(DeviceConfig {
+        cache: CacheConfig::disabled(),
+        launch_thread,
+        max_steps_in_flight: 1,
+        trace: Some(path.clone()),
+        ..DeviceConfig::default()
+    })
+    .unwrap();
+    let a = dev
+        .from_slice(&vec![1.0f32 / 512.0; 512 * 512], &[512, 512])
+        .unwrap();
+    // the small step's graph compiled beforehand
+    let warm = a.add_scalar(1.0).unwrap();
+    dev.mark_step().unwrap();
+    drop(warm.to_vec::<f32>().unwrap());
+    let mut long = a.clone();
+    for _ in 0..24 {
+        long = long.matmul(&a).unwrap().tanh().unwrap();
     }
-    assert!(w.to_vec::<f32>().unwrap().iter().all(|v| v.is_finite()));
-    drop((w, x));
+    dev.mark_step().unwrap();
+    let short = a.add_scalar(1.0).unwrap();
+    let cut = Instant::now();
+    dev.mark_step().unwrap();
+    let took = cut.elapsed();
+    assert!(long.to_vec::<f32>().unwrap().iter().all(|v| v.is_finite()));
+    assert_eq!(short.to_vec::<f32>().unwrap()[0], 1.0 + 1.0 / 512.0);
+    drop((a, long, short));
     // the last handle: the launches are made and the timeline written before drop returns
     drop(dev);
     let events = timeline::read(&path).expect("the timeline parses");
     let _ = std::fs::remove_file(&path);
-    let on = |tid: u64, name: &str| -> Vec<(f64, f64)> {
+    (took, events)
+}
+
+#[test]
+fn mark_step_hands_the_launch_over_and_returns_while_the_thread_waits_to_launch() {
+    let (handed_over, events) = long_then_short(true);
+    let (in_place, _) = long_then_short(false);
+    // Launching in place, the second `mark_step` waited for the first step to complete (the
+    // bound); handing the launch over, it returned at once and the thread waited.
+    assert!(
+        handed_over * 4 < in_place,
+        "mark_step took {handed_over:?} handing over, {in_place:?} launching in place"
+    );
+    let spans = |tid: u64, name: &str| -> Vec<(f64, f64)> {
         (events.iter())
             .filter(|e| e.tid == tid && e.name == name && e.ph == "X")
             .map(|e| (e.ts, e.ts + e.dur.unwrap_or(0.0)))
             .collect()
     };
-    let (launches, traces) = (on(LAUNCH_TRACK, "launch"), on(HOST_TRACK, "trace"));
+    let (launches, handed) = (spans(LAUNCH_TRACK, "launch"), spans(HOST_TRACK, "marshal"));
     assert_eq!(
         launches.len(),
-        40,
-        "a launch span per step, on the launch thread's track"
+        3,
+        "a launch span per step, on the thread's track"
     );
     assert!(
-        on(HOST_TRACK, "launch").is_empty(),
+        spans(HOST_TRACK, "launch").is_empty(),
         "no launch on the loop's track"
     );
-    // The launch of step k and the tracing of step k + 1 overlap at least once (measured: in
-    // most steps; the loop returns from `mark_step` as soon as the launch is handed over).
-    let overlaps = launches
-        .iter()
-        .filter(|(l0, l1)| traces.iter().any(|(t0, t1)| t0 < l1 && l0 < t1))
-        .count();
-    assert!(
-        overlaps >= 1,
-        "no launch overlapped the loop's tracing: {launches:?}"
-    );
+    // the last step was launched after its `mark_step` had handed it over and returned
+    assert_eq!(handed.len(), 3);
+    assert!(handed[2].1 <= launches[2].0, "{handed:?} {launches:?}");
 }
 
 #[test]
