@@ -270,7 +270,12 @@ impl DeviceInner {
         match handed {
             Ok(waited) => {
                 if let Some(t) = &self.timeline {
-                    t.span(HOST_TRACK, "marshal", marshal_from, Instant::now(), &[]);
+                    // the wait for room in the queue is a span of its own
+                    let now = Instant::now();
+                    t.span(HOST_TRACK, "marshal", marshal_from, now - waited, &[]);
+                    if waited.as_micros() > 50 {
+                        t.span(HOST_TRACK, "wait (launch queue)", now - waited, now, &[]);
+                    }
                 }
                 let mut m = lock(&self.metrics);
                 m.host_marshal_ms += ms(marshal_from.elapsed().saturating_sub(waited));
@@ -366,7 +371,8 @@ impl DeviceInner {
         let launched_at = Instant::now();
         let graph = exe.key.short().to_string();
         if let Some(t) = self.timeline.as_ref().filter(|_| !on_thread) {
-            t.span(track, "marshal", launch.marshal_from, launch_started, &[]);
+            // up to the wait for room (a span of its own), as the metric counts it
+            t.span(track, "marshal", launch.marshal_from, room_from, &[]);
         }
         self.span(track, "launch", launch_started, Some(&graph));
         // The inputs it updates in place (`keep` is in ascending order, as both callers build
