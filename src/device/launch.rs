@@ -190,33 +190,27 @@ impl Launcher {
         };
         lock(&self.queue.0).queued += 1;
         let started = Instant::now();
-        match sender.try_send((dev.clone(), launch)) {
-            Ok(()) => Ok(Duration::ZERO),
-            Err(std::sync::mpsc::TrySendError::Full(sent)) => match sender.send(sent) {
-                Ok(()) => Ok(started.elapsed()),
-                Err(e) => self.undo(e.0 .1),
-            },
-            Err(std::sync::mpsc::TrySendError::Disconnected((_, launch))) => self.undo(launch),
+        match sender.send((dev.clone(), launch)) {
+            Ok(()) => Ok(started.elapsed()),
+            Err(unsent) => {
+                // the thread is gone (it ends only with the device): launched in place
+                lock(&self.queue.0).queued -= 1;
+                Err(unsent.0 .1)
+            }
         }
-    }
-
-    fn undo(&self, launch: Launch) -> std::result::Result<Duration, Launch> {
-        lock(&self.queue.0).queued -= 1;
-        Err(launch)
     }
 }
 
 impl DeviceInner {
     /// Launches `exe` over `inputs`' parameters (one value per parameter), donating every
     /// parameter the program aliases except those in its `keep` list (ascending); one value per
-    /// output, placed by the launch. The
-    /// host waits for no input's step: the runtime orders the executions by their buffers, a
-    /// donated one too. The host's time from `marshal_from` to the hand-over (or, launching in
-    /// place, to the launch call) counts as marshalling. `in_place`: made on this thread once
-    /// the launches handed over are made, whatever the configuration (a replayed step, whose
-    /// host work is too small to gain from the hand-over: measured in `examples/bench_host.rs`).
-    /// A launch made in place (none but the caller's thread on the device, or `in_place`)
-    /// reports its failure at once.
+    /// output, placed by the launch. The host waits for no input's step: the runtime orders the
+    /// executions by their buffers, a donated one too. The host's time from `marshal_from` to
+    /// the hand-over (or, launching in place, to the launch call) counts as marshalling.
+    /// `in_place`: made on this thread once the launches handed over are made, whatever the
+    /// configuration (a replayed step, whose host work is too small to gain from the hand-over:
+    /// measured in `examples/bench_host.rs`). A launch made in place (no launch thread, or
+    /// `in_place`) reports its failure at once.
     pub(super) fn launch(
         self: &Arc<Self>,
         exe: &Arc<StepExecutable>,

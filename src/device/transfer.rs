@@ -142,25 +142,14 @@ impl DeviceInner {
             .as_ref()
             .map_or_else(|| b.dims().to_vec(), |s| s.dims().to_vec());
         let ty = TensorType::new(b.dtype(), dims);
-        let mut rec = lock(&self.recorder);
-        let ty_id = rec.interner.ty(&ty);
-        let (sharding_id, sharding) = match sharding.filter(|s| !s.is_replicated()) {
-            Some(s) => {
-                let (id, shared) = rec.interner.sharding(&s);
-                (id, Some(shared))
-            }
-            None => (0, None),
-        };
-        drop(rec);
-        Arc::new(DeviceData::new(
+        let placed = Placed { buffers, producer };
+        self.value(
             ty,
-            Some(Placed { buffers, producer }),
-            sharding,
-            sharding_id,
+            Some(placed),
             per_replica,
+            sharding.as_ref(),
             zero_filled,
-            ty_id,
-        ))
+        )
     }
 
     /// A step's output `ty` (the whole value's type) before the step is launched: its buffers
@@ -172,8 +161,21 @@ impl DeviceInner {
         sharding: Option<&Arc<Sharding>>,
         zero_filled: bool,
     ) -> Arc<DeviceData> {
+        self.value(ty.clone(), None, per_replica, sharding, zero_filled)
+    }
+
+    /// A value of type `ty` whose buffers are (or will be) `placed`, its type and sharding
+    /// interned.
+    fn value(
+        &self,
+        ty: TensorType,
+        placed: Option<Placed>,
+        per_replica: bool,
+        sharding: Option<&Arc<Sharding>>,
+        zero_filled: bool,
+    ) -> Arc<DeviceData> {
         let mut rec = lock(&self.recorder);
-        let ty_id = rec.interner.ty(ty);
+        let ty_id = rec.interner.ty(&ty);
         let (sharding_id, sharding) = match sharding.filter(|s| !s.is_replicated()) {
             Some(s) => {
                 let (id, shared) = rec.interner.sharding(s);
@@ -183,8 +185,8 @@ impl DeviceInner {
         };
         drop(rec);
         Arc::new(DeviceData::new(
-            ty.clone(),
-            None,
+            ty,
+            placed,
             sharding,
             sharding_id,
             per_replica,
