@@ -152,6 +152,17 @@ fn count_env(name: &str, v: &str) -> Result<usize> {
         })
 }
 
+/// A switch that is on by default from the variable `name`: `0` or `1` (empty: `default`);
+/// anything else is an error rather than a guess (`false` would otherwise read as on).
+fn switch_env(name: &str, v: &str, default: bool) -> Result<bool> {
+    match v.trim() {
+        "" => Ok(default),
+        "0" => Ok(false),
+        "1" => Ok(true),
+        _ => Err(Error::Config(format!("{name}={v:?}: expected 0 or 1"))),
+    }
+}
+
 /// A size in bytes (`123`, `512M`, `2G`) from the variable `name`.
 fn size_env(name: &str, v: &str) -> Result<u64> {
     neuron_pc_cache::parse_size(v)
@@ -192,7 +203,10 @@ impl DeviceConfig {
                 Ok(v) if !v.is_empty() => size_env(MAX_BYTES_IN_FLIGHT_ENV, &v)?,
                 _ => DEFAULT_MAX_BYTES_IN_FLIGHT,
             },
-            launch_thread: std::env::var(LAUNCH_THREAD_ENV).map_or(true, |v| v.trim() != "0"),
+            launch_thread: match std::env::var(LAUNCH_THREAD_ENV) {
+                Ok(v) => switch_env(LAUNCH_THREAD_ENV, &v, true)?,
+                Err(_) => true,
+            },
             ..DeviceConfig::default()
         })
     }
@@ -231,6 +245,15 @@ mod tests {
             "{e}"
         );
         assert_eq!(count_env(MAX_IN_FLIGHT_ENV, "8").unwrap(), 8);
+        assert!(!switch_env(LAUNCH_THREAD_ENV, "0", true).unwrap());
+        assert!(switch_env(LAUNCH_THREAD_ENV, "", true).unwrap());
+        let e = switch_env(LAUNCH_THREAD_ENV, "off", true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("NEURON_PC_LAUNCH_THREAD=\"off\": expected 0 or 1"),
+            "{e}"
+        );
         let e = count_env(MAX_IN_FLIGHT_ENV, "0").unwrap_err().to_string();
         assert!(e.contains("expected a whole number of at least 1"), "{e}");
     }
