@@ -165,6 +165,9 @@ fn main() -> anyhow::Result<()> {
     let extracting = device.is_trial_run();
     let mut first_step_at = None;
     let mut last_val = None;
+    // Validation is not training: its time (a forward graph's compile or load, its batches and
+    // reads) is left out of the throughput, so the figure is the training step's.
+    let mut val_time = std::time::Duration::ZERO;
 
     // The training step as a step function: traced on its first two calls, then replayed
     // without tracing (see `LazyDevice::step_fn`). What changes between steps is an argument:
@@ -222,7 +225,9 @@ fn main() -> anyhow::Result<()> {
             );
         }
         if (step + 1) % args.val_every == 0 || step + 1 == args.steps {
+            let val_start = Instant::now();
             let acc = validate(&device, &model, &task, args.val_batches, batch_size)?;
+            val_time += val_start.elapsed();
             println!(
                 "step {:>5}  validation accuracy {:.3} (chance {:.3}){}",
                 step + 1,
@@ -241,6 +246,10 @@ fn main() -> anyhow::Result<()> {
             c.save(&model, &*opt.borrow(), step + 1)?;
         }
     }
+    // The training clock stops when every step is done (the last loss was read, so this waits
+    // for nothing more); what follows (the final checkpoint's wait) is not training.
+    device.synchronize()?;
+    let train_end = process_start.elapsed();
     if let Some(c) = &mut ckpts {
         c.wait()?;
     }
@@ -262,7 +271,7 @@ fn main() -> anyhow::Result<()> {
     }
     let trained = args.steps.saturating_sub(start_step);
     let train_s = first_step_at.map_or(0.0, |t| {
-        (process_start.elapsed().as_secs_f64() - t.as_secs_f64()).max(1e-9)
+        (train_end.as_secs_f64() - t.as_secs_f64() - val_time.as_secs_f64()).max(1e-9)
     });
     if args.json {
         println!("{}", m.to_json());
@@ -278,10 +287,11 @@ fn main() -> anyhow::Result<()> {
             }
         );
         if trained > 1 && train_s > 0.0 {
-            // after the first step (compilation or cache load excluded)
+            // after the first step (compilation or cache load excluded), validation excluded
             let rate = (trained - 1) as f64 * batch_size as f64 / train_s;
             println!(
-                "throughput {rate:.0} samples/s global, {:.0} per replica (after step 1)",
+                "throughput {rate:.0} samples/s global, {:.0} per replica (after step 1, \
+                 validation excluded)",
                 rate / replicas as f64
             );
         }

@@ -555,6 +555,8 @@ fn main() -> anyhow::Result<()> {
         (args.step_fn).then(|| replay::step_fn(&device, &model, &params, &opt, settings));
     let mut loss_sum: Option<Tensor> = None;
     let mut first_step_at = None;
+    // validation's time, left out of the throughput (the figure is the training step's)
+    let mut val_time = std::time::Duration::ZERO;
     let mut last_loss = f64::NAN;
     let mut real_tokens = 0usize;
     for (n, batch) in loader.enumerate() {
@@ -679,7 +681,9 @@ fn main() -> anyhow::Result<()> {
         if let Some(rows) = &val_rows {
             let due = args.val_every > 0 && (step + 1).is_multiple_of(args.val_every);
             if due || step + 1 == args.steps {
+                let val_start = Instant::now();
                 let loss = model.eval_loss(rows, batch_size)?;
+                val_time += val_start.elapsed();
                 monitor.println(&format!(
                     "step {:>5}  val loss {loss:.4}  perplexity {:.2}{not_real}",
                     step + 1,
@@ -702,6 +706,10 @@ fn main() -> anyhow::Result<()> {
             monitor.checkpoint(c);
         }
     }
+    // The training clock stops when every step is done (the last loss was read, so this waits
+    // for nothing more); what follows (the final checkpoint's wait, --save) is not training.
+    device.synchronize()?;
+    let train_end = process_start.elapsed();
     if let Some(f) = &replay {
         match f.why_traced() {
             None if f.is_replaying() => println!("step function: replayed"),
@@ -734,7 +742,7 @@ fn main() -> anyhow::Result<()> {
     }
     let trained = args.steps.saturating_sub(start_step);
     let train_s = first_step_at.map_or(0.0, |t| {
-        (process_start.elapsed().as_secs_f64() - t.as_secs_f64()).max(1e-9)
+        (train_end.as_secs_f64() - t.as_secs_f64() - val_time.as_secs_f64()).max(1e-9)
     });
     if mesh {
         println!(
@@ -755,7 +763,7 @@ fn main() -> anyhow::Result<()> {
         );
     }
     if trained > 1 && train_s > 0.0 {
-        // after the first step (compilation or a cache load excluded)
+        // after the first step (compilation or a cache load excluded), validation excluded
         let steps_per_s = (trained - 1) as f64 / train_s;
         // real tokens (padding excluded with --buckets) per optimizer step, on average
         let per_step = real_tokens as f64 / trained as f64;
