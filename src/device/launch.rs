@@ -41,6 +41,10 @@ pub(crate) struct Launch {
     step: u64,
     /// When the step cut began building the launch (marshalling, on the loop's thread).
     marshal_from: Instant,
+    /// Made: its outputs placed, or its failure placed in them (and noted).
+    done: bool,
+    /// The queue it was handed over through, where a launch dropped unmade notes its failure.
+    handed: Option<Arc<(Mutex<Queue>, Condvar)>>,
 }
 
 /// A launch handed over, with its device.
@@ -48,8 +52,18 @@ type Queued = (Arc<DeviceInner>, Launch);
 
 impl Drop for Launch {
     fn drop(&mut self) {
-        // outputs a launch never placed (a panic while making it) fail rather than leave their
-        // readers waiting
+        if self.done {
+            return;
+        }
+        // A launch never made (a panic while making it) fails its step. The failure is noted
+        // before any output shows it, so that a read reporting it (`Launcher::reported`) keeps
+        // the next step cut from reporting it again; and its outputs fail rather than leave
+        // their readers waiting.
+        if let Some(queue) = &self.handed {
+            lock(&queue.0)
+                .failure
+                .get_or_insert_with(|| Failure::never_made(self.site, self.step));
+        }
         for o in self.outputs.iter().filter_map(Weak::upgrade) {
             if !o.is_placed() {
                 o.place(Err(Failure::never_made(self.site, self.step)));
@@ -102,20 +116,15 @@ impl Launcher {
             .spawn(move || {
                 // ends when the device (the sender's owner) is dropped
                 while let Ok((dev, launch)) = receiver.recv() {
-                    let (site, step) = (launch.site, launch.step);
-                    // A panic fails this step (`Launch`'s drop places the failure in its
-                    // outputs) and leaves the thread serving the next.
-                    let panicked =
-                        catch_unwind(AssertUnwindSafe(|| dev.make(launch, true))).is_err();
+                    // A panic fails this step (`Launch`'s drop notes the failure and places it
+                    // in its outputs) and leaves the thread serving the next. A failure `make`
+                    // returns is noted by `make`, also before any read sees it.
+                    let _ = catch_unwind(AssertUnwindSafe(|| dev.make(launch, true)));
                     // before the count, so that a flush leaves no launch holding the device
                     drop(dev);
                     let (q, done) = &*shared;
                     let mut q = lock(q);
                     q.queued -= 1;
-                    if panicked {
-                        // (a failure `make` returns is noted by `make`, before any read sees it)
-                        q.failure.get_or_insert(Failure::never_made(site, step));
-                    }
                     if q.queued == 0 && q.flushing > 0 {
                         done.notify_all();
                     }
@@ -183,11 +192,12 @@ impl Launcher {
     fn hand_over(
         &self,
         dev: &Arc<DeviceInner>,
-        launch: Launch,
+        mut launch: Launch,
     ) -> std::result::Result<Duration, Launch> {
         let Some(sender) = &self.sender else {
             return Err(launch);
         };
+        launch.handed = Some(self.queue.clone());
         lock(&self.queue.0).queued += 1;
         let started = Instant::now();
         match sender.send((dev.clone(), launch)) {
@@ -195,7 +205,9 @@ impl Launcher {
             Err(unsent) => {
                 // the thread is gone (it ends only with the device): launched in place
                 lock(&self.queue.0).queued -= 1;
-                Err(unsent.0 .1)
+                let mut launch = unsent.0 .1;
+                launch.handed = None;
+                Err(launch)
             }
         }
     }
@@ -253,6 +265,8 @@ impl DeviceInner {
             site,
             step,
             marshal_from,
+            done: false,
+            handed: None,
         };
         let handed = if in_place {
             // after the launches handed over before it
@@ -282,7 +296,7 @@ impl DeviceInner {
 
     /// Makes `launch` (`on_thread`: on the launch thread, else in place) and places its
     /// outputs; its failure placed in every output.
-    fn make(&self, launch: Launch, on_thread: bool) -> std::result::Result<(), Failure> {
+    fn make(&self, mut launch: Launch, on_thread: bool) -> std::result::Result<(), Failure> {
         let fail = |message: String| Failure {
             site: launch.site,
             step: launch.step,
@@ -314,6 +328,7 @@ impl DeviceInner {
                 o.place(Err(f.clone()));
             }
         }
+        launch.done = true;
         made
     }
 
@@ -463,5 +478,68 @@ impl DeviceInner {
                 graph.map(|g| ("graph", g.into())).into_iter().collect();
             t.span(track, name, start, Instant::now(), &args);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::{CacheConfig, ProgramKey};
+    use crate::{DType, DeviceConfig, LazyDevice};
+    use neuron_pc_compiler::ir::TensorType;
+    use neuron_pc_compiler::key::ExecutableKey;
+
+    /// A launch that panics on the thread (an executable without its program, which a step cut
+    /// never hands over) fails its step once: its output holds the failure with the step's site,
+    /// a read's report leaves nothing for the next step cut, and the thread serves later steps.
+    #[test]
+    fn a_panic_on_the_launch_thread_fails_its_step_once() {
+        let device = LazyDevice::new(DeviceConfig {
+            cache: CacheConfig::disabled(),
+            launch_thread: true,
+            ..DeviceConfig::default()
+        })
+        .unwrap();
+        let inner = &device.inner;
+        let ty = TensorType::new(DType::F32, vec![]);
+        let key = ExecutableKey {
+            hex: "0".repeat(64),
+            components: Default::default(),
+        };
+        let exe = Arc::new(StepExecutable {
+            loaded: None,
+            key: ProgramKey::new(key),
+            output_types: vec![ty.clone()],
+            memory: None,
+            out_shardings: vec![],
+        });
+        let out = inner.unplaced(&ty, false, None, false);
+        let site = Location::caller();
+        let launch = Launch {
+            exe,
+            params: vec![],
+            keep: vec![],
+            outputs: vec![Arc::downgrade(&out)],
+            site,
+            step: 7,
+            marshal_from: Instant::now(),
+            done: false,
+            handed: None,
+        };
+        assert!(inner.launcher.hand_over(inner, launch).is_ok());
+        let Err(Error::StepFailed { site: at, step, .. }) = out.placed() else {
+            panic!("the output of a launch that panicked was placed");
+        };
+        assert_eq!((step, at.line()), (7, site.line()));
+        // what a read of the output does with its failure
+        inner.launcher.reported(step);
+        assert!(
+            inner.launcher.flush().is_ok(),
+            "the failure was reported twice"
+        );
+        let x = device.scalar(3.0, DType::F32).unwrap();
+        let y = x.mul(&x).unwrap();
+        device.mark_step().unwrap();
+        assert_eq!(y.to_vec::<f32>().unwrap(), [9.0]);
     }
 }
