@@ -12,6 +12,7 @@
 //! `synchronize` or read.
 
 use std::panic::{catch_unwind, AssertUnwindSafe, Location};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -52,6 +53,12 @@ type Queued = (Arc<DeviceInner>, Launch);
 
 impl Drop for Launch {
     fn drop(&mut self) {
+        if self.handed.is_some() {
+            // before the inputs' `Arc`s go (see `DeviceData::holders`)
+            for p in &self.params {
+                p.queued.fetch_sub(1, Ordering::Release);
+            }
+        }
         if self.done {
             return;
         }
@@ -198,6 +205,9 @@ impl Launcher {
             return Err(launch);
         };
         launch.handed = Some(self.queue.clone());
+        for p in &launch.params {
+            p.queued.fetch_add(1, Ordering::Relaxed);
+        }
         lock(&self.queue.0).queued += 1;
         let started = Instant::now();
         match sender.send((dev.clone(), launch)) {
@@ -207,6 +217,9 @@ impl Launcher {
                 lock(&self.queue.0).queued -= 1;
                 let mut launch = unsent.0 .1;
                 launch.handed = None;
+                for p in &launch.params {
+                    p.queued.fetch_sub(1, Ordering::Release);
+                }
                 Err(launch)
             }
         }

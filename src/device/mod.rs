@@ -627,20 +627,14 @@ impl DeviceInner {
         };
         // A parameter may be donated when the graph's own operands are its only holders
         // besides the parameter list; anything else (another tensor holding the same data,
-        // a recorded node outside this graph) keeps it.
-        // A launch still queued holds its inputs: one of them held back from donation here is
-        // counted again once the queue is empty (a step that reads a value, then one that
-        // updates it in place: gradient accumulation).
+        // a recorded node outside this graph) keeps it. A launch still queued that reads it
+        // (a step that reads a value, then one that updates it in place: gradient
+        // accumulation) does not count: it is made, and lets go, before this one.
         let kept = |i: usize| {
             !aliases.iter().any(|&(p, _)| p == i)
-                || Arc::strong_count(&traced.params[i]) != 1 + traced.data_refs[i]
+                || DeviceData::holders(&traced.params[i]) != 1 + traced.data_refs[i]
         };
-        let mut keep: Vec<usize> = (0..traced.params.len()).filter(|&i| kept(i)).collect();
-        let candidate = |i: &usize| aliases.iter().any(|&(p, _)| p == *i);
-        if keep.iter().any(candidate) && self.launcher.queued() > 0 {
-            self.launcher.flush_quietly();
-            keep = (0..traced.params.len()).filter(|&i| kept(i)).collect();
-        }
+        let keep: Vec<usize> = (0..traced.params.len()).filter(|&i| kept(i)).collect();
         self.launch(
             exe,
             (traced.params.clone(), keep),

@@ -8,7 +8,7 @@
 use rustc_hash::FxHashMap as HashMap;
 use std::hash::BuildHasher;
 use std::panic::Location;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use neuron_pc_compiler::ir::{Literal, Op, TensorType};
@@ -39,6 +39,8 @@ pub(crate) struct DeviceData {
     pub name: Mutex<Option<Arc<str>>>,
     /// Its parameter's position in the step walk that last reached it.
     pub mark: WalkMark,
+    /// Launches handed over to the launch thread, not yet made, that hold it as an input.
+    pub queued: AtomicUsize,
 }
 
 /// A value: recorded but not computed (a node), or on the device. It is both a node's operand
@@ -553,7 +555,20 @@ impl DeviceData {
             ty_id,
             name: Mutex::new(None),
             mark: WalkMark::default(),
+            queued: AtomicUsize::new(0),
         }
+    }
+
+    /// Its holders, less the launches queued to the launch thread: what a donation check
+    /// counts. Launches are made in cut order and let go of their inputs once made, so a queued
+    /// one no longer holds the value when a later launch donates it.
+    pub fn holders(this: &Arc<DeviceData>) -> usize {
+        // The count first, then the queued holds: a launch made lets go of its hold here before
+        // its `Arc`, so a hold still counted is never missing from the `Arc`'s count read before
+        // (which, seeing the launch's `Arc` gone, sees its hold gone too, by the fence).
+        let strong = Arc::strong_count(this);
+        std::sync::atomic::fence(Ordering::Acquire);
+        strong.saturating_sub(this.queued.load(Ordering::Relaxed))
     }
 
     /// The value's type (the whole value's, when the buffers hold blocks).
