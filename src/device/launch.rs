@@ -34,7 +34,7 @@ pub(crate) const QUEUED: usize = 8;
 pub(crate) struct Launch {
     exe: Arc<StepExecutable>,
     params: Vec<Arc<DeviceData>>,
-    keep: Vec<usize>,
+    keep: Box<[usize]>,
     /// Weak, so that a later step cut's donation count (`Arc::strong_count`) sees only the
     /// tensors holding them.
     outputs: Vec<Weak<DeviceData>>,
@@ -273,7 +273,7 @@ impl DeviceInner {
         let launch = Launch {
             exe: exe.clone(),
             params,
-            keep,
+            keep: keep.into_boxed_slice(),
             outputs: outputs.iter().map(Arc::downgrade).collect(),
             site,
             step,
@@ -531,7 +531,7 @@ mod tests {
         let launch = Launch {
             exe,
             params: vec![],
-            keep: vec![],
+            keep: Box::new([]),
             outputs: vec![Arc::downgrade(&out)],
             site,
             step: 7,
