@@ -162,6 +162,13 @@ fn main() -> anyhow::Result<()> {
         mlp.step(&mut opt, &x, &y, &lr)?;
         device.mark_step()
     })?;
+    // Synced: the loss read after every step, as a loop that logs it every step does (its
+    // wait for the step, and the read, are outside the host's split).
+    let traced_read = median_round(&device, rounds, steps, || {
+        let loss = mlp.step(&mut opt, &x, &y, &lr)?;
+        device.mark_step()?;
+        loss.item().map(drop)
+    })?;
 
     // Replayed: traced twice, then launched without tracing.
     let mut step_fn =
@@ -193,7 +200,11 @@ fn main() -> anyhow::Result<()> {
          | host split sum | host measured | split / measured |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-    for (name, r) in [("traced", &traced), ("replayed (step_fn)", &replayed)] {
+    for (name, r) in [
+        ("traced", &traced),
+        ("traced, loss read every step", &traced_read),
+        ("replayed (step_fn)", &replayed),
+    ] {
         println!(
             "| {name} | {:.0} | {} | {:.1} | {:.3} |",
             r.rate,

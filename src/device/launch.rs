@@ -11,9 +11,9 @@
 //! A launch that fails places its failure in its outputs and is the error of the next step cut,
 //! `synchronize` or read.
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe, Location};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -45,7 +45,7 @@ pub(crate) struct Launch {
     /// Made: its outputs placed, or its failure placed in them (and noted).
     done: bool,
     /// The queue it was handed over through, where a launch dropped unmade notes its failure.
-    handed: Option<Arc<(Mutex<Queue>, Condvar)>>,
+    handed: Option<Arc<Shared>>,
 }
 
 /// A launch handed over, with its device.
@@ -66,8 +66,8 @@ impl Drop for Launch {
         // before any output shows it, so that a read reporting it (`Launcher::reported`) keeps
         // the next step cut from reporting it again; and its outputs fail rather than leave
         // their readers waiting.
-        if let Some(queue) = &self.handed {
-            lock(&queue.0)
+        if let Some(shared) = &self.handed {
+            lock(&shared.queue)
                 .failure
                 .get_or_insert_with(|| Failure::never_made(self.site, self.step));
         }
@@ -91,56 +91,95 @@ impl Failure {
 
 #[derive(Default)]
 struct Queue {
-    /// Launches handed over and not yet made.
+    /// Launches handed over and not yet taken up, in the order their steps were cut.
+    pending: VecDeque<Queued>,
+    /// Launches handed over and not yet made (those pending, and one being made).
     queued: usize,
+    /// A launch is being made. Launches are made one at a time, in cut order, by the thread
+    /// or by a thread that needs one made (`Launcher::drain`).
+    making: bool,
     /// The first launch that failed since a step cut last reported one.
     failure: Option<Failure>,
-    /// Threads waiting for the queue to empty (none: a launch made wakes nobody).
-    flushing: usize,
+    /// The device is gone: the thread ends.
+    closed: bool,
+}
+
+/// The queue and its two signals.
+#[derive(Default)]
+pub(crate) struct Shared {
+    queue: Mutex<Queue>,
+    /// For the thread: a launch was handed over, or the last one made left more pending.
+    work: Condvar,
+    /// For everyone else: a launch was made (room in the queue, a value placed).
+    made: Condvar,
+}
+
+impl Shared {
+    /// Takes the next launch to make, when none is being made.
+    fn take(q: &mut Queue) -> Option<Queued> {
+        if q.making {
+            return None;
+        }
+        let next = q.pending.pop_front()?;
+        q.making = true;
+        Some(next)
+    }
+
+    /// Makes a launch taken (`take`); a panic fails its step (`Launch`'s drop notes the failure
+    /// and places it in its outputs). A failure `make` returns is noted by `make`, also before
+    /// any read sees it.
+    fn make(&self, (dev, launch): Queued) -> std::sync::MutexGuard<'_, Queue> {
+        let _ = catch_unwind(AssertUnwindSafe(|| dev.make(launch, true)));
+        // before the count, so that a flush leaves no launch holding the device
+        drop(dev);
+        let mut q = lock(&self.queue);
+        q.making = false;
+        q.queued -= 1;
+        self.made.notify_all();
+        if !q.pending.is_empty() {
+            self.work.notify_one();
+        }
+        q
+    }
 }
 
 /// A device's launch thread and the queue to it (none: launches are made by the step cut).
 pub(crate) struct Launcher {
-    /// A launch and its device (which it keeps: one strong count per launch queued).
-    sender: Option<SyncSender<Queued>>,
-    queue: Arc<(Mutex<Queue>, Condvar)>,
+    thread: bool,
+    shared: Arc<Shared>,
 }
 
 impl Launcher {
     /// A launcher with its own thread when `thread`, else one that makes launches in place.
     pub fn new(thread: bool) -> Launcher {
-        let queue: Arc<(Mutex<Queue>, Condvar)> = Arc::default();
+        let shared: Arc<Shared> = Arc::default();
         if !thread {
             return Launcher {
-                sender: None,
-                queue,
+                thread: false,
+                shared,
             };
         }
-        let (sender, receiver) = sync_channel::<Queued>(QUEUED);
-        let shared = queue.clone();
+        let on_thread = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("neuron-pc launch".into())
             .spawn(move || {
-                // ends when the device (the sender's owner) is dropped
-                while let Ok((dev, launch)) = receiver.recv() {
-                    // A panic fails this step (`Launch`'s drop notes the failure and places it
-                    // in its outputs) and leaves the thread serving the next. A failure `make`
-                    // returns is noted by `make`, also before any read sees it.
-                    let _ = catch_unwind(AssertUnwindSafe(|| dev.make(launch, true)));
-                    // before the count, so that a flush leaves no launch holding the device
-                    drop(dev);
-                    let (q, done) = &*shared;
-                    let mut q = lock(q);
-                    q.queued -= 1;
-                    if q.queued == 0 && q.flushing > 0 {
-                        done.notify_all();
+                let s = &*on_thread;
+                let mut q = lock(&s.queue);
+                // ends when the device (the launcher's owner) is dropped
+                while !q.closed {
+                    match Shared::take(&mut q) {
+                        Some(next) => {
+                            drop(q);
+                            q = s.make(next);
+                        }
+                        None => q = s.work.wait(q).unwrap_or_else(|p| p.into_inner()),
                     }
                 }
             });
         match spawned {
             Ok(_) => Launcher {
-                sender: Some(sender),
-                queue,
+                thread: true,
+                shared,
             },
             Err(e) => {
                 tracing::warn!("no launch thread ({e}): steps launch on the loop's thread");
@@ -151,38 +190,43 @@ impl Launcher {
 
     /// Launches handed over and not yet made.
     pub fn queued(&self) -> usize {
-        lock(&self.queue.0).queued
+        lock(&self.shared.queue).queued
     }
 
-    /// Waits until every launch handed over was made; the first that failed since the last
+    /// Makes the launches handed over, in order, on this thread, until `done()` or none is
+    /// left; while the thread makes one, waits for it. A thread that needs a launch made (a
+    /// read of its output, a flush) takes it up rather than wait for the launch thread to wake.
+    pub fn drain(&self, done: impl Fn() -> bool) {
+        let s = &*self.shared;
+        let mut q = lock(&s.queue);
+        while q.queued > 0 && !done() {
+            match Shared::take(&mut q) {
+                Some(next) => {
+                    drop(q);
+                    q = s.make(next);
+                }
+                None => q = s.made.wait(q).unwrap_or_else(|p| p.into_inner()),
+            }
+        }
+    }
+
+    /// Makes every launch handed over (see `drain`); the first that failed since the last
     /// report, as an error.
     pub fn flush(&self) -> Result<()> {
-        let mut q = self.emptied();
-        q.failure.take().map_or(Ok(()), |f| Err(f.error()))
+        self.drain(|| false);
+        let failure = lock(&self.shared.queue).failure.take();
+        failure.map_or(Ok(()), |f| Err(f.error()))
     }
 
-    /// Waits until every launch handed over was made, keeping any failure for a later report.
+    /// Makes every launch handed over, keeping any failure for a later report.
     pub fn flush_quietly(&self) {
-        drop(self.emptied());
-    }
-
-    fn emptied(&self) -> std::sync::MutexGuard<'_, Queue> {
-        let (q, done) = &*self.queue;
-        let mut q = lock(q);
-        if q.queued > 0 {
-            q.flushing += 1;
-            while q.queued > 0 {
-                q = done.wait(q).unwrap_or_else(|p| p.into_inner());
-            }
-            q.flushing -= 1;
-        }
-        q
+        self.drain(|| false);
     }
 
     /// The failure of step `step` was reported (a read of its output): no step cut reports it
     /// again.
     pub fn reported(&self, step: u64) {
-        let mut q = lock(&self.queue.0);
+        let mut q = lock(&self.shared.queue);
         if q.failure.as_ref().is_some_and(|f| f.step == step) {
             q.failure = None;
         }
@@ -190,7 +234,7 @@ impl Launcher {
 
     /// A launch that failed since the last report, as an error.
     pub fn take_failure(&self) -> Result<()> {
-        let failure = lock(&self.queue.0).failure.take();
+        let failure = lock(&self.shared.queue).failure.take();
         failure.map_or(Ok(()), |f| Err(f.error()))
     }
 
@@ -201,28 +245,32 @@ impl Launcher {
         dev: &Arc<DeviceInner>,
         mut launch: Launch,
     ) -> std::result::Result<Duration, Launch> {
-        let Some(sender) = &self.sender else {
+        if !self.thread {
             return Err(launch);
-        };
-        launch.handed = Some(self.queue.clone());
+        }
+        launch.handed = Some(self.shared.clone());
         for p in &launch.params {
             p.queued.fetch_add(1, Ordering::Relaxed);
         }
-        lock(&self.queue.0).queued += 1;
+        let s = &*self.shared;
         let started = Instant::now();
-        match sender.send((dev.clone(), launch)) {
-            Ok(()) => Ok(started.elapsed()),
-            Err(unsent) => {
-                // the thread is gone (it ends only with the device): launched in place
-                lock(&self.queue.0).queued -= 1;
-                let mut launch = unsent.0 .1;
-                launch.handed = None;
-                for p in &launch.params {
-                    p.queued.fetch_sub(1, Ordering::Release);
-                }
-                Err(launch)
-            }
+        let mut q = lock(&s.queue);
+        while q.pending.len() >= QUEUED {
+            q = s.made.wait(q).unwrap_or_else(|p| p.into_inner());
         }
+        let waited = started.elapsed();
+        q.pending.push_back((dev.clone(), launch));
+        q.queued += 1;
+        s.work.notify_one();
+        Ok(waited)
+    }
+}
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        // (every launch holds the device, so none is left)
+        lock(&self.shared.queue).closed = true;
+        self.shared.work.notify_one();
     }
 }
 
@@ -334,7 +382,7 @@ impl DeviceInner {
         if let Err(f) = &made {
             if on_thread {
                 // before a read can see it in an output and mark it reported
-                let mut q = lock(&self.launcher.queue.0);
+                let mut q = lock(&self.launcher.shared.queue);
                 q.failure.get_or_insert_with(|| f.clone());
             }
             for o in launch.outputs.iter().filter_map(Weak::upgrade) {

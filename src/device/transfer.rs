@@ -267,6 +267,10 @@ impl DeviceInner {
     /// `data`'s buffers once its step was launched; a failed launch's error, which no step cut
     /// reports again.
     fn placed<'a>(&self, data: &'a DeviceData) -> Result<&'a Placed> {
+        if !data.is_placed() {
+            // its launch and those before it made here, unless the launch thread has them
+            self.launcher.drain(|| data.is_placed());
+        }
         data.placed().inspect_err(|e| {
             if let crate::error::Error::StepFailed { step, .. } = e {
                 self.launcher.reported(*step);
