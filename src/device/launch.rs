@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe, Location};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use neuron_pc_compiler::pjrt::Buffer;
@@ -102,6 +102,10 @@ struct Queue {
     failure: Option<Failure>,
     /// The device is gone: the thread ends.
     closed: bool,
+    /// The thread waits for work; threads wait for a launch to be made. (A signal nobody waits
+    /// for is a system call saved, a few µs a step.)
+    thread_waits: bool,
+    waiting: usize,
 }
 
 /// The queue and its two signals.
@@ -128,17 +132,27 @@ impl Shared {
     /// Makes a launch taken (`take`); a panic fails its step (`Launch`'s drop notes the failure
     /// and places it in its outputs). A failure `make` returns is noted by `make`, also before
     /// any read sees it.
-    fn make(&self, (dev, launch): Queued) -> std::sync::MutexGuard<'_, Queue> {
+    fn make(&self, (dev, launch): Queued) -> MutexGuard<'_, Queue> {
         let _ = catch_unwind(AssertUnwindSafe(|| dev.make(launch, true)));
         // before the count, so that a flush leaves no launch holding the device
         drop(dev);
         let mut q = lock(&self.queue);
         q.making = false;
         q.queued -= 1;
-        self.made.notify_all();
-        if !q.pending.is_empty() {
+        if q.waiting > 0 {
+            self.made.notify_all();
+        }
+        if q.thread_waits && !q.pending.is_empty() {
             self.work.notify_one();
         }
+        q
+    }
+
+    /// Waits for a launch to be made.
+    fn wait_made<'a>(&self, mut q: MutexGuard<'a, Queue>) -> MutexGuard<'a, Queue> {
+        q.waiting += 1;
+        let mut q = self.made.wait(q).unwrap_or_else(|p| p.into_inner());
+        q.waiting -= 1;
         q
     }
 }
@@ -172,7 +186,11 @@ impl Launcher {
                             drop(q);
                             q = s.make(next);
                         }
-                        None => q = s.work.wait(q).unwrap_or_else(|p| p.into_inner()),
+                        None => {
+                            q.thread_waits = true;
+                            q = s.work.wait(q).unwrap_or_else(|p| p.into_inner());
+                            q.thread_waits = false;
+                        }
                     }
                 }
             });
@@ -205,7 +223,7 @@ impl Launcher {
                     drop(q);
                     q = s.make(next);
                 }
-                None => q = s.made.wait(q).unwrap_or_else(|p| p.into_inner()),
+                None => q = s.wait_made(q),
             }
         }
     }
@@ -256,12 +274,14 @@ impl Launcher {
         let started = Instant::now();
         let mut q = lock(&s.queue);
         while q.pending.len() >= QUEUED {
-            q = s.made.wait(q).unwrap_or_else(|p| p.into_inner());
+            q = s.wait_made(q);
         }
         let waited = started.elapsed();
         q.pending.push_back((dev.clone(), launch));
         q.queued += 1;
-        s.work.notify_one();
+        if q.thread_waits {
+            s.work.notify_one();
+        }
         Ok(waited)
     }
 }
