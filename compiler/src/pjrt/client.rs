@@ -2,6 +2,7 @@
 //! loading executables and creating buffers.
 
 use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::api::{string_from, Plugin};
@@ -65,6 +66,9 @@ pub(crate) struct ClientInner {
     platform_version: String,
     /// Whether neuron-pc's own custom-call handlers are registered for this client's platform.
     own_handlers: bool,
+    /// Whether reads copy a ready buffer straight from its memory ([`Buffer::to_host`]): on
+    /// cpu, where device memory is host memory, until the plugin lacks a call that needs.
+    pub(crate) reads_in_place: AtomicBool,
     /// The key-value callbacks' store: the client may call them as long as it lives, so this
     /// is dropped after it (fields drop after `Drop::drop` destroyed the client).
     _kv: Option<Box<KvHandle>>,
@@ -188,6 +192,7 @@ impl Client {
             platform_name: String::new(),
             platform_version: String::new(),
             own_handlers: false,
+            reads_in_place: AtomicBool::new(false),
             _kv: kv,
         };
         let mut pn = sys::PJRT_Client_PlatformName_Args {
@@ -219,6 +224,7 @@ impl Client {
             inner.devices = devs.to_vec();
         }
         if inner.platform_name == "cpu" {
+            inner.reads_in_place = AtomicBool::new(true);
             inner.own_handlers = plugin.register_own_handlers().unwrap_or_else(|e| {
                 tracing::warn!(
                     "neuron-pc's own custom calls are unavailable on this plugin ({e}); \
@@ -241,6 +247,12 @@ impl Client {
     /// a plugin that has the FFI extension): what [`crate::lower::LowerOptions`] may use.
     pub fn runs_own_handlers(&self) -> bool {
         self.inner.own_handlers
+    }
+
+    /// Whether [`Buffer::to_host`](super::Buffer::to_host) copies a ready buffer straight from
+    /// its memory: on cpu, unless the plugin lacks a call that needs.
+    pub fn reads_in_place(&self) -> bool {
+        self.inner.reads_in_place.load(Ordering::Relaxed)
     }
 
     /// The plugin's platform version string.

@@ -491,6 +491,68 @@ fn zero_buffers_hold_zeros_and_run_like_uploads() {
     assert_eq!(out[0].to_host().unwrap().to_vec::<f32>().unwrap(), b);
 }
 
+/// On cpu a read copies a ready buffer from its own memory: the same bytes as the plugin's
+/// transfer for every dtype, scalars, empty and odd shapes, uploads and a program's outputs
+/// (read as soon as the call returns, so the read waits for the program), on both devices.
+#[test]
+fn reads_in_place_match_the_plugins_transfer() {
+    use neuron_pc_compiler::DType;
+    assert!(
+        client().reads_in_place(),
+        "the cpu client reads through its transfer"
+    );
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for dtype in DType::ALL {
+        for dims in [vec![], vec![0], vec![7], vec![3, 5], vec![2, 3, 4]] {
+            let n = dims.iter().product::<usize>() * dtype.size_in_bytes();
+            let bytes: Vec<u8> = (0..n)
+                .map(|_| {
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    let b = (state >> 56) as u8;
+                    // pred holds 0 or 1
+                    if dtype == DType::Pred {
+                        b & 1
+                    } else {
+                        b
+                    }
+                })
+                .collect();
+            let host = HostTensor::from_bytes(dtype, &dims, bytes).unwrap();
+            for device in [Device(0), Device(1)] {
+                let b = client().buffer_from_host(&host, device).unwrap();
+                assert_eq!(b.to_host().unwrap(), host, "{dtype}{dims:?}");
+                assert_eq!(b.transfer_to_host().unwrap(), host, "{dtype}{dims:?}");
+            }
+        }
+    }
+    // outputs: a transpose and a product, read at once
+    let prog = "func.func @main(%a: tensor<3x4xf32>, %b: tensor<3x4xf32>) -> \
+                (tensor<4x3xf32>, tensor<3x4xf32>) {\n  \
+                %0 = stablehlo.transpose %a, dims = [1, 0] : (tensor<3x4xf32>) -> tensor<4x3xf32>\n  \
+                %1 = stablehlo.multiply %a, %b : tensor<3x4xf32>\n  \
+                return %0, %1 : tensor<4x3xf32>, tensor<3x4xf32>\n}";
+    let exe = client().compile(prog, &CompileOptions::default()).unwrap();
+    let (a, b) = (seq(12, 0.5, -2.0), seq(12, -0.25, 1.0));
+    let ins = [f32s(&a, &[3, 4]), f32s(&b, &[3, 4])];
+    let bufs: Vec<_> = ins
+        .iter()
+        .map(|h| client().buffer_from_host(h, Device(0)).unwrap())
+        .collect();
+    for _ in 0..20 {
+        let out = exe.execute(&[&bufs[0], &bufs[1]]).unwrap();
+        let t = out[0].to_host().unwrap();
+        let p = out[1].to_host().unwrap();
+        let want_t: Vec<f32> = (0..12).map(|k| a[(k % 3) * 4 + k / 3]).collect();
+        let want_p: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x * y).collect();
+        assert_eq!(
+            (t.dims(), t.to_vec::<f32>().unwrap()),
+            (&[4, 3][..], want_t)
+        );
+        assert_eq!(p.to_vec::<f32>().unwrap(), want_p);
+        assert_eq!(out[0].transfer_to_host().unwrap(), t);
+    }
+}
+
 /// `LoadedExecutable::temp_bytes`: a matmul whose product is only reduced (converted to i32
 /// first, so that the sum of a product is neither rewritten into a smaller one nor fused into
 /// the matmul's YNNPACK fusion, which takes f32 elementwise ops such as tanh but not i32 ones)
