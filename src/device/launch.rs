@@ -13,14 +13,14 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe, Location};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use neuron_pc_compiler::pjrt::Buffer;
 
 use super::executables::StepExecutable;
-use super::inflight::Bound;
+use super::inflight::{poll_until, Bound, POLL};
 use super::trace::{DeviceData, Failure, Placed};
 use super::{lock, ms, DeviceInner};
 use crate::error::{Error, Result};
@@ -54,7 +54,8 @@ type Queued = (Arc<DeviceInner>, Launch);
 impl Drop for Launch {
     fn drop(&mut self) {
         if self.handed.is_some() {
-            // before the inputs' `Arc`s go (see `DeviceData::holders`)
+            // (a launch never made: one made gave its inputs back, `Shared::make`) before the
+            // inputs' `Arc`s go (see `DeviceData::holders`)
             for p in &self.params {
                 p.queued.fetch_sub(1, Ordering::Release);
             }
@@ -116,6 +117,8 @@ pub(crate) struct Shared {
     work: Condvar,
     /// For everyone else: a launch was made (room in the queue, a value placed).
     made: Condvar,
+    /// Launches made, counted under the lock (a thread polls it before it waits on `made`).
+    made_count: AtomicU64,
 }
 
 impl Shared {
@@ -133,19 +136,34 @@ impl Shared {
     /// and places it in its outputs). A failure `make` returns is noted by `make`, also before
     /// any read sees it.
     fn make(&self, (dev, launch): Queued) -> MutexGuard<'_, Queue> {
-        let _ = catch_unwind(AssertUnwindSafe(|| dev.make(launch, true)));
+        let inputs = catch_unwind(AssertUnwindSafe(|| dev.make(launch, true).1));
         // before the count, so that a flush leaves no launch holding the device
         drop(dev);
         let mut q = lock(&self.queue);
+        // The inputs' holds go under the lock, where a donation check counts them
+        // (`Launcher::counting`): it sees each both counted as queued and held, or neither.
+        // A last hold gives its value back, freed once the lock is let go.
+        let freed: Vec<DeviceData> = (inputs.unwrap_or_default().into_iter())
+            .filter_map(|d| {
+                d.queued.fetch_sub(1, Ordering::Relaxed);
+                Arc::into_inner(d)
+            })
+            .collect();
         q.making = false;
         q.queued -= 1;
+        self.made_count.fetch_add(1, Ordering::Relaxed);
         if q.waiting > 0 {
             self.made.notify_all();
         }
         if q.thread_waits && !q.pending.is_empty() {
             self.work.notify_one();
         }
-        q
+        if freed.is_empty() {
+            return q;
+        }
+        drop(q);
+        drop(freed);
+        lock(&self.queue)
     }
 
     /// Waits for a launch to be made.
@@ -206,6 +224,16 @@ impl Launcher {
         }
     }
 
+    /// Runs a donation check (`DeviceData::holders`) where the launches handed over hold their
+    /// inputs steadily: a launch made lets go of each input (its `Arc` and its queued count)
+    /// under the same lock. Without it, a check between the two would see a hold as a holder and
+    /// keep a value it could donate, a copy where training updates in place (timing, not safety:
+    /// the counts were ordered so that a check never donates a held value).
+    pub fn counting<R>(&self, check: impl FnOnce() -> R) -> R {
+        let _q = lock(&self.shared.queue);
+        check()
+    }
+
     /// Launches handed over and not yet made.
     pub fn queued(&self) -> usize {
         lock(&self.shared.queue).queued
@@ -223,7 +251,19 @@ impl Launcher {
                     drop(q);
                     q = s.make(next);
                 }
-                None => q = s.wait_made(q),
+                None => {
+                    // a launch call is short: poll for it before sleeping
+                    let seen = s.made_count.load(Ordering::Relaxed);
+                    drop(q);
+                    poll_until(POLL, || {
+                        done() || s.made_count.load(Ordering::Relaxed) != seen
+                    });
+                    q = lock(&s.queue);
+                    // (counted under the lock: unchanged, the launch's signal is still to come)
+                    if s.made_count.load(Ordering::Relaxed) == seen && !done() {
+                        q = s.wait_made(q);
+                    }
+                }
             }
         }
     }
@@ -370,14 +410,19 @@ impl DeviceInner {
                 m.host_marshal_ms += ms(marshal_from.elapsed().saturating_sub(waited));
                 m.in_flight_wait_ms += ms(waited);
             }
-            Err(launch) => self.make(launch, false).map_err(|f| f.error())?,
+            Err(launch) => self.make(launch, false).0.map_err(|f| f.error())?,
         }
         Ok(outputs)
     }
 
     /// Makes `launch` (`on_thread`: on the launch thread, else in place) and places its
-    /// outputs; its failure placed in every output.
-    fn make(&self, mut launch: Launch, on_thread: bool) -> std::result::Result<(), Failure> {
+    /// outputs; its failure placed in every output. Its inputs come back for the caller to let
+    /// go of (`Shared::make`).
+    fn make(
+        &self,
+        mut launch: Launch,
+        on_thread: bool,
+    ) -> (std::result::Result<(), Failure>, Vec<Arc<DeviceData>>) {
         let fail = |message: String| Failure {
             site: launch.site,
             step: launch.step,
@@ -410,7 +455,7 @@ impl DeviceInner {
             }
         }
         launch.done = true;
-        made
+        (made, std::mem::take(&mut launch.params))
     }
 
     fn make_placing(&self, launch: &Launch, on_thread: bool) -> Result<()> {

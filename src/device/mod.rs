@@ -634,7 +634,8 @@ impl DeviceInner {
             !aliases.iter().any(|&(p, _)| p == i)
                 || DeviceData::holders(&traced.params[i]) != 1 + traced.data_refs[i]
         };
-        let keep: Vec<usize> = (0..traced.params.len()).filter(|&i| kept(i)).collect();
+        let keep: Vec<usize> =
+            (self.launcher).counting(|| (0..traced.params.len()).filter(|&i| kept(i)).collect());
         self.launch(
             exe,
             (traced.params.clone(), keep),

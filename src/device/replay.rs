@@ -229,9 +229,11 @@ impl Replayer {
         let gathered = Instant::now();
         lock(&dev.metrics).host_lookup_ms += super::ms(gathered - started);
         // An aliased input is donated when only its tensor and this list hold it.
-        let keep: Vec<usize> = (0..params.len())
-            .filter(|&i| !plan.donatable[i] || DeviceData::holders(&params[i]) != 2)
-            .collect();
+        let keep: Vec<usize> = dev.launcher.counting(|| {
+            (0..params.len())
+                .filter(|&i| !plan.donatable[i] || DeviceData::holders(&params[i]) != 2)
+                .collect()
+        });
         lock(&dev.metrics).steps += 1;
         // A donated input's step may still run: the runtime orders the two (as a launch after
         // a launch of `jax.jit` does), so the host does not wait.

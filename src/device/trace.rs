@@ -560,12 +560,14 @@ impl DeviceData {
     }
 
     /// Its holders, less the launches queued to the launch thread: what a donation check
-    /// counts. Launches are made in cut order and let go of their inputs once made, so a queued
-    /// one no longer holds the value when a later launch donates it.
+    /// counts, under the queue's lock (`Launcher::counting`), where a launch made lets go of
+    /// both at once. Launches are made in cut order and let go of their inputs once made, so a
+    /// queued one no longer holds the value when a later launch donates it.
     pub fn holders(this: &Arc<DeviceData>) -> usize {
-        // The count first, then the queued holds: a launch made lets go of its hold here before
-        // its `Arc`, so a hold still counted is never missing from the `Arc`'s count read before
-        // (which, seeing the launch's `Arc` gone, sees its hold gone too, by the fence).
+        // The count first, then the queued holds: a launch that lets go outside the lock (one
+        // never made) drops its hold before its `Arc`, so a hold still counted is never missing
+        // from the `Arc`'s count read before (which, seeing the launch's `Arc` gone, sees its
+        // hold gone too, by the fence).
         let strong = Arc::strong_count(this);
         std::sync::atomic::fence(Ordering::Acquire);
         strong.saturating_sub(this.queued.load(Ordering::Relaxed))

@@ -220,6 +220,7 @@ impl DeviceInner {
         if let Some(p) = &placed.producer {
             self.free_retired();
             let waited = Instant::now();
+            super::inflight::poll_until(super::inflight::POLL, || p.is_finished());
             p.wait()?;
             self.phase("wait", waited, Some(&p.graph));
             wait_ms += super::metrics::not_tracing(waited);
