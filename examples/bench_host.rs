@@ -7,7 +7,8 @@
 //!
 //! `cargo run --release --example bench_host [-- --steps N --rounds R]`: R rounds of N steps
 //! each, traced (`mark_step` after each) and replayed (`device.step_fn`), one wait at the end
-//! of a round; prints the median steps/s of each and the device's host-time split.
+//! of a round, and each again with its loss read after every step (a loop that logs it);
+//! prints the median steps/s of each and the device's host-time split.
 
 use std::time::Instant;
 
@@ -187,6 +188,10 @@ fn main() -> anyhow::Result<()> {
         last = step_fn.call(&[x.clone(), y.clone(), lr.clone()])?;
         Ok(())
     })?;
+    let replayed_read = median_round(&device, rounds, steps, || {
+        last = step_fn.call(&[x.clone(), y.clone(), lr.clone()])?;
+        last[0].item().map(drop)
+    })?;
     let last_loss = last[0].item()?;
     anyhow::ensure!(
         last_loss < first_loss,
@@ -204,6 +209,7 @@ fn main() -> anyhow::Result<()> {
         ("traced", &traced),
         ("traced, loss read every step", &traced_read),
         ("replayed (step_fn)", &replayed),
+        ("replayed, loss read every step", &replayed_read),
     ] {
         println!(
             "| {name} | {:.0} | {} | {:.1} | {:.3} |",
