@@ -191,10 +191,11 @@ impl Buffer {
 
     /// Copies the buffer to host memory (waits for pending computation first).
     ///
-    /// On cpu a ready buffer is copied from its own memory on this thread
-    /// ([`Buffer::read_in_place`]): the plugin's transfer hands even a ready buffer's copy to
-    /// its thread pool and waits for it, two thread switches a read (18 µs for a scalar on the
-    /// 2-core CI machine, against 1-2 µs in place).
+    /// On cpu ([`Client::reads_in_place`]) a ready buffer is copied from its own memory on
+    /// this thread, under an external reference: the plugin's transfer
+    /// ([`Buffer::transfer_to_host`]) hands even a ready buffer's copy to its thread pool and
+    /// waits for it, two thread switches a read (18 µs for a scalar on the 2-core CI machine,
+    /// under 1 µs in place).
     pub fn to_host(&self) -> Result<HostTensor> {
         let inner = &self.client.inner;
         if inner.reads_in_place.load(Ordering::Relaxed) {

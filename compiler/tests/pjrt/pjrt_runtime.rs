@@ -528,7 +528,8 @@ fn reads_in_place_match_the_plugins_transfer() {
     // outputs: a transpose and a product, read at once
     let prog = "func.func @main(%a: tensor<3x4xf32>, %b: tensor<3x4xf32>) -> \
                 (tensor<4x3xf32>, tensor<3x4xf32>) {\n  \
-                %0 = stablehlo.transpose %a, dims = [1, 0] : (tensor<3x4xf32>) -> tensor<4x3xf32>\n  \
+                %0 = stablehlo.transpose %a, dims = [1, 0] : \
+                (tensor<3x4xf32>) -> tensor<4x3xf32>\n  \
                 %1 = stablehlo.multiply %a, %b : tensor<3x4xf32>\n  \
                 return %0, %1 : tensor<4x3xf32>, tensor<3x4xf32>\n}";
     let exe = client().compile(prog, &CompileOptions::default()).unwrap();
