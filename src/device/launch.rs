@@ -14,14 +14,14 @@
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe, Location};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use neuron_pc_compiler::pjrt::Buffer;
 
 use super::executables::StepExecutable;
 use super::inflight::{poll_until, Bound, POLL};
-use super::trace::{DeviceData, Failure, Placed};
+use super::trace::{DeviceData, Failure, Placed, Slot};
 use super::{lock, ms, DeviceInner};
 use crate::error::{Error, Result};
 use crate::timeline::{HOST_TRACK, LAUNCH_TRACK};
@@ -35,9 +35,11 @@ pub(crate) struct Launch {
     exe: Arc<StepExecutable>,
     params: Vec<Arc<DeviceData>>,
     keep: Box<[usize]>,
-    /// Weak, so that a later step cut's donation count (`Arc::strong_count`) sees only the
-    /// tensors holding them.
-    outputs: Vec<Weak<DeviceData>>,
+    /// Their slots, not the values, so that a later step cut's donation count
+    /// (`Arc::strong_count`) sees only the tensors holding them, while the launch places them
+    /// too (an upgraded `Weak` held there counted: a whole step kept, a copy of every
+    /// parameter, when the next cut's check fell in that window).
+    outputs: Vec<Slot>,
     site: &'static Location<'static>,
     step: u64,
     /// When the step cut began building the launch (marshalling, on the loop's thread).
@@ -72,10 +74,8 @@ impl Drop for Launch {
                 .failure
                 .get_or_insert_with(|| Failure::never_made(self.site, self.step));
         }
-        for o in self.outputs.iter().filter_map(Weak::upgrade) {
-            if !o.is_placed() {
-                o.place(Err(Failure::never_made(self.site, self.step)));
-            }
+        for o in &self.outputs {
+            let _ = o.set(Err(Failure::never_made(self.site, self.step)));
         }
     }
 }
@@ -382,7 +382,7 @@ impl DeviceInner {
             exe: exe.clone(),
             params,
             keep: keep.into_boxed_slice(),
-            outputs: outputs.iter().map(Arc::downgrade).collect(),
+            outputs: outputs.iter().map(|o| o.slot()).collect(),
             site,
             step,
             marshal_from,
@@ -450,8 +450,8 @@ impl DeviceInner {
                 let mut q = lock(&self.launcher.shared.queue);
                 q.failure.get_or_insert_with(|| f.clone());
             }
-            for o in launch.outputs.iter().filter_map(Weak::upgrade) {
-                o.place(Err(f.clone()));
+            for o in &launch.outputs {
+                let _ = o.set(Err(f.clone()));
             }
         }
         launch.done = true;
@@ -549,14 +549,16 @@ impl DeviceInner {
         let mut values = Vec::with_capacity(launch.outputs.len());
         for o in &launch.outputs {
             let buffers: Vec<Buffer> = per_device.iter_mut().filter_map(Iterator::next).collect();
-            match o.upgrade() {
-                Some(o) => values.push((o, buffers)),
-                None => held.push(Arc::new(buffers)),
+            // the value holds its slot too while it lives
+            if Arc::strong_count(o) > 1 {
+                values.push((o, buffers));
+            } else {
+                held.push(Arc::new(buffers));
             }
         }
         let run = Arc::new(self.in_flight.run(launched.done, site, step, graph, held));
         for (o, buffers) in values {
-            o.place(Ok(Placed {
+            let _ = o.set(Ok(Placed {
                 buffers,
                 producer: Some(run.clone()),
             }));
@@ -645,7 +647,7 @@ mod tests {
             exe,
             params: vec![],
             keep: Box::new([]),
-            outputs: vec![Arc::downgrade(&out)],
+            outputs: vec![out.slot()],
             site,
             step: 7,
             marshal_from: Instant::now(),

@@ -19,8 +19,9 @@ use neuron_pc_compiler::sharding::Sharding;
 /// on a mesh device, one per mesh position: the whole value, or its block when it is sharded.
 pub(crate) struct DeviceData {
     /// Its buffers and the step computing them, set once that step is launched: at once, or
-    /// by the device's launch thread for a step's output (see `launch.rs`).
-    placed: OnceLock<std::result::Result<Placed, Failure>>,
+    /// by the device's launch thread for a step's output (see `launch.rs`), which holds the
+    /// slot, not the value, so that the value's count (`DeviceData::holders`) never sees it.
+    placed: Slot,
     /// The whole value's type.
     pub ty: TensorType,
     /// How the value is split over a mesh device's positions (`buffers[p]` is position `p`'s
@@ -530,6 +531,9 @@ impl Failure {
     }
 }
 
+/// Where a value's buffers, or its launch's failure, are placed once.
+pub(crate) type Slot = Arc<OnceLock<std::result::Result<Placed, Failure>>>;
+
 impl DeviceData {
     /// A value whose buffers are (or will be) `placed`, of type `ty` (the whole value's).
     pub fn new(
@@ -541,7 +545,7 @@ impl DeviceData {
         zero_filled: bool,
         ty_id: u32,
     ) -> DeviceData {
-        let slot = OnceLock::new();
+        let slot = Slot::default();
         if let Some(p) = placed {
             let _ = slot.set(Ok(p));
         }
@@ -613,9 +617,9 @@ impl DeviceData {
         self.placed.get().is_some()
     }
 
-    /// Places a launched step's output (false when it was placed already).
-    pub fn place(&self, outcome: std::result::Result<Placed, Failure>) -> bool {
-        self.placed.set(outcome).is_ok()
+    /// Where a launch places this value (see `placed`).
+    pub fn slot(&self) -> Slot {
+        self.placed.clone()
     }
 }
 
