@@ -25,16 +25,10 @@ use crate::error::{Error, Result};
 /// spare.
 pub(crate) const POLL: Duration = Duration::from_micros(50);
 
-/// Polls `done` for up to `limit`: whether it came true.
-pub(crate) fn poll_until(limit: Duration, done: impl Fn() -> bool) -> bool {
+/// Polls `done` until it holds or `limit` has passed (the caller then waits its own way).
+pub(crate) fn poll_until(limit: Duration, done: impl Fn() -> bool) {
     let from = Instant::now();
-    loop {
-        if done() {
-            return true;
-        }
-        if from.elapsed() >= limit {
-            return false;
-        }
+    while !done() && from.elapsed() < limit {
         std::hint::spin_loop();
     }
 }
