@@ -63,11 +63,13 @@ impl Mlp {
 }
 
 /// The device's host-time split over a round, per step in µs: (trace, key, lookup, marshal,
-/// launch, finish), the launch thread's time (off the loop's thread) and the in-flight wait.
+/// launch, finish, read), the launch thread's time (off the loop's thread), the in-flight wait and
+/// the reads' wait for their steps.
 struct Split {
-    parts: [f64; 6],
+    parts: [f64; 7],
     thread: f64,
     wait: f64,
+    read_wait: f64,
 }
 
 impl Split {
@@ -81,9 +83,11 @@ impl Split {
                 per(a.host_marshal_ms, b.host_marshal_ms),
                 per(a.host_launch_ms, b.host_launch_ms),
                 per(a.host_finish_ms, b.host_finish_ms),
+                per(a.host_read_ms, b.host_read_ms),
             ],
             thread: per(a.launch_thread_ms, b.launch_thread_ms),
             wait: per(a.in_flight_wait_ms, b.in_flight_wait_ms),
+            read_wait: per(a.read_wait_ms, b.read_wait_ms),
         }
     }
 
@@ -94,17 +98,18 @@ impl Split {
     fn row(&self) -> String {
         let p: Vec<String> = self.parts.iter().map(|v| format!("{v:.1}")).collect();
         format!(
-            "{} | {:.1} | {:.1} | {:.1}",
+            "{} | {:.1} | {:.1} | {:.1} | {:.1}",
             p.join(" | "),
             self.thread,
             self.wait,
+            self.read_wait,
             self.host()
         )
     }
 }
 
 /// One round's figures: steps/s, the host's split, and the host's time per step measured
-/// around the loop (µs, the in-flight waits taken out).
+/// around the loop (µs, the in-flight and read waits taken out).
 struct Round {
     rate: f64,
     split: Split,
@@ -131,7 +136,7 @@ fn median_round(
         let split = Split::between(&before, &device.metrics(), steps);
         done.push(Round {
             rate: steps as f64 / t.elapsed().as_secs_f64(),
-            measured: 1e6 * looped / steps as f64 - split.wait,
+            measured: 1e6 * looped / steps as f64 - split.wait - split.read_wait,
             split,
         });
     }
@@ -164,7 +169,7 @@ fn main() -> anyhow::Result<()> {
         device.mark_step()
     })?;
     // Synced: the loss read after every step, as a loop that logs it every step does (its
-    // wait for the step, and the read, are outside the host's split).
+    // wait for the step is the read wait, the read's own time its part of the split).
     let traced_read = median_round(&device, rounds, steps, || {
         let loss = mlp.step(&mut opt, &x, &y, &lr)?;
         device.mark_step()?;
@@ -201,10 +206,10 @@ fn main() -> anyhow::Result<()> {
 
     println!(
         "| step (median of {rounds} rounds of {steps}, one wait a round) | steps/s | trace | \
-         key | lookup | marshal | launch | finish | launch thread (off the loop) | in-flight wait \
-         | host split sum | host measured | split / measured |"
+         key | lookup | marshal | launch | finish | read | launch thread (off the loop) | in-flight wait \
+         | read wait | host split sum | host measured | split / measured |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("|{}", " --- |".repeat(15));
     for (name, r) in [
         ("traced", &traced),
         ("traced, loss read every step", &traced_read),

@@ -13,6 +13,13 @@ thread_local! {
     /// This thread's spans since its last step that the metrics count as something other than
     /// tracing: waits for values and batches, steps cut by reads.
     static NOT_TRACING: RefCell<Vec<(Instant, Instant)>> = const { RefCell::new(Vec::new()) };
+    /// This thread's waits for steps in order to read their values, in ms, ever.
+    static READ_WAITS: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
+}
+
+/// Counts `ms` of this thread's time as a read's wait (see [`super::DeviceInner::reading`]).
+pub(crate) fn count_read_wait(ms: f64) {
+    READ_WAITS.with(|w| w.set(w.get() + ms));
 }
 
 /// The most spans a thread keeps: one that reads and never cuts a step (a logger, a replayed
@@ -65,6 +72,17 @@ pub(crate) fn tracing_parts(
 }
 
 impl super::DeviceInner {
+    /// Runs `read`, a tensor's read and the conversions around it, counting its time less its
+    /// waits for steps as `host_read_ms` and as not tracing.
+    pub(crate) fn reading<T>(&self, read: impl FnOnce() -> crate::Result<T>) -> crate::Result<T> {
+        let began = Instant::now();
+        let waited = READ_WAITS.with(std::cell::Cell::get);
+        let out = read();
+        let took = not_tracing(began) - (READ_WAITS.with(std::cell::Cell::get) - waited);
+        lock(&self.metrics).host_read_ms += took.max(0.0);
+        out
+    }
+
     /// Adds the execution times of steps that left the in-flight queue to the metrics (and
     /// their executions to the timeline).
     pub(super) fn account(&self, done: &[Arc<StepRun>]) {
@@ -222,6 +240,11 @@ pub struct Metrics {
     /// After the launch: outputs wrapped and stored in their tensors, steps retired.
     #[serde(default)]
     pub host_finish_ms: f64,
+    /// Reading tensors' values (`to_host`, `to_vec`, `item`, `to_host_replicas`), on any
+    /// thread: the copies, conversions and bookkeeping, less the waits for steps
+    /// ([`Self::read_wait_ms`]) and any step the read cut. Not in `host_trace_ms`.
+    #[serde(default)]
+    pub host_read_ms: f64,
     /// `mark_step` waiting for a step in flight, past the in-flight bounds (the device's time,
     /// not the host's).
     #[serde(default)]
@@ -412,19 +435,21 @@ impl Metrics {
             + self.host_lookup_ms
             + self.host_marshal_ms
             + self.host_launch_ms
-            + self.host_finish_ms;
+            + self.host_finish_ms
+            + self.host_read_ms;
         if host > 0.0 {
             line(
                 "host time in steps",
                 format!(
                     "{host:.1} ms: trace {:.1}, key {:.1}, lookup {:.1}, marshal {:.1}, launch \
-                     {:.1}, finish {:.1}",
+                     {:.1}, finish {:.1}, reads {:.1}",
                     self.host_trace_ms,
                     self.host_key_ms,
                     self.host_lookup_ms,
                     self.host_marshal_ms,
                     self.host_launch_ms,
-                    self.host_finish_ms
+                    self.host_finish_ms,
+                    self.host_read_ms
                 ),
             );
         }

@@ -228,6 +228,7 @@ impl DeviceInner {
         let started = Instant::now();
         let host = placed.buffers[replica].to_host()?;
         self.phase("transfer to host", started, None);
+        super::metrics::count_read_wait(wait_ms);
         let mut m = lock(&self.metrics);
         m.read_wait_ms += wait_ms;
         m.transfers_to_host += 1;

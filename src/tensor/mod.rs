@@ -253,7 +253,16 @@ impl Tensor {
     /// ([`Tensor::all_reduce`], [`Tensor::all_gather`]).
     #[track_caller]
     pub fn to_host(&self) -> Result<HostTensor> {
-        let site = Location::caller();
+        self.read(Location::caller(), Ok)
+    }
+
+    /// Reads the value (see [`Tensor::to_host`]) and hands it to `then`, both counted as the
+    /// read's time in the metrics.
+    fn read<T>(
+        &self,
+        site: &'static Location<'static>,
+        then: impl FnOnce(HostTensor) -> Result<T>,
+    ) -> Result<T> {
         let dev = self.device_inner()?;
         if dev.device_count() > 1 && self.is_per_replica() {
             return Err(Error::Placement {
@@ -267,9 +276,11 @@ impl Tensor {
             });
         }
         let data = self.computed(&dev, site)?;
-        let host = dev.download_whole(&data)?;
-        dev.poll_index_checks(false)?;
-        Ok(host)
+        dev.reading(|| {
+            let host = dev.download_whole(&data)?;
+            dev.poll_index_checks(false)?;
+            then(host)
+        })
     }
 
     /// How the value is split over the device's mesh: `None` when each device holds it whole
@@ -311,17 +322,18 @@ impl Tensor {
         let site = Location::caller();
         let dev = self.device_inner()?;
         let data = self.computed(&dev, site)?;
-        if dev.mesh().is_some() {
-            // one replica, whatever the mesh splits it into
-            let host = dev.download_whole(&data)?;
+        dev.reading(|| {
+            let hosts = if dev.mesh().is_some() {
+                // one replica, whatever the mesh splits it into
+                vec![dev.download_whole(&data)?]
+            } else {
+                (0..dev.device_count())
+                    .map(|r| dev.download(&data, r))
+                    .collect::<Result<Vec<_>>>()?
+            };
             dev.poll_index_checks(false)?;
-            return Ok(vec![host]);
-        }
-        let hosts = (0..dev.device_count())
-            .map(|r| dev.download(&data, r))
-            .collect::<Result<Vec<_>>>()?;
-        dev.poll_index_checks(false)?;
-        Ok(hosts)
+            Ok(hosts)
+        })
     }
 
     /// The device data of this value, computed first if it is pending: what a checkpoint
@@ -350,7 +362,7 @@ impl Tensor {
     /// The values as a flat vector of `T` (which must be the tensor's dtype).
     #[track_caller]
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        Ok(self.to_host()?.to_vec::<T>()?)
+        self.read(Location::caller(), |host| Ok(host.to_vec::<T>()?))
     }
 
     /// The single value of a one-element tensor, as f64.
@@ -367,7 +379,7 @@ impl Tensor {
                 },
             });
         }
-        Ok(self.to_host()?.to_f64_vec()[0])
+        self.read(location, |host| Ok(host.to_f64_vec()[0]))
     }
 
     /// Makes this tensor hold `value` from now on (an in-place update, as optimizers do to

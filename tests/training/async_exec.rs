@@ -328,6 +328,46 @@ fn queued_steps_count_the_device_time_once() {
 }
 
 #[test]
+fn a_reads_own_time_is_its_part_of_the_host_split_not_the_loops_tracing() {
+    let _serial = serial();
+    let dev = device(4);
+    // a 16 MiB value: each read copies it, milliseconds of the host's time
+    let big = dev
+        .from_slice(&vec![0.5f32; 2048 * 2048], &[2048, 2048])
+        .unwrap()
+        .exp()
+        .unwrap();
+    dev.mark_step().unwrap();
+    dev.synchronize().unwrap();
+    let before = dev.metrics();
+    let mut sum = 0.0;
+    for _ in 0..8 {
+        sum += f64::from(big.to_vec::<f32>().unwrap()[2048 * 2048 - 1]);
+    }
+    // a cut ends the loop's tracing window that held the reads
+    let next = big.mul_scalar(2.0).unwrap().sum_all().unwrap();
+    dev.mark_step().unwrap();
+    let m = dev.metrics();
+    assert!((next.item().unwrap() - 2.0 * 0.5f64.exp() * 2048.0 * 2048.0).abs() < 1e3);
+    assert!((sum - 8.0 * 0.5f64.exp()).abs() < 1e-4, "{sum}");
+    let read = m.host_read_ms - before.host_read_ms;
+    let trace = m.host_trace_ms - before.host_trace_ms;
+    assert_eq!(m.transfers_to_host - before.transfers_to_host, 8);
+    assert!(read > 0.0, "{m:?}");
+    // the reads found their value ready: their time is the host's, not a wait
+    assert!(
+        m.read_wait_ms - before.read_wait_ms < read,
+        "read wait {} ms, reads {read} ms",
+        m.read_wait_ms - before.read_wait_ms
+    );
+    assert!(
+        trace < read / 4.0,
+        "trace {trace} ms against {read} ms of reads"
+    );
+    assert!(m.report().contains(", reads "), "{}", m.report());
+}
+
+#[test]
 fn a_loop_that_reads_every_step_waits_on_the_device_not_in_its_tracing() {
     let _serial = serial();
     let (dev, path) = timed_device(4, "reads");
