@@ -206,7 +206,7 @@ fn main() -> anyhow::Result<()> {
     // The floor runs on the job's values, not on zeros: an all-zero batch reads and updates one
     // embedding row and averages over an empty mask, a cheaper step than training's. Named
     // inputs (parameters, optimizer state) are matched by the names the trial run recorded, the
-    // unnamed ones (the batch, the learning rate, the step count) by type.
+    // unnamed ones (the batch, the learning rate) by type.
     let mut floor = match floor_file {
         Some(f) => {
             let mut named: Vec<(String, HostTensor)> = Vec::new();
@@ -214,18 +214,13 @@ fn main() -> anyhow::Result<()> {
                 named.push((name, t.to_host()?));
             }
             let names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
-            let mut step_count = None;
             for (name, t) in opt.named_state(&names)? {
-                match name.as_str() {
-                    "step" => step_count = Some(t.to_host()?),
-                    _ => named.push((format!("optimizer.{name}"), t.to_host()?)),
-                }
+                named.push((format!("optimizer.{name}"), t.to_host()?));
             }
-            // the two unnamed scalars in the order the step first uses them
+            // the batch and the learning rate, the one unnamed scalar
             let batch = task.batch(0, 0, 64);
             let mut unnamed = batch.to_vec();
             unnamed.push(lr.to_host()?);
-            unnamed.extend(step_count);
             // the job's loss for that batch from these values, and after one step on it: the
             // floor's first two steps must return the same
             let b: Vec<Tensor> = batch

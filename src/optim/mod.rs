@@ -438,6 +438,10 @@ impl AdamW {
             .collect::<Result<_>>()?;
         register_state(device, exp_avg.iter().chain(&exp_avg_sq));
         register_parameters(device, params);
+        // its state-dict key: a graph's record names the input, where two scalars (this and
+        // the learning rate) would otherwise be told apart by position only
+        let step = device.scalar(0.0, DType::F32)?;
+        step.set_name(&format!("{}step", crate::state::OPTIMIZER_PREFIX));
         Ok(AdamW {
             beta1: 0.9,
             beta2: 0.999,
@@ -445,7 +449,7 @@ impl AdamW {
             weight_decay,
             exp_avg,
             exp_avg_sq,
-            step: device.scalar(0.0, DType::F32)?,
+            step,
             zero1: None,
             updates: Updates::default(),
             corrections: Updates::default(),

@@ -97,6 +97,8 @@ fn names_reach_the_graph_log_and_analyze() {
         "bias",
         "optimizer.weight.exp_avg",
         "optimizer.bias.exp_avg_sq",
+        // the step count, the one scalar besides the learning rate
+        "optimizer.step",
     ] {
         assert!(names.contains(&want), "{want} missing from {names:?}");
     }
