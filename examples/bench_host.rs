@@ -206,8 +206,8 @@ fn main() -> anyhow::Result<()> {
 
     println!(
         "| step (median of {rounds} rounds of {steps}, one wait a round) | steps/s | trace | \
-         key | lookup | marshal | launch | finish | read | launch thread (off the loop) | in-flight wait \
-         | read wait | host split sum | host measured | split / measured |"
+         key | lookup | marshal | launch | finish | read | launch thread (off the loop) \
+         | in-flight wait | read wait | host split sum | host measured | split / measured |"
     );
     println!("|{}", " --- |".repeat(15));
     for (name, r) in [
