@@ -441,7 +441,7 @@ impl AdamW {
         // its state-dict key: a graph's record names the input, where two scalars (this and
         // the learning rate) would otherwise be told apart by position only
         let step = device.scalar(0.0, DType::F32)?;
-        step.set_name(&format!("{}step", crate::state::OPTIMIZER_PREFIX));
+        step.set_name("optimizer.step");
         Ok(AdamW {
             beta1: 0.9,
             beta2: 0.999,
